@@ -1,0 +1,546 @@
+//! Per-execution cgroups on v1 (per-controller hierarchies) and v2 (unified).
+//!
+//! Sandbox groups live under `<agent's own cgroup>/warren/sbx-<id>` in every
+//! hierarchy Warren uses, never at a hierarchy's root, so the node's own
+//! accounting (kubelet pod cgroup, systemd slice) keeps covering them. Only
+//! the controllers Warren needs are touched: memory, pids, cpu (+ cpuacct on v1).
+//!
+//! Limits are translated by pure functions ([`v1_limit_writes`],
+//! [`v2_limit_writes`]) so both versions are unit-tested on any machine.
+
+pub mod parse;
+
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+
+use crate::spec::Limits;
+
+/// Name of the directory holding all sandbox groups under the agent's cgroup.
+pub const PARENT_NAME: &str = "warren";
+/// Prefix of each sandbox group's directory name.
+pub const GROUP_PREFIX: &str = "sbx-";
+/// CPU quota period (100 ms), the kernel's default.
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// A cgroup error with the file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// No usable hierarchy for a controller Warren requires.
+    #[error("cgroup controller {0} is not available")]
+    MissingController(&'static str),
+    /// A cgroup file could not be read or written.
+    #[error("cgroup {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, CgroupError>;
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io { path: path.to_path_buf(), source }
+}
+
+/// Controller a cgroup file belongs to (selects the v1 hierarchy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    /// memory
+    Memory,
+    /// pids
+    Pids,
+    /// cpu
+    Cpu,
+    /// cpuacct (v1 only; v2 accounts CPU in `cpu.stat`)
+    CpuAcct,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+            Controller::CpuAcct => "cpuacct",
+        }
+    }
+}
+
+/// One write of a value into a cgroup control file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupWrite {
+    /// Which hierarchy (v1) the file lives in.
+    pub controller: Controller,
+    /// File name inside the group.
+    pub file: &'static str,
+    /// Value to write.
+    pub value: String,
+}
+
+fn w(controller: Controller, file: &'static str, value: impl ToString) -> CgroupWrite {
+    CgroupWrite { controller, file, value: value.to_string() }
+}
+
+/// v1 writes that move a group from memory limit `previous_memory` to `limits`.
+///
+/// `memory.memsw.limit_in_bytes` (memory + swap) must stay >= the memory limit,
+/// so it is raised first when the limit grows and lowered last when it shrinks;
+/// setting both equal turns swap off for the group.
+pub fn v1_limit_writes(previous_memory: Option<u64>, limits: &Limits, has_memsw: bool) -> Vec<CgroupWrite> {
+    let mem = limits.memory_bytes;
+    let mut out = Vec::with_capacity(4);
+    let memsw = has_memsw.then(|| w(Controller::Memory, "memory.memsw.limit_in_bytes", mem));
+    let growing = previous_memory.is_none_or(|prev| mem > prev);
+    if growing {
+        out.extend(memsw.clone());
+        out.push(w(Controller::Memory, "memory.limit_in_bytes", mem));
+    } else {
+        out.push(w(Controller::Memory, "memory.limit_in_bytes", mem));
+        out.extend(memsw.clone());
+    }
+    out.push(w(Controller::Pids, "pids.max", limits.pids));
+    out.push(w(Controller::Cpu, "cpu.cfs_quota_us", cpu_quota_us(limits.cpu_millis)));
+    out
+}
+
+/// v2 writes for `limits`: memory.max with swap off, pids.max, cpu.max.
+pub fn v2_limit_writes(limits: &Limits) -> Vec<CgroupWrite> {
+    vec![
+        w(Controller::Memory, "memory.max", limits.memory_bytes),
+        w(Controller::Memory, "memory.swap.max", 0),
+        w(Controller::Pids, "pids.max", limits.pids),
+        w(Controller::Cpu, "cpu.max", format!("{} {CPU_PERIOD_US}", cpu_quota_us(limits.cpu_millis))),
+    ]
+}
+
+fn cpu_quota_us(cpu_millis: u32) -> u64 {
+    u64::from(cpu_millis) * CPU_PERIOD_US / 1000
+}
+
+/// What an execution used, read back from its group.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time, user + system, in microseconds.
+    pub cpu_micros: u64,
+    /// Peak memory in bytes.
+    pub peak_memory_bytes: u64,
+    /// Number of OOM kills in the group.
+    pub oom_kills: u64,
+}
+
+/// Reads `key value` from a flat-keyed cgroup file (memory.events, cpu.stat, memory.oom_control).
+pub fn keyed_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Where sandbox groups are created on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// Per-controller hierarchies; `cpuacct` may be the same directory as `cpu`.
+    V1 {
+        /// `<memory hierarchy>/<agent cgroup>/warren`
+        memory: PathBuf,
+        /// `<pids hierarchy>/<agent cgroup>/warren`
+        pids: PathBuf,
+        /// `<cpu hierarchy>/<agent cgroup>/warren`
+        cpu: PathBuf,
+        /// `<cpuacct hierarchy>/<agent cgroup>/warren`
+        cpuacct: PathBuf,
+        /// Whether swap accounting (`memory.memsw.*`) exists.
+        has_memsw: bool,
+    },
+    /// One unified hierarchy.
+    V2 {
+        /// `<agent cgroup's parent>/warren`
+        base: PathBuf,
+    },
+}
+
+impl CgroupLayout {
+    /// Finds the hierarchies from the given mountinfo and /proc/self/cgroup texts
+    /// (pure: creates nothing). v1 is used when it has all controllers Warren needs.
+    pub fn from_proc(mountinfo: &str, self_cgroup: &str) -> Result<CgroupLayout> {
+        let mounts = parse::cgroup_mounts(mountinfo);
+        let procs = parse::proc_cgroups(self_cgroup);
+        match Self::v1_from(&mounts, &procs) {
+            Ok(layout) => Ok(layout),
+            Err(v1_err) => Self::v2_from(&mounts, &procs).ok_or(v1_err),
+        }
+    }
+
+    fn v1_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup]) -> Result<CgroupLayout> {
+        let dir = |c: Controller| -> Result<PathBuf> {
+            let name = c.name();
+            let mount = mounts
+                .iter()
+                .find(|m| !m.v2 && m.controllers.iter().any(|x| x == name))
+                .ok_or(CgroupError::MissingController(name))?;
+            let own = procs
+                .iter()
+                .find(|p| p.controllers.iter().any(|x| x == name))
+                .ok_or(CgroupError::MissingController(name))?;
+            let dir = parse::host_dir(mount, &own.path).ok_or(CgroupError::MissingController(name))?;
+            Ok(dir.join(PARENT_NAME))
+        };
+        Ok(CgroupLayout::V1 {
+            memory: dir(Controller::Memory)?,
+            pids: dir(Controller::Pids)?,
+            cpu: dir(Controller::Cpu)?,
+            cpuacct: dir(Controller::CpuAcct)?,
+            has_memsw: false,
+        })
+    }
+
+    fn v2_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup]) -> Option<CgroupLayout> {
+        let mount = mounts.iter().find(|m| m.v2)?;
+        let own = procs.iter().find(|p| p.hierarchy == 0)?;
+        // The agent's own group holds the agent, and v2 forbids enabling
+        // controllers for children of a group with processes: sandboxes go
+        // next to it, under the parent.
+        let own_dir = parse::host_dir(mount, &own.path)?;
+        let parent = if own.path == "/" { own_dir } else { own_dir.parent()?.to_path_buf() };
+        Some(CgroupLayout::V2 { base: parent.join(PARENT_NAME) })
+    }
+
+    /// Reads the live layout of this process and prepares the parent groups.
+    pub fn detect() -> Result<CgroupLayout> {
+        let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
+        let own = read(Path::new("/proc/self/cgroup"))?;
+        let mut layout = Self::from_proc(&mountinfo, &own)?;
+        layout.prepare_parents()?;
+        Ok(layout)
+    }
+
+    fn prepare_parents(&mut self) -> Result<()> {
+        match self {
+            CgroupLayout::V1 { memory, pids, cpu, cpuacct, has_memsw } => {
+                for dir in [&*memory, &*pids, &*cpu, &*cpuacct] {
+                    fs::create_dir_all(dir).map_err(io_err(dir))?;
+                }
+                *has_memsw = memory.join("memory.memsw.limit_in_bytes").exists();
+                Ok(())
+            }
+            CgroupLayout::V2 { base } => {
+                fs::create_dir_all(&*base).map_err(io_err(base))?;
+                let parent = base.parent().unwrap_or(base);
+                for dir in [parent, base.as_path()] {
+                    let file = dir.join("cgroup.subtree_control");
+                    fs::write(&file, "+memory +pids +cpu").map_err(io_err(&file))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// cgroup version number (1 or 2).
+    pub fn version(&self) -> u32 {
+        match self {
+            CgroupLayout::V1 { .. } => 1,
+            CgroupLayout::V2 { .. } => 2,
+        }
+    }
+
+    /// Parent directories holding sandbox groups (one per hierarchy, deduplicated).
+    pub fn parents(&self) -> Vec<PathBuf> {
+        let mut out = match self {
+            CgroupLayout::V1 { memory, pids, cpu, cpuacct, .. } => vec![memory.clone(), pids.clone(), cpu.clone(), cpuacct.clone()],
+            CgroupLayout::V2 { base } => vec![base.clone()],
+        };
+        out.dedup();
+        out
+    }
+
+    fn dir_for(&self, controller: Controller, name: &str) -> PathBuf {
+        match self {
+            CgroupLayout::V1 { memory, pids, cpu, cpuacct, .. } => match controller {
+                Controller::Memory => memory.join(name),
+                Controller::Pids => pids.join(name),
+                Controller::Cpu => cpu.join(name),
+                Controller::CpuAcct => cpuacct.join(name),
+            },
+            CgroupLayout::V2 { base } => base.join(name),
+        }
+    }
+
+    /// Creates the group for sandbox `id` with `limits` applied.
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup> {
+        let name = format!("{GROUP_PREFIX}{id}");
+        let group = Cgroup { layout: self.clone(), name, memory_limit: None };
+        for dir in group.dirs() {
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(CgroupError::Io { path: dir, source: e }),
+            }
+        }
+        let mut group = group;
+        if let CgroupLayout::V1 { .. } = self {
+            group.write(Controller::Cpu, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            // Best effort: not every kernel lets a child set swappiness.
+            let _ = group.write(Controller::Memory, "memory.swappiness", "0");
+        }
+        group.set_limits(limits)?;
+        Ok(group)
+    }
+
+    /// Kills and removes every sandbox group left by an earlier agent run.
+    /// Returns how many groups were removed.
+    pub fn collect_garbage(&self) -> usize {
+        let mut names: Vec<String> = Vec::new();
+        for parent in self.parents() {
+            let Ok(entries) = fs::read_dir(&parent) else { continue };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(GROUP_PREFIX) && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        let mut removed = 0;
+        for name in names {
+            let group = Cgroup { layout: self.clone(), name, memory_limit: None };
+            group.kill_all();
+            if group.remove().is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).map_err(io_err(path))
+}
+
+/// The cgroup of one sandbox.
+#[derive(Debug)]
+pub struct Cgroup {
+    layout: CgroupLayout,
+    name: String,
+    memory_limit: Option<u64>,
+}
+
+impl Cgroup {
+    /// Directory name (`sbx-<id>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Every directory of this group (one per hierarchy).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.layout.parents().into_iter().map(|p| p.join(&self.name)).collect()
+    }
+
+    /// The `cgroup.procs` files a task must be written to, one per hierarchy.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs().into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    fn write(&self, controller: Controller, file: &str, value: &str) -> Result<()> {
+        let path = self.layout.dir_for(controller, &self.name).join(file);
+        fs::write(&path, value).map_err(io_err(&path))
+    }
+
+    fn read(&self, controller: Controller, file: &str) -> Result<String> {
+        read(&self.layout.dir_for(controller, &self.name).join(file))
+    }
+
+    /// Applies `limits` (memory with swap off, pids, CPU quota).
+    pub fn set_limits(&mut self, limits: &Limits) -> Result<()> {
+        let writes = match &self.layout {
+            CgroupLayout::V1 { has_memsw, .. } => v1_limit_writes(self.memory_limit, limits, *has_memsw),
+            CgroupLayout::V2 { .. } => v2_limit_writes(limits),
+        };
+        for op in writes {
+            self.write(op.controller, op.file, &op.value)?;
+        }
+        self.memory_limit = Some(limits.memory_bytes);
+        Ok(())
+    }
+
+    /// Starts accounting afresh (v1 counters are resettable; v2 reports since creation).
+    pub fn reset_usage(&self) -> Result<()> {
+        if let CgroupLayout::V1 { .. } = self.layout {
+            self.write(Controller::CpuAcct, "cpuacct.usage", "0")?;
+            self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
+        }
+        Ok(())
+    }
+
+    /// Reads what the group used.
+    pub fn usage(&self) -> Result<Usage> {
+        match self.layout {
+            CgroupLayout::V1 { .. } => {
+                let ns: u64 = self.read(Controller::CpuAcct, "cpuacct.usage")?.trim().parse().unwrap_or(0);
+                let peak = self.read(Controller::Memory, "memory.max_usage_in_bytes")?.trim().parse().unwrap_or(0);
+                let oom = keyed_value(&self.read(Controller::Memory, "memory.oom_control")?, "oom_kill").unwrap_or(0);
+                Ok(Usage { cpu_micros: ns / 1000, peak_memory_bytes: peak, oom_kills: oom })
+            }
+            CgroupLayout::V2 { .. } => {
+                let cpu = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
+                let peak = self
+                    .read(Controller::Memory, "memory.peak")
+                    .or_else(|_| self.read(Controller::Memory, "memory.current"))?
+                    .trim()
+                    .parse()
+                    .unwrap_or(0);
+                let oom = keyed_value(&self.read(Controller::Memory, "memory.events")?, "oom_kill").unwrap_or(0);
+                Ok(Usage { cpu_micros: cpu, peak_memory_bytes: peak, oom_kills: oom })
+            }
+        }
+    }
+
+    /// Pids currently in the group (from the pids hierarchy, which sees every task).
+    pub fn pids(&self) -> Vec<i32> {
+        let procs = self.layout.dir_for(Controller::Pids, &self.name).join("cgroup.procs");
+        fs::read_to_string(procs)
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs every task in the group (v2: `cgroup.kill`; v1: by pid until empty).
+    pub fn kill_all(&self) {
+        if let CgroupLayout::V2 { .. } = self.layout {
+            if self.write(Controller::Pids, "cgroup.kill", "1").is_ok() {
+                return;
+            }
+        }
+        // A forking task can add pids while we kill; a bounded number of rounds
+        // is enough because the pids limit caps how many can appear.
+        for _ in 0..100 {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Removes the group's directories. Tasks must be gone; an exiting task can
+    /// keep a group busy for a moment, so EBUSY is retried briefly.
+    pub fn remove(&self) -> Result<()> {
+        for dir in self.dirs() {
+            let mut attempt = 0;
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 200 => {
+                        attempt += 1;
+                        std::thread::sleep(std::time::Duration::from_micros(500));
+                    }
+                    Err(e) => return Err(CgroupError::Io { path: dir, source: e }),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(mem: u64) -> Limits {
+        Limits {
+            cpu_millis: 1500,
+            memory_bytes: mem,
+            pids: 64,
+            tmp_bytes: 1,
+            home_bytes: 1,
+            max_output_bytes: 1,
+            open_files: 1,
+            file_size_bytes: 1,
+        }
+    }
+
+    fn files(writes: &[CgroupWrite]) -> Vec<(&'static str, String)> {
+        writes.iter().map(|w| (w.file, w.value.clone())).collect()
+    }
+
+    #[test]
+    fn v2_translation_turns_swap_off_and_sets_quota() {
+        let got = files(&v2_limit_writes(&limits(256 << 20)));
+        assert_eq!(
+            got,
+            vec![
+                ("memory.max", (256u64 << 20).to_string()),
+                ("memory.swap.max", "0".into()),
+                ("pids.max", "64".into()),
+                ("cpu.max", "150000 100000".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn v1_raises_memsw_before_memory_and_lowers_it_after() {
+        let up = files(&v1_limit_writes(Some(100), &limits(200), true));
+        assert_eq!(up[0].0, "memory.memsw.limit_in_bytes");
+        assert_eq!(up[1].0, "memory.limit_in_bytes");
+        let down = files(&v1_limit_writes(Some(300), &limits(200), true));
+        assert_eq!(down[0].0, "memory.limit_in_bytes");
+        assert_eq!(down[1].0, "memory.memsw.limit_in_bytes");
+        let first = files(&v1_limit_writes(None, &limits(200), true));
+        assert_eq!(first[0].0, "memory.memsw.limit_in_bytes");
+        let no_swap_acct = files(&v1_limit_writes(None, &limits(200), false));
+        assert!(no_swap_acct.iter().all(|(f, _)| *f != "memory.memsw.limit_in_bytes"));
+        assert!(no_swap_acct.contains(&("cpu.cfs_quota_us", "150000".into())));
+        assert!(no_swap_acct.contains(&("pids.max", "64".into())));
+    }
+
+    const MOUNTINFO_V1: &str = "\
+26 25 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+27 25 0:24 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct
+28 25 0:25 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+29 25 0:26 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+30 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn layout_prefers_v1_when_it_has_every_controller() {
+        let own = "8:pids:/\n4:memory:/process_api/b7\n2:cpuacct:/\n1:cpu:/\n0::/\n";
+        let layout = CgroupLayout::from_proc(MOUNTINFO_V1, own).unwrap();
+        assert_eq!(
+            layout,
+            CgroupLayout::V1 {
+                memory: "/sys/fs/cgroup/memory/process_api/b7/warren".into(),
+                pids: "/sys/fs/cgroup/pids/warren".into(),
+                cpu: "/sys/fs/cgroup/cpu/warren".into(),
+                cpuacct: "/sys/fs/cgroup/cpuacct/warren".into(),
+                has_memsw: false,
+            }
+        );
+    }
+
+    #[test]
+    fn layout_falls_back_to_v2_beside_the_agents_group() {
+        let mountinfo = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let layout = CgroupLayout::from_proc(mountinfo, "0::/kubepods/pod1/agent\n").unwrap();
+        assert_eq!(layout, CgroupLayout::V2 { base: "/sys/fs/cgroup/kubepods/pod1/warren".into() });
+        assert_eq!(layout.version(), 2);
+    }
+
+    #[test]
+    fn layout_without_controllers_is_an_error() {
+        let err = CgroupLayout::from_proc("", "").unwrap_err();
+        assert!(matches!(err, CgroupError::MissingController("memory")));
+    }
+
+    #[test]
+    fn keyed_values() {
+        let oom = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(keyed_value(oom, "oom_kill"), Some(3));
+        assert_eq!(keyed_value("usage_usec 1234\nuser_usec 1\n", "usage_usec"), Some(1234));
+        assert_eq!(keyed_value("x 1", "y"), None);
+    }
+}

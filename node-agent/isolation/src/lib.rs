@@ -1,0 +1,16 @@
+//! Warren's isolation layer: everything that touches the kernel to run one
+//! piece of untrusted code.
+//!
+//! - [`spec`]: the validated execution spec (pure).
+//! - [`cgroup`]: per-execution cgroups, v1 and v2 (translation is pure).
+//! - [`seccomp`]: the syscall allowlist, compiled once to BPF.
+//! - [`features`]: what this node supports.
+//! - [`wire`]: agent ↔ supervisor/init messages.
+//! - [`sandbox`]: the supervisor, init and program code run by `warren-sandbox`.
+
+pub mod cgroup;
+pub mod features;
+pub mod sandbox;
+pub mod seccomp;
+pub mod spec;
+pub mod wire;

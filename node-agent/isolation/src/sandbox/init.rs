@@ -1,0 +1,108 @@
+//! Init: pid 1 of the sandbox. Builds the filesystem while the sandbox sits in
+//! the pool, then on `Go` writes the program, forks it, reaps every process
+//! until the main one ends, reports, and exits — which makes the kernel kill
+//! whatever is left in the pid namespace.
+
+use std::io::{self, Read};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+
+use super::{program, rootfs, sys};
+use crate::wire::{self, Go, InitEvent, SupervisorConfig};
+
+/// Runs init; never returns.
+pub fn run(cfg: &SupervisorConfig, sync: OwnedFd, supervisor: Pid) -> ! {
+    // Die with the supervisor; check for the race where it died before prctl.
+    if sys::set_parent_death_signal().is_err() || nix::unistd::getppid() != supervisor {
+        sys::exit_now(1);
+    }
+    // The supervisor's control socket must not be reachable from the sandbox.
+    let _ = nix::unistd::close(wire::SUPERVISOR_FD);
+    let mut byte = [0u8; 1];
+    if !matches!(std::fs::File::from(sync).read(&mut byte), Ok(1)) {
+        sys::exit_now(1);
+    }
+    // SAFETY: fd 4 is the init control socket passed down by the supervisor; only we use it.
+    let mut ctrl = unsafe { UnixStream::from_raw_fd(wire::INIT_FD) };
+    if let Err((stage, e)) = setup(cfg) {
+        fail(&mut ctrl, stage, &e);
+    }
+    if wire::write_frame(&mut ctrl, &InitEvent::Ready).is_err() {
+        sys::exit_now(1);
+    }
+    let go: Go = match wire::read_frame(&mut ctrl) {
+        Ok(Some(go)) => go,
+        // The agent discarded this sandbox.
+        _ => sys::exit_now(0),
+    };
+    run_program(&mut ctrl, &go, &cfg.seccomp_bpf)
+}
+
+fn fail(ctrl: &mut UnixStream, stage: &str, e: &dyn std::fmt::Display) -> ! {
+    let _ = wire::write_frame(ctrl, &InitEvent::Failed { stage: stage.into(), message: e.to_string() });
+    sys::exit_now(1)
+}
+
+fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
+    let s = |stage: &'static str| move |e: nix::Error| (stage, io::Error::from(e));
+    nix::unistd::setresgid(0.into(), 0.into(), 0.into()).map_err(s("setresgid"))?;
+    nix::unistd::setresuid(0.into(), 0.into(), 0.into()).map_err(s("setresuid"))?;
+    // Now inside the sandbox cgroups (the supervisor moved us): root the cgroup
+    // namespace here so /proc/self/cgroup shows nothing of the host.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(s("unshare cgroup"))?;
+    sys::set_not_dumpable().map_err(|e| ("dumpable", e))?;
+    nix::unistd::sethostname("sandbox").map_err(s("sethostname"))?;
+    sys::loopback_up().map_err(|e| ("loopback", e))?;
+    rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))
+}
+
+fn run_program(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> ! {
+    if let Err(e) = rootfs::install_script(&go.script_name, &go.code) {
+        fail(ctrl, "script", &e);
+    }
+    let launch = match program::Launch::new(go) {
+        Ok(l) => l,
+        Err(e) => fail(ctrl, "exec", &e),
+    };
+    let (status_r, status_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => fail(ctrl, "pipe", &e),
+    };
+    // SAFETY: init is single-threaded, so the child may run arbitrary code.
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => {
+            drop(status_r);
+            program::exec(&launch, bpf, status_w)
+        }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => fail(ctrl, "fork", &e),
+    };
+    drop(status_w);
+    // Only the program (and what it starts) may hold the output pipes, so the
+    // agent sees EOF exactly when the sandbox is done.
+    let _ = nix::unistd::close(wire::STDOUT_FD);
+    let _ = nix::unistd::close(wire::STDERR_FD);
+    let mut errno = [0u8; 4];
+    if let Ok(4) = std::fs::File::from(status_r).read(&mut errno) {
+        let e = io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+        fail(ctrl, "exec", &e);
+    }
+    let (code, signal) = reap_until(child);
+    let _ = wire::write_frame(ctrl, &InitEvent::Exited { code, signal });
+    sys::exit_now(0)
+}
+
+/// Reaps every child (orphans re-parent to us) until `main` ends.
+fn reap_until(main: Pid) -> (i32, i32) {
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == main => return (code, 0),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main => return (128 + sig as i32, sig as i32),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return (-1, 0),
+        }
+    }
+}

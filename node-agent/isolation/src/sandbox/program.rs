@@ -1,0 +1,96 @@
+//! The program process: drops every privilege, then execs the interpreter.
+//!
+//! Order matters and is the usual one (youki, runc): stdio and cwd first
+//! (need nothing), rlimits, OOM score, then capabilities: the bounding set is
+//! dropped while we still hold CAP_SETPCAP, ids change (which empties the
+//! permitted set), leftovers are cleared, `no_new_privs` is set (required for
+//! an unprivileged seccomp filter and blocks setuid binaries), inherited
+//! descriptors are marked close-on-exec, and the seccomp filter goes last so
+//! that nothing above needs a syscall the filter refuses.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use nix::sys::resource::{setrlimit, Resource};
+
+use super::rootfs::{HOME, SANDBOX_UID, SCRIPT_DIR};
+use super::sys;
+use crate::wire::{self, Go};
+
+/// Everything `execve` needs, allocated before fork.
+pub struct Launch {
+    interpreter: CString,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    open_files: u64,
+    file_size: u64,
+    max_processes: u64,
+}
+
+impl Launch {
+    /// Prepares the argument and environment vectors.
+    pub fn new(go: &Go) -> io::Result<Launch> {
+        let c = |s: &str| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
+        let script = Path::new(SCRIPT_DIR).join(&go.script_name);
+        let script = script.to_str().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(Launch {
+            interpreter: c(&go.interpreter)?,
+            argv: vec![c(&go.interpreter)?, c(script)?],
+            env: go.env.iter().map(|(k, v)| c(&format!("{k}={v}"))).collect::<io::Result<_>>()?,
+            open_files: go.open_files,
+            file_size: go.file_size_bytes,
+            max_processes: go.max_processes,
+        })
+    }
+}
+
+/// Sets up the process and execs; on failure reports errno on `status` and exits 127.
+pub fn exec(launch: &Launch, bpf: &[u8], status: OwnedFd) -> ! {
+    let err = setup_and_exec(launch, bpf);
+    let errno = err.raw_os_error().unwrap_or(libc::EIO);
+    let _ = nix::unistd::write(&status, &errno.to_ne_bytes());
+    sys::exit_now(127)
+}
+
+fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
+    match prepare(l, bpf) {
+        Err(e) => e,
+        Ok(()) => match nix::unistd::execve(&l.interpreter, &l.argv, &l.env) {
+            Err(e) => e.into(),
+        },
+    }
+}
+
+fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
+    use nix::unistd::{dup2_stdin, dup2_stdout, dup2_stderr};
+    let devnull = std::fs::File::open("/dev/null")?;
+    dup2_stdin(&devnull)?;
+    let out = unsafe_borrow(wire::STDOUT_FD);
+    let errfd = unsafe_borrow(wire::STDERR_FD);
+    dup2_stdout(out)?;
+    dup2_stderr(errfd)?;
+    std::env::set_current_dir(HOME)?;
+    setrlimit(Resource::RLIMIT_NOFILE, l.open_files, l.open_files)?;
+    setrlimit(Resource::RLIMIT_FSIZE, l.file_size, l.file_size)?;
+    setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
+    setrlimit(Resource::RLIMIT_NPROC, l.max_processes, l.max_processes)?;
+    // Init is shielded from the OOM killer; the program must not be.
+    std::fs::write("/proc/self/oom_score_adj", "0")?;
+    sys::drop_bounding_set()?;
+    let id = SANDBOX_UID.into();
+    nix::unistd::setresgid(id, id, id)?;
+    let id = SANDBOX_UID.into();
+    nix::unistd::setresuid(id, id, id)?;
+    sys::clear_capabilities()?;
+    sys::set_no_new_privs()?;
+    sys::cloexec_from(3)?;
+    sys::load_seccomp(bpf)
+}
+
+fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: fds 5 and 6 were installed by the agent for exactly this process
+    // tree and stay open until exec (they are then replaced by 1 and 2).
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}

@@ -1,0 +1,267 @@
+//! Builds the sandbox's filesystem inside its private mount namespace:
+//!
+//! ```text
+//! /               tmpfs, read-only once the program text is written
+//! ├── usr         host /usr, read-only, nosuid, nodev (bin, lib, sbin, lib64 are symlinks or ro binds)
+//! ├── etc         generated passwd/group/hosts + read-only binds of a safe subset of host /etc
+//! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
+//! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
+//! ├── tmp         tmpfs (size-limited, 1777)
+//! ├── home/sandbox tmpfs (size-limited, 0700, uid 1000)
+//! └── run/warren  the program text
+//! ```
+//!
+//! Nothing is created on the host: every mount lives and dies with the
+//! sandbox's mount namespace.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use super::sys;
+use crate::wire::SupervisorConfig;
+
+/// uid/gid of the program inside the sandbox.
+pub const SANDBOX_UID: u32 = 1000;
+/// Home directory of the program.
+pub const HOME: &str = "/home/sandbox";
+/// Directory holding the program text.
+pub const SCRIPT_DIR: &str = "/run/warren";
+
+/// Top-level entries that are symlinks into /usr on merged-/usr systems, or
+/// directories to bind read-only otherwise.
+const USR_ALIASES: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Host /etc entries safe to show: loader config, certificates, alternatives
+/// links, locale/timezone data. No secrets (shadow, ssh keys, machine-id...).
+const ETC_BINDS: &[&str] = &[
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
+    "ca-certificates", "ca-certificates.conf", "python3", "python3.11", "protocols", "services",
+    "mime.types", "gai.conf", "host.conf", "localtime", "timezone", "bash.bashrc", "inputrc", "magic",
+];
+
+/// procfs files that leak host information or accept dangerous writes.
+const PROC_MASKED_FILES: &[&str] =
+    &["kcore", "keys", "key-users", "timer_list", "sched_debug", "sysrq-trigger", "latency_stats", "kpagecount", "kpageflags", "kpagecgroup", "config.gz"];
+/// procfs directories made read-only.
+const PROC_READONLY_DIRS: &[&str] = &["sys", "irq", "bus", "fs"];
+
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+/// A setup step that failed, with its path.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} {path}: {source}")]
+pub struct RootfsError {
+    step: &'static str,
+    path: PathBuf,
+    #[source]
+    source: io::Error,
+}
+
+type Result<T> = std::result::Result<T, RootfsError>;
+
+fn ctx<'a, E: Into<io::Error>>(step: &'static str, path: &'a Path) -> impl FnOnce(E) -> RootfsError + 'a {
+    move |e| RootfsError { step, path: path.to_path_buf(), source: e.into() }
+}
+
+fn nix_io(e: nix::Error) -> io::Error {
+    io::Error::from(e)
+}
+
+/// Builds the tree under `cfg.mount_dir` and makes it the root.
+pub fn build(cfg: &SupervisorConfig) -> Result<()> {
+    let root = cfg.mount_dir.as_path();
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(nix_io)
+        .map_err(ctx("make-private", Path::new("/")))?;
+    tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
+    mirror_usr(root)?;
+    populate_etc(root)?;
+    mount_proc(root)?;
+    populate_dev(root)?;
+    let tmp = root.join("tmp");
+    mkdir(&tmp, 0o1777)?;
+    tmpfs(&tmp, &format!("size={},nr_inodes=262144,mode=1777", cfg.tmp_bytes), MsFlags::empty())?;
+    mkdir(&root.join("home"), 0o755)?;
+    let home = root.join("home/sandbox");
+    mkdir(&home, 0o700)?;
+    let opts = format!("size={},nr_inodes=262144,mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}", cfg.home_bytes);
+    tmpfs(&home, &opts, MsFlags::empty())?;
+    mkdir(&root.join("run"), 0o755)?;
+    mkdir(&root.join("run/warren"), 0o755)?;
+    pivot(root)
+}
+
+/// Writes the program text and makes the root read-only (called at Go time).
+pub fn install_script(name: &str, code: &str) -> io::Result<()> {
+    let path = Path::new(SCRIPT_DIR).join(name);
+    fs::write(&path, code)?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(None::<&str>, "/", None::<&str>, flags, None::<&str>).map_err(nix_io)
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    match fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ctx("mkdir", path)(e)),
+    }
+    // The umask may have cut bits (sticky /tmp, 0755 dirs).
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(ctx("chmod", path))
+}
+
+fn touch(path: &Path) -> Result<()> {
+    fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map(drop).map_err(ctx("create", path))
+}
+
+fn tmpfs(target: &Path, opts: &str, extra: MsFlags) -> Result<()> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
+    mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(opts)).map_err(nix_io).map_err(ctx("mount tmpfs", target))
+}
+
+/// Bind-mounts `src` on `dst` and remounts it read-only, keeping the flags the
+/// kernel locks for mounts inherited into a user namespace (atime, noexec...).
+fn bind_readonly(src: &Path, dst: &Path, extra: MsFlags) -> Result<()> {
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", dst))?;
+    let locked = locked_flags(dst)?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | extra | locked;
+    mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", dst))
+}
+
+fn locked_flags(path: &Path) -> Result<MsFlags> {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let st = statvfs(path).map_err(nix_io).map_err(ctx("statvfs", path))?;
+    let f = st.flags();
+    let mut out = MsFlags::empty();
+    for (fs_flag, ms_flag) in [
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if f.contains(fs_flag) {
+            out |= ms_flag;
+        }
+    }
+    Ok(out)
+}
+
+fn mirror_usr(root: &Path) -> Result<()> {
+    let usr = root.join("usr");
+    mkdir(&usr, 0o755)?;
+    bind_readonly(Path::new("/usr"), &usr, MsFlags::MS_NODEV)?;
+    for name in USR_ALIASES {
+        let host = Path::new("/").join(name);
+        let Ok(meta) = fs::symlink_metadata(&host) else { continue };
+        let target = root.join(name);
+        if meta.file_type().is_symlink() {
+            let link = fs::read_link(&host).map_err(ctx("readlink", &host))?;
+            symlink(&link, &target).map_err(ctx("symlink", &target))?;
+        } else if meta.is_dir() {
+            mkdir(&target, 0o755)?;
+            bind_readonly(&host, &target, MsFlags::MS_NODEV)?;
+        }
+    }
+    Ok(())
+}
+
+fn populate_etc(root: &Path) -> Result<()> {
+    let etc = root.join("etc");
+    mkdir(&etc, 0o755)?;
+    let generated: [(&str, &str); 6] = [
+        ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
+        ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
+        ("hostname", "sandbox\n"),
+        ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
+        ("resolv.conf", ""),
+        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n"),
+    ];
+    for (name, content) in generated {
+        let path = etc.join(name);
+        fs::write(&path, content).map_err(ctx("write", &path))?;
+    }
+    for rel in ETC_BINDS {
+        bind_etc_entry(&etc, rel)?;
+    }
+    Ok(())
+}
+
+fn bind_etc_entry(etc: &Path, rel: &str) -> Result<()> {
+    let host = Path::new("/etc").join(rel);
+    let Ok(meta) = fs::symlink_metadata(&host) else { return Ok(()) };
+    let target = etc.join(rel);
+    if let Some(parent) = target.parent() {
+        mkdir(parent, 0o755)?;
+    }
+    if meta.file_type().is_symlink() {
+        let link = fs::read_link(&host).map_err(ctx("readlink", &host))?;
+        return symlink(&link, &target).map_err(ctx("symlink", &target));
+    }
+    if meta.is_dir() { mkdir(&target, 0o755)? } else { touch(&target)? }
+    bind_readonly(&host, &target, MsFlags::MS_NODEV)
+}
+
+fn mount_proc(root: &Path) -> Result<()> {
+    let proc_dir = root.join("proc");
+    mkdir(&proc_dir, 0o555)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("proc"), &proc_dir, Some("proc"), flags, None::<&str>).map_err(nix_io).map_err(ctx("mount proc", &proc_dir))?;
+    for name in PROC_MASKED_FILES {
+        let path = proc_dir.join(name);
+        if path.exists() {
+            mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(nix_io)
+                .map_err(ctx("mask", &path))?;
+        }
+    }
+    for name in PROC_READONLY_DIRS {
+        let path = proc_dir.join(name);
+        if path.is_dir() {
+            bind_readonly(&path, &path, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC)?;
+        }
+    }
+    Ok(())
+}
+
+fn populate_dev(root: &Path) -> Result<()> {
+    let dev = root.join("dev");
+    mkdir(&dev, 0o755)?;
+    tmpfs(&dev, "size=64k,nr_inodes=64,mode=0755", MsFlags::MS_NOEXEC)?;
+    for name in DEVICES {
+        let target = dev.join(name);
+        touch(&target)?;
+        let host = Path::new("/dev").join(name);
+        // No MS_NODEV here: that would make the device unusable. MS_RDONLY is
+        // harmless for device nodes (writes go to the driver, not the fs).
+        mount(Some(&host), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &target))?;
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | locked_flags(&target)?;
+        mount(None::<&str>, &target, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount", &target))?;
+    }
+    for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        let path = dev.join(name);
+        symlink(to, &path).map_err(ctx("symlink", &path))?;
+    }
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777)?;
+    tmpfs(&shm, "size=64m,nr_inodes=4096,mode=1777", MsFlags::MS_NOEXEC)?;
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, &dev, None::<&str>, flags, Some("size=64k,nr_inodes=64,mode=0755"))
+        .map_err(nix_io)
+        .map_err(ctx("remount ro", &dev))
+}
+
+fn pivot(root: &Path) -> Result<()> {
+    std::env::set_current_dir(root).map_err(ctx("chdir", root))?;
+    let dot = CString::new(".").expect("no NUL");
+    // pivot_root(".", ".") stacks the old root on top of the new one; the lazy
+    // unmount then drops every host mount from this namespace.
+    sys::pivot_root(&dot, &dot).map_err(ctx("pivot_root", root))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(nix_io).map_err(ctx("umount old root", root))?;
+    std::env::set_current_dir("/").map_err(ctx("chdir", Path::new("/")))
+}

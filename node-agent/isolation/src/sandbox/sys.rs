@@ -1,0 +1,167 @@
+//! Thin wrappers over syscalls that nix does not cover. Each `unsafe` block
+//! states why it is sound.
+
+use std::io;
+use std::os::fd::RawFd;
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+/// `clone(2)` used like `fork(2)` with extra namespace flags. Returns 0 in the
+/// child and the child's pid in the parent.
+///
+/// Only call from a single-threaded process (the supervisor is one).
+pub fn fork_into_namespaces(ns_flags: libc::c_int) -> io::Result<libc::pid_t> {
+    let flags = (ns_flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: with a null stack pointer clone() behaves like fork(): the child
+    // gets a copy of the address space and resumes here. The caller is
+    // single-threaded, so no lock can be held by a thread that does not exist
+    // in the child.
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    check(ret).map(|pid| pid as libc::pid_t)
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub fn pivot_root(new_root: &std::ffi::CStr, put_old: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: both arguments are valid NUL-terminated strings that outlive the call.
+    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) };
+    check(ret).map(drop)
+}
+
+/// Marks every descriptor from `first` up as close-on-exec.
+pub fn cloexec_from(first: u32) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range only changes descriptor flags of this process.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    check(ret).map(drop)
+}
+
+/// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
+/// `no_new_privs` must already be set.
+pub fn load_seccomp(bpf: &[u8]) -> io::Result<()> {
+    if bpf.is_empty() || bpf.len() % std::mem::size_of::<libc::sock_filter>() != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "malformed BPF program"));
+    }
+    // Copy into properly aligned storage: the byte buffer has alignment 1.
+    let filters: Vec<libc::sock_filter> = bpf
+        .chunks_exact(8)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    let len = u16::try_from(filters.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF too long"))?;
+    let prog = libc::sock_fprog { len, filter: filters.as_ptr() as *mut libc::sock_filter };
+    const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+    // SAFETY: `prog` points at `filters`, which lives until after the call; the
+    // kernel copies the program.
+    let ret = unsafe { libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0usize, &prog as *const libc::sock_fprog) };
+    check(ret).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<RawFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    check(ret).map(|fd| fd as RawFd)
+}
+
+/// Drops every capability from the bounding set (needs CAP_SETPCAP in the namespace).
+pub fn drop_bounding_set() -> io::Result<()> {
+    for cap in 0..=63 {
+        // SAFETY: prctl with integer arguments only.
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if ret < 0 {
+            let err = io::Error::last_os_error();
+            // EINVAL: past the last capability this kernel knows.
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Clears the effective, permitted and inheritable capability sets.
+pub fn clear_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header = Header { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: header and data match the kernel's v3 layout and outlive the call.
+    let ret = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    check(ret)?;
+    // SAFETY: prctl with integer arguments only.
+    let ret = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// Sets `no_new_privs`, so setuid/file-capability binaries cannot raise privileges.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// Makes this process non-dumpable: other processes with the same uid cannot
+/// ptrace it or read its /proc files.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// Kills this process when its parent dies.
+pub fn set_parent_death_signal() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let ret = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() with constant arguments; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS on `fd`.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        }
+    };
+    // SAFETY: fd was opened above and is not used afterwards.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// `_exit(2)`: leave without running destructors or atexit handlers (used in
+/// forked children, where those belong to the parent).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,433 @@
+//! The typed execution spec: what one sandboxed run may do, validated before
+//! any syscall. Everything here is pure and unit-tested.
+
+use std::time::Duration;
+
+/// Largest program text accepted (1 MiB of UTF-8).
+pub const MAX_CODE_BYTES: usize = 1 << 20;
+/// Most environment variables a request may set.
+pub const MAX_ENV_VARS: usize = 50;
+/// Longest environment variable value.
+pub const MAX_ENV_VALUE_BYTES: usize = 4096;
+/// Longest environment variable name.
+pub const MAX_ENV_NAME_BYTES: usize = 128;
+
+/// Interpreter the code runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// `python3`
+    Python,
+    /// `node`
+    Node,
+    /// `bash`
+    Bash,
+}
+
+impl Language {
+    /// All languages, in a stable order.
+    pub const ALL: [Language; 3] = [Language::Python, Language::Node, Language::Bash];
+
+    /// Interpreter candidates inside the sandbox's root filesystem, first found wins.
+    pub fn interpreter_candidates(self) -> &'static [&'static str] {
+        match self {
+            Language::Python => &["/usr/bin/python3", "/usr/local/bin/python3"],
+            Language::Node => &["/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"],
+            Language::Bash => &["/bin/bash", "/usr/bin/bash"],
+        }
+    }
+
+    /// File name the program text is written to inside the sandbox.
+    pub fn script_name(self) -> &'static str {
+        match self {
+            Language::Python => "main.py",
+            Language::Node => "main.js",
+            Language::Bash => "main.sh",
+        }
+    }
+
+    /// Environment the interpreter needs to behave well in a sandbox.
+    ///
+    /// Python block-buffers stdout into a pipe; unbuffered output is what makes
+    /// a timed-out program's partial output reach the caller.
+    pub fn interpreter_env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Language::Python => &[("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1")],
+            Language::Node => &[],
+            Language::Bash => &[],
+        }
+    }
+
+    /// Lower-case name, as in the HTTP API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Node => "node",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+/// Outbound network access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub enum Network {
+    /// Only loopback exists in the sandbox.
+    #[default]
+    Blocked,
+}
+
+/// Resolved resource limits for one execution (every field set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// CPU quota in thousandths of a core.
+    pub cpu_millis: u32,
+    /// Memory limit in bytes (swap off).
+    pub memory_bytes: u64,
+    /// Maximum tasks (processes and threads).
+    pub pids: u32,
+    /// Size of `/tmp`.
+    pub tmp_bytes: u64,
+    /// Size of `/home/sandbox`.
+    pub home_bytes: u64,
+    /// Per-stream output cap.
+    pub max_output_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub open_files: u32,
+    /// RLIMIT_FSIZE.
+    pub file_size_bytes: u64,
+}
+
+/// Limits as requested: `None` takes the node's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitRequest {
+    /// See [`Limits::cpu_millis`].
+    pub cpu_millis: Option<u32>,
+    /// See [`Limits::memory_bytes`].
+    pub memory_bytes: Option<u64>,
+    /// See [`Limits::pids`].
+    pub pids: Option<u32>,
+    /// See [`Limits::tmp_bytes`].
+    pub tmp_bytes: Option<u64>,
+    /// See [`Limits::home_bytes`].
+    pub home_bytes: Option<u64>,
+    /// See [`Limits::max_output_bytes`].
+    pub max_output_bytes: Option<u64>,
+    /// See [`Limits::open_files`].
+    pub open_files: Option<u32>,
+    /// See [`Limits::file_size_bytes`].
+    pub file_size_bytes: Option<u64>,
+}
+
+/// What this node offers: defaults for unset limits and the largest values accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePolicy {
+    /// Limits used when a request leaves a field unset.
+    pub defaults: Limits,
+    /// Largest value accepted for each field.
+    pub maxima: Limits,
+    /// Longest wall-clock timeout accepted.
+    pub max_timeout: Duration,
+}
+
+impl Default for NodePolicy {
+    fn default() -> Self {
+        const MIB: u64 = 1 << 20;
+        NodePolicy {
+            defaults: Limits {
+                cpu_millis: 1000,
+                memory_bytes: 1024 * MIB,
+                pids: 256,
+                tmp_bytes: 512 * MIB,
+                home_bytes: 512 * MIB,
+                max_output_bytes: MIB,
+                open_files: 1024,
+                file_size_bytes: 512 * MIB,
+            },
+            maxima: Limits {
+                cpu_millis: 4000,
+                memory_bytes: 4096 * MIB,
+                pids: 4096,
+                tmp_bytes: 4096 * MIB,
+                home_bytes: 4096 * MIB,
+                max_output_bytes: 64 * MIB,
+                open_files: 65536,
+                file_size_bytes: 4096 * MIB,
+            },
+            max_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// A request to run code, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    /// Caller-chosen id; generated when empty.
+    pub id: String,
+    /// `None` when the caller sent an unknown or unspecified language.
+    pub language: Option<Language>,
+    /// Program text.
+    pub code: String,
+    /// Request environment, in the caller's order.
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Requested limits.
+    pub limits: LimitRequest,
+    /// Root filesystem name; empty or `host`.
+    pub image: String,
+}
+
+/// A validated execution spec: safe to hand to the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecSpec {
+    /// Execution id, `[a-zA-Z0-9_-]{1,64}`.
+    pub id: String,
+    /// Interpreter.
+    pub language: Language,
+    /// Program text.
+    pub code: String,
+    /// Request environment, validated.
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Network policy.
+    pub network: Network,
+}
+
+/// Why a request was refused. `field` names the offending input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// Offending field, e.g. `code` or `env.PATH`.
+    pub field: String,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError { field: field.into(), message: message.into() }
+}
+
+impl ExecRequest {
+    /// Validates the request against the node's policy.
+    pub fn validate(self, policy: &NodePolicy) -> Result<ExecSpec, SpecError> {
+        let language = self.language.ok_or_else(|| err("language", "must be python, node or bash"))?;
+        validate_code(&self.code)?;
+        let id = if self.id.is_empty() { new_execution_id() } else { validate_id(self.id)? };
+        if self.timeout.is_zero() {
+            return Err(err("timeout", "must be greater than zero"));
+        }
+        if self.timeout > policy.max_timeout {
+            return Err(err("timeout", format!("must be at most {}s on this node", policy.max_timeout.as_secs())));
+        }
+        if !(self.image.is_empty() || self.image == "host") {
+            return Err(err("image", "only the \"host\" image is supported by this node"));
+        }
+        validate_env(&self.env)?;
+        let limits = resolve_limits(&self.limits, policy)?;
+        Ok(ExecSpec {
+            id,
+            language,
+            code: self.code,
+            env: self.env,
+            timeout: self.timeout,
+            limits,
+            network: Network::Blocked,
+        })
+    }
+}
+
+fn validate_code(code: &str) -> Result<(), SpecError> {
+    if code.is_empty() {
+        return Err(err("code", "must not be empty"));
+    }
+    if code.len() > MAX_CODE_BYTES {
+        return Err(err("code", format!("is {} bytes; the limit is {MAX_CODE_BYTES}", code.len())));
+    }
+    if code.contains('\0') {
+        return Err(err("code", "must not contain NUL bytes"));
+    }
+    Ok(())
+}
+
+fn validate_id(id: String) -> Result<String, SpecError> {
+    let ok = id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok { Ok(id) } else { Err(err("execution_id", "must match [a-zA-Z0-9_-]{1,64}")) }
+}
+
+/// A fresh random execution id (`exe_` + 20 base62 characters).
+pub fn new_execution_id() -> String {
+    let mut bytes = [0u8; 20];
+    fill_random(&mut bytes);
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let tail: String = bytes.iter().map(|b| ALPHABET[(*b as usize) % 62] as char).collect();
+    format!("exe_{tail}")
+}
+
+fn fill_random(buf: &mut [u8]) {
+    // getrandom(2) does not fail for small buffers once the pool is
+    // initialised; fall back to a time-based value rather than panic.
+    // SAFETY: the kernel writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < buf.len() as isize {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (t >> ((i % 16) * 8)) as u8 ^ i as u8;
+        }
+    }
+}
+
+/// Names the sandbox sets itself or that change how interpreters and the
+/// loader behave; a request may not override them.
+const RESERVED_ENV: &[&str] = &[
+    "PATH", "HOME", "TMPDIR", "PWD", "OLDPWD", "SHELL", "USER", "LOGNAME", "HOSTNAME", "TERM", "LANG",
+    "LANGUAGE", "BASH_ENV", "ENV", "IFS", "PS1", "PS2", "PS4", "PROMPT_COMMAND", "CDPATH", "GLOBIGNORE",
+    "SHELLOPTS", "BASHOPTS", "NODE_PATH", "NODE_OPTIONS", "NODE_EXTRA_CA_CERTS", "PIP_USER", "PIP_TARGET",
+    "PIP_PREFIX", "CARGO_HOME", "RUSTUP_HOME", "MAIL",
+];
+const RESERVED_PREFIXES: &[&str] =
+    &["LD_", "LC_", "XDG_", "_", "WARREN_", "PYTHON", "NPM_CONFIG_", "GO", "BASH_FUNC_", "GCONV_", "MALLOC_"];
+
+/// True when `name` may not be set by a request.
+pub fn is_reserved_env(name: &str) -> bool {
+    RESERVED_ENV.contains(&name)
+        || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+        || name.ends_with("_PROXY")
+}
+
+/// Checks request environment variables: count, names, values.
+pub fn validate_env(env: &[(String, String)]) -> Result<(), SpecError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(err("env_vars", format!("at most {MAX_ENV_VARS} variables")));
+    }
+    for (name, value) in env {
+        let field = format!("env_vars.{}", printable(name));
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_ENV_NAME_BYTES
+            && name.as_bytes()[0].is_ascii_uppercase()
+            && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !name_ok {
+            return Err(err(field, "names must match ^[A-Z][A-Z0-9_]*$ (at most 128 characters)"));
+        }
+        if is_reserved_env(name) {
+            return Err(err(field, "is reserved and cannot be set"));
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(err(field, format!("value longer than {MAX_ENV_VALUE_BYTES} bytes")));
+        }
+        if value.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) {
+            return Err(err(field, "value contains control characters"));
+        }
+    }
+    Ok(())
+}
+
+fn printable(s: &str) -> String {
+    s.chars().take(64).map(|c| if c.is_ascii_graphic() { c } else { '?' }).collect()
+}
+
+fn resolve_limits(req: &LimitRequest, policy: &NodePolicy) -> Result<Limits, SpecError> {
+    let (d, m) = (&policy.defaults, &policy.maxima);
+    Ok(Limits {
+        cpu_millis: pick("limits.cpu_millis", req.cpu_millis, d.cpu_millis, m.cpu_millis, 100)?,
+        memory_bytes: pick("limits.memory_bytes", req.memory_bytes, d.memory_bytes, m.memory_bytes, 16 << 20)?,
+        pids: pick("limits.pids", req.pids, d.pids, m.pids, 8)?,
+        tmp_bytes: pick("limits.tmp_bytes", req.tmp_bytes, d.tmp_bytes, m.tmp_bytes, 1 << 20)?,
+        home_bytes: pick("limits.home_bytes", req.home_bytes, d.home_bytes, m.home_bytes, 1 << 20)?,
+        max_output_bytes: pick("limits.max_output_bytes", req.max_output_bytes, d.max_output_bytes, m.max_output_bytes, 1024)?,
+        open_files: pick("limits.open_files", req.open_files, d.open_files, m.open_files, 32)?,
+        file_size_bytes: pick("limits.file_size_bytes", req.file_size_bytes, d.file_size_bytes, m.file_size_bytes, 1 << 20)?,
+    })
+}
+
+fn pick<T: PartialOrd + Copy + std::fmt::Display>(
+    field: &str,
+    requested: Option<T>,
+    default: T,
+    max: T,
+    min: T,
+) -> Result<T, SpecError> {
+    let value = requested.unwrap_or(default);
+    if value > max {
+        return Err(err(field, format!("{value} exceeds this node's maximum of {max}")));
+    }
+    if value < min {
+        return Err(err(field, format!("{value} is below the minimum of {min}")));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> ExecRequest {
+        ExecRequest {
+            language: Some(Language::Python),
+            code: "print(1)".into(),
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        }
+    }
+
+    fn field_of(r: ExecRequest) -> String {
+        r.validate(&NodePolicy::default()).unwrap_err().field
+    }
+
+    #[test]
+    fn valid_request_gets_defaults_and_an_id() {
+        let spec = req().validate(&NodePolicy::default()).unwrap();
+        assert_eq!(spec.limits, NodePolicy::default().defaults);
+        assert!(spec.id.starts_with("exe_") && spec.id.len() == 24, "{}", spec.id);
+    }
+
+    #[test]
+    fn malformed_requests_name_their_field() {
+        let cases: Vec<(ExecRequest, &str)> = vec![
+            (ExecRequest { language: None, ..req() }, "language"),
+            (ExecRequest { code: String::new(), ..req() }, "code"),
+            (ExecRequest { code: "x".repeat(MAX_CODE_BYTES + 1), ..req() }, "code"),
+            (ExecRequest { code: "a\0b".into(), ..req() }, "code"),
+            (ExecRequest { timeout: Duration::ZERO, ..req() }, "timeout"),
+            (ExecRequest { timeout: Duration::from_secs(3601), ..req() }, "timeout"),
+            (ExecRequest { id: "../etc".into(), ..req() }, "execution_id"),
+            (ExecRequest { image: "docker.io/x".into(), ..req() }, "image"),
+            (ExecRequest { limits: LimitRequest { memory_bytes: Some(1 << 50), ..Default::default() }, ..req() }, "limits.memory_bytes"),
+            (ExecRequest { limits: LimitRequest { pids: Some(1), ..Default::default() }, ..req() }, "limits.pids"),
+            (ExecRequest { limits: LimitRequest { cpu_millis: Some(99_000), ..Default::default() }, ..req() }, "limits.cpu_millis"),
+        ];
+        for (r, field) in cases {
+            assert_eq!(field_of(r), field);
+        }
+    }
+
+    #[test]
+    fn code_of_exactly_one_mebibyte_is_accepted() {
+        let r = ExecRequest { code: "#".repeat(MAX_CODE_BYTES), ..req() };
+        assert!(r.validate(&NodePolicy::default()).is_ok());
+    }
+
+    #[test]
+    fn env_rules() {
+        let bad = ["PATH", "LD_PRELOAD", "LC_ALL", "PYTHONPATH", "HTTPS_PROXY", "WARREN_X", "_X", "lower", "1A", "A-B", ""];
+        for name in bad {
+            let r = validate_env(&[(name.to_string(), "v".into())]);
+            assert!(r.is_err(), "{name} should be refused");
+        }
+        assert!(validate_env(&[("API_BASE_URL".into(), "https://x".into())]).is_ok());
+        assert!(validate_env(&[("A".into(), "a\u{1b}b".into())]).is_err());
+        assert!(validate_env(&[("A".into(), "line1\nline2\t".into())]).is_ok());
+        assert!(validate_env(&[("A".into(), "x".repeat(MAX_ENV_VALUE_BYTES + 1))]).is_err());
+        let many: Vec<_> = (0..51).map(|i| (format!("V{i}"), String::new())).collect();
+        assert!(validate_env(&many).is_err());
+    }
+
+    #[test]
+    fn execution_ids_are_unique() {
+        let a = new_execution_id();
+        let b = new_execution_id();
+        assert_ne!(a, b);
+    }
+}

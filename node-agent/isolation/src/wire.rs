@@ -1,0 +1,165 @@
+//! Messages between the node-agent and a sandbox's supervisor (`warren-sandbox`)
+//! and init process, framed as `[u32 little-endian length][JSON]` on Unix
+//! stream sockets. File descriptors the agent passes to the supervisor:
+//!
+//! | fd | what |
+//! |----|------|
+//! | 3  | supervisor control socket ([`SupervisorConfig`] in, [`SupervisorEvent`] out, [`SupervisorCommand`] in) |
+//! | 4  | init control socket ([`InitEvent`] out, [`Go`] in), handed on to the sandbox's init |
+//! | 5  | write end of the program's stdout pipe |
+//! | 6  | write end of the program's stderr pipe |
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Supervisor control socket.
+pub const SUPERVISOR_FD: i32 = 3;
+/// Init control socket.
+pub const INIT_FD: i32 = 4;
+/// Program stdout (write end).
+pub const STDOUT_FD: i32 = 5;
+/// Program stderr (write end).
+pub const STDERR_FD: i32 = 6;
+/// Largest frame accepted (code is at most 1 MiB; JSON escaping can double it).
+pub const MAX_FRAME: usize = 8 << 20;
+
+/// Everything the supervisor needs to build one sandbox, sent first on fd 3.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SupervisorConfig {
+    /// Sandbox id (for diagnostics).
+    pub id: String,
+    /// `cgroup.procs` files the init process is written to before it starts.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Host uid of root inside the sandbox; the program's uid 1000 maps to `host_uid + 1`.
+    pub host_uid: u32,
+    /// Host gid, likewise.
+    pub host_gid: u32,
+    /// Empty directory the sandbox's root tmpfs is mounted on (inside its own mount namespace).
+    pub mount_dir: PathBuf,
+    /// Size of `/tmp`.
+    pub tmp_bytes: u64,
+    /// Size of `/home/sandbox`.
+    pub home_bytes: u64,
+    /// Compiled seccomp filter (`struct sock_filter[]`).
+    pub seccomp_bpf: Vec<u8>,
+}
+
+/// Supervisor → agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SupervisorEvent {
+    /// The sandbox's init process (and so every process of the sandbox) is gone.
+    InitExited {
+        /// Raw wait status of init.
+        status: i32,
+    },
+    /// The sandbox could not be created.
+    Failed {
+        /// Step that failed.
+        stage: String,
+        /// Cause.
+        message: String,
+    },
+}
+
+/// Agent → supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SupervisorCommand {
+    /// Kill every process of the sandbox now (timeout, cancellation).
+    Kill,
+}
+
+/// Agent → init: run this program now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Go {
+    /// Absolute interpreter path inside the sandbox.
+    pub interpreter: String,
+    /// Script file name, written to `/run/warren/`.
+    pub script_name: String,
+    /// Program text.
+    pub code: String,
+    /// Full environment of the program (`NAME`, `value`).
+    pub env: Vec<(String, String)>,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// RLIMIT_FSIZE.
+    pub file_size_bytes: u64,
+    /// RLIMIT_NPROC (host uids are per-sandbox, so this is per-sandbox too).
+    pub max_processes: u64,
+}
+
+/// Init → agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InitEvent {
+    /// Namespaces, mounts and filter are ready; waiting for [`Go`].
+    Ready,
+    /// The main process ended.
+    Exited {
+        /// Exit status, or 128 + signal.
+        code: i32,
+        /// Killing signal, 0 if it exited.
+        signal: i32,
+    },
+    /// Setup or exec failed; nothing of the program ran.
+    Failed {
+        /// Step that failed.
+        stage: String,
+        /// Cause.
+        message: String,
+    },
+}
+
+/// Writes one frame.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf)
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream.
+pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(&body).map(Some)
+}
+
+/// Decodes a frame body.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    serde_json::from_slice(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &InitEvent::Exited { code: 3, signal: 0 }).unwrap();
+        write_frame(&mut buf, &SupervisorCommand::Kill).unwrap();
+        let mut r = &buf[..];
+        assert_eq!(read_frame::<InitEvent>(&mut r).unwrap(), Some(InitEvent::Exited { code: 3, signal: 0 }));
+        assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), Some(SupervisorCommand::Kill));
+        assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn oversize_frames_are_refused() {
+        let mut buf = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        buf.extend_from_slice(b"{}");
+        assert!(read_frame::<InitEvent>(&mut &buf[..]).is_err());
+    }
+}

@@ -1,0 +1,2 @@
+//! Warren's Kubernetes operator (CRDs and reconcilers); not yet implemented.
+#![forbid(unsafe_code)]
