@@ -1,1 +1,245 @@
-//! Shared harness for the end-to-end tests.
+//! Shared harness for the end-to-end tests: starts the real `warren-node-agent`
+//! (and through it real sandboxes) and talks gRPC to it.
+//!
+//! Binaries come from the workspace's target directory; the README's test
+//! command builds them first (`cargo build --workspace --bins`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};
+
+/// Directory holding the workspace's built binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("WARREN_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/<profile>/deps/<test-binary> → target/<profile>
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// Path of a workspace binary, or a panic telling how to build it.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(path.exists(), "{} not found: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+/// True when running as root. Root-only tests print why they skip otherwise.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::geteuid() == 0
+    }
+}
+
+/// Prints a skip reason and returns true when not root.
+pub fn skip_unless_root(test: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    eprintln!("SKIPPED {test}: needs root (creates namespaces and cgroups); CI runs as root");
+    true
+}
+
+/// A running node-agent, killed and cleaned up on drop.
+pub struct Agent {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    /// Extra arguments it was started with.
+    pub args: Vec<String>,
+}
+
+/// Collected result of one execution.
+#[derive(Debug, Default, Clone)]
+pub struct Run {
+    /// Everything printed on stdout.
+    pub stdout: String,
+    /// Everything printed on stderr.
+    pub stderr: String,
+    /// The final event.
+    pub exited: pb::Exited,
+    /// The `Started` event.
+    pub started: Option<pb::Started>,
+    /// Order in which chunks arrived: ('o' | 'e', text).
+    pub chunks: Vec<(char, String)>,
+}
+
+impl Agent {
+    /// Starts an agent with its own state dir and socket; waits until it answers.
+    pub async fn start(extra: &[&str]) -> anyhow::Result<Agent> {
+        let dir = tempfile::Builder::new().prefix("warren-e2e-").tempdir()?;
+        let socket = dir.path().join("agent.sock");
+        let mut cmd = Command::new(bin("warren-node-agent"));
+        cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(dir.path().join("state"));
+        cmd.arg("--log-format").arg("plain").args(extra);
+        cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
+        cmd.stdin(Stdio::null());
+        let child = cmd.spawn().context("spawning warren-node-agent")?;
+        let agent = Agent { child: Some(child), dir, socket, args: extra.iter().map(|s| s.to_string()).collect() };
+        agent.wait_ready().await?;
+        Ok(agent)
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut c) = self.client().await {
+                if c.status(pb::StatusRequest {}).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("agent did not become ready");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// State directory of this agent.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// pid of the agent process.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// A gRPC client over the agent's Unix socket.
+    pub async fn client(&self) -> anyhow::Result<NodeAgentClient<Channel>> {
+        let path = self.socket.clone();
+        let channel = Endpoint::try_from("http://agent.local")?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            }))
+            .await?;
+        Ok(NodeAgentClient::new(channel).max_decoding_message_size(64 << 20))
+    }
+
+    /// Runs `code` and collects the whole stream.
+    pub async fn run(&self, language: pb::Language, code: &str, timeout: Duration) -> anyhow::Result<Run> {
+        let req = request(language, code, timeout);
+        self.run_request(req).await
+    }
+
+    /// Runs a full request and collects the whole stream.
+    pub async fn run_request(&self, req: pb::ExecuteRequest) -> anyhow::Result<Run> {
+        let mut client = self.client().await?;
+        let mut stream = client.execute(req).await?.into_inner();
+        let mut run = Run::default();
+        let mut exited = None;
+        while let Some(ev) = stream.message().await? {
+            match ev.event {
+                Some(Event::Started(s)) => run.started = Some(s),
+                Some(Event::Stdout(c)) => {
+                    let t = String::from_utf8_lossy(&c.data).into_owned();
+                    run.stdout.push_str(&t);
+                    run.chunks.push(('o', t));
+                }
+                Some(Event::Stderr(c)) => {
+                    let t = String::from_utf8_lossy(&c.data).into_owned();
+                    run.stderr.push_str(&t);
+                    run.chunks.push(('e', t));
+                }
+                Some(Event::Exited(e)) => exited = Some(e),
+                None => {}
+            }
+        }
+        run.exited = exited.context("stream ended without an Exited event")?;
+        Ok(run)
+    }
+
+    /// Sandbox cgroups of this agent currently present on the host.
+    pub fn leftover_cgroups(&self) -> Vec<PathBuf> {
+        sandbox_cgroups()
+    }
+
+    /// Stops the agent (SIGTERM, then wait).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A request with default limits.
+pub fn request(language: pb::Language, code: &str, timeout: Duration) -> pb::ExecuteRequest {
+    pb::ExecuteRequest {
+        language: language as i32,
+        code: code.to_string(),
+        timeout_ms: timeout.as_millis() as u32,
+        ..Default::default()
+    }
+}
+
+/// Every `sbx-*` cgroup directory under any hierarchy's `warren` parent.
+pub fn sandbox_cgroups() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if !ft.is_dir() {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if name.starts_with("sbx-") && dir.file_name().is_some_and(|n| n == "warren") {
+                out.push(path);
+            } else if stack.len() < 10_000 {
+                stack.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Processes whose real uid is in the sandbox id range starting at `uid_base`.
+pub fn sandbox_processes(uid_base: u32) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let uid = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|u| u.parse::<u32>().ok());
+        if let Some(uid) = uid {
+            if uid >= uid_base && uid < uid_base.saturating_add(100_000) {
+                out.push((pid, uid));
+            }
+        }
+    }
+    out
+}

@@ -94,7 +94,8 @@ pub fn v1_limit_writes(previous_memory: Option<u64>, limits: &Limits, has_memsw:
     let mem = limits.memory_bytes;
     let mut out = Vec::with_capacity(4);
     let memsw = has_memsw.then(|| w(Controller::Memory, "memory.memsw.limit_in_bytes", mem));
-    let growing = previous_memory.is_none_or(|prev| mem > prev);
+    // A fresh group starts unlimited, so its first limit is a decrease.
+    let growing = previous_memory.is_some_and(|prev| mem > prev);
     if growing {
         out.extend(memsw.clone());
         out.push(w(Controller::Memory, "memory.limit_in_bytes", mem));
@@ -491,7 +492,7 @@ mod tests {
         assert_eq!(down[0].0, "memory.limit_in_bytes");
         assert_eq!(down[1].0, "memory.memsw.limit_in_bytes");
         let first = files(&v1_limit_writes(None, &limits(200), true));
-        assert_eq!(first[0].0, "memory.memsw.limit_in_bytes");
+        assert_eq!(first[0].0, "memory.limit_in_bytes", "a new group starts unlimited");
         let no_swap_acct = files(&v1_limit_writes(None, &limits(200), false));
         assert!(no_swap_acct.iter().all(|(f, _)| *f != "memory.memsw.limit_in_bytes"));
         assert!(no_swap_acct.contains(&("cpu.cfs_quota_us", "150000".into())));

@@ -6,10 +6,12 @@
 //! - [`seccomp`]: the syscall allowlist, compiled once to BPF.
 //! - [`features`]: what this node supports.
 //! - [`wire`]: agent ↔ supervisor/init messages.
+//! - [`launch`]: the supervisor command line and descriptors.
 //! - [`sandbox`]: the supervisor, init and program code run by `warren-sandbox`.
 
 pub mod cgroup;
 pub mod features;
+pub mod launch;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;

@@ -13,7 +13,7 @@ pub const MAX_ENV_VALUE_BYTES: usize = 4096;
 pub const MAX_ENV_NAME_BYTES: usize = 128;
 
 /// Interpreter the code runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     /// `python3`

@@ -14,9 +14,10 @@ use super::{program, rootfs, sys};
 use crate::wire::{self, Go, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
-pub fn run(cfg: &SupervisorConfig, sync: OwnedFd, supervisor: Pid) -> ! {
-    // Die with the supervisor; check for the race where it died before prctl.
-    if sys::set_parent_death_signal().is_err() || nix::unistd::getppid() != supervisor {
+pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
+    // Die with the supervisor. Had it died before this prctl, the sync read
+    // below sees EOF (getppid() cannot tell: it is 0 in a new pid namespace).
+    if sys::set_parent_death_signal().is_err() {
         sys::exit_now(1);
     }
     // The supervisor's control socket must not be reachable from the sandbox.
@@ -53,7 +54,7 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
     // Now inside the sandbox cgroups (the supervisor moved us): root the cgroup
     // namespace here so /proc/self/cgroup shows nothing of the host.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).map_err(s("unshare cgroup"))?;
-    sys::set_not_dumpable().map_err(|e| ("dumpable", e))?;
+    sys::set_dumpable(false).map_err(|e| ("dumpable", e))?;
     nix::unistd::sethostname("sandbox").map_err(s("sethostname"))?;
     sys::loopback_up().map_err(|e| ("loopback", e))?;
     rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))

@@ -76,7 +76,10 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     setrlimit(Resource::RLIMIT_FSIZE, l.file_size, l.file_size)?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     setrlimit(Resource::RLIMIT_NPROC, l.max_processes, l.max_processes)?;
-    // Init is shielded from the OOM killer; the program must not be.
+    // Init is non-dumpable (its /proc files are root's); the program needs its
+    // own /proc files to reset the OOM score it inherited from init, which may
+    // be shielded. execve recomputes dumpability anyway.
+    sys::set_dumpable(true)?;
     std::fs::write("/proc/self/oom_score_adj", "0")?;
     sys::drop_bounding_set()?;
     let id = SANDBOX_UID.into();

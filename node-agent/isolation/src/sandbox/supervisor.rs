@@ -60,11 +60,10 @@ fn run(ctrl: &mut UnixStream) -> StepResult<i32> {
     // group access inside the sandbox (they just show as "nogroup").
     step("setgroups", nix::unistd::setgroups(&[]))?;
     let (sync_r, sync_w) = step("pipe", nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC))?;
-    let me = nix::unistd::getpid();
     let pid = step("clone", sys::fork_into_namespaces(NAMESPACES))?;
     if pid == 0 {
         drop(sync_w);
-        init::run(&cfg, sync_r, me)
+        init::run(&cfg, sync_r)
     }
     drop(sync_r);
     let child = Pid::from_raw(pid);
@@ -85,8 +84,8 @@ fn write_byte(fd: OwnedFd) -> io::Result<()> {
 }
 
 /// Maps root and uid 1000 inside to two unprivileged host ids, places init in
-/// the sandbox cgroups and shields it from the OOM killer (the program is not
-/// shielded: it resets its own score).
+/// the sandbox cgroups and, where allowed, shields it from the OOM killer (the
+/// program is not shielded: it resets its own score).
 fn prepare_init(pid: libc::pid_t, cfg: &SupervisorConfig) -> StepResult<()> {
     let proc_dir = format!("/proc/{pid}");
     let uid_map = format!("0 {} 1\n1000 {} 1\n", cfg.host_uid, cfg.host_uid + 1);
@@ -97,7 +96,11 @@ fn prepare_init(pid: libc::pid_t, cfg: &SupervisorConfig) -> StepResult<()> {
     for procs in &cfg.cgroup_procs {
         step("join cgroup", fs::write(procs, pid.to_string()))?;
     }
-    step("oom_score_adj", fs::write(format!("{proc_dir}/oom_score_adj"), "-1000"))
+    // Best effort: needs CAP_SYS_RESOURCE, which some hosts withhold even from
+    // root. If init is OOM-killed anyway, the pid namespace dies with it and
+    // the agent reports the OOM kill; nothing leaks.
+    let _ = fs::write(format!("{proc_dir}/oom_score_adj"), "-1000");
+    Ok(())
 }
 
 fn supervise(ctrl: &mut UnixStream, child: Pid) -> StepResult<i32> {

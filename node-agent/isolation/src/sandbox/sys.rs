@@ -118,11 +118,11 @@ pub fn set_no_new_privs() -> io::Result<()> {
     check(ret as libc::c_long).map(drop)
 }
 
-/// Makes this process non-dumpable: other processes with the same uid cannot
-/// ptrace it or read its /proc files.
-pub fn set_not_dumpable() -> io::Result<()> {
+/// Sets whether this process is dumpable. A non-dumpable process cannot be
+/// ptraced by, and its /proc files are not readable to, processes of the same uid.
+pub fn set_dumpable(dumpable: bool) -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
-    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let ret = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(dumpable), 0, 0, 0) };
     check(ret as libc::c_long).map(drop)
 }
 

@@ -1,0 +1,171 @@
+//! The execution service behind the gRPC adapter: validates a request against
+//! the node, admits it, claims a warm sandbox and runs it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use warren_isolation::features::Features;
+use warren_isolation::spec::{ExecRequest, ExecSpec, Language, NodePolicy, SpecError};
+use warren_isolation::wire::Go;
+
+use crate::pool::Pool;
+use crate::sandbox::{Event, Outcome, SandboxEnv, SandboxError, Shape};
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Why an execution was refused or could not start. Mapped to a gRPC status
+/// in exactly one place (`convert::to_status`).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// Malformed request.
+    #[error(transparent)]
+    Invalid(#[from] SpecError),
+    /// The language is not in the image.
+    #[error("language {0} is not available in this sandbox image")]
+    LanguageUnavailable(&'static str),
+    /// The node lacks a required isolation feature.
+    #[error("this node cannot isolate code: {0}")]
+    MissingFeature(String),
+    /// The node is at its concurrency limit.
+    #[error("node is at its limit of {0} concurrent executions")]
+    Busy(u32),
+    /// The sandbox could not be set up.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+/// Admission for one execution: holding it counts as running.
+pub struct Admission {
+    spec: ExecSpec,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Runs executions on this node.
+pub struct Executor {
+    pool: Pool,
+    policy: NodePolicy,
+    interpreters: BTreeMap<Language, String>,
+    features: Features,
+    permits: Arc<Semaphore>,
+    max_executions: u32,
+    node_name: String,
+}
+
+/// Static settings of an executor.
+pub struct ExecutorConfig {
+    /// Limits and maxima.
+    pub policy: NodePolicy,
+    /// Concurrent executions accepted.
+    pub max_executions: u32,
+    /// Sandboxes kept ready per shape.
+    pub pool_size: usize,
+    /// Name reported in `Status` and `Started`.
+    pub node_name: String,
+}
+
+/// Interpreters of the `host` image: the first candidate present per language.
+pub fn host_interpreters() -> BTreeMap<Language, String> {
+    Language::ALL
+        .iter()
+        .filter_map(|l| {
+            let path = l.interpreter_candidates().iter().find(|p| std::path::Path::new(p).exists())?;
+            Some((*l, path.to_string()))
+        })
+        .collect()
+}
+
+impl Executor {
+    /// Builds the executor and starts warming the pool for the default shape.
+    pub fn new(env: Arc<SandboxEnv>, features: Features, config: ExecutorConfig) -> Executor {
+        let pool = Pool::new(env, config.pool_size);
+        if features.can_run_sandboxes() {
+            pool.warm(Shape::of(&config.policy.defaults));
+        }
+        Executor {
+            pool,
+            interpreters: host_interpreters(),
+            features,
+            permits: Arc::new(Semaphore::new(config.max_executions as usize)),
+            max_executions: config.max_executions,
+            node_name: config.node_name,
+            policy: config.policy,
+        }
+    }
+
+    /// Node name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Detected features.
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    /// Languages the image provides.
+    pub fn languages(&self) -> Vec<Language> {
+        self.interpreters.keys().copied().collect()
+    }
+
+    /// Executions running now.
+    pub fn running(&self) -> u32 {
+        self.max_executions - self.permits.available_permits() as u32
+    }
+
+    /// Concurrency limit.
+    pub fn max_executions(&self) -> u32 {
+        self.max_executions
+    }
+
+    /// Validates and admits a request; nothing runs yet.
+    pub fn admit(&self, req: ExecRequest) -> Result<Admission, ExecError> {
+        let spec = req.validate(&self.policy)?;
+        if !self.features.can_run_sandboxes() {
+            return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
+        }
+        if !self.interpreters.contains_key(&spec.language) {
+            return Err(ExecError::LanguageUnavailable(spec.language.as_str()));
+        }
+        let permit = self.permits.clone().try_acquire_owned().map_err(|_| ExecError::Busy(self.max_executions))?;
+        Ok(Admission { spec, _permit: permit })
+    }
+
+    /// Runs an admitted execution. Errors are returned only when nothing ran.
+    pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+        let spec = &admission.spec;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
+        let go = self.go_for(spec);
+        Ok(sandbox.run(spec, go, received, &events).await)
+    }
+
+    fn go_for(&self, spec: &ExecSpec) -> Go {
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), PATH.into()),
+            ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        env.extend(spec.language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        env.extend(spec.env.iter().cloned());
+        Go {
+            interpreter: self.interpreters.get(&spec.language).cloned().unwrap_or_default(),
+            script_name: spec.language.script_name().into(),
+            code: spec.code.clone(),
+            env,
+            open_files: spec.limits.open_files.into(),
+            file_size_bytes: spec.limits.file_size_bytes,
+            max_processes: spec.limits.pids.into(),
+        }
+    }
+
+    /// Id of an admitted execution.
+    pub fn admission_id(admission: &Admission) -> &str {
+        &admission.spec.id
+    }
+
+    /// Tears down the pool.
+    pub async fn shutdown(&self) {
+        self.pool.shutdown().await;
+    }
+}

@@ -1,0 +1,203 @@
+//! Warren's node-agent: the gRPC service (`warren.agent.v1.NodeAgent`) that
+//! runs untrusted code in a fresh sandbox per call. The kernel-facing parts
+//! live in `warren-isolation`; this crate adds the async runtime around them:
+//! the warm pool, output streaming, timeouts and the gRPC edge.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod convert;
+pub mod executor;
+pub mod frames;
+pub mod pool;
+pub mod sandbox;
+pub mod service;
+pub mod slots;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tracing::{info, warn};
+use warren_isolation::cgroup::CgroupLayout;
+use warren_isolation::features::Features;
+use warren_isolation::spec::NodePolicy;
+use warren_proto::agent::node_agent_server::NodeAgentServer;
+
+use crate::executor::{Executor, ExecutorConfig};
+use crate::sandbox::SandboxEnv;
+
+/// Command-line flags (each also readable from the environment).
+#[derive(Debug, Parser)]
+#[command(name = "warren-node-agent", version, about = "Runs untrusted code in fresh sandboxes (gRPC)")]
+pub struct Args {
+    /// Node name reported to callers (defaults to the hostname).
+    #[arg(long, env = "WARREN_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Unix socket to serve on (mode 0600).
+    #[arg(long, env = "WARREN_AGENT_SOCKET")]
+    pub listen_unix: Option<PathBuf>,
+    /// TCP address to serve on; requires a token.
+    #[arg(long, env = "WARREN_AGENT_LISTEN")]
+    pub listen_tcp: Option<std::net::SocketAddr>,
+    /// File holding the shared bearer token callers must present.
+    #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Agent state (sandbox mount point; thread state later). Created 0711.
+    #[arg(long, env = "WARREN_STATE_DIR", default_value = "/var/lib/warren")]
+    pub state_dir: PathBuf,
+    /// Path of `warren-sandbox` (defaults to the agent binary's directory).
+    #[arg(long, env = "WARREN_SANDBOX_BINARY")]
+    pub sandbox_binary: Option<PathBuf>,
+    /// Sandboxes kept ready per shape; 0 prepares every sandbox on demand.
+    #[arg(long, env = "WARREN_POOL_SIZE", default_value_t = 2)]
+    pub pool_size: usize,
+    /// Concurrent executions accepted; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "WARREN_MAX_EXECUTIONS", default_value_t = 32)]
+    pub max_executions: u32,
+    /// First host uid/gid used for sandboxes (two per concurrent sandbox).
+    #[arg(long, env = "WARREN_UID_BASE", default_value_t = 1_000_000_000)]
+    pub uid_base: u32,
+    /// Default per-stream output cap in bytes.
+    #[arg(long, env = "WARREN_MAX_OUTPUT_BYTES", default_value_t = 1 << 20)]
+    pub max_output_bytes: u64,
+    /// Log format: `json` or `plain`.
+    #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json")]
+    pub log_format: String,
+}
+
+/// Sets up structured logging (`RUST_LOG` filters).
+pub fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" { builder.json().init() } else { builder.init() }
+}
+
+/// Runs the agent until SIGINT/SIGTERM.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Args { node_name, listen_unix, listen_tcp, token_file, state_dir, sandbox_binary, pool_size, max_executions, uid_base, max_output_bytes, log_format: _ } = args;
+    if !nix::unistd::geteuid().is_root() {
+        bail!("warren-node-agent must run as root: it creates namespaces, cgroups and id mappings");
+    }
+    if listen_unix.is_none() && listen_tcp.is_none() {
+        bail!("nothing to listen on: pass --listen-unix and/or --listen-tcp");
+    }
+    let token = read_token(token_file.as_deref())?;
+    if listen_tcp.is_some() && token.is_none() {
+        bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
+    }
+    let (layout, features) = detect()?;
+    let mount_dir = prepare_state_dir(&state_dir)?;
+    let supervisor_binary = match sandbox_binary {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("warren-sandbox"),
+    };
+    if !supervisor_binary.exists() {
+        bail!("sandbox supervisor binary not found at {}", supervisor_binary.display());
+    }
+    let seccomp_bpf = warren_isolation::seccomp::compile().context("compiling the seccomp policy")?;
+    let mut policy = NodePolicy::default();
+    policy.defaults.max_output_bytes = max_output_bytes;
+    let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
+    let env = Arc::new(SandboxEnv { layout, supervisor_binary, mount_dir, seccomp_bpf, slots, idle_limits: policy.defaults });
+    let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
+    let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone() };
+    let exec = Arc::new(Executor::new(env, features, config));
+    info!(node = %node_name, "node-agent starting");
+    let served = serve(exec.clone(), listen_unix, listen_tcp, auth::BearerAuth::new(token)).await;
+    exec.shutdown().await;
+    served
+}
+
+fn read_token(path: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let Some(path) = path else { return Ok(None) };
+    let token = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let token = token.trim().to_string();
+    if token.len() < 16 {
+        bail!("the agent token in {} is shorter than 16 characters", path.display());
+    }
+    Ok(Some(token))
+}
+
+fn detect() -> anyhow::Result<(CgroupLayout, Features)> {
+    match CgroupLayout::detect() {
+        Ok(layout) => {
+            let removed = layout.collect_garbage();
+            if removed > 0 {
+                warn!(removed, "removed sandbox cgroups left by an earlier run");
+            }
+            let features = Features::detect(Ok(&layout));
+            Ok((layout, features))
+        }
+        Err(e) => bail!("no usable cgroup hierarchy: {e}"),
+    }
+}
+
+/// Creates `<state>/mnt`, the empty directory sandbox roots are mounted on
+/// inside their own mount namespaces (nothing is ever mounted there on the host).
+fn prepare_state_dir(state: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+    // Traversable (sandbox init must reach mnt/) but not listable.
+    std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o711))?;
+    let mnt = state.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    std::fs::set_permissions(&mnt, std::fs::Permissions::from_mode(0o755))?;
+    if std::fs::read_dir(&mnt)?.next().is_some() {
+        bail!("{} must be empty", mnt.display());
+    }
+    Ok(mnt)
+}
+
+async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net::SocketAddr>, auth: auth::BearerAuth) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let svc = || NodeAgentServer::with_interceptor(service::AgentService::new(exec.clone()), auth.clone());
+    if let Some(path) = unix {
+        let _ = std::fs::remove_file(&path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        info!(socket = %path.display(), "serving gRPC on unix socket");
+        let router = tonic::transport::Server::builder().add_service(svc());
+        let stop = wait_stop(stop_rx.clone());
+        tasks.spawn(async move { router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop).await });
+    }
+    if let Some(addr) = tcp {
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        info!(addr = %listener.local_addr()?, "serving gRPC on tcp");
+        let router = tonic::transport::Server::builder().add_service(svc());
+        let stop = wait_stop(stop_rx.clone());
+        tasks.spawn(async move { router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await });
+    }
+    shutdown_signal().await;
+    info!("shutting down: draining in-flight executions");
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(Duration::from_secs(3600), async {
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(Err(e)) = r {
+                warn!(error = %e, "server ended with an error");
+            }
+        }
+    });
+    let _ = drained.await;
+    Ok(())
+}
+
+async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

@@ -1,0 +1,397 @@
+//! One sandbox from the agent's side: prepared ahead of demand (supervisor
+//! spawned, namespaces and mounts built, init waiting), then run once.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+use warren_isolation::cgroup::{Cgroup, CgroupLayout};
+use warren_isolation::launch::{supervisor_command, SupervisorFds};
+use warren_isolation::spec::{ExecSpec, Limits};
+use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
+
+use crate::frames::Channel;
+use crate::slots::{Slot, Slots};
+
+/// How long preparing a sandbox may take before it is abandoned.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Size of one output read.
+const CHUNK: usize = 64 * 1024;
+
+/// Why a sandbox could not be prepared or run.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// No uid slot is free: the node is at capacity.
+    #[error("no sandbox slot free")]
+    NoSlot,
+    /// cgroup setup failed.
+    #[error(transparent)]
+    Cgroup(#[from] warren_isolation::cgroup::CgroupError),
+    /// An OS call on the agent side failed.
+    #[error("{step}: {source}")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The supervisor or init reported a failure.
+    #[error("sandbox setup failed at {stage}: {message}")]
+    Setup {
+        /// Step that failed.
+        stage: String,
+        /// Cause.
+        message: String,
+    },
+    /// Setup did not finish in time.
+    #[error("sandbox setup timed out")]
+    Timeout,
+}
+
+fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
+    move |source| SandboxError::Io { step, source }
+}
+
+/// Node-wide settings every sandbox shares.
+pub struct SandboxEnv {
+    /// Where sandbox cgroups go.
+    pub layout: CgroupLayout,
+    /// Path of `warren-sandbox`.
+    pub supervisor_binary: PathBuf,
+    /// Empty directory sandboxes mount their root on.
+    pub mount_dir: PathBuf,
+    /// The compiled seccomp filter.
+    pub seccomp_bpf: Vec<u8>,
+    /// Host uid/gid slots.
+    pub slots: Slots,
+    /// Limits a prepared (not yet claimed) sandbox runs under.
+    pub idle_limits: Limits,
+}
+
+/// What must match between a prepared sandbox and a request: the mounts'
+/// sizes are fixed when the sandbox is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// `/tmp` size.
+    pub tmp_bytes: u64,
+    /// `/home/sandbox` size.
+    pub home_bytes: u64,
+}
+
+impl Shape {
+    /// The shape a spec needs.
+    pub fn of(limits: &Limits) -> Shape {
+        Shape { tmp_bytes: limits.tmp_bytes, home_bytes: limits.home_bytes }
+    }
+}
+
+/// A sandbox whose init waits for its program.
+pub struct Prepared {
+    id: String,
+    child: tokio::process::Child,
+    supervisor: Channel,
+    init: Channel,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    cgroup: Cgroup,
+    _slot: Slot,
+}
+
+/// Output and progress of a running execution.
+#[derive(Debug)]
+pub enum Event {
+    /// The program was handed to the sandbox.
+    Started {
+        /// Request-to-handoff time.
+        setup: Duration,
+    },
+    /// A chunk of stdout.
+    Stdout(Vec<u8>),
+    /// A chunk of stderr.
+    Stderr(Vec<u8>),
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Exit status or 128 + signal; -1 when the program never ran.
+    pub exit_code: i32,
+    /// Killing signal or 0.
+    pub signal: i32,
+    /// Killed at the wall-clock limit.
+    pub timed_out: bool,
+    /// The memory limit was hit.
+    pub oom_killed: bool,
+    /// The caller went away and the execution was killed.
+    pub cancelled: bool,
+    /// Program wall time.
+    pub wall: Duration,
+    /// CPU time of every process.
+    pub cpu_micros: u64,
+    /// Peak memory.
+    pub peak_memory_bytes: u64,
+    /// stdout went past the cap.
+    pub stdout_truncated: bool,
+    /// stderr went past the cap.
+    pub stderr_truncated: bool,
+    /// Short machine-readable failure, e.g. `exec_failed`.
+    pub error: Option<String>,
+}
+
+fn pipe_pair() -> Result<(pipe::Receiver, OwnedFd), SandboxError> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Io { step: "pipe", source: e.into() })?;
+    let r = pipe::Receiver::from_owned_fd(r).map_err(io("pipe receiver"))?;
+    Ok((r, w))
+}
+
+fn socket_pair() -> Result<(Channel, OwnedFd), SandboxError> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io("socketpair"))?;
+    ours.set_nonblocking(true).map_err(io("socketpair"))?;
+    let ours = tokio::net::UnixStream::from_std(ours).map_err(io("socketpair"))?;
+    Ok((Channel::new(ours), OwnedFd::from(theirs)))
+}
+
+/// Builds a sandbox up to "init waits for Go".
+pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
+    let slot = env.slots.acquire().ok_or(SandboxError::NoSlot)?;
+    let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
+    let cgroup = env.layout.create(&id, &env.idle_limits)?;
+    let (supervisor, sup_fd) = socket_pair()?;
+    let (init, init_fd) = socket_pair()?;
+    let (stdout, out_w) = pipe_pair()?;
+    let (stderr, err_w) = pipe_pair()?;
+    let fds = SupervisorFds { supervisor: sup_fd, init: init_fd, stdout: out_w, stderr: err_w };
+    let mut cmd = tokio::process::Command::from(supervisor_command(&env.supervisor_binary, &fds));
+    cmd.kill_on_drop(true);
+    let spawned = cmd.spawn();
+    // Our copies of the child's ends must close now, or EOF never comes.
+    drop(fds);
+    let child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = cgroup.remove();
+            return Err(SandboxError::Io { step: "spawn warren-sandbox", source: e });
+        }
+    };
+    let config = SupervisorConfig {
+        id: id.clone(),
+        cgroup_procs: cgroup.procs_files(),
+        host_uid: slot.host_id(),
+        host_gid: slot.host_id(),
+        mount_dir: env.mount_dir.clone(),
+        tmp_bytes: shape.tmp_bytes,
+        home_bytes: shape.home_bytes,
+        seccomp_bpf: env.seccomp_bpf.clone(),
+    };
+    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, _slot: slot };
+    let ready = async {
+        prepared.supervisor.send(&config).await.map_err(io("send config"))?;
+        prepared.wait_ready().await
+    };
+    let ready = tokio::time::timeout(PREPARE_TIMEOUT, ready).await.unwrap_or(Err(SandboxError::Timeout));
+    match ready {
+        Ok(()) => Ok(prepared),
+        Err(e) => {
+            prepared.discard().await;
+            Err(e)
+        }
+    }
+}
+
+impl Prepared {
+    /// Sandbox id (`<slot>-<random>`), also its cgroup name suffix.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// False when the supervisor has exited (the sandbox is unusable).
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), SandboxError> {
+        tokio::select! {
+            ev = self.init.recv::<InitEvent>() => match ev.map_err(io("read init"))? {
+                Some(InitEvent::Ready) => Ok(()),
+                Some(InitEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
+                other => Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
+            },
+            ev = self.supervisor.recv::<SupervisorEvent>() => match ev.map_err(io("read supervisor"))? {
+                Some(SupervisorEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
+                other => Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
+            },
+        }
+    }
+
+    /// Tears down a sandbox that will not run: closing init's socket makes it
+    /// exit, the supervisor follows, then the cgroup is removed.
+    pub async fn discard(mut self) {
+        let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        remove_cgroup(self.cgroup).await;
+    }
+
+    /// Runs `spec` in this sandbox, streaming events to `events`. Dropping the
+    /// receiver of `events` kills the execution.
+    pub async fn run(mut self, spec: &ExecSpec, go: Go, received: Instant, events: &mpsc::Sender<Event>) -> Outcome {
+        let mut out = Outcome::default();
+        if let Err(e) = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage()) {
+            warn!(sandbox = %self.id, error = %e, "applying limits failed");
+            out.exit_code = -1;
+            out.error = Some("sandbox_error".into());
+            self.discard().await;
+            return out;
+        }
+        if self.init.send(&go).await.is_err() {
+            out.exit_code = -1;
+            out.error = Some("sandbox_error".into());
+            self.discard().await;
+            return out;
+        }
+        let started = Instant::now();
+        let _ = events.send(Event::Started { setup: started - received }).await;
+        let ended = self.drive(spec, events, &mut out, started).await;
+        out.wall = ended.duration_since(started);
+        self.finish(&mut out).await;
+        out
+    }
+
+    /// Pumps output and control messages until the sandbox is gone.
+    async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, out: &mut Outcome, started: Instant) -> Instant {
+        let cap = spec.limits.max_output_bytes;
+        let deadline = tokio::time::Instant::from_std(started + spec.timeout);
+        let (mut out_open, mut err_open, mut sandbox_alive, mut init_open) = (true, true, true, true);
+        let (mut out_seen, mut err_seen) = (0u64, 0u64);
+        let mut killed = false;
+        let mut ended: Option<Instant> = None;
+        let mut out_buf = vec![0u8; CHUNK];
+        let mut err_buf = vec![0u8; CHUNK];
+        while out_open || err_open || sandbox_alive {
+            tokio::select! {
+                n = self.stdout.read(&mut out_buf), if out_open => {
+                    match forward(n, &out_buf, cap, &mut out_seen, &mut out.stdout_truncated) {
+                        Some(chunk) if !chunk.is_empty() => { let _ = events.send(Event::Stdout(chunk)).await; }
+                        Some(_) => {}
+                        None => out_open = false,
+                    }
+                }
+                n = self.stderr.read(&mut err_buf), if err_open => {
+                    match forward(n, &err_buf, cap, &mut err_seen, &mut out.stderr_truncated) {
+                        Some(chunk) if !chunk.is_empty() => { let _ = events.send(Event::Stderr(chunk)).await; }
+                        Some(_) => {}
+                        None => err_open = false,
+                    }
+                }
+                ev = self.init.recv::<InitEvent>(), if init_open => {
+                    match ev {
+                        Ok(Some(InitEvent::Exited { code, signal })) => {
+                            out.exit_code = code;
+                            out.signal = signal;
+                            ended.get_or_insert_with(Instant::now);
+                        }
+                        Ok(Some(InitEvent::Failed { stage, message })) => {
+                            debug!(sandbox = %self.id, %stage, %message, "program did not start");
+                            out.exit_code = -1;
+                            out.error = Some(format!("{stage}_failed"));
+                        }
+                        _ => init_open = false,
+                    }
+                }
+                ev = self.supervisor.recv::<SupervisorEvent>(), if sandbox_alive => {
+                    if !matches!(ev, Ok(Some(SupervisorEvent::InitExited { .. }))) {
+                        // Supervisor died: make sure nothing of the sandbox survives.
+                        self.cgroup.kill_all();
+                    }
+                    sandbox_alive = false;
+                    ended.get_or_insert_with(Instant::now);
+                }
+                _ = tokio::time::sleep_until(deadline), if !killed => {
+                    killed = true;
+                    out.timed_out = true;
+                    ended.get_or_insert_with(Instant::now);
+                    let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
+                }
+                _ = events.closed(), if !killed => {
+                    killed = true;
+                    out.cancelled = true;
+                    let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
+                }
+            }
+        }
+        ended.unwrap_or_else(Instant::now)
+    }
+
+    async fn finish(mut self, out: &mut Outcome) {
+        match self.cgroup.usage() {
+            Ok(u) => {
+                out.cpu_micros = u.cpu_micros;
+                out.peak_memory_bytes = u.peak_memory_bytes;
+                out.oom_killed = u.oom_kills > 0;
+            }
+            Err(e) => warn!(sandbox = %self.id, error = %e, "reading usage failed"),
+        }
+        if out.timed_out || out.cancelled {
+            // init died before it could report; the program was SIGKILLed.
+            if out.error.is_none() && (out.exit_code == 0 || out.exit_code == -1) {
+                out.exit_code = 128 + libc::SIGKILL;
+                out.signal = libc::SIGKILL;
+            }
+        }
+        let _ = self.child.wait().await;
+        remove_cgroup(self.cgroup).await;
+    }
+}
+
+/// Applies the per-stream cap: returns the part of a read to forward, or
+/// `None` at end of stream. Bytes past the cap are read (so the writer never
+/// blocks) and dropped.
+fn forward(read: std::io::Result<usize>, buf: &[u8], cap: u64, seen: &mut u64, truncated: &mut bool) -> Option<Vec<u8>> {
+    let n = match read {
+        Ok(0) | Err(_) => return None,
+        Ok(n) => n,
+    };
+    let room = cap.saturating_sub(*seen).min(n as u64) as usize;
+    *seen = seen.saturating_add(n as u64);
+    if room < n {
+        *truncated = true;
+    }
+    Some(buf[..room].to_vec())
+}
+
+async fn remove_cgroup(cgroup: Cgroup) {
+    let name = cgroup.name().to_string();
+    let result = tokio::task::spawn_blocking(move || {
+        cgroup.kill_all();
+        cgroup.remove()
+    })
+    .await;
+    if !matches!(result, Ok(Ok(()))) {
+        warn!(cgroup = %name, "removing sandbox cgroup failed; it will be collected at the next start");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forward;
+
+    #[test]
+    fn output_cap_truncates_and_keeps_draining() {
+        let buf = b"0123456789";
+        let (mut seen, mut trunc) = (0, false);
+        assert_eq!(forward(Ok(4), buf, 6, &mut seen, &mut trunc), Some(b"0123".to_vec()));
+        assert!(!trunc);
+        assert_eq!(forward(Ok(4), buf, 6, &mut seen, &mut trunc), Some(b"01".to_vec()));
+        assert!(trunc);
+        assert_eq!(forward(Ok(10), buf, 6, &mut seen, &mut trunc), Some(Vec::new()));
+        assert_eq!(seen, 18);
+        assert_eq!(forward(Ok(0), buf, 6, &mut seen, &mut trunc), None);
+    }
+}
