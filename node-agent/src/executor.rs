@@ -44,6 +44,7 @@ pub struct Admission {
 
 /// Runs executions on this node.
 pub struct Executor {
+    env: Arc<SandboxEnv>,
     pool: Pool,
     policy: NodePolicy,
     interpreters: BTreeMap<Language, String>,
@@ -79,11 +80,12 @@ pub fn host_interpreters() -> BTreeMap<Language, String> {
 impl Executor {
     /// Builds the executor and starts warming the pool for the default shape.
     pub fn new(env: Arc<SandboxEnv>, features: Features, config: ExecutorConfig) -> Executor {
-        let pool = Pool::new(env, config.pool_size);
+        let pool = Pool::new(env.clone(), config.pool_size);
         if features.can_run_sandboxes() {
             pool.warm(Shape::of(&config.policy.defaults));
         }
         Executor {
+            env,
             pool,
             interpreters: host_interpreters(),
             features,
@@ -164,8 +166,9 @@ impl Executor {
         &admission.spec.id
     }
 
-    /// Tears down the pool.
+    /// Tears down the pool and removes the agent's (now empty) cgroup parents.
     pub async fn shutdown(&self) {
         self.pool.shutdown().await;
+        self.env.layout.remove_parents();
     }
 }

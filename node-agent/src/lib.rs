@@ -65,6 +65,9 @@ pub struct Args {
     /// Default per-stream output cap in bytes.
     #[arg(long, env = "WARREN_MAX_OUTPUT_BYTES", default_value_t = 1 << 20)]
     pub max_output_bytes: u64,
+    /// Name of the cgroup directory (under the agent's own cgroup) holding sandbox groups.
+    #[arg(long, env = "WARREN_CGROUP_NAME", default_value = warren_isolation::cgroup::PARENT_NAME)]
+    pub cgroup_name: String,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json")]
     pub log_format: String,
@@ -79,7 +82,7 @@ pub fn init_tracing(format: &str) {
 
 /// Runs the agent until SIGINT/SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let Args { node_name, listen_unix, listen_tcp, token_file, state_dir, sandbox_binary, pool_size, max_executions, uid_base, max_output_bytes, log_format: _ } = args;
+    let Args { node_name, listen_unix, listen_tcp, token_file, state_dir, sandbox_binary, pool_size, max_executions, uid_base, max_output_bytes, cgroup_name, log_format: _ } = args;
     if !nix::unistd::geteuid().is_root() {
         bail!("warren-node-agent must run as root: it creates namespaces, cgroups and id mappings");
     }
@@ -90,7 +93,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if listen_tcp.is_some() && token.is_none() {
         bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
     }
-    let (layout, features) = detect()?;
+    let (layout, features) = detect(&cgroup_name)?;
     let mount_dir = prepare_state_dir(&state_dir)?;
     let supervisor_binary = match sandbox_binary {
         Some(p) => p,
@@ -123,8 +126,8 @@ fn read_token(path: Option<&Path>) -> anyhow::Result<Option<String>> {
     Ok(Some(token))
 }
 
-fn detect() -> anyhow::Result<(CgroupLayout, Features)> {
-    match CgroupLayout::detect() {
+fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
+    match CgroupLayout::detect(cgroup_name) {
         Ok(layout) => {
             let removed = layout.collect_garbage();
             if removed > 0 {
@@ -176,16 +179,23 @@ async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net:
         tasks.spawn(async move { router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await });
     }
     shutdown_signal().await;
-    info!("shutting down: draining in-flight executions");
+    info!(running = exec.running(), "shutting down: draining in-flight executions");
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(Duration::from_secs(3600), async {
+    // Drain what runs, not what is connected: an idle client that never acks
+    // HTTP/2's GOAWAY must not keep the agent alive.
+    while exec.running() > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grace = tokio::time::timeout(Duration::from_secs(2), async {
         while let Some(r) = tasks.join_next().await {
             if let Ok(Err(e)) = r {
                 warn!(error = %e, "server ended with an error");
             }
         }
     });
-    let _ = drained.await;
+    if grace.await.is_err() {
+        tasks.abort_all();
+    }
     Ok(())
 }
 

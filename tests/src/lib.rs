@@ -53,6 +53,10 @@ pub struct Agent {
     child: Option<Child>,
     dir: tempfile::TempDir,
     socket: PathBuf,
+    /// This agent's cgroup parent name (unique, so parallel tests never meet).
+    pub cgroup_name: String,
+    /// First host uid of this agent's sandboxes (unique range per agent).
+    pub uid_base: u32,
     /// Extra arguments it was started with.
     pub args: Vec<String>,
 }
@@ -77,13 +81,17 @@ impl Agent {
     pub async fn start(extra: &[&str]) -> anyhow::Result<Agent> {
         let dir = tempfile::Builder::new().prefix("warren-e2e-").tempdir()?;
         let socket = dir.path().join("agent.sock");
+        let unique = unique_number();
+        let cgroup_name = format!("warren-e2e-{unique}");
+        let uid_base = 1_500_000_000 + (unique % 20_000) * 100_000;
         let mut cmd = Command::new(bin("warren-node-agent"));
         cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(dir.path().join("state"));
+        cmd.arg("--cgroup-name").arg(&cgroup_name).arg("--uid-base").arg(uid_base.to_string());
         cmd.arg("--log-format").arg("plain").args(extra);
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;
-        let agent = Agent { child: Some(child), dir, socket, args: extra.iter().map(|s| s.to_string()).collect() };
+        let agent = Agent { child: Some(child), dir, socket, cgroup_name, uid_base, args: extra.iter().map(|s| s.to_string()).collect() };
         agent.wait_ready().await?;
         Ok(agent)
     }
@@ -160,7 +168,17 @@ impl Agent {
 
     /// Sandbox cgroups of this agent currently present on the host.
     pub fn leftover_cgroups(&self) -> Vec<PathBuf> {
-        sandbox_cgroups()
+        sandbox_cgroups(&self.cgroup_name)
+    }
+
+    /// Processes running under this agent's sandbox host uids.
+    pub fn sandbox_processes(&self) -> Vec<(u32, u32)> {
+        sandbox_processes(self.uid_base)
+    }
+
+    /// True while the agent process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Stops the agent (SIGTERM, then wait).
@@ -187,7 +205,52 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
+        // A crashed agent leaves its groups; never leave them on the machine.
+        for dir in sandbox_cgroups(&self.cgroup_name) {
+            kill_cgroup(&dir);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        for parent in cgroup_parents(&self.cgroup_name) {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
+}
+
+fn kill_cgroup(dir: &Path) {
+    for _ in 0..100 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        if procs.trim().is_empty() {
+            return;
+        }
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: kill(2) with a pid read from the test agent's own sandbox cgroup.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The agent's parent directories in every hierarchy.
+pub fn cgroup_parents(parent: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if e.file_name() == parent {
+                out.push(e.path());
+            } else if !e.file_name().to_string_lossy().starts_with("sbx-") && stack.len() < 10_000 {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
 }
 
 /// A request with default limits.
@@ -200,8 +263,14 @@ pub fn request(language: pb::Language, code: &str, timeout: Duration) -> pb::Exe
     }
 }
 
-/// Every `sbx-*` cgroup directory under any hierarchy's `warren` parent.
-pub fn sandbox_cgroups() -> Vec<PathBuf> {
+/// A number unique to this process and call (pid and a counter).
+pub fn unique_number() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    std::process::id().wrapping_mul(31).wrapping_add(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Every `sbx-*` cgroup directory under any hierarchy's `parent` directory.
+pub fn sandbox_cgroups(parent: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
     while let Some(dir) = stack.pop() {
@@ -213,7 +282,7 @@ pub fn sandbox_cgroups() -> Vec<PathBuf> {
             }
             let name = e.file_name().to_string_lossy().into_owned();
             let path = e.path();
-            if name.starts_with("sbx-") && dir.file_name().is_some_and(|n| n == "warren") {
+            if name.starts_with("sbx-") && dir.file_name().is_some_and(|n| n == parent) {
                 out.push(path);
             } else if stack.len() < 10_000 {
                 stack.push(path);

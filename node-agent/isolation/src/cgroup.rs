@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::spec::Limits;
 
-/// Name of the directory holding all sandbox groups under the agent's cgroup.
+/// Default name of the directory holding all sandbox groups under the agent's cgroup.
 pub const PARENT_NAME: &str = "warren";
 /// Prefix of each sandbox group's directory name.
 pub const GROUP_PREFIX: &str = "sbx-";
@@ -167,16 +167,17 @@ pub enum CgroupLayout {
 impl CgroupLayout {
     /// Finds the hierarchies from the given mountinfo and /proc/self/cgroup texts
     /// (pure: creates nothing). v1 is used when it has all controllers Warren needs.
-    pub fn from_proc(mountinfo: &str, self_cgroup: &str) -> Result<CgroupLayout> {
+    /// `parent` names the directory holding the sandbox groups.
+    pub fn from_proc(mountinfo: &str, self_cgroup: &str, parent: &str) -> Result<CgroupLayout> {
         let mounts = parse::cgroup_mounts(mountinfo);
         let procs = parse::proc_cgroups(self_cgroup);
-        match Self::v1_from(&mounts, &procs) {
+        match Self::v1_from(&mounts, &procs, parent) {
             Ok(layout) => Ok(layout),
-            Err(v1_err) => Self::v2_from(&mounts, &procs).ok_or(v1_err),
+            Err(v1_err) => Self::v2_from(&mounts, &procs, parent).ok_or(v1_err),
         }
     }
 
-    fn v1_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup]) -> Result<CgroupLayout> {
+    fn v1_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup], parent: &str) -> Result<CgroupLayout> {
         let dir = |c: Controller| -> Result<PathBuf> {
             let name = c.name();
             let mount = mounts
@@ -188,7 +189,7 @@ impl CgroupLayout {
                 .find(|p| p.controllers.iter().any(|x| x == name))
                 .ok_or(CgroupError::MissingController(name))?;
             let dir = parse::host_dir(mount, &own.path).ok_or(CgroupError::MissingController(name))?;
-            Ok(dir.join(PARENT_NAME))
+            Ok(dir.join(parent))
         };
         Ok(CgroupLayout::V1 {
             memory: dir(Controller::Memory)?,
@@ -199,7 +200,7 @@ impl CgroupLayout {
         })
     }
 
-    fn v2_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup]) -> Option<CgroupLayout> {
+    fn v2_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup], parent_name: &str) -> Option<CgroupLayout> {
         let mount = mounts.iter().find(|m| m.v2)?;
         let own = procs.iter().find(|p| p.hierarchy == 0)?;
         // The agent's own group holds the agent, and v2 forbids enabling
@@ -207,14 +208,18 @@ impl CgroupLayout {
         // next to it, under the parent.
         let own_dir = parse::host_dir(mount, &own.path)?;
         let parent = if own.path == "/" { own_dir } else { own_dir.parent()?.to_path_buf() };
-        Some(CgroupLayout::V2 { base: parent.join(PARENT_NAME) })
+        Some(CgroupLayout::V2 { base: parent.join(parent_name) })
     }
 
-    /// Reads the live layout of this process and prepares the parent groups.
-    pub fn detect() -> Result<CgroupLayout> {
+    /// Reads the live layout of this process and prepares the parent groups
+    /// (named `parent`, e.g. [`PARENT_NAME`]).
+    pub fn detect(parent: &str) -> Result<CgroupLayout> {
+        if parent.is_empty() || parent.contains('/') || parent.starts_with('.') {
+            return Err(CgroupError::Io { path: parent.into(), source: io::Error::from(ErrorKind::InvalidInput) });
+        }
         let mountinfo = read(Path::new("/proc/self/mountinfo"))?;
         let own = read(Path::new("/proc/self/cgroup"))?;
-        let mut layout = Self::from_proc(&mountinfo, &own)?;
+        let mut layout = Self::from_proc(&mountinfo, &own, parent)?;
         layout.prepare_parents()?;
         Ok(layout)
     }
@@ -289,6 +294,13 @@ impl CgroupLayout {
         }
         group.set_limits(limits)?;
         Ok(group)
+    }
+
+    /// Removes the (empty) parent groups; used at clean shutdown.
+    pub fn remove_parents(&self) {
+        for dir in self.parents() {
+            let _ = fs::remove_dir(dir);
+        }
     }
 
     /// Kills and removes every sandbox group left by an earlier agent run.
@@ -510,7 +522,7 @@ mod tests {
     #[test]
     fn layout_prefers_v1_when_it_has_every_controller() {
         let own = "8:pids:/\n4:memory:/process_api/b7\n2:cpuacct:/\n1:cpu:/\n0::/\n";
-        let layout = CgroupLayout::from_proc(MOUNTINFO_V1, own).unwrap();
+        let layout = CgroupLayout::from_proc(MOUNTINFO_V1, own, PARENT_NAME).unwrap();
         assert_eq!(
             layout,
             CgroupLayout::V1 {
@@ -526,14 +538,14 @@ mod tests {
     #[test]
     fn layout_falls_back_to_v2_beside_the_agents_group() {
         let mountinfo = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        let layout = CgroupLayout::from_proc(mountinfo, "0::/kubepods/pod1/agent\n").unwrap();
+        let layout = CgroupLayout::from_proc(mountinfo, "0::/kubepods/pod1/agent\n", PARENT_NAME).unwrap();
         assert_eq!(layout, CgroupLayout::V2 { base: "/sys/fs/cgroup/kubepods/pod1/warren".into() });
         assert_eq!(layout.version(), 2);
     }
 
     #[test]
     fn layout_without_controllers_is_an_error() {
-        let err = CgroupLayout::from_proc("", "").unwrap_err();
+        let err = CgroupLayout::from_proc("", "", PARENT_NAME).unwrap_err();
         assert!(matches!(err, CgroupError::MissingController("memory")));
     }
 

@@ -1,0 +1,307 @@
+//! Hostile-code suite: untrusted programs that try to escape, starve or read
+//! the host, each with the outcome it must get. Runs against the real
+//! node-agent with no warm pool, so after every case nothing of the sandbox
+//! may remain: no process, cgroup, mount or directory.
+//!
+//! Written so a failed containment cannot harm this machine: global files are
+//! probed by *opening* them for writing, never by writing, and the resource
+//! bombs run only after `limits_are_in_place` has shown that the agent applies
+//! the execution's cgroup limits.
+
+use std::time::Duration;
+
+use warren_e2e::{skip_unless_root, Agent, Run};
+use warren_proto::agent::{ExecuteRequest, Language, Limits};
+
+const MIB: u64 = 1 << 20;
+
+/// Python prelude: raw syscalls through libc, reporting BLOCKED/ALLOWED.
+const PY: &str = r#"
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *a):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(x) for x in a])
+    return r, ctypes.get_errno()
+def deny(name, nr, *a, errnos=(errno.EPERM,)):
+    r, e = sc(nr, *a)
+    print(name, "BLOCKED" if r == -1 and e in errnos else "ALLOWED r=%d errno=%d" % (r, e))
+def no_write(path):
+    try:
+        f = open(path, "r+b"); f.close(); print(path, "ALLOWED")
+    except OSError as e:
+        print(path, "BLOCKED", errno.errorcode.get(e.errno))
+def no_read(path):
+    try:
+        data = open(path, "rb").read(64); print(path, "ALLOWED", data[:20])
+    except OSError as e:
+        print(path, "BLOCKED", errno.errorcode.get(e.errno))
+"#;
+
+struct Case {
+    name: &'static str,
+    language: Language,
+    code: String,
+    timeout: Duration,
+    limits: Option<Limits>,
+    check: fn(&Run) -> Result<(), String>,
+}
+
+fn py(name: &'static str, body: &str, check: fn(&Run) -> Result<(), String>) -> Case {
+    Case { name, language: Language::Python, code: format!("{PY}\n{body}"), timeout: Duration::from_secs(20), limits: None, check }
+}
+
+fn bash(name: &'static str, body: &str, check: fn(&Run) -> Result<(), String>) -> Case {
+    Case { name, language: Language::Bash, code: body.to_string(), timeout: Duration::from_secs(20), limits: None, check }
+}
+
+/// Every probe line says BLOCKED, none ALLOWED, and the program finished.
+fn all_blocked(r: &Run) -> Result<(), String> {
+    let blocked = r.stdout.matches("BLOCKED").count();
+    if r.stdout.contains("ALLOWED") || blocked == 0 || r.exited.exit_code != 0 {
+        return Err(format!("expected only BLOCKED, exit 0; got exit {} stdout={:?} stderr={:?}", r.exited.exit_code, r.stdout, r.stderr));
+    }
+    Ok(())
+}
+
+fn ensure(cond: bool, what: &str, r: &Run) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(format!("{what}; exited={:?} stdout={:?} stderr={:?}", r.exited, trim(&r.stdout), trim(&r.stderr))) }
+}
+
+fn trim(s: &str) -> &str {
+    &s[..s.len().min(600)]
+}
+
+fn with_limits(mut c: Case, limits: Limits, timeout: Duration) -> Case {
+    c.limits = Some(limits);
+    c.timeout = timeout;
+    c
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        // --- resource bombs (limits verified first, in `limits_are_in_place`) ---
+        with_limits(
+            bash("fork_bomb", "ulimit -u; f(){ f|f& }; f; sleep 2; echo survived", |r| {
+                // RLIMIT_NPROC mirrors the pids limit; the bomb runs into both and the
+                // call ends by itself or at its timeout, leaving nothing behind.
+                ensure(r.stdout.starts_with("64\n") && (r.exited.timed_out || r.exited.exit_code == 0), "fork bomb must be contained", r)
+            }),
+            Limits { pids: 64, ..Default::default() },
+            Duration::from_secs(4),
+        ),
+        with_limits(
+            py("memory_bomb", "a = []\nwhile True: a.append(bytearray(16 << 20))", |r| {
+                ensure(r.exited.oom_killed && r.exited.signal == 9, "memory bomb must be OOM-killed", r)
+            }),
+            Limits { memory_bytes: 128 * MIB, ..Default::default() },
+            Duration::from_secs(20),
+        ),
+        with_limits(
+            bash("tmp_fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | grep -o 'No space left'; du -k /tmp/fill | cut -f1", |r| {
+                ensure(r.stdout == "No space left\n8192\n" && r.exited.exit_code == 0, "/tmp must fill at its size", r)
+            }),
+            Limits { tmp_bytes: 8 * MIB, ..Default::default() },
+            Duration::from_secs(20),
+        ),
+        with_limits(
+            bash("home_fill", "cd ~ && dd if=/dev/zero of=fill bs=1M count=64 2>&1 | grep -o 'No space left'; du -k fill | cut -f1", |r| {
+                ensure(r.stdout == "No space left\n8192\n", "/home/sandbox must fill at its size", r)
+            }),
+            Limits { home_bytes: 8 * MIB, ..Default::default() },
+            Duration::from_secs(20),
+        ),
+        with_limits(
+            bash("file_size_limit", "dd if=/dev/zero of=/tmp/big bs=1M count=8 2>/dev/null; echo rc=$?; du -k /tmp/big | cut -f1", |r| {
+                // SIGXFSZ (25) stops the writer at the limit.
+                ensure(r.stdout == "rc=153\n2048\n", "RLIMIT_FSIZE must stop big files", r)
+            }),
+            Limits { file_size_bytes: 2 * MIB, ..Default::default() },
+            Duration::from_secs(20),
+        ),
+        with_limits(
+            py("output_flood", "import sys\nfor _ in range(200): sys.stdout.write('x' * 65536)\nprint('done', file=sys.stderr)", |r| {
+                ensure(
+                    r.exited.stdout_truncated && r.stdout.len() == 65536 && r.exited.exit_code == 0 && r.stderr == "done\n",
+                    "flood is capped, drained and flagged",
+                    r,
+                )
+            }),
+            Limits { max_output_bytes: 65536, ..Default::default() },
+            Duration::from_secs(20),
+        ),
+        with_limits(
+            py("busy_loop_timeout", "print('spinning', flush=True)\nwhile True: pass", |r| {
+                ensure(r.exited.timed_out && r.stdout == "spinning\n" && r.exited.signal == 9, "busy loop is killed at the timeout with its output", r)
+            }),
+            Limits::default(),
+            Duration::from_secs(1),
+        ),
+        with_limits(
+            bash("sleep_timeout_partial_output", "echo before; echo err >&2; sleep 60; echo after", |r| {
+                ensure(r.exited.timed_out && r.stdout == "before\n" && r.stderr == "err\n", "partial output survives the timeout", r)
+            }),
+            Limits::default(),
+            Duration::from_secs(1),
+        ),
+        // --- processes outliving the main one ---
+        bash("outliving_processes", "setsid sleep 300 & nohup sleep 300 >/dev/null 2>&1 & (sleep 300 &) ; disown -a; echo main-done", |r| {
+            ensure(r.stdout == "main-done\n" && r.exited.exit_code == 0 && !r.exited.timed_out, "main exits; stragglers are killed", r)
+        }),
+        py("double_fork", "import os, time\nif os.fork() == 0:\n    if os.fork() == 0:\n        os.setsid(); time.sleep(300)\n    os._exit(0)\nos.wait()\nprint('parent-done')", |r| {
+            ensure(r.stdout == "parent-done\n" && !r.exited.timed_out, "double-forked daemon does not hold the call", r)
+        }),
+        // --- reading host secrets ---
+        py("host_secrets", "no_read('/etc/shadow'); no_read('/root/.bash_history'); no_read('/proc/1/environ'); no_read('/proc/1/root/etc/hostname'); no_read('/var/lib/warren'); no_read('/sys/fs/cgroup/cgroup.procs')", all_blocked),
+        bash("agent_state_invisible", "ls -A /tmp; ls / | tr '\\n' ' '; ls /var 2>&1 | head -1", |r| {
+            ensure(!r.stdout.contains("warren-e2e") && r.stdout.contains("home") && !r.stdout.contains("root ") && r.stdout.contains("No such file"), "no host /tmp, /root or /var", r)
+        }),
+        bash("other_executions_tmp_is_fresh", "ls -A /tmp /home/sandbox | grep -v ':$' | grep -c . ; echo secret > /tmp/leak", |r| {
+            ensure(r.stdout == "0\n", "each execution starts with empty /tmp and home", r)
+        }),
+        // --- writes outside the writable zones ---
+        py("readonly_rootfs", "no_write('/usr/bin/python3'); no_write('/etc/passwd'); no_write('/run/warren/main.py'); no_write('/proc/sys/kernel/hostname'); no_write('/proc/sysrq-trigger'); no_write('/proc/sys/vm/drop_caches')\nfor d in ['/', '/usr', '/etc', '/run/warren', '/dev']:\n    try:\n        open(d + '/x', 'w'); print(d, 'ALLOWED')\n    except OSError as e:\n        print(d, 'BLOCKED')", all_blocked),
+        py("proc_self_exe_overwrite", "no_write('/proc/self/exe'); no_write(os.path.realpath('/proc/self/exe'))", all_blocked),
+        // --- kernel attack surface through syscalls ---
+        py("ptrace", "deny('traceme', 101, 0, 0, 0, 0); deny('attach_init', 101, 16, 1, 0, 0); deny('process_vm_readv', 310, 1, 0, 0, 0, 0, 0)", all_blocked),
+        py("mount_unshare_setns", "deny('mount', 165, 0, 0, 0, 0, 0); deny('umount2', 166, 0, 0); deny('unshare_user', 272, 0x10000000); deny('unshare_ns', 272, 0x00020000); deny('setns', 308, 0, 0); deny('pivot_root', 155, 0, 0); deny('chroot', 161, 0)", all_blocked),
+        py("clone_namespaces", "deny('clone_newuser', 56, 0x10000000 | 17, 0, 0, 0, 0); deny('clone_newnet', 56, 0x40000000 | 17, 0, 0, 0, 0); deny('clone3', 435, 0, 0, errnos=(errno.ENOSYS,))", all_blocked),
+        py("keyring", "deny('keyctl', 250, 0, 0, 0, 0, 0); deny('add_key', 248, 0, 0, 0, 0, 0); deny('request_key', 249, 0, 0, 0, 0)", all_blocked),
+        py("bpf_perf_userfaultfd_io_uring", "deny('bpf', 321, 0, 0, 0); deny('perf_event_open', 298, 0, 0, 0, 0, 0); deny('userfaultfd', 323, 0); deny('io_uring_setup', 425, 1, 0); deny('io_uring_enter', 426, 0, 0, 0, 0, 0, 0); deny('io_uring_register', 427, 0, 0, 0, 0)", all_blocked),
+        py("modules_kexec_reboot", "deny('init_module', 175, 0, 0, 0); deny('finit_module', 313, 0, 0, 0); deny('delete_module', 176, 0, 0); deny('kexec_load', 246, 0, 0, 0, 0); deny('reboot', 169, 0, 0, 0, 0); deny('swapon', 167, 0, 0); deny('swapoff', 168, 0); deny('acct', 163, 0); deny('syslog', 103, 3, 0, 0)", all_blocked),
+        py("handles_and_io_ports", "deny('open_by_handle_at', 304, 0, 0, 0); deny('name_to_handle_at', 303, 0, 0, 0, 0, 0); deny('iopl', 172, 3); deny('ioperm', 173, 0, 1024, 1)", all_blocked),
+        py("clock_and_hostname", "deny('settimeofday', 164, 0, 0); deny('clock_settime', 227, 0, 0); deny('adjtimex', 159, 0); deny('sethostname', 170, 0, 0); deny('setdomainname', 171, 0, 0)\nimport subprocess\nr = subprocess.run(['date', '-s', '2000-01-01'], capture_output=True)\nprint('date', 'BLOCKED' if r.returncode else 'ALLOWED')\nr = subprocess.run(['hostname', 'evil'], capture_output=True)\nprint('hostname', 'BLOCKED' if r.returncode else 'ALLOWED')\nprint('hostname-now', 'BLOCKED' if socket.gethostname() == 'sandbox' else 'ALLOWED')", all_blocked),
+        py("personality", "deny('addr_no_randomize', 135, 0x0040000); deny('read_implies_exec', 135, 0x0400000)\nr, e = sc(135, 0xffffffff)\nprint('query', 'BLOCKED' if r >= 0 else 'ALLOWED-broken')", all_blocked),
+        py("sockets", "for name, fam, typ in [('raw', socket.AF_INET, socket.SOCK_RAW), ('packet', socket.AF_PACKET, socket.SOCK_RAW), ('netlink', socket.AF_NETLINK, socket.SOCK_RAW), ('vsock', 40, socket.SOCK_STREAM), ('raw6', socket.AF_INET6, socket.SOCK_RAW)]:\n    try:\n        socket.socket(fam, typ); print(name, 'ALLOWED')\n    except OSError as e:\n        print(name, 'BLOCKED', e.errno)\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM).close(); socket.socket(socket.AF_UNIX).close()", all_blocked),
+        py("network_only_loopback", "ifaces = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\nprint('ifaces', ifaces)\nprint('only-lo', 'BLOCKED' if ifaces == ['lo'] else 'ALLOWED')\ns = socket.socket(); s.settimeout(2)\ntry:\n    s.connect(('127.0.0.1', 9)); print('lo-connect ALLOWED')\nexcept OSError as e:\n    print('lo-closed-port BLOCKED', e.errno)\ntry:\n    socket.getaddrinfo('example.com', 443); print('dns ALLOWED')\nexcept OSError:\n    print('dns BLOCKED')", all_blocked),
+        bash("setuid_binaries", "su root -c 'id -u' </dev/null >/dev/null 2>&1; echo su=$?; ping -c1 -W1 127.0.0.1 >/dev/null 2>&1; echo ping=$?; id -u; grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\\t ' ' '", |r| {
+            ensure(!r.stdout.contains("su=0") && !r.stdout.contains("ping=0") && r.stdout.contains("\n1000\n") && r.stdout.contains("NoNewPrivs: 1") && r.stdout.contains("Seccomp: 2"), "setuid binaries gain nothing", r)
+        }),
+        py("signals_stay_inside", "import signal\nprint('pid1', 'BLOCKED' if sc(62, 1, 9)[0] == -1 else 'BLOCKED(ignored-by-init)')\nprint('agent', 'BLOCKED' if sc(62, int(os.environ['AGENT_PID']), 0)[1] == errno.ESRCH else 'ALLOWED')\npids = [p for p in os.listdir('/proc') if p.isdigit()]\nprint('visible-processes', 'BLOCKED' if len(pids) <= 3 else 'ALLOWED %r' % pids)", all_blocked),
+        py("cgroup_escape", "no_write('/sys/fs/cgroup/pids/cgroup.procs'); no_write('/proc/self/cgroup')\nprint('cgroup-view', 'BLOCKED' if all(l.rstrip().endswith(':/') for l in open('/proc/self/cgroup')) else 'ALLOWED ' + open('/proc/self/cgroup').read())\ndeny('mount_cgroup', 165, 0, 0, 0, 0, 0)", all_blocked),
+        py("raw_devices", "for d in ['/dev/mem', '/dev/kmem', '/dev/port', '/dev/kmsg', '/dev/sda', '/dev/vda', '/dev/nvme0n1', '/dev/tty', '/dev/console']:\n    no_read(d)\ntry:\n    os.mknod('/tmp/mem', 0o600 | 0o020000, os.makedev(1, 1)); print('mknod ALLOWED')\nexcept OSError:\n    print('mknod BLOCKED')", all_blocked),
+        bash("symlink_tricks", "ln -s /proc/1/root /tmp/r; ls /tmp/r/ >/dev/null 2>&1 && echo root-ALLOWED || echo root-BLOCKED; ln -s /etc/shadow /tmp/s; cat /tmp/s >/dev/null 2>&1 && echo shadow-ALLOWED || echo shadow-BLOCKED; ln -s /proc/1/cwd /tmp/c; ls /tmp/c >/dev/null 2>&1 && echo cwd-ALLOWED || echo cwd-BLOCKED", all_blocked),
+        py("huge_argv_env", "import subprocess\ntry:\n    subprocess.run(['/bin/true'] + ['x' * 4096] * 100000); print('argv ALLOWED')\nexcept OSError as e:\n    print('argv BLOCKED', e.errno)\ntry:\n    subprocess.run(['/bin/true'], env={'K%d' % i: 'v' * 4096 for i in range(100000)}); print('env ALLOWED')\nexcept OSError as e:\n    print('env BLOCKED', e.errno)", all_blocked),
+        py("foreign_abis", "import mmap\nr, e = sc(0x40000000 | 39)\nprint('x32-getpid', 'BLOCKED' if r == -1 else 'ALLOWED')\nbuf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\nbuf.write(b'\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3')\nfn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))\nsys.stdout.flush()\nprint('i386-getpid ALLOWED', fn())", |r| {
+            // The x32 call is refused or kills; the int 0x80 call must kill the process (SIGSYS).
+            ensure(!r.stdout.contains("ALLOWED") && r.exited.signal == 31, "foreign ABIs kill the process", r)
+        }),
+        // --- what the program is and has ---
+        bash("identity_and_capabilities", "id; grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | tr -s '\\t ' ' '; cat /proc/self/uid_map | tr -s ' ' ' '; ls /proc/self/fd | tr '\\n' ' '", |r| {
+            let ok = r.stdout.contains("uid=1000(sandbox) gid=1000(sandbox) groups=1000(sandbox)")
+                && ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"].iter().all(|c| r.stdout.contains(&format!("{c}: 0000000000000000")))
+                && r.stdout.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.split_whitespace().count() == 3).all(|l| {
+                    l.split_whitespace().nth(1).and_then(|h| h.parse::<u64>().ok()).is_some_and(|h| h >= 1_000_000)
+                })
+                && r.stdout.trim_end().ends_with("0 1 2 3");
+            ensure(ok, "uid 1000, no capabilities, unprivileged host ids, only stdio open", r)
+        }),
+        bash("minimal_environment", "env | cut -d= -f1 | sort | tr '\\n' ' '", |r| {
+            ensure(r.stdout == "HOME LANG PATH PWD SHLVL _ " || r.stdout == "HOME LANG OLDPWD PATH PWD SHLVL _ ", "only the spec's variables", r)
+        }),
+        py("dev_is_minimal", "print(sorted(os.listdir('/dev')))\nopen('/dev/null', 'w').write('x'); print(len(open('/dev/urandom', 'rb').read(16)))", |r| {
+            ensure(r.stdout.starts_with("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']\n16"), "/dev has exactly the safe devices", r)
+        }),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_programs_are_contained_and_leave_nothing_behind() {
+    if skip_unless_root("hostile_programs_are_contained_and_leave_nothing_behind") {
+        return;
+    }
+    let mut agent = Agent::start(&["--pool-size", "0"]).await.expect("agent starts");
+    limits_are_in_place(&agent).await;
+    let mounts_before = host_mount_count();
+    let cases = cases();
+    assert!(cases.len() >= 30, "the suite covers at least 30 programs");
+    let mut failures = Vec::new();
+    for case in cases {
+        let mut req = warren_e2e::request(case.language, &case.code, case.timeout);
+        req.limits = case.limits;
+        if case.name == "signals_stay_inside" {
+            req.env.insert("AGENT_PID".into(), agent.pid().to_string());
+        }
+        match agent.run_request(req).await {
+            Ok(run) => {
+                if let Err(e) = (case.check)(&run) {
+                    failures.push(format!("{}: {e}", case.name));
+                }
+            }
+            Err(e) => failures.push(format!("{}: request failed: {e:#}", case.name)),
+        }
+        if let Err(e) = nothing_left_behind(&mut agent, mounts_before).await {
+            failures.push(format!("{} left something behind: {e}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{} hostile cases failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Starts a sleeping execution with explicit limits and reads its cgroup from
+/// the host: the bombs above are only safe to run if this holds.
+async fn limits_are_in_place(agent: &Agent) {
+    let mut client = agent.client().await.unwrap();
+    let req = ExecuteRequest {
+        limits: Some(Limits { memory_bytes: 96 * MIB, pids: 48, cpu_millis: 500, ..Default::default() }),
+        ..warren_e2e::request(Language::Bash, "echo up; sleep 30", Duration::from_secs(60))
+    };
+    let mut stream = client.execute(req).await.unwrap().into_inner();
+    // Wait for the first output: the program runs, so limits were applied.
+    while let Some(ev) = stream.message().await.unwrap() {
+        if matches!(ev.event, Some(warren_proto::agent::execute_event::Event::Stdout(_))) {
+            break;
+        }
+    }
+    let groups = agent.leftover_cgroups();
+    let read = |controller: &str, file: &str| -> String {
+        let dir = groups.iter().find(|g| g.to_string_lossy().contains(&format!("/{controller}/"))).expect("sandbox cgroup exists");
+        std::fs::read_to_string(dir.join(file)).unwrap().trim().to_string()
+    };
+    assert_eq!(read("memory", "memory.limit_in_bytes"), (96 * MIB).to_string());
+    if std::path::Path::new(&groups[0]).exists() && groups.iter().any(|g| g.join("memory.memsw.limit_in_bytes").exists()) {
+        assert_eq!(read("memory", "memory.memsw.limit_in_bytes"), (96 * MIB).to_string(), "swap is off");
+    }
+    assert_eq!(read("pids", "pids.max"), "48");
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+    // Cancelling the call must kill the execution and clean up.
+    drop(stream);
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !agent.leftover_cgroups().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "cancelled execution was not cleaned up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn host_mount_count() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count()
+}
+
+async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<(), String> {
+    if !agent.is_running() {
+        return Err("the agent died".into());
+    }
+    let mut client = agent.client().await.map_err(|e| e.to_string())?;
+    let status = client.status(warren_proto::agent::StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner();
+    if status.running_executions != 0 {
+        return Err(format!("{} executions still running", status.running_executions));
+    }
+    let cgroups = agent.leftover_cgroups();
+    if !cgroups.is_empty() {
+        return Err(format!("cgroups left: {cgroups:?}"));
+    }
+    let procs = agent.sandbox_processes();
+    if !procs.is_empty() {
+        return Err(format!("sandbox processes left: {procs:?}"));
+    }
+    let mounts = host_mount_count();
+    if mounts != mounts_before {
+        return Err(format!("host mount count changed from {mounts_before} to {mounts}"));
+    }
+    let mnt = agent.state_dir().join("mnt");
+    let entries = std::fs::read_dir(&mnt).map_err(|e| e.to_string())?.count();
+    if entries != 0 {
+        return Err(format!("{} entries left in {}", entries, mnt.display()));
+    }
+    Ok(())
+}
