@@ -79,11 +79,28 @@ pub struct Run {
 impl Agent {
     /// Starts an agent with its own state dir and socket; waits until it answers.
     pub async fn start(extra: &[&str]) -> anyhow::Result<Agent> {
+        let agent = Agent::start_no_wait(extra)?;
+        agent.wait_ready().await?;
+        Ok(agent)
+    }
+
+    /// Starts an agent without waiting for it to serve.
+    pub fn start_no_wait(extra: &[&str]) -> anyhow::Result<Agent> {
+        let unique = unique_number();
+        Agent::spawn(extra, format!("warren-e2e-{unique}"), 1_500_000_000 + (unique % 20_000) * 100_000)
+    }
+
+    /// Starts a second agent that shares this one's cgroup parent and uid range
+    /// (as a restarted agent on the same node would).
+    pub async fn restart(&self, extra: &[&str]) -> anyhow::Result<Agent> {
+        let agent = Agent::spawn(extra, self.cgroup_name.clone(), self.uid_base)?;
+        agent.wait_ready().await?;
+        Ok(agent)
+    }
+
+    fn spawn(extra: &[&str], cgroup_name: String, uid_base: u32) -> anyhow::Result<Agent> {
         let dir = tempfile::Builder::new().prefix("warren-e2e-").tempdir()?;
         let socket = dir.path().join("agent.sock");
-        let unique = unique_number();
-        let cgroup_name = format!("warren-e2e-{unique}");
-        let uid_base = 1_500_000_000 + (unique % 20_000) * 100_000;
         let mut cmd = Command::new(bin("warren-node-agent"));
         cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(dir.path().join("state"));
         cmd.arg("--cgroup-name").arg(&cgroup_name).arg("--uid-base").arg(uid_base.to_string());
@@ -91,9 +108,15 @@ impl Agent {
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;
-        let agent = Agent { child: Some(child), dir, socket, cgroup_name, uid_base, args: extra.iter().map(|s| s.to_string()).collect() };
-        agent.wait_ready().await?;
-        Ok(agent)
+        Ok(Agent { child: Some(child), dir, socket, cgroup_name, uid_base, args: extra.iter().map(|s| s.to_string()).collect() })
+    }
+
+    /// SIGKILLs the agent, as a crash would.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     async fn wait_ready(&self) -> anyhow::Result<()> {

@@ -1,0 +1,220 @@
+//! The node-agent's Execute/Status contract against the real agent binary:
+//! languages, streaming, status codes, concurrency, auth, crash recovery.
+
+use std::time::Duration;
+
+use tonic::Code;
+use warren_e2e::{request, skip_unless_root, Agent};
+use warren_proto::agent::{execute_event::Event, Language, Limits, StatusRequest};
+
+const T: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_python_node_and_bash_with_accounting() {
+    if skip_unless_root("runs_python_node_and_bash_with_accounting") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let cases = [
+        (Language::Python, "import sys; print(sum(range(100))); print('e', file=sys.stderr); sys.exit(3)", "4950\n", "e\n", 3),
+        (Language::Node, "console.log([1,2,3].map(x => x * 2).join(',')); console.error('e'); process.exitCode = 4", "2,4,6\n", "e\n", 4),
+        (Language::Bash, "echo $((6 * 7)); echo e >&2; exit 5", "42\n", "e\n", 5),
+    ];
+    for (lang, code, out, err, exit) in cases {
+        let r = agent.run(lang, code, T).await.unwrap();
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.exited.exit_code), (out, err, exit), "{lang:?}");
+        assert!(!r.exited.timed_out && !r.exited.oom_killed && r.exited.error.is_empty());
+        assert!(r.exited.wall_micros > 0 && r.exited.cpu_micros > 0 && r.exited.peak_memory_bytes > 0, "{:?}", r.exited);
+        let started = r.started.expect("Started event");
+        assert!(started.execution_id.starts_with("exe_") && !started.node_name.is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_streams_in_order_while_the_program_runs() {
+    if skip_unless_root("output_streams_in_order_while_the_program_runs") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let code = "echo one; echo two >&2; echo three; sleep 2; echo four";
+    let mut stream = client.execute(request(Language::Bash, code, T)).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(Event::Started(_))), "Started comes first");
+    let mut seen = Vec::new();
+    let mut before_exit = String::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        match ev.event {
+            Some(Event::Stdout(c)) => {
+                let t = String::from_utf8_lossy(&c.data).into_owned();
+                seen.push(format!("o:{t}"));
+                before_exit.push_str(&t);
+            }
+            Some(Event::Stderr(c)) => seen.push(format!("e:{}", String::from_utf8_lossy(&c.data))),
+            Some(Event::Exited(e)) => {
+                assert_eq!(e.exit_code, 0);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let stdout: String = seen.iter().filter_map(|s| s.strip_prefix("o:")).collect();
+    assert_eq!(stdout, "one\nthree\nfour\n");
+    assert!(seen.iter().any(|s| s == "e:two\n"));
+    assert!(seen.len() >= 3, "output arrived in several chunks as produced: {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_invalid_argument_and_nothing_runs() {
+    if skip_unless_root("malformed_requests_get_invalid_argument_and_nothing_runs") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let ok = request(Language::Bash, "echo hi", T);
+    let cases = vec![
+        ("language", { let mut r = ok.clone(); r.language = 0; r }),
+        ("language", { let mut r = ok.clone(); r.language = 99; r }),
+        ("code", { let mut r = ok.clone(); r.code = String::new(); r }),
+        ("code", { let mut r = ok.clone(); r.code = "#".repeat((1 << 20) + 1); r }),
+        ("timeout", { let mut r = ok.clone(); r.timeout_ms = 0; r }),
+        ("timeout", { let mut r = ok.clone(); r.timeout_ms = 3_601_000; r }),
+        ("limits.memory_bytes", { let mut r = ok.clone(); r.limits = Some(Limits { memory_bytes: 1 << 45, ..Default::default() }); r }),
+        ("limits.cpu_millis", { let mut r = ok.clone(); r.limits = Some(Limits { cpu_millis: 64_000, ..Default::default() }); r }),
+        ("env_vars.LD_PRELOAD", { let mut r = ok.clone(); r.env.insert("LD_PRELOAD".into(), "/tmp/x.so".into()); r }),
+        ("env_vars.bad-name", { let mut r = ok.clone(); r.env.insert("bad-name".into(), "x".into()); r }),
+        ("image", { let mut r = ok.clone(); r.image = "evil.example/image".into(); r }),
+        ("execution_id", { let mut r = ok.clone(); r.execution_id = "../../etc".into(); r }),
+    ];
+    for (field, req) in cases {
+        let err = client.execute(req).await.expect_err(field);
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert!(err.message().contains(field), "message names {field}: {}", err.message());
+    }
+    let status = client.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(status.running_executions, 0);
+    // And the agent still runs code.
+    assert_eq!(agent.run(Language::Bash, "echo hi", T).await.unwrap().stdout, "hi\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_features_languages_and_load() {
+    if skip_unless_root("status_reports_features_languages_and_load") {
+        return;
+    }
+    let agent = Agent::start(&["--node-name", "node-a", "--max-executions", "7"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let s = client.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(s.node_name, "node-a");
+    assert_eq!(s.max_executions, 7);
+    let f = s.features.unwrap();
+    assert!(f.user_namespaces && f.seccomp && f.missing.is_empty(), "{f:?}");
+    assert!(f.cgroup_version == 1 || f.cgroup_version == 2);
+    for c in ["memory", "pids", "cpu"] {
+        assert!(f.cgroup_controllers.iter().any(|x| x == c), "{c} in {:?}", f.cgroup_controllers);
+    }
+    for l in [Language::Python, Language::Node, Language::Bash] {
+        assert!(s.languages.contains(&(l as i32)), "{l:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_gives_resource_exhausted() {
+    if skip_unless_root("concurrency_limit_gives_resource_exhausted") {
+        return;
+    }
+    let agent = Agent::start(&["--max-executions", "1"]).await.unwrap();
+    let mut c1 = agent.client().await.unwrap();
+    let mut busy = c1.execute(request(Language::Bash, "echo started; sleep 20", T)).await.unwrap().into_inner();
+    // Wait until the first execution really runs.
+    loop {
+        let ev = busy.message().await.unwrap().unwrap();
+        if matches!(ev.event, Some(Event::Stdout(_))) {
+            break;
+        }
+    }
+    let mut c2 = agent.client().await.unwrap();
+    let err = c2.execute(request(Language::Bash, "echo second", T)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    drop(busy); // cancelling frees the slot
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match agent.run(Language::Bash, "echo second", T).await {
+            Ok(r) => {
+                assert_eq!(r.stdout, "second\n");
+                break;
+            }
+            Err(e) => assert!(std::time::Instant::now() < deadline, "slot never freed: {e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_requires_the_bearer_token() {
+    if skip_unless_root("tcp_requires_the_bearer_token") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "test-token-0123456789abcdef\n").unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let channel = tonic::transport::Endpoint::try_from(format!("http://{addr}")).unwrap();
+    let mut ok = None;
+    let agent = Agent::start_no_wait(&["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap()]).unwrap();
+    for _ in 0..500 {
+        if let Ok(ch) = channel.connect().await {
+            ok = Some(ch);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ch = ok.expect("agent listens on tcp");
+    let mut anon = warren_proto::agent::node_agent_client::NodeAgentClient::new(ch.clone());
+    assert_eq!(anon.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
+    let token: tonic::metadata::MetadataValue<_> = "Bearer test-token-0123456789abcdef".parse().unwrap();
+    let mut authed = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", token.clone());
+        Ok(r)
+    });
+    assert!(authed.status(StatusRequest {}).await.is_ok());
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_crash_leaves_nothing_after_restart() {
+    if skip_unless_root("agent_crash_leaves_nothing_after_restart") {
+        return;
+    }
+    let mut agent = Agent::start(&["--pool-size", "2"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut stream = client.execute(request(Language::Bash, "echo up; sleep 60", T)).await.unwrap().into_inner();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if matches!(ev.event, Some(Event::Stdout(_))) {
+            break;
+        }
+    }
+    assert!(!agent.leftover_cgroups().is_empty());
+    agent.kill_hard();
+    // The stream ends without an Exited event: the caller learns the agent died.
+    let mut saw_exited = false;
+    while let Ok(Some(ev)) = stream.message().await {
+        saw_exited |= matches!(ev.event, Some(Event::Exited(_)));
+    }
+    assert!(!saw_exited);
+    // Supervisors notice the agent is gone and kill their sandboxes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !agent.sandbox_processes().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "sandbox processes survived the agent: {:?}", agent.sandbox_processes());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new agent with the same cgroup parent collects the leftovers.
+    let restarted = agent.restart(&["--pool-size", "0"]).await.unwrap();
+    assert!(restarted.leftover_cgroups().is_empty(), "{:?}", restarted.leftover_cgroups());
+    assert_eq!(restarted.run(Language::Bash, "echo again", T).await.unwrap().stdout, "again\n");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
