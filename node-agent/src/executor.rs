@@ -135,11 +135,21 @@ impl Executor {
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
+    ///
+    /// The outcome is returned once every process of the sandbox is gone; the
+    /// sandbox's teardown (cgroup removal, ~0.3 ms, occasionally 10 ms on v1)
+    /// then finishes in the background while the admission stays held, so
+    /// `running()` counts an execution until nothing of it is left.
     pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
         let go = self.go_for(spec);
-        Ok(sandbox.run(spec, go, received, &events).await)
+        let (outcome, teardown) = sandbox.run(spec, go, received, &events).await;
+        tokio::spawn(async move {
+            teardown.run().await;
+            drop(admission);
+        });
+        Ok(outcome)
     }
 
     fn go_for(&self, spec: &ExecSpec) -> Go {

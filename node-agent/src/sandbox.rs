@@ -240,28 +240,31 @@ impl Prepared {
     }
 
     /// Runs `spec` in this sandbox, streaming events to `events`. Dropping the
-    /// receiver of `events` kills the execution.
-    pub async fn run(mut self, spec: &ExecSpec, go: Go, received: Instant, events: &mpsc::Sender<Event>) -> Outcome {
+    /// receiver of `events` kills the execution. Returns as soon as every
+    /// process of the sandbox is gone and its usage is read; the returned
+    /// [`Teardown`] (reaping the supervisor, removing the cgroup) can run
+    /// after the caller has its answer.
+    pub async fn run(mut self, spec: &ExecSpec, go: Go, received: Instant, events: &mpsc::Sender<Event>) -> (Outcome, Teardown) {
         let mut out = Outcome::default();
-        if let Err(e) = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage()) {
-            warn!(sandbox = %self.id, error = %e, "applying limits failed");
+        let applied = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage());
+        let sent = match applied {
+            Ok(()) => self.init.send(&go).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = sent {
+            warn!(sandbox = %self.id, error = %e, "handing the program to the sandbox failed");
             out.exit_code = -1;
             out.error = Some("sandbox_error".into());
-            self.discard().await;
-            return out;
-        }
-        if self.init.send(&go).await.is_err() {
-            out.exit_code = -1;
-            out.error = Some("sandbox_error".into());
-            self.discard().await;
-            return out;
+            let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
+            return (out, Teardown(self));
         }
         let started = Instant::now();
         let _ = events.send(Event::Started { setup: started - received }).await;
         let ended = self.drive(spec, events, &mut out, started).await;
         out.wall = ended.duration_since(started);
-        self.finish(&mut out).await;
-        out
+        self.account(&mut out);
+        debug!(exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
+        (out, Teardown(self))
     }
 
     /// Pumps output and control messages until the sandbox is gone.
@@ -329,7 +332,7 @@ impl Prepared {
         ended.unwrap_or_else(Instant::now)
     }
 
-    async fn finish(mut self, out: &mut Outcome) {
+    fn account(&mut self, out: &mut Outcome) {
         match self.cgroup.usage() {
             Ok(u) => {
                 out.cpu_micros = u.cpu_micros;
@@ -345,8 +348,23 @@ impl Prepared {
                 out.signal = libc::SIGKILL;
             }
         }
-        let _ = self.child.wait().await;
-        remove_cgroup(self.cgroup).await;
+    }
+}
+
+/// What is left to do after an execution: reap the supervisor and remove the
+/// cgroup. Owning it keeps the sandbox's uid slot taken.
+pub struct Teardown(Prepared);
+
+impl Teardown {
+    /// Reaps and removes everything of the sandbox.
+    pub async fn run(mut self) {
+        let p = &mut self.0;
+        let _ = p.supervisor.send(&SupervisorCommand::Kill).await;
+        if tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await.is_err() {
+            let _ = p.child.start_kill();
+            let _ = p.child.wait().await;
+        }
+        remove_cgroup(self.0.cgroup).await;
     }
 }
 

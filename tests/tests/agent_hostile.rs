@@ -281,10 +281,19 @@ async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<
     if !agent.is_running() {
         return Err("the agent died".into());
     }
+    // An execution counts as running until its teardown is complete; wait for
+    // that state (not for a time), then nothing may remain.
     let mut client = agent.client().await.map_err(|e| e.to_string())?;
-    let status = client.status(warren_proto::agent::StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner();
-    if status.running_executions != 0 {
-        return Err(format!("{} executions still running", status.running_executions));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client.status(warren_proto::agent::StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner();
+        if status.running_executions == 0 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{} executions still running after 10 s", status.running_executions));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let cgroups = agent.leftover_cgroups();
     if !cgroups.is_empty() {
