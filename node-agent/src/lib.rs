@@ -156,6 +156,7 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<PathBuf> {
 }
 
 async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net::SocketAddr>, auth: auth::BearerAuth) -> anyhow::Result<()> {
+    let socket_path = unix.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let svc = || NodeAgentServer::with_interceptor(service::AgentService::new(exec.clone()), auth.clone());
@@ -195,6 +196,9 @@ async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net:
     });
     if grace.await.is_err() {
         tasks.abort_all();
+    }
+    if let Some(path) = socket_path {
+        let _ = std::fs::remove_file(path);
     }
     Ok(())
 }

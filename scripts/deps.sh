@@ -1,0 +1,21 @@
+# Sourced by the scripts in this directory: installs, on Debian, what building
+# and testing Warren needs and the machine lacks. Idempotent; quiet when done.
+ensure_deps() {
+  local missing=()
+  command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+  pkg-config --exists libseccomp 2>/dev/null || missing+=(libseccomp-dev pkg-config)
+  command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if ((${#missing[@]})); then
+    echo "==> installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo (Rust >= 1.88) is required; Debian's packaged Rust is too old" >&2
+    exit 1
+  fi
+}
