@@ -20,8 +20,14 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
     if sys::set_parent_death_signal().is_err() {
         sys::exit_now(1);
     }
-    // The supervisor's control socket must not be reachable from the sandbox.
+    // The supervisor's control socket must not be reachable from the sandbox,
+    // nor the agent's own stderr (inherited as fd 2): init reports over fd 4.
     let _ = nix::unistd::close(wire::SUPERVISOR_FD);
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&null);
+        let _ = nix::unistd::dup2_stderr(&null);
+    }
     let mut byte = [0u8; 1];
     if !matches!(std::fs::File::from(sync).read(&mut byte), Ok(1)) {
         sys::exit_now(1);
