@@ -97,57 +97,57 @@ pub const SOCKET_DOMAINS: &[u64] = &[libc::AF_UNIX as u64, libc::AF_INET as u64,
 pub const SOCKET_TYPES: &[u64] = &[libc::SOCK_STREAM as u64, libc::SOCK_DGRAM as u64, libc::SOCK_SEQPACKET as u64];
 const SOCK_TYPE_MASK: u64 = 0xf;
 
-fn lib<T>(step: impl Into<String>) -> impl FnOnce(libseccomp::error::SeccompError) -> SeccompError {
+fn lib(step: impl Into<String>) -> impl FnOnce(libseccomp::error::SeccompError) -> SeccompError {
     let step = step.into();
     move |source| SeccompError::Libseccomp { step, source }
 }
 
 /// Builds the policy and returns it as a classic BPF program (`struct sock_filter[]` bytes).
 pub fn compile() -> Result<Vec<u8>, SeccompError> {
-    let mut ctx = ScmpFilterContext::new(ScmpAction::Errno(libc::EPERM)).map_err(lib::<()>("init"))?;
-    ctx.set_act_badarch(ScmpAction::KillProcess).map_err(lib::<()>("badarch"))?;
+    let mut ctx = ScmpFilterContext::new(ScmpAction::Errno(libc::EPERM)).map_err(lib("init"))?;
+    ctx.set_act_badarch(ScmpAction::KillProcess).map_err(lib("badarch"))?;
     // A binary tree over syscall numbers: a handful of comparisons per syscall
     // instead of a linear walk over ~300 rules (interpreters make thousands of
     // syscalls at start-up).
-    ctx.set_ctl_optimize(2).map_err(lib::<()>("optimize"))?;
+    ctx.set_ctl_optimize(2).map_err(lib("optimize"))?;
     // The native arch (x86_64 here) only: i386 and x32 entry points hit badarch.
     for name in ALLOWED {
         // Names unknown to this architecture (e.g. `open` on arm64) are skipped.
         let Ok(call) = ScmpSyscall::from_name(name) else { continue };
-        ctx.add_rule(ScmpAction::Allow, call).map_err(lib::<()>(format!("allow {name}")))?;
+        ctx.add_rule(ScmpAction::Allow, call).map_err(lib(format!("allow {name}")))?;
     }
     add_conditional_rules(&mut ctx)?;
     export(&ctx)
 }
 
 fn add_conditional_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
-    let sys = |n: &str| ScmpSyscall::from_name(n).map_err(lib::<()>(format!("resolve {n}")));
+    let sys = |n: &str| ScmpSyscall::from_name(n).map_err(lib(format!("resolve {n}")));
     // fork/threads yes, new namespaces no.
     let no_ns = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(NAMESPACE_FLAGS), 0);
-    ctx.add_rule_conditional(ScmpAction::Allow, sys("clone")?, &[no_ns]).map_err(lib::<()>("clone"))?;
+    ctx.add_rule_conditional(ScmpAction::Allow, sys("clone")?, &[no_ns]).map_err(lib("clone"))?;
     // clone3 passes flags behind a pointer a filter cannot read: ENOSYS makes
     // libc fall back to clone(2), where the flags are checked.
-    ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), sys("clone3")?).map_err(lib::<()>("clone3"))?;
+    ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), sys("clone3")?).map_err(lib("clone3"))?;
     for p in PERSONALITIES {
         let cmp = ScmpArgCompare::new(0, ScmpCompareOp::Equal, *p);
-        ctx.add_rule_conditional(ScmpAction::Allow, sys("personality")?, &[cmp]).map_err(lib::<()>("personality"))?;
+        ctx.add_rule_conditional(ScmpAction::Allow, sys("personality")?, &[cmp]).map_err(lib("personality"))?;
     }
     for domain in SOCKET_DOMAINS {
         for ty in SOCKET_TYPES {
             let d = ScmpArgCompare::new(0, ScmpCompareOp::Equal, *domain);
             let t = ScmpArgCompare::new(1, ScmpCompareOp::MaskedEqual(SOCK_TYPE_MASK), *ty);
-            ctx.add_rule_conditional(ScmpAction::Allow, sys("socket")?, &[d, t]).map_err(lib::<()>("socket"))?;
+            ctx.add_rule_conditional(ScmpAction::Allow, sys("socket")?, &[d, t]).map_err(lib("socket"))?;
         }
     }
     let unix = ScmpArgCompare::new(0, ScmpCompareOp::Equal, libc::AF_UNIX as u64);
-    ctx.add_rule_conditional(ScmpAction::Allow, sys("socketpair")?, &[unix]).map_err(lib::<()>("socketpair"))?;
+    ctx.add_rule_conditional(ScmpAction::Allow, sys("socketpair")?, &[unix]).map_err(lib("socketpair"))?;
     Ok(())
 }
 
 fn export(ctx: &ScmpFilterContext) -> Result<Vec<u8>, SeccompError> {
     use std::io::{Read, Seek};
     let mut file = tempfile_in_memory()?;
-    ctx.export_bpf(&mut file).map_err(lib::<()>("export"))?;
+    ctx.export_bpf(&mut file).map_err(lib("export"))?;
     file.rewind()?;
     let mut bpf = Vec::new();
     file.read_to_end(&mut bpf)?;

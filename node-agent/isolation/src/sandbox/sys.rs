@@ -40,7 +40,7 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
 /// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
 /// `no_new_privs` must already be set.
 pub fn load_seccomp(bpf: &[u8]) -> io::Result<()> {
-    if bpf.is_empty() || bpf.len() % std::mem::size_of::<libc::sock_filter>() != 0 {
+    if bpf.is_empty() || !bpf.len().is_multiple_of(std::mem::size_of::<libc::sock_filter>()) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "malformed BPF program"));
     }
     // Copy into properly aligned storage: the byte buffer has alignment 1.
