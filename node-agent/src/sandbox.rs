@@ -260,20 +260,32 @@ impl Prepared {
         }
         let started = Instant::now();
         let _ = events.send(Event::Started { setup: started - received }).await;
-        let ended = self.drive(spec, events, &mut out, started).await;
+        let (ended, reported) = self.drive(spec, events, &mut out, started).await;
         out.wall = ended.duration_since(started);
+        if !reported && out.error.is_none() {
+            if out.timed_out || out.cancelled {
+                // init was killed before it could report; so was the program.
+                out.exit_code = 128 + libc::SIGKILL;
+                out.signal = libc::SIGKILL;
+            } else {
+                out.exit_code = -1;
+                out.error = Some("sandbox_lost".into());
+            }
+        }
         self.account(&mut out);
         debug!(exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
         (out, Teardown(self))
     }
 
-    /// Pumps output and control messages until the sandbox is gone.
-    async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, out: &mut Outcome, started: Instant) -> Instant {
+    /// Pumps output and control messages until the sandbox is gone. Returns
+    /// when the program ended and whether init reported its exit status.
+    async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, out: &mut Outcome, started: Instant) -> (Instant, bool) {
         let cap = spec.limits.max_output_bytes;
         let deadline = tokio::time::Instant::from_std(started + spec.timeout);
         let (mut out_open, mut err_open, mut sandbox_alive, mut init_open) = (true, true, true, true);
         let (mut out_seen, mut err_seen) = (0u64, 0u64);
         let mut killed = false;
+        let mut reported = false;
         let mut ended: Option<Instant> = None;
         let mut out_buf = vec![0u8; CHUNK];
         let mut err_buf = vec![0u8; CHUNK];
@@ -298,6 +310,7 @@ impl Prepared {
                         Ok(Some(InitEvent::Exited { code, signal })) => {
                             out.exit_code = code;
                             out.signal = signal;
+                            reported = true;
                             ended.get_or_insert_with(Instant::now);
                         }
                         Ok(Some(InitEvent::Failed { stage, message })) => {
@@ -316,7 +329,8 @@ impl Prepared {
                     sandbox_alive = false;
                     ended.get_or_insert_with(Instant::now);
                 }
-                _ = tokio::time::sleep_until(deadline), if !killed => {
+                // Once the program has exited only teardown remains: no timeout.
+                _ = tokio::time::sleep_until(deadline), if !killed && !reported => {
                     killed = true;
                     out.timed_out = true;
                     ended.get_or_insert_with(Instant::now);
@@ -329,7 +343,7 @@ impl Prepared {
                 }
             }
         }
-        ended.unwrap_or_else(Instant::now)
+        (ended.unwrap_or_else(Instant::now), reported)
     }
 
     fn account(&mut self, out: &mut Outcome) {
@@ -340,13 +354,6 @@ impl Prepared {
                 out.oom_killed = u.oom_kills > 0;
             }
             Err(e) => warn!(sandbox = %self.id, error = %e, "reading usage failed"),
-        }
-        if out.timed_out || out.cancelled {
-            // init died before it could report; the program was SIGKILLed.
-            if out.error.is_none() && (out.exit_code == 0 || out.exit_code == -1) {
-                out.exit_code = 128 + libc::SIGKILL;
-                out.signal = libc::SIGKILL;
-            }
         }
     }
 }
