@@ -289,7 +289,10 @@ impl Prepared {
         let mut ended: Option<Instant> = None;
         let mut out_buf = vec![0u8; CHUNK];
         let mut err_buf = vec![0u8; CHUNK];
-        while out_open || err_open || sandbox_alive {
+        // Read every source to its end: select! picks ready branches at random,
+        // so init's final report can still be buffered when the supervisor has
+        // already said init is gone (init's socket reaches EOF right after).
+        while out_open || err_open || sandbox_alive || init_open {
             tokio::select! {
                 n = self.stdout.read(&mut out_buf), if out_open => {
                     match forward(n, &out_buf, cap, &mut out_seen, &mut out.stdout_truncated) {

@@ -218,3 +218,17 @@ async fn agent_crash_leaves_nothing_after_restart() {
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+/// Regression: the final report of init races with the supervisor's "init is
+/// gone"; the exit status must never be lost or replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_status_is_reported_on_every_run() {
+    if skip_unless_root("exit_status_is_reported_on_every_run") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    for i in 0..40 {
+        let r = agent.run(Language::Bash, "echo x; exit 7", T).await.unwrap();
+        assert_eq!((r.exited.exit_code, r.exited.error.as_str(), r.stdout.as_str()), (7, "", "x\n"), "run {i}");
+    }
+}
