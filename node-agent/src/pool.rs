@@ -47,11 +47,6 @@ impl Pool {
         self.start_filler(&mut inner, shape);
     }
 
-    /// Number of ready sandboxes of `shape`.
-    pub fn ready(&self, shape: Shape) -> usize {
-        self.lock().ready.get(&shape).map_or(0, VecDeque::len)
-    }
-
     /// A ready sandbox of `shape`, or a freshly prepared one when none is.
     pub async fn claim(&self, shape: Shape) -> Result<Prepared, SandboxError> {
         let mut stale = Vec::new();

@@ -57,8 +57,6 @@ pub struct Agent {
     pub cgroup_name: String,
     /// First host uid of this agent's sandboxes (unique range per agent).
     pub uid_base: u32,
-    /// Extra arguments it was started with.
-    pub args: Vec<String>,
 }
 
 /// Collected result of one execution.
@@ -108,7 +106,7 @@ impl Agent {
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;
-        Ok(Agent { child: Some(child), dir, socket, cgroup_name, uid_base, args: extra.iter().map(|s| s.to_string()).collect() })
+        Ok(Agent { child: Some(child), dir, socket, cgroup_name, uid_base })
     }
 
     /// SIGKILLs the agent, as a crash would.
@@ -294,25 +292,13 @@ pub fn unique_number() -> u32 {
 
 /// Every `sbx-*` cgroup directory under any hierarchy's `parent` directory.
 pub fn sandbox_cgroups(parent: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for e in entries.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            if !ft.is_dir() {
-                continue;
-            }
-            let name = e.file_name().to_string_lossy().into_owned();
-            let path = e.path();
-            if name.starts_with("sbx-") && dir.file_name().is_some_and(|n| n == parent) {
-                out.push(path);
-            } else if stack.len() < 10_000 {
-                stack.push(path);
-            }
-        }
-    }
-    out
+    cgroup_parents(parent)
+        .into_iter()
+        .filter_map(|p| std::fs::read_dir(p).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sbx-") && e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Processes whose real uid is in the sandbox id range starting at `uid_base`.
