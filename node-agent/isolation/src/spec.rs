@@ -5,12 +5,10 @@ use std::time::Duration;
 
 /// Largest program text accepted (1 MiB of UTF-8).
 pub const MAX_CODE_BYTES: usize = 1 << 20;
-/// Most environment variables a request may set.
-pub const MAX_ENV_VARS: usize = 50;
+/// Most environment variables one execution gets (all scopes merged).
+pub const MAX_ENV_VARS: usize = warren_config::env::MAX_MERGED_VARS;
 /// Longest environment variable value.
-pub const MAX_ENV_VALUE_BYTES: usize = 4096;
-/// Longest environment variable name.
-pub const MAX_ENV_NAME_BYTES: usize = 128;
+pub const MAX_ENV_VALUE_BYTES: usize = warren_config::env::MAX_VALUE_BYTES;
 
 /// Interpreter the code runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
@@ -279,54 +277,25 @@ fn fill_random(buf: &mut [u8]) {
     }
 }
 
-/// Names the sandbox sets itself or that change how interpreters and the
-/// loader behave; a request may not override them.
-const RESERVED_ENV: &[&str] = &[
-    "PATH", "HOME", "TMPDIR", "PWD", "OLDPWD", "SHELL", "USER", "LOGNAME", "HOSTNAME", "TERM", "LANG",
-    "LANGUAGE", "BASH_ENV", "ENV", "IFS", "PS1", "PS2", "PS4", "PROMPT_COMMAND", "CDPATH", "GLOBIGNORE",
-    "SHELLOPTS", "BASHOPTS", "NODE_PATH", "NODE_OPTIONS", "NODE_EXTRA_CA_CERTS", "PIP_USER", "PIP_TARGET",
-    "PIP_PREFIX", "CARGO_HOME", "RUSTUP_HOME", "MAIL",
-];
-const RESERVED_PREFIXES: &[&str] =
-    &["LD_", "LC_", "XDG_", "_", "WARREN_", "PYTHON", "NPM_CONFIG_", "GO", "BASH_FUNC_", "GCONV_", "MALLOC_"];
-
-/// True when `name` may not be set by a request.
+/// True when `name` may not be set by a request (the shared list in
+/// `warren_config::env`, checked here again as defence in depth).
 pub fn is_reserved_env(name: &str) -> bool {
-    RESERVED_ENV.contains(&name)
-        || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
-        || name.ends_with("_PROXY")
+    warren_config::env::is_reserved(name)
 }
 
-/// Checks request environment variables: count, names, values.
+/// Checks the environment handed to a sandbox (Sandbox, ApiKey and request
+/// scopes already merged by the gateway): count, names, values.
 pub fn validate_env(env: &[(String, String)]) -> Result<(), SpecError> {
     if env.len() > MAX_ENV_VARS {
         return Err(err("env_vars", format!("at most {MAX_ENV_VARS} variables")));
     }
     for (name, value) in env {
-        let field = format!("env_vars.{}", printable(name));
-        let name_ok = !name.is_empty()
-            && name.len() <= MAX_ENV_NAME_BYTES
-            && name.as_bytes()[0].is_ascii_uppercase()
-            && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-        if !name_ok {
-            return Err(err(field, "names must match ^[A-Z][A-Z0-9_]*$ (at most 128 characters)"));
-        }
-        if is_reserved_env(name) {
-            return Err(err(field, "is reserved and cannot be set"));
-        }
-        if value.len() > MAX_ENV_VALUE_BYTES {
-            return Err(err(field, format!("value longer than {MAX_ENV_VALUE_BYTES} bytes")));
-        }
-        if value.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')) {
-            return Err(err(field, "value contains control characters"));
-        }
+        warren_config::env::check_var(name, value)
+            .map_err(|e| err(format!("env_vars.{}", warren_config::env::printable(name)), e.to_string()))?;
     }
     Ok(())
 }
 
-fn printable(s: &str) -> String {
-    s.chars().take(64).map(|c| if c.is_ascii_graphic() { c } else { '?' }).collect()
-}
 
 fn resolve_limits(req: &LimitRequest, policy: &NodePolicy) -> Result<Limits, SpecError> {
     let (d, m) = (&policy.defaults, &policy.maxima);
@@ -420,7 +389,7 @@ mod tests {
         assert!(validate_env(&[("A".into(), "a\u{1b}b".into())]).is_err());
         assert!(validate_env(&[("A".into(), "line1\nline2\t".into())]).is_ok());
         assert!(validate_env(&[("A".into(), "x".repeat(MAX_ENV_VALUE_BYTES + 1))]).is_err());
-        let many: Vec<_> = (0..51).map(|i| (format!("V{i}"), String::new())).collect();
+        let many: Vec<_> = (0..=MAX_ENV_VARS).map(|i| (format!("V{i}"), String::new())).collect();
         assert!(validate_env(&many).is_err());
     }
 

@@ -1,0 +1,288 @@
+//! Manifests → one [`EffectiveKey`] per valid ApiKey. Pure: no I/O, no clock.
+//!
+//! Every rule that makes a key unusable is reported as a [`ConfigError`]
+//! naming file, object and field; valid keys are compiled regardless, so one
+//! bad manifest does not take the others down.
+
+use std::collections::{BTreeMap, HashMap};
+
+use base64::Engine as _;
+
+use crate::effective::{EffectiveKey, Limits};
+use crate::env;
+use crate::error::ConfigError;
+use crate::key::{self, KeyHash};
+use crate::manifest::{self, Kind, Object, Source};
+use crate::quantity;
+use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// Bounds of Sandbox and ApiKey fields (kept equal to the node-agent's maxima).
+const CPU_MILLIS: (u64, u64) = (500, 4000);
+const MEMORY: (u64, u64) = (32 * MIB, 4 * GIB);
+const PIDS: (u32, u32) = (8, 4096);
+const DISK: (u64, u64) = (MIB, 4 * GIB);
+const OUTPUT: (u64, u64) = (1024, 64 * MIB);
+const TIMEOUT: (u32, u32) = (1, 3600);
+const CONCURRENCY: (u32, u32) = (1, 1024);
+const DEFAULT_CONCURRENCY: u32 = 10;
+
+/// Result of compiling a set of manifests.
+#[derive(Debug, Default)]
+pub struct Compiled {
+    /// Usable keys.
+    pub keys: Vec<EffectiveKey>,
+    /// Everything wrong, in input order.
+    pub errors: Vec<ConfigError>,
+}
+
+impl Compiled {
+    /// True when some file could not be parsed at all.
+    pub fn has_syntax_errors(&self) -> bool {
+        self.errors.iter().any(|e| e.syntax)
+    }
+}
+
+/// A validated Sandbox, before any key narrows it.
+#[derive(Debug, Clone)]
+struct Sandbox {
+    image: String,
+    languages: Vec<Language>,
+    limits: Limits,
+    max_timeout_seconds: u32,
+    network: Network,
+    env: Vec<EnvVar>,
+    thread_retention: crate::types::ThreadRetention,
+}
+
+/// Compiles `sources`.
+pub fn compile(sources: &[Source<'_>]) -> Compiled {
+    let (objects, mut errors) = manifest::parse(sources);
+    let objects = dedupe(objects, &mut errors);
+    let mut sandboxes = HashMap::new();
+    let mut secrets = HashMap::new();
+    for o in objects.iter() {
+        match o.kind {
+            Kind::Sandbox => match sandbox(o) {
+                Ok(s) => {
+                    sandboxes.insert((o.namespace.clone(), o.name.clone()), s);
+                }
+                Err(e) => errors.push(e),
+            },
+            Kind::Secret => match typed::<SecretBody>(o) {
+                Ok(s) => {
+                    secrets.insert((o.namespace.clone(), o.name.clone()), s);
+                }
+                Err(e) => errors.push(e),
+            },
+            Kind::ApiKey => {}
+        }
+    }
+    let mut keys = Vec::new();
+    for o in objects.iter().filter(|o| o.kind == Kind::ApiKey) {
+        match api_key(o, &sandboxes, &secrets) {
+            Ok(k) => keys.push((o, k)),
+            Err(e) => errors.push(e),
+        }
+    }
+    Compiled { keys: refuse_shared_secrets(keys, &mut errors), errors }
+}
+
+/// Drops later objects with the same kind, namespace and name.
+fn dedupe(objects: Vec<Object>, errors: &mut Vec<ConfigError>) -> Vec<Object> {
+    let mut seen: HashMap<(Kind, String, String), String> = HashMap::new();
+    let mut out = Vec::new();
+    for o in objects {
+        let id = (o.kind, o.namespace.clone(), o.name.clone());
+        if let Some(first) = seen.get(&id) {
+            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "metadata.name", format!("duplicate; first defined in {first}")));
+            continue;
+        }
+        seen.insert(id, o.file.clone());
+        out.push(o);
+    }
+    out
+}
+
+/// Two ApiKeys holding the same secret would make the binding ambiguous:
+/// neither is usable until one changes.
+fn refuse_shared_secrets(keys: Vec<(&Object, EffectiveKey)>, errors: &mut Vec<ConfigError>) -> Vec<EffectiveKey> {
+    let mut count: HashMap<KeyHash, usize> = HashMap::new();
+    for (_, k) in &keys {
+        *count.entry(k.hash).or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (o, k) in keys {
+        if count[&k.hash] > 1 {
+            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "spec.secretRef", "another ApiKey uses the same key value; every key must be unique"));
+        } else {
+            out.push(k);
+        }
+    }
+    out
+}
+
+fn typed<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ConfigError> {
+    let value = serde_yaml::Value::Mapping(o.body.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        ConfigError::invalid(&o.file, Some(o.id()), &field, e.inner().to_string())
+    })
+}
+
+fn spec<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ConfigError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Envelope<T> {
+        spec: T,
+    }
+    typed::<Envelope<T>>(o).map(|e| e.spec)
+}
+
+/// Builds field errors for one object.
+struct Checker<'a> {
+    o: &'a Object,
+}
+
+impl Checker<'_> {
+    fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::invalid(&self.o.file, Some(self.o.id()), field, message)
+    }
+
+    fn range<T: PartialOrd + std::fmt::Display + Copy>(&self, field: &str, v: T, (lo, hi): (T, T)) -> Result<T, ConfigError> {
+        if v < lo || v > hi {
+            return Err(self.err(field, format!("{v} is outside {lo}–{hi}")));
+        }
+        Ok(v)
+    }
+
+    fn bytes(&self, field: &str, q: Option<&crate::types::Quantity>, default: u64, bounds: (u64, u64)) -> Result<u64, ConfigError> {
+        let Some(q) = q else { return Ok(default) };
+        let v = quantity::bytes(&q.text()).ok_or_else(|| self.err(field, "not a byte quantity (e.g. 512Mi, 1Gi)"))?;
+        self.range(field, v, bounds)
+    }
+
+    fn env(&self, field: &str, vars: &[EnvVar]) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, v) in vars.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            env::check_var(&v.name, &v.value).map_err(|e| self.err(&f, format!("{}: {e}", env::printable(&v.name))))?;
+            if !seen.insert(v.name.as_str()) {
+                return Err(self.err(&f, format!("{} is set twice", v.name)));
+            }
+        }
+        if vars.len() > env::MAX_REQUEST_VARS {
+            return Err(self.err(field, format!("at most {} variables", env::MAX_REQUEST_VARS)));
+        }
+        if env::total_bytes(vars.iter().map(|v| (v.name.as_str(), v.value.as_str()))) > env::MAX_TOTAL_BYTES {
+            return Err(self.err(field, "names and values exceed 64 KiB in total"));
+        }
+        Ok(())
+    }
+}
+
+fn sandbox(o: &Object) -> Result<Sandbox, ConfigError> {
+    let s: SandboxSpec = spec(o)?;
+    let c = Checker { o };
+    if s.image != "host" {
+        return Err(c.err("spec.image", "only `host` (the node's own root filesystem, read-only) is supported in this release"));
+    }
+    let languages = match s.languages {
+        Some(l) if l.is_empty() => return Err(c.err("spec.languages", "must list at least one language")),
+        Some(mut l) => {
+            l.sort();
+            l.dedup();
+            l
+        }
+        None => Language::ALL.to_vec(),
+    };
+    let r = &s.resources;
+    let cpu = match &r.cpu {
+        None => 1000,
+        Some(q) => quantity::cpu_millis(&q.text()).ok_or_else(|| c.err("spec.resources.cpu", "not a CPU quantity (e.g. 500m, 2)"))?,
+    };
+    let cpu = c.range("spec.resources.cpu (millicores)", cpu, CPU_MILLIS)?;
+    // Memory scales with CPU (1 GiB per core) unless set.
+    let memory = c.bytes("spec.resources.memory", r.memory.as_ref(), cpu * GIB / 1000, MEMORY)?;
+    let limits = Limits {
+        cpu_millis: cpu as u32,
+        memory_bytes: memory,
+        pids: c.range("spec.resources.pids", r.pids.unwrap_or(256), PIDS)?,
+        tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), 512 * MIB, DISK)?,
+        home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), 512 * MIB, DISK)?,
+        max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), MIB, OUTPUT)?,
+    };
+    let max_timeout_seconds = c.range("spec.maxTimeoutSeconds", s.max_timeout_seconds.unwrap_or(3600), TIMEOUT)?;
+    c.env("spec.env", &s.env)?;
+    Ok(Sandbox { image: s.image, languages, limits, max_timeout_seconds, network: s.network, env: s.env, thread_retention: s.thread_retention })
+}
+
+type Map<T> = HashMap<(String, String), T>;
+
+fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> Result<EffectiveKey, ConfigError> {
+    let k: ApiKeySpec = spec(o)?;
+    let c = Checker { o };
+    let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone())).ok_or_else(|| {
+        c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {}", k.sandbox_ref.name, o.namespace))
+    })?;
+    let max_timeout_seconds = match k.max_timeout_seconds {
+        None => sb.max_timeout_seconds,
+        Some(t) => c.range("spec.maxTimeoutSeconds", t, (TIMEOUT.0, sb.max_timeout_seconds))?,
+    };
+    let max_concurrency = c.range("spec.maxConcurrency", k.max_concurrency.unwrap_or(DEFAULT_CONCURRENCY), CONCURRENCY)?;
+    // Narrowing only: with a single policy today, any value equals the Sandbox's
+    // or is stricter; the match keeps that true when more policies exist.
+    let network = match (sb.network, k.network) {
+        (n, None) => n,
+        (Network::Blocked, Some(Network::Blocked)) => Network::Blocked,
+    };
+    c.env("spec.env", &k.env)?;
+    let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
+    env.extend(k.env.iter().map(|v| (v.name.clone(), v.value.clone())));
+    let secret = secret_value(o, &k, secrets)?;
+    Ok(EffectiveKey {
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+        sandbox: k.sandbox_ref.name,
+        hash: KeyHash::of(&secret),
+        display_prefix: key::display_prefix(&secret),
+        disabled: k.disabled,
+        max_timeout_seconds,
+        max_concurrency,
+        image: sb.image.clone(),
+        languages: sb.languages.clone(),
+        limits: sb.limits,
+        network,
+        env: env.into_iter().collect(),
+        thread_retention: sb.thread_retention,
+    })
+}
+
+/// Reads the key from its Secret. The value is never put in an error.
+fn secret_value(o: &Object, k: &ApiKeySpec, secrets: &Map<SecretBody>) -> Result<String, ConfigError> {
+    let c = Checker { o };
+    let (name, entry) = match &k.secret_ref {
+        Some(r) => (r.name.clone(), r.key.clone()),
+        None => (format!("{}-key", o.name), "key".to_string()),
+    };
+    let field = "spec.secretRef";
+    let s = secrets
+        .get(&(o.namespace.clone(), name.clone()))
+        .ok_or_else(|| c.err(field, format!("Secret {}/{name} not found", o.namespace)))?;
+    let value = match (s.string_data.get(&entry), s.data.get(&entry)) {
+        (Some(v), _) => v.clone(),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| c.err(field, format!("Secret {name} entry {entry:?} is not valid base64 UTF-8")))?,
+        (None, None) => return Err(c.err(field, format!("Secret {name} has no entry {entry:?}"))),
+    };
+    let value = value.trim().to_string();
+    if !key::is_well_formed(&value) {
+        return Err(c.err(field, format!("Secret {name} entry {entry:?} is not a Warren key ({}+ 32–128 letters and digits)", key::PREFIX)));
+    }
+    Ok(value)
+}

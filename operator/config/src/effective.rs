@@ -1,0 +1,62 @@
+//! The compiled, effective configuration of one API key: everything the
+//! gateway needs to authenticate a request and build the node-agent call.
+
+use crate::key::KeyHash;
+use crate::types::{Language, Network, ThreadRetention};
+
+/// Resolved per-execution limits (every field set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU quota in thousandths of a core.
+    pub cpu_millis: u32,
+    /// Memory limit in bytes (swap off).
+    pub memory_bytes: u64,
+    /// Most tasks.
+    pub pids: u32,
+    /// Size of `/tmp`.
+    pub tmp_bytes: u64,
+    /// Size of the home directory.
+    pub home_bytes: u64,
+    /// Per-stream output cap.
+    pub max_output_bytes: u64,
+}
+
+/// What one API key may do, with every narrowing applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectiveKey {
+    /// Namespace of the ApiKey (the tenant).
+    pub namespace: String,
+    /// ApiKey name.
+    pub name: String,
+    /// Sandbox name.
+    pub sandbox: String,
+    /// SHA-256 of the key.
+    pub hash: KeyHash,
+    /// Non-secret prefix for logs and status.
+    pub display_prefix: String,
+    /// Refused with 403 when set.
+    pub disabled: bool,
+    /// Longest timeout a request may ask for, in seconds.
+    pub max_timeout_seconds: u32,
+    /// Most executions at once.
+    pub max_concurrency: u32,
+    /// Root filesystem.
+    pub image: String,
+    /// Languages offered.
+    pub languages: Vec<Language>,
+    /// Per-execution limits.
+    pub limits: Limits,
+    /// Network policy after narrowing.
+    pub network: Network,
+    /// Sandbox variables overridden by the key's, sorted by name.
+    pub env: Vec<(String, String)>,
+    /// Thread retention of the Sandbox.
+    pub thread_retention: ThreadRetention,
+}
+
+impl EffectiveKey {
+    /// `namespace/name`, as logs name keys.
+    pub fn qualified_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}

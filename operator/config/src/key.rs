@@ -1,0 +1,100 @@
+//! API keys: format, hashing and constant-time comparison.
+//!
+//! A key is `sk-wrn-` followed by at least 32 base62 characters (≥ 190 bits of
+//! randomness), so secret scanners can spot it. Only its SHA-256 is kept
+//! outside the key's own Secret; a fast hash is enough because the input is
+//! high-entropy, not a password.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// Every key starts with this.
+pub const PREFIX: &str = "sk-wrn-";
+/// Fewest random characters after the prefix.
+pub const MIN_RANDOM_CHARS: usize = 32;
+/// Most random characters after the prefix (bounds the work per request).
+pub const MAX_RANDOM_CHARS: usize = 128;
+/// Characters of the key shown in status and logs (prefix + 4).
+const DISPLAY_CHARS: usize = PREFIX.len() + 4;
+
+/// SHA-256 of a key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub [u8; 32]);
+
+impl std::fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHash(..)")
+    }
+}
+
+impl KeyHash {
+    /// Hashes `key` (any bytes; the format is checked separately).
+    pub fn of(key: &str) -> Self {
+        KeyHash(Sha256::digest(key.as_bytes()).into())
+    }
+
+    /// Compares in constant time.
+    pub fn ct_eq(&self, other: &KeyHash) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+/// True when `key` has the shape of a Warren key.
+pub fn is_well_formed(key: &str) -> bool {
+    key.strip_prefix(PREFIX).is_some_and(|rest| {
+        (MIN_RANDOM_CHARS..=MAX_RANDOM_CHARS).contains(&rest.len()) && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+/// The non-secret part of a key shown in status and logs (`sk-wrn-AbCd…`).
+pub fn display_prefix(key: &str) -> String {
+    let visible: String = key.chars().take(DISPLAY_CHARS).collect();
+    format!("{visible}…")
+}
+
+/// Builds a key from caller-supplied random bytes (one base62 char per byte,
+/// rejection-sampled so every character is uniform). `None` when `random`
+/// did not hold enough usable bytes.
+pub fn from_random_bytes(random: &[u8]) -> Option<String> {
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let chars: String = random
+        .iter()
+        .filter(|&&b| b < 248) // 248 = 62 * 4: keeps the modulo unbiased
+        .take(40)
+        .map(|&b| ALPHABET[(b % 62) as usize] as char)
+        .collect();
+    (chars.len() == 40).then(|| format!("{PREFIX}{chars}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format() {
+        let good = format!("{PREFIX}{}", "a".repeat(32));
+        assert!(is_well_formed(&good));
+        assert!(!is_well_formed(&format!("{PREFIX}{}", "a".repeat(31))));
+        assert!(!is_well_formed(&format!("{PREFIX}{}", "a".repeat(129))));
+        assert!(!is_well_formed(&format!("{PREFIX}{}-", "a".repeat(32))));
+        assert!(!is_well_formed(&format!("sk-xyz-{}", "a".repeat(32))));
+        assert!(!is_well_formed(""));
+    }
+
+    #[test]
+    fn generated_keys_are_well_formed_and_distinct() {
+        let a = from_random_bytes(&(0..=255u8).collect::<Vec<_>>()).unwrap();
+        let b = from_random_bytes(&(0..=255u8).rev().collect::<Vec<_>>()).unwrap();
+        assert!(is_well_formed(&a) && is_well_formed(&b));
+        assert_ne!(a, b);
+        assert_eq!(from_random_bytes(&[250; 64]), None);
+    }
+
+    #[test]
+    fn hashes_compare() {
+        assert!(KeyHash::of("x").ct_eq(&KeyHash::of("x")));
+        assert!(!KeyHash::of("x").ct_eq(&KeyHash::of("y")));
+        assert_eq!(format!("{:?}", KeyHash::of("x")), "KeyHash(..)");
+        assert_eq!(display_prefix("sk-wrn-abcdefgh"), "sk-wrn-abcd…");
+    }
+}

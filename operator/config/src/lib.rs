@@ -1,0 +1,26 @@
+//! Warren's configuration compiler.
+//!
+//! Reads the same manifests `kubectl apply` takes (Sandbox, ApiKey, Secret)
+//! and produces the effective configuration of each API key, enforcing that
+//! an ApiKey may only narrow its Sandbox. Pure: the gateway feeds it files from
+//! a directory (single-machine mode), the operator feeds it objects from the
+//! API server. Also home of the rules shared by every layer (environment
+//! variables, key format).
+
+pub mod compile;
+pub mod effective;
+pub mod env;
+mod error;
+pub mod key;
+pub mod manifest;
+pub mod quantity;
+pub mod types;
+
+pub use compile::{compile, Compiled};
+pub use effective::{EffectiveKey, Limits};
+pub use error::ConfigError;
+pub use manifest::Source;
+pub use types::{Language, Network};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+//! Compiler tests: valid configurations, narrowing rules, error naming.
+
+use crate::{compile, Source};
+
+const KEY_A: &str = "sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+const KEY_B: &str = "sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
+
+fn sandbox(extra: &str) -> String {
+    format!("apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: sb}}\nspec:\n  image: host\n{extra}")
+}
+
+fn api_key(name: &str, extra: &str) -> String {
+    format!("apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: {name}}}\nspec:\n  sandboxRef: {{name: sb}}\n{extra}")
+}
+
+fn secret(name: &str, key: &str) -> String {
+    format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\nstringData:\n  key: {key}\n")
+}
+
+fn run(files: &[(&str, String)]) -> crate::Compiled {
+    let sources: Vec<Source> = files.iter().map(|(f, t)| Source { file: f, text: t }).collect();
+    compile(&sources)
+}
+
+fn one_error(files: &[(&str, String)]) -> String {
+    let c = run(files);
+    assert_eq!(c.errors.len(), 1, "{:?}", c.errors);
+    c.errors[0].to_string()
+}
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox(""), api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    let k = &c.keys[0];
+    assert_eq!((k.namespace.as_str(), k.name.as_str(), k.sandbox.as_str()), ("default", "k", "sb"));
+    assert_eq!(k.limits.cpu_millis, 1000);
+    assert_eq!(k.limits.memory_bytes, 1 << 30);
+    assert_eq!(k.max_timeout_seconds, 3600);
+    assert_eq!(k.max_concurrency, 10);
+    assert_eq!(k.languages.len(), 3);
+    assert!(k.hash.ct_eq(&crate::key::KeyHash::of(KEY_A)));
+    assert_eq!(k.display_prefix, "sk-wrn-AAAA…");
+}
+
+#[test]
+fn memory_scales_with_cpu_unless_set() {
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox("  resources: {cpu: 2}\n"), api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert_eq!(c.keys[0].limits.memory_bytes, 2 << 30);
+    let c = run(&[(
+        "a.yaml",
+        format!("{}---\n{}---\n{}", sandbox("  resources: {cpu: 500m, memory: 256Mi}\n"), api_key("k", ""), secret("k-key", KEY_A)),
+    )]);
+    assert_eq!((c.keys[0].limits.cpu_millis, c.keys[0].limits.memory_bytes), (500, 256 << 20));
+}
+
+#[test]
+fn env_merges_sandbox_then_key() {
+    let sb = sandbox("  env: [{name: A, value: sandbox}, {name: B, value: sandbox}]\n");
+    let k = api_key("k", "  env: [{name: B, value: key}]\n");
+    let c = run(&[("a.yaml", format!("{sb}---\n{k}---\n{}", secret("k-key", KEY_A)))]);
+    assert_eq!(c.keys[0].env, vec![("A".into(), "sandbox".into()), ("B".into(), "key".into())]);
+}
+
+#[test]
+fn a_key_may_not_widen_its_timeout() {
+    let sb = sandbox("  maxTimeoutSeconds: 60\n");
+    let e = one_error(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", "  maxTimeoutSeconds: 61\n"), secret("k-key", KEY_A)))]);
+    assert_eq!(e, "a.yaml: ApiKey default/k: spec.maxTimeoutSeconds: 61 is outside 1–60");
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", "  maxTimeoutSeconds: 30\n"), secret("k-key", KEY_A)))]);
+    assert_eq!(c.keys[0].max_timeout_seconds, 30);
+}
+
+#[test]
+fn errors_name_file_object_and_field() {
+    let cases: Vec<(String, &str)> = vec![
+        (sandbox("  timout: 5\n"), "Sandbox default/sb: spec.timout: unknown field `timout`"),
+        (sandbox("  resources: {cpu: 8}\n"), "spec.resources.cpu (millicores): 8000 is outside 500–4000"),
+        (sandbox("  resources: {memory: lots}\n"), "spec.resources.memory: not a byte quantity"),
+        (sandbox("  resources: {pids: 1}\n"), "spec.resources.pids: 1 is outside 8–4096"),
+        (sandbox("  env: [{name: LD_PRELOAD, value: x}]\n"), "spec.env[0]: LD_PRELOAD: is reserved"),
+        (sandbox("  env: [{name: A, value: x}, {name: A, value: y}]\n"), "spec.env[1]: A is set twice"),
+        (sandbox("  network: Open\n"), "spec.network: unknown variant `Open`"),
+        (sandbox("  languages: []\n"), "spec.languages: must list at least one language"),
+        (sandbox("").replace("image: host", "image: docker.io/python"), "spec.image: only `host`"),
+    ];
+    for (sb, want) in cases {
+        let e = one_error(&[("sb.yaml", sb)]);
+        assert!(e.starts_with("sb.yaml: "), "{e}");
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+    }
+}
+
+#[test]
+fn key_errors() {
+    let ok_sb = sandbox("");
+    let cases: Vec<(String, String, &str)> = vec![
+        (api_key("k", ""), String::new(), "spec.secretRef: Secret default/k-key not found"),
+        (api_key("k", ""), secret("k-key", "sk-wrn-short"), "is not a Warren key"),
+        (api_key("k", ""), secret("k-key", "hunter2hunter2hunter2hunter2hunter2hunter2"), "is not a Warren key"),
+        (api_key("k", "  maxConcurrency: 0\n"), secret("k-key", KEY_A), "spec.maxConcurrency: 0 is outside 1–1024"),
+        (api_key("k", "  env: [{name: PATH, value: /evil}]\n"), secret("k-key", KEY_A), "spec.env[0]: PATH: is reserved"),
+        (api_key("k", "  colour: blue\n"), secret("k-key", KEY_A), "unknown field `colour`"),
+        (api_key("k", "").replace("name: sb", "name: nope"), secret("k-key", KEY_A), "spec.sandboxRef.name: no valid Sandbox \"nope\""),
+    ];
+    for (k, s, want) in cases {
+        let e = one_error(&[("sb.yaml", ok_sb.clone()), ("k.yaml", format!("{k}---\n{s}"))]);
+        assert!(e.starts_with("k.yaml: ApiKey default/k: "), "{e}");
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+        assert!(!e.contains("hunter2"), "secret value leaked: {e}");
+    }
+}
+
+#[test]
+fn base64_data_and_explicit_secret_ref() {
+    let s = format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\ndata:\n  token: {}\n", "c2std3JuLUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQQ==");
+    let k = api_key("k", "  secretRef: {name: creds, key: token}\n");
+    let c = run(&[("a.yaml", format!("{}---\n{k}---\n{s}", sandbox("")))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    assert!(c.keys[0].hash.ct_eq(&crate::key::KeyHash::of(KEY_A)));
+}
+
+#[test]
+fn keys_sharing_a_secret_are_both_refused() {
+    let s2 = secret("k2-key", KEY_A);
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}---\n{}---\n{s2}", sandbox(""), api_key("k1", ""), api_key("k2", ""), secret("k1-key", KEY_A)))]);
+    assert!(c.keys.is_empty());
+    assert_eq!(c.errors.len(), 2);
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}---\n{}---\n{}", sandbox(""), api_key("k1", ""), api_key("k2", ""), secret("k1-key", KEY_A), secret("k2-key", KEY_B)))]);
+    assert_eq!(c.keys.len(), 2);
+}
+
+#[test]
+fn one_bad_object_does_not_take_down_the_others() {
+    let c = run(&[
+        ("a.yaml", format!("{}---\n{}---\n{}", sandbox(""), api_key("good", ""), secret("good-key", KEY_A))),
+        ("b.yaml", api_key("bad", "  maxConcurrency: -1\n")),
+    ]);
+    assert_eq!(c.keys.len(), 1);
+    assert_eq!(c.errors.len(), 1);
+    assert!(!c.has_syntax_errors());
+}
+
+#[test]
+fn syntax_errors_and_envelopes() {
+    let c = run(&[("bad.yaml", "kind: [unclosed\n".to_string())]);
+    assert!(c.has_syntax_errors());
+    assert!(c.errors[0].to_string().starts_with("bad.yaml: "));
+    let e = one_error(&[("x.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n".into())]);
+    assert!(e.contains("unsupported apiVersion/kind apps/v1/Deployment"), "{e}");
+    let e = one_error(&[("x.yaml", sandbox("").replace("name: sb", "name: Bad_Name"))]);
+    assert!(e.contains("metadata.name"), "{e}");
+    let e = one_error(&[("x.yaml", format!("{}---\n{}", sandbox(""), sandbox("")))]);
+    assert!(e.contains("duplicate; first defined in x.yaml"), "{e}");
+}
+
+#[test]
+fn namespaces_are_separate_tenants() {
+    let other = api_key("k", "").replace("metadata: {name: k}", "metadata: {name: k, namespace: other}");
+    let e = one_error(&[("a.yaml", format!("{}---\n{other}---\n{}", sandbox(""), secret("k-key", KEY_A)))]);
+    assert!(e.contains("no valid Sandbox \"sb\" in namespace other"), "{e}");
+}
