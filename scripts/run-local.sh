@@ -1,31 +1,62 @@
 #!/usr/bin/env bash
-# Runs Warren on this machine: builds the node-agent, starts it on a Unix
-# socket, runs one sandboxed program to show it works, and keeps serving until
+# Runs Warren on this machine: builds the binaries, starts one node-agent and
+# the API gateway configured from examples/local/, prints the URL and a
+# working API key, runs one request to show it works, and serves until
 # Ctrl-C. Needs root (namespaces, cgroups, id maps); re-runs itself with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 . scripts/deps.sh
 ensure_deps
-cargo build --release --locked -p warren-node-agent -p warren-isolation --bins
+cargo build --release --locked --bins -p warren-node-agent -p warren-isolation -p warren-api-gateway
+BIN=$PWD/target/release
 STATE=${WARREN_STATE_DIR:-/var/lib/warren}
 SOCK=${WARREN_AGENT_SOCKET:-/run/warren/agent.sock}
-BIN=$PWD/target/release
+LISTEN=${WARREN_LISTEN:-127.0.0.1:8080}
+SECRETS=$PWD/.warren-local           # generated Secrets: never committed
+
+# The demo key lives in a Secret manifest outside Git, made once.
+mkdir -p "$SECRETS" && chmod 700 "$SECRETS"
+if [ ! -s "$SECRETS/demo-key.yaml" ]; then
+  KEY=$(python3 -c 'import secrets, string; a = string.ascii_letters + string.digits; print("sk-wrn-" + "".join(secrets.choice(a) for _ in range(40)))')
+  umask 077
+  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo-key\nstringData:\n  key: %s\n' "$KEY" >"$SECRETS/demo-key.yaml"
+fi
+KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml")
+
+"$BIN/warren-gateway" check --manifests examples/local,"$SECRETS" >/dev/null
 "$BIN/warren-node-agent" --listen-unix "$SOCK" --state-dir "$STATE" --log-format plain &
 AGENT=$!
-trap 'kill -TERM $AGENT 2>/dev/null; wait $AGENT 2>/dev/null' EXIT INT TERM
 for _ in $(seq 1 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
-"$BIN/warren-agentctl" --socket "$SOCK" run python 'import platform, os; print("hello from", platform.node(), "as uid", os.getuid())'
+"$BIN/warren-gateway" --listen "$LISTEN" --manifests examples/local,"$SECRETS" --agent "unix:$SOCK" --log-format plain &
+GATEWAY=$!
+trap 'kill -TERM $GATEWAY $AGENT 2>/dev/null; wait $GATEWAY $AGENT 2>/dev/null' EXIT INT TERM
+URL="http://$LISTEN"
+for _ in $(seq 1 200); do curl -fsS "$URL/readyz" >/dev/null 2>&1 && break; sleep 0.05; done
+curl -fsS "$URL/readyz" >/dev/null || { echo "gateway did not become ready" >&2; exit 1; }
+
+echo
+curl -sS "$URL/v1/sandbox/execute" -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+  -d '{"code": "import os, platform; print(\"hello from\", platform.node(), \"as uid\", os.getuid())", "language": "python"}'
+echo
 cat <<MSG
 
-Warren node-agent is running (pid $AGENT) on $SOCK.
-Run code from another shell:
+Warren is running.
+  URL:      $URL
+  API key:  $KEY
 
-  sudo $BIN/warren-agentctl --socket $SOCK run bash 'echo hi; id'
-  sudo $BIN/warren-agentctl --socket $SOCK run node 'console.log(process.version)'
-  sudo $BIN/warren-agentctl --socket $SOCK status
+Try it:
+  curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' \\
+    -H 'Content-Type: application/json' -d '{"code": "print(sum(range(100)))"}'
 
-The HTTP API (POST /v1/sandbox/execute with API keys) arrives with the api-gateway.
+  # streaming (NDJSON events as the program prints)
+  curl -N -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' -H 'Accept: application/x-ndjson' \\
+    -H 'Content-Type: application/json' -d '{"code": "for i in 1 2 3; do echo \$i; sleep 1; done", "language": "bash"}'
+
+  # the Baponi Python SDK (pip install baponi)
+  python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'
+
+Edit examples/local/*.yaml and the gateway reloads them. API: $URL/openapi.json, metrics: $URL/metrics.
 Press Ctrl-C to stop.
 MSG
-wait $AGENT
+wait $GATEWAY

@@ -1,4 +1,136 @@
-//! Warren's HTTP API gateway. The execute API is built on the node-agent's
-//! `warren.agent.v1.NodeAgent/Execute` contract; this crate is the home of that
-//! work (not yet implemented).
-#![forbid(unsafe_code)]
+//! Warren's API gateway: the HTTP front door.
+//!
+//! Authenticates API keys (hashes only, constant-time), validates execute
+//! requests, applies the key's effective configuration, picks a node-agent
+//! and relays its gRPC stream as one JSON result or NDJSON events. Stateless
+//! apart from in-memory admission counters; run as many replicas as needed.
+
+pub mod admission;
+pub mod audit;
+pub mod auth;
+pub mod error;
+pub mod execute;
+mod json;
+pub mod local_config;
+pub mod metrics;
+pub mod nodes;
+pub mod openapi;
+pub mod request;
+pub mod result;
+pub mod router;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::sync::watch;
+use tracing::info;
+use warren_proto::client::AgentAddress;
+
+/// Command line of `warren-gateway`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "warren-gateway", version, about = "Warren API gateway")]
+pub struct Args {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Directory of Sandbox, ApiKey and Secret manifests (repeatable).
+    #[arg(long = "manifests", env = "WARREN_MANIFESTS", value_delimiter = ',', default_value = "examples/local")]
+    pub manifests: Vec<PathBuf>,
+    /// Node-agent address, `unix:/path` or `http://host:port` (repeatable).
+    #[arg(long = "agent", env = "WARREN_AGENTS", value_delimiter = ',', default_value = "unix:/run/warren/agent.sock")]
+    pub agents: Vec<AgentAddress>,
+    /// File holding the bearer token for TCP node-agents.
+    #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
+    pub agent_token_file: Option<PathBuf>,
+    /// How often manifests are checked for changes, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub reload_interval_ms: u64,
+    /// How often node-agents are health-checked, milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub health_interval_ms: u64,
+    /// How long a request waits for a free node slot before 503, milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub queue_wait_ms: u64,
+    /// Silence after which a stream gets a keepalive line, milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub keepalive_ms: u64,
+    /// Longest wait for in-flight requests at shutdown, seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub shutdown_timeout_secs: u64,
+    /// Log format.
+    #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
+    pub log_format: String,
+}
+
+/// Sets up logging (JSON by default; `RUST_LOG` filters).
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().flatten_event(true).with_current_span(false).init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Runs the gateway until SIGTERM or Ctrl-C, then drains in-flight requests.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let token = match &args.agent_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        None => None,
+    };
+    let nodes = nodes::Nodes::new(&args.agents, token)?;
+    nodes.check_all().await;
+    let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
+
+    let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
+    let reload = tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx));
+
+    let state = state::AppState {
+        keys: rx,
+        nodes,
+        admission: Default::default(),
+        metrics: Default::default(),
+        settings: state::Settings {
+            queue_wait: Duration::from_millis(args.queue_wait_ms),
+            keepalive: Duration::from_millis(args.keepalive_ms),
+        },
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    info!(addr = %listener.local_addr()?, agents = args.agents.len(), "gateway listening");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router::app(state)).with_graceful_shutdown(async move {
+        let _ = stop_rx.await;
+    });
+    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    tokio::select! {
+        r = &mut server => r?,
+        _ = shutdown_signal() => {
+            info!("shutting down: draining in-flight requests");
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(Duration::from_secs(args.shutdown_timeout_secs), &mut server).await.is_err() {
+                tracing::warn!("in-flight requests did not finish in time; exiting");
+            }
+        }
+    }
+    health.abort();
+    reload.abort();
+    info!("gateway stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

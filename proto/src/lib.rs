@@ -9,3 +9,5 @@
 pub mod agent {
     include!("gen/warren.agent.v1.rs");
 }
+
+pub mod client;

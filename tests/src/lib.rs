@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
+use warren_proto::client::AgentAddress;
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};
 
 /// Directory holding the workspace's built binaries.
@@ -144,13 +144,7 @@ impl Agent {
 
     /// A gRPC client over the agent's Unix socket.
     pub async fn client(&self) -> anyhow::Result<NodeAgentClient<Channel>> {
-        let path = self.socket.clone();
-        let channel = Endpoint::try_from("http://agent.local")?
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-            }))
-            .await?;
+        let channel = warren_proto::client::connect(&AgentAddress::Unix(self.socket.clone())).await?;
         Ok(NodeAgentClient::new(channel).max_decoding_message_size(64 << 20))
     }
 

@@ -10,8 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Uri};
+use warren_proto::client::AgentAddress;
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};
 
 #[derive(Parser)]
@@ -41,12 +40,7 @@ enum Cmd {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let path = cli.socket.clone();
-    let channel = Endpoint::try_from("http://agent.local")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
+    let channel = warren_proto::client::connect(&AgentAddress::Unix(cli.socket.clone()))
         .await
         .with_context(|| format!("connecting to {}", cli.socket.display()))?;
     let mut client = NodeAgentClient::new(channel);

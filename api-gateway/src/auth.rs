@@ -1,0 +1,109 @@
+//! API key authentication against the compiled configuration.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use warren_config::key::{self, KeyHash};
+use warren_config::EffectiveKey;
+
+use crate::error::ApiError;
+
+/// The keys of one configuration generation. Swapped whole on reload;
+/// requests keep the generation they started with.
+#[derive(Debug, Default)]
+pub struct KeyStore {
+    keys: Vec<Arc<EffectiveKey>>,
+}
+
+impl KeyStore {
+    /// Builds a store from compiled keys.
+    pub fn new(keys: Vec<EffectiveKey>) -> Self {
+        KeyStore { keys: keys.into_iter().map(Arc::new).collect() }
+    }
+
+    /// Number of usable keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when no key is configured.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Finds the key in `Authorization: Bearer …`.
+    ///
+    /// Every stored hash is compared, in constant time and without stopping at
+    /// a match, so response time says nothing about which keys exist.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, ApiError> {
+        let presented = bearer(headers)?;
+        let hash = KeyHash::of(presented);
+        let mut found = None;
+        for k in &self.keys {
+            if k.hash.ct_eq(&hash) {
+                found = Some(k);
+            }
+        }
+        let k = found.ok_or_else(|| ApiError::unauthenticated("invalid_api_key", "the API key is not valid"))?;
+        if k.disabled {
+            return Err(ApiError::forbidden("api_key_disabled", "this API key is disabled"));
+        }
+        Ok(k.clone())
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let mut values = headers.get_all(axum::http::header::AUTHORIZATION).iter();
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return Err(ApiError::unauthenticated("missing_api_key", "send the API key as Authorization: Bearer sk-wrn-…"));
+    };
+    let malformed = || ApiError::unauthenticated("invalid_api_key", "the Authorization header must be Bearer followed by a Warren API key");
+    let v = v.to_str().map_err(|_| malformed())?;
+    let (scheme, token) = v.split_once(' ').ok_or_else(malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") || !key::is_well_formed(token) {
+        return Err(malformed());
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const GOOD: &str = "sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+
+    fn store(disabled: bool) -> KeyStore {
+        let compiled = warren_config::compile(&[warren_config::Source {
+            file: "x",
+            text: &format!(
+                "apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: sb}}\nspec: {{image: host}}\n---\n\
+                 apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: k}}\nspec: {{sandboxRef: {{name: sb}}, disabled: {disabled}}}\n---\n\
+                 apiVersion: v1\nkind: Secret\nmetadata: {{name: k-key}}\nstringData: {{key: {GOOD}}}\n"
+            ),
+        }]);
+        assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+        KeyStore::new(compiled.keys)
+    }
+
+    fn auth(s: &KeyStore, value: Option<&str>) -> Result<String, (u16, String)> {
+        let mut h = HeaderMap::new();
+        if let Some(v) = value {
+            h.insert("authorization", HeaderValue::from_str(v).unwrap());
+        }
+        s.authenticate(&h).map(|k| k.name.clone()).map_err(|e| (e.status.as_u16(), e.body.error))
+    }
+
+    #[test]
+    fn cases() {
+        let s = store(false);
+        assert_eq!(auth(&s, Some(&format!("Bearer {GOOD}"))), Ok("k".into()));
+        assert_eq!(auth(&s, Some(&format!("bearer {GOOD}"))), Ok("k".into()));
+        assert_eq!(auth(&s, None), Err((401, "missing_api_key".into())));
+        assert_eq!(auth(&s, Some(GOOD)), Err((401, "invalid_api_key".into())));
+        assert_eq!(auth(&s, Some(&format!("Basic {GOOD}"))), Err((401, "invalid_api_key".into())));
+        assert_eq!(auth(&s, Some(&format!("Bearer {GOOD}x"))), Err((401, "invalid_api_key".into())));
+        assert_eq!(auth(&s, Some("Bearer sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB")), Err((401, "invalid_api_key".into())));
+        assert_eq!(auth(&store(true), Some(&format!("Bearer {GOOD}"))), Err((403, "api_key_disabled".into())));
+    }
+}

@@ -1,0 +1,130 @@
+//! The one mapping from failures to HTTP responses.
+//!
+//! Every error leaves as `{"error": code, "message": text, "field"?: name}`
+//! with the status the Baponi SDK maps to the right exception. Messages are
+//! written for the caller and never carry internal detail.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Error body of every non-2xx response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Machine-readable code, e.g. `invalid_request`, `thread_busy`.
+    pub error: String,
+    /// Human-readable explanation.
+    pub message: String,
+    /// The offending request field, when there is one (`timeout`, `env_vars.PATH`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// A refused or failed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Body.
+    pub body: ErrorBody,
+    /// Seconds for `Retry-After` (429, 503).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError { status, body: ErrorBody { error: code.into(), message: message.into(), field: None }, retry_after: None }
+    }
+
+    /// 400: the request is malformed; `field` names what to fix.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let field = field.into();
+        let mut e = Self::new(StatusCode::BAD_REQUEST, "invalid_request", format!("{field}: {}", message.into()));
+        e.body.field = Some(field);
+        e
+    }
+
+    /// 400: the body is not parseable JSON.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    /// 401: no key, or not a key we know.
+    pub fn unauthenticated(code: &str, message: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code, message)
+    }
+
+    /// 403: the key exists but may not do this.
+    pub fn forbidden(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, code, message)
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this path does not accept that method")
+    }
+
+    /// 409: another execution holds the thread.
+    pub fn thread_busy(thread_id: &str) -> Self {
+        Self::new(StatusCode::CONFLICT, "thread_busy", format!("thread {thread_id:?} is running another execution; retry when it finishes"))
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request body exceeds {limit} bytes"))
+    }
+
+    /// 415.
+    pub fn unsupported_media_type() -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "send the request body as Content-Type: application/json")
+    }
+
+    /// 429: the key is at its concurrency limit.
+    pub fn concurrency_limit(limit: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "concurrency_limit",
+            format!("this API key already runs {limit} executions, its limit; retry after one finishes"),
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 501: a documented option this server does not offer yet.
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
+    }
+
+    /// 502: the node died while running the code; it may have partly run, so
+    /// this is deliberately not 503 (which clients retry automatically).
+    pub fn node_lost() -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "node_lost",
+            "the node running this execution stopped before it finished; the code may have partly run",
+        )
+    }
+
+    /// 503: nothing ran; safe to retry.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+        e.retry_after = Some(1);
+        e
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body)).into_response();
+        if let Some(s) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}

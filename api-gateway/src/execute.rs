@@ -1,0 +1,353 @@
+//! `POST /v1/sandbox/execute`: one request, one fresh sandbox.
+//!
+//! Order of checks: key (401/403), content type (415), body size (413),
+//! fields (400), options against the key (400/501), key concurrency (429),
+//! thread (409), node capacity (503). Nothing reaches a node before all pass.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tonic::Streaming;
+use warren_config::{EffectiveKey, Language};
+use warren_proto::agent::{self as pb, execute_event::Event};
+
+use crate::admission::{KeySlot, ThreadLock};
+use crate::audit::Audit;
+use crate::error::ApiError;
+use crate::metrics::InFlight;
+use crate::nodes::Lease;
+use crate::request::{self, ExecuteRequest, Plan};
+use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
+use crate::state::AppState;
+
+/// Largest request body. Code is at most 1 MiB, but JSON escaping can double
+/// it; env_vars add up to 64 KiB.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+const NDJSON: &str = "application/x-ndjson";
+
+/// Everything held for one admitted execution; dropping it releases the
+/// key slot, the thread and the node slot, and writes the audit record.
+struct Admitted {
+    trace_id: String,
+    req: ExecuteRequest,
+    plan: Plan,
+    key: std::sync::Arc<EffectiveKey>,
+    lease: Lease,
+    audit: Audit,
+    _in_flight: InFlight,
+    _thread: Option<ThreadLock>,
+    _slot: KeySlot,
+}
+
+/// Run code in a fresh sandbox.
+///
+/// With `Accept: application/x-ndjson` the response is a stream of
+/// [`StreamEvent`] lines; otherwise one [`ExecuteResult`].
+#[utoipa::path(
+    post,
+    path = "/v1/sandbox/execute",
+    tag = "execute",
+    request_body(content = crate::openapi::ExecuteRequestDoc, content_type = "application/json"),
+    params(("Accept" = Option<String>, Header, description = "application/x-ndjson to stream events")),
+    responses(
+        (status = 200, description = "The execution ran (whatever its exit code); NDJSON lines when streaming",
+            content((ExecuteResult = "application/json"), (StreamEvent = "application/x-ndjson"))),
+        (status = 400, description = "Invalid request; `field` names what to fix", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or unknown API key", body = crate::error::ErrorBody),
+        (status = 403, description = "API key disabled", body = crate::error::ErrorBody),
+        (status = 409, description = "The thread is running another execution", body = crate::error::ErrorBody),
+        (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
+        (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
+        (status = 429, description = "The key is at its concurrency limit; see Retry-After", body = crate::error::ErrorBody),
+        (status = 501, description = "Asynchronous execution (Prefer: respond-async) is not offered yet", body = crate::error::ErrorBody),
+        (status = 502, description = "The node died mid-execution; the code may have partly run", body = crate::error::ErrorBody),
+        (status = 503, description = "No node can run it now; nothing ran, safe to retry", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let stream = wants_stream(&headers);
+    let admitted = match admit(&st, &headers, body).await {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let trace = HeaderValue::from_str(&admitted.trace_id).ok();
+    let mut resp = match start(admitted).await {
+        Err(e) => return e.into_response(),
+        Ok((a, events)) if stream => streamed(a, events, st.settings.keepalive),
+        Ok((a, events)) => collected(a, events).await,
+    };
+    if let Some(t) = trace {
+        resp.headers_mut().insert("x-trace-id", t);
+    }
+    resp
+}
+
+fn wants_stream(headers: &HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|s| s.contains(NDJSON)))
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let mut parts = ct.split(';').map(str::trim);
+    let essence_ok = parts.next().is_some_and(|m| m.eq_ignore_ascii_case("application/json"));
+    essence_ok
+        && parts.all(|p| match p.split_once('=') {
+            Some((k, v)) if k.trim().eq_ignore_ascii_case("charset") => v.trim().trim_matches('"').eq_ignore_ascii_case("utf-8"),
+            _ => true,
+        })
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large { ApiError::too_large(MAX_BODY_BYTES) } else { ApiError::invalid_json("the request body could not be read") }
+    })
+}
+
+async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitted, ApiError> {
+    let key = st.keys().authenticate(headers)?;
+    if !is_json(headers) {
+        return Err(ApiError::unsupported_media_type());
+    }
+    let bytes = read_body(headers, body).await?;
+    let req = request::parse(&bytes)?;
+    let asynchronous = headers.get_all("prefer").iter().any(|v| v.to_str().is_ok_and(|s| s.contains("respond-async")));
+    if asynchronous {
+        return Err(ApiError::not_implemented("asynchronous execution (Prefer: respond-async, webhooks) is not offered by this server yet; call without it"));
+    }
+    if req.webhook_url.is_some() {
+        return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
+    }
+    let plan = request::plan(&req, &key)?;
+    let qualified = key.qualified_name();
+    let slot = st.admission.key_slot(&qualified, key.max_concurrency)?;
+    let thread = req.thread_id.as_deref().map(|t| st.admission.thread(&qualified, t)).transpose()?;
+    let lease = st.nodes.lease(st.settings.queue_wait).await?;
+    let trace_id = new_trace_id();
+    let mut audit = Audit::start(&trace_id, &key, req.language.as_str(), req.thread_id.as_deref(), &req.metadata, st.metrics.clone());
+    audit.node(lease.node.name());
+    Ok(Admitted { trace_id, req, plan, key, lease, audit, _in_flight: st.metrics.in_flight(), _thread: thread, _slot: slot })
+}
+
+/// `trc_` + 20 random base62 characters.
+pub fn new_trace_id() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut rng = rand::rng();
+    let s: String = (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
+    format!("trc_{s}")
+}
+
+fn agent_request(a: &Admitted) -> pb::ExecuteRequest {
+    let l = &a.key.limits;
+    pb::ExecuteRequest {
+        execution_id: a.trace_id.clone(),
+        language: match a.req.language {
+            Language::Python => pb::Language::Python,
+            Language::Node => pb::Language::Node,
+            Language::Bash => pb::Language::Bash,
+        } as i32,
+        code: a.req.code.clone(),
+        env: a.plan.env.iter().cloned().collect::<HashMap<_, _>>(),
+        timeout_ms: a.plan.timeout.saturating_mul(1000),
+        limits: Some(pb::Limits {
+            cpu_millis: l.cpu_millis,
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            tmp_bytes: l.tmp_bytes,
+            home_bytes: l.home_bytes,
+            max_output_bytes: l.max_output_bytes,
+            ..Default::default()
+        }),
+        image: a.key.image.clone(),
+        network: pb::NetworkPolicy::Blocked as i32,
+    }
+}
+
+/// Sends the call; errors here mean nothing ran.
+async fn start(mut a: Admitted) -> Result<(Admitted, Streaming<pb::ExecuteEvent>), ApiError> {
+    let msg = agent_request(&a);
+    let mut client = a.lease.node.client();
+    match client.execute(a.lease.node.request(msg)).await {
+        Ok(resp) => Ok((a, resp.into_inner())),
+        Err(status) => {
+            a.audit.finish(Outcome::SandboxError, None);
+            Err(refused(&a, &status))
+        }
+    }
+}
+
+/// Maps an agent's refusal before anything ran.
+fn refused(a: &Admitted, status: &tonic::Status) -> ApiError {
+    use tonic::Code;
+    match status.code() {
+        // The gateway validated first, so this means gateway and agent
+        // disagree on a limit: the agent's message names the field.
+        Code::InvalidArgument => {
+            let msg = status.message();
+            let (field, text) = msg.split_once(": ").unwrap_or(("request", msg));
+            ApiError::invalid(field, text)
+        }
+        Code::ResourceExhausted => ApiError::unavailable("the node is at capacity; nothing ran, retry shortly"),
+        Code::FailedPrecondition => {
+            tracing::warn!(node = %a.lease.node.address, reason = status.message(), "node cannot provide isolation");
+            ApiError::unavailable("the node cannot provide the required isolation; nothing ran")
+        }
+        _ => {
+            tracing::warn!(node = %a.lease.node.address, code = ?status.code(), "node-agent call failed before start");
+            a.lease.node.mark_unhealthy();
+            ApiError::unavailable("the node-agent could not be reached; nothing ran, retry shortly")
+        }
+    }
+}
+
+/// How the agent stream ended.
+enum End {
+    Exited(pb::Exited),
+    /// Stream broke after `Started`: the code may have run.
+    Lost,
+    /// Stream broke before `Started`: nothing ran.
+    NotStarted,
+}
+
+/// Reads agent events, handing each output chunk to `on_output`.
+async fn next_event(events: &mut Streaming<pb::ExecuteEvent>, started: &mut bool) -> Result<Option<Event>, End> {
+    match events.message().await {
+        Ok(Some(pb::ExecuteEvent { event: Some(e) })) => {
+            if matches!(e, Event::Started(_)) {
+                *started = true;
+            }
+            Ok(Some(e))
+        }
+        Ok(Some(_)) => Ok(None),
+        Ok(None) | Err(_) if *started => Err(End::Lost),
+        Ok(None) | Err(_) => Err(End::NotStarted),
+    }
+}
+
+async fn collected(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>) -> Response {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut started = false;
+    let end = loop {
+        match next_event(&mut events, &mut started).await {
+            Ok(Some(Event::Stdout(c))) => out.extend_from_slice(&c.data),
+            Ok(Some(Event::Stderr(c))) => err.extend_from_slice(&c.data),
+            Ok(Some(Event::Exited(x))) => break End::Exited(x),
+            Ok(_) => {}
+            Err(end) => break end,
+        }
+    };
+    match end {
+        End::Exited(x) => {
+            let result = ExecuteResult::new(
+                &a.trace_id,
+                &x,
+                String::from_utf8_lossy(&out).into_owned(),
+                String::from_utf8_lossy(&err).into_owned(),
+            );
+            a.audit.finish(Outcome::of(&x), Some(x.exit_code));
+            (StatusCode::OK, axum::Json(result)).into_response()
+        }
+        End::Lost => lost(&mut a).into_response(),
+        End::NotStarted => {
+            a.audit.finish(Outcome::SandboxError, None);
+            a.lease.node.mark_unhealthy();
+            ApiError::unavailable("the node-agent went away before the code started; nothing ran, retry shortly").into_response()
+        }
+    }
+}
+
+fn lost(a: &mut Admitted) -> ApiError {
+    tracing::warn!(execution_id = %a.trace_id, node = %a.lease.node.address, "node-agent stream broke mid-execution");
+    a.audit.finish(Outcome::NodeLost, None);
+    a.lease.node.mark_unhealthy();
+    ApiError::node_lost()
+}
+
+fn line(ev: &StreamEvent) -> bytes::Bytes {
+    let mut v = serde_json::to_vec(ev).unwrap_or_default();
+    v.push(b'\n');
+    v.into()
+}
+
+/// NDJSON response. Dropping the body (client gone) drops the agent stream,
+/// and the agent kills the sandbox.
+fn streamed(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, keepalive: Duration) -> Response {
+    let body = async_stream::stream! {
+        let mut seq = 0u64;
+        let mut next = || { seq += 1; seq };
+        let (mut out, mut err) = (Utf8Chunks::default(), Utf8Chunks::default());
+        // The final result repeats the output, so `until_done()` callers get it.
+        let (mut all_out, mut all_err) = (String::new(), String::new());
+        let mut started = false;
+        loop {
+            let ev = tokio::select! {
+                ev = next_event(&mut events, &mut started) => ev,
+                _ = tokio::time::sleep(keepalive) => {
+                    yield Ok::<_, std::convert::Infallible>(line(&StreamEvent::Keepalive { seq: next() }));
+                    continue;
+                }
+            };
+            match ev {
+                Ok(Some(Event::Started(_))) => {
+                    yield Ok(line(&StreamEvent::Status { trace_id: a.trace_id.clone(), status: "running".into(), seq: next() }));
+                }
+                Ok(Some(Event::Stdout(c))) => {
+                    let data = out.push(&c.data);
+                    if !data.is_empty() {
+                        all_out.push_str(&data);
+                        yield Ok(line(&StreamEvent::Output { stream: "stdout".into(), data, seq: next() }));
+                    }
+                }
+                Ok(Some(Event::Stderr(c))) => {
+                    let data = err.push(&c.data);
+                    if !data.is_empty() {
+                        all_err.push_str(&data);
+                        yield Ok(line(&StreamEvent::Output { stream: "stderr".into(), data, seq: next() }));
+                    }
+                }
+                Ok(Some(Event::Exited(x))) => {
+                    for (name, dec, all) in [("stdout", &mut out, &mut all_out), ("stderr", &mut err, &mut all_err)] {
+                        let data = dec.finish();
+                        if !data.is_empty() {
+                            all.push_str(&data);
+                            yield Ok(line(&StreamEvent::Output { stream: name.into(), data, seq: next() }));
+                        }
+                    }
+                    let outcome = Outcome::of(&x);
+                    a.audit.finish(outcome, Some(x.exit_code));
+                    let result = ExecuteResult::new(&a.trace_id, &x, std::mem::take(&mut all_out), std::mem::take(&mut all_err));
+                    let truncated = x.stdout_truncated || x.stderr_truncated;
+                    yield Ok(line(&StreamEvent::Result { trace_id: a.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq: next() }));
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    // Headers are sent: the failure goes in the last line.
+                    let e = lost(&mut a);
+                    let x = pb::Exited { exit_code: -1, ..Default::default() };
+                    let mut result = ExecuteResult::new(&a.trace_id, &x, String::new(), String::new());
+                    result.error = Some(e.body.error.clone());
+                    yield Ok(line(&StreamEvent::Result { trace_id: a.trace_id.clone(), status: Outcome::NodeLost.as_str().into(), result, output_truncated: false, seq: next() }));
+                    break;
+                }
+            }
+        }
+        drop(a);
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, NDJSON)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::unavailable("could not start the stream").into_response())
+}

@@ -1,0 +1,92 @@
+//! Prometheus metrics. Every label has a small fixed set of values: route
+//! templates (not raw paths), status codes, languages, outcomes.
+
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExecutionLabels {
+    language: &'static str,
+    outcome: &'static str,
+}
+
+/// The gateway's metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<ExecutionLabels, Histogram>,
+    in_flight: Gauge,
+    healthy_nodes: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("warren_gateway");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "HTTP requests by route template and status", requests.clone());
+        let durations = Family::<ExecutionLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms … ~65 s, doubling: covers a bash echo and long jobs alike.
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17))
+        });
+        registry.register("execution_duration_seconds", "Execution wall time as seen by the gateway, by language and outcome", durations.clone());
+        let in_flight = Gauge::default();
+        registry.register("executions_in_flight", "Executions running now", in_flight.clone());
+        let healthy_nodes = Gauge::default();
+        registry.register("healthy_nodes", "Node-agents answering health checks", healthy_nodes.clone());
+        Metrics { registry, requests, durations, in_flight, healthy_nodes }
+    }
+}
+
+/// Counts an execution as running until dropped.
+#[derive(Debug)]
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Metrics {
+    /// Counts one HTTP response.
+    pub fn request(&self, route: &str, status: u16) {
+        self.requests.get_or_create(&RequestLabels { route: route.to_string(), status }).inc();
+    }
+
+    /// Records one finished execution.
+    pub fn execution(&self, language: &'static str, outcome: &'static str, seconds: f64) {
+        self.durations.get_or_create(&ExecutionLabels { language, outcome }).observe(seconds);
+    }
+
+    /// Marks one execution running.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+
+    /// Text exposition, with the node gauge refreshed.
+    pub fn render(&self, healthy_nodes: usize) -> String {
+        self.healthy_nodes.set(healthy_nodes as i64);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,198 @@
+//! The node-agents this gateway can use: health checks, capacity, selection.
+//!
+//! Each agent is polled with `Status`; an agent that answers is healthy and
+//! tells its capacity. A request takes a [`Lease`] on the healthy agent with
+//! the most free slots, waiting a bounded time when all are busy. Leases are
+//! counted here, so the gateway does not push work at a full agent.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tonic::transport::Channel;
+use tracing::{info, warn};
+use warren_proto::agent::node_agent_client::NodeAgentClient;
+use warren_proto::agent::StatusRequest;
+use warren_proto::client::AgentAddress;
+
+use crate::error::ApiError;
+
+/// One node-agent.
+#[derive(Debug)]
+pub struct Node {
+    /// Where it listens.
+    pub address: AgentAddress,
+    /// Node name it reported.
+    name: std::sync::Mutex<String>,
+    client: NodeAgentClient<Channel>,
+    token: Option<Arc<str>>,
+    healthy: AtomicBool,
+    capacity: AtomicU32,
+    in_flight: AtomicU32,
+}
+
+impl Node {
+    /// A client for one call.
+    pub fn client(&self) -> NodeAgentClient<Channel> {
+        self.client.clone()
+    }
+
+    /// Wraps a message, adding the bearer token for TCP agents.
+    pub fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(t) = &self.token {
+            if let Ok(v) = format!("Bearer {t}").parse() {
+                req.metadata_mut().insert("authorization", v);
+            }
+        }
+        req
+    }
+
+    /// Name the agent reported (its address until it answered once).
+    pub fn name(&self) -> String {
+        self.name.lock().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Marks the node down after a transport failure, until the next check.
+    pub fn mark_unhealthy(&self) {
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            warn!(node = %self.address, "node-agent marked unhealthy after a failed call");
+        }
+    }
+
+    fn free(&self) -> u32 {
+        self.capacity.load(Ordering::Acquire).saturating_sub(self.in_flight.load(Ordering::Acquire))
+    }
+}
+
+/// The set of agents.
+#[derive(Debug)]
+pub struct Nodes {
+    nodes: Vec<Arc<Node>>,
+    freed: Notify,
+}
+
+/// A slot on a node, returned on drop.
+#[derive(Debug)]
+pub struct Lease {
+    nodes: Arc<Nodes>,
+    /// The chosen node.
+    pub node: Arc<Node>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.nodes.freed.notify_waiters();
+    }
+}
+
+impl Nodes {
+    /// Builds the set; channels connect lazily and reconnect on their own.
+    pub fn new(addresses: &[AgentAddress], token: Option<String>) -> anyhow::Result<Arc<Nodes>> {
+        let token: Option<Arc<str>> = token.map(Into::into);
+        let nodes = addresses
+            .iter()
+            .map(|a| {
+                let channel = warren_proto::client::lazy_channel(a)?;
+                Ok(Arc::new(Node {
+                    address: a.clone(),
+                    name: std::sync::Mutex::new(a.to_string()),
+                    client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
+                    token: matches!(a, AgentAddress::Tcp(_)).then(|| token.clone()).flatten(),
+                    healthy: AtomicBool::new(false),
+                    capacity: AtomicU32::new(0),
+                    in_flight: AtomicU32::new(0),
+                }))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Arc::new(Nodes { nodes, freed: Notify::new() }))
+    }
+
+    /// Number of healthy agents.
+    pub fn healthy(&self) -> usize {
+        self.nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
+    }
+
+    /// Executions this gateway has running on agents.
+    pub fn in_flight(&self) -> u32 {
+        self.nodes.iter().map(|n| n.in_flight.load(Ordering::Acquire)).sum()
+    }
+
+    /// Checks every agent once.
+    pub async fn check_all(&self) {
+        let checks = self.nodes.iter().map(|n| check(n));
+        futures_util::future::join_all(checks).await;
+        self.freed.notify_waiters();
+    }
+
+    /// Checks agents every `period` until the task is dropped.
+    pub async fn health_loop(self: Arc<Self>, period: Duration) {
+        loop {
+            self.check_all().await;
+            tokio::time::sleep(period).await;
+        }
+    }
+
+    /// Takes a slot on the healthy node with the most free slots, waiting up
+    /// to `wait` for one to free up. 503 when none can take the request.
+    pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ApiError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(lease) = self.try_lease() {
+                return Ok(lease);
+            }
+            if self.healthy() == 0 {
+                return Err(ApiError::unavailable("no node-agent is reachable right now; nothing ran, retry shortly"));
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(ApiError::unavailable("every node is at capacity; nothing ran, retry shortly"));
+            }
+        }
+    }
+
+    fn try_lease(self: &Arc<Self>) -> Option<Lease> {
+        loop {
+            let best = self
+                .nodes
+                .iter()
+                .filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0)
+                .max_by_key(|n| n.free())?;
+            let cur = best.in_flight.load(Ordering::Acquire);
+            if cur < best.capacity.load(Ordering::Acquire)
+                && best.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                return Some(Lease { nodes: self.clone(), node: best.clone() });
+            }
+        }
+    }
+}
+
+async fn check(node: &Node) {
+    let mut client = node.client();
+    let result = tokio::time::timeout(Duration::from_secs(2), client.status(node.request(StatusRequest {}))).await;
+    match result {
+        Ok(Ok(resp)) => {
+            let s = resp.into_inner();
+            node.capacity.store(s.max_executions, Ordering::Release);
+            if let Ok(mut n) = node.name.lock() {
+                n.clone_from(&s.node_name);
+            }
+            if !node.healthy.swap(true, Ordering::AcqRel) {
+                info!(node = %node.address, name = %s.node_name, capacity = s.max_executions, "node-agent healthy");
+            }
+        }
+        Ok(Err(status)) => down(node, &format!("{}: {}", status.code(), status.message())),
+        Err(_) => down(node, "status check timed out"),
+    }
+}
+
+fn down(node: &Node, why: &str) {
+    if node.healthy.swap(false, Ordering::AcqRel) {
+        warn!(node = %node.address, reason = why, "node-agent unhealthy");
+    }
+}

@@ -1,0 +1,299 @@
+//! The execute request: parsing and validation (pure).
+//!
+//! The body is parsed as strict JSON, then each field is checked by hand so
+//! every refusal names its field, unknown fields included. The limits are the
+//! ones the Baponi SDK checks client-side; other clients get the same answer.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+use warren_config::{env, EffectiveKey, Language};
+
+use crate::error::ApiError;
+
+/// Largest `code`, in bytes.
+pub const MAX_CODE_BYTES: usize = 1 << 20;
+/// Default `timeout`, seconds.
+pub const DEFAULT_TIMEOUT: u32 = 60;
+/// Range of `timeout`, seconds.
+pub const TIMEOUT_RANGE: (u64, u64) = (1, 3600);
+const MAX_THREAD_ID: usize = 128;
+const MAX_METADATA_KEYS: usize = 10;
+const MAX_METADATA_KEY: usize = 40;
+const MAX_METADATA_VALUE: usize = 256;
+const MAX_SUB_PATHS: usize = 10;
+const MAX_SUB_PATH: usize = 512;
+const MAX_WEBHOOK_URL: usize = 2048;
+
+/// Every field the execute body may hold; anything else is refused.
+pub const FIELDS: &[&str] = &["code", "language", "timeout", "thread_id", "metadata", "env_vars", "sub_paths", "webhook_url"];
+
+/// A syntactically valid execute request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecuteRequest {
+    /// Program text.
+    pub code: String,
+    /// Interpreter.
+    pub language: Language,
+    /// Seconds; `None` = the default.
+    pub timeout: Option<u32>,
+    /// Persistent home directory id.
+    pub thread_id: Option<String>,
+    /// Audit-only key/value pairs.
+    pub metadata: BTreeMap<String, String>,
+    /// Request-scope environment.
+    pub env_vars: Vec<(String, String)>,
+    /// Mount narrowings.
+    pub sub_paths: Vec<String>,
+    /// Async delivery target.
+    pub webhook_url: Option<String>,
+}
+
+/// Parses a JSON body into an [`ExecuteRequest`].
+pub fn parse(body: &[u8]) -> Result<ExecuteRequest, ApiError> {
+    let value = crate::json::parse(body).map_err(|e| ApiError::invalid_json(json_error(&e)))?;
+    let Value::Object(mut obj) = value else {
+        return Err(ApiError::invalid_json("the body must be a JSON object"));
+    };
+    if let Some(unknown) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        let shown: String = unknown.chars().take(64).collect();
+        return Err(ApiError::invalid(shown, format!("unknown field; the accepted fields are {}", FIELDS.join(", "))));
+    }
+    // `null` means "not given" for optional fields (some clients send it).
+    obj.retain(|_, v| !v.is_null());
+    Ok(ExecuteRequest {
+        code: code(&mut obj)?,
+        language: language(&mut obj)?,
+        timeout: timeout(&mut obj)?,
+        thread_id: thread_id(&mut obj)?,
+        metadata: metadata(&mut obj)?,
+        env_vars: env_vars(&mut obj)?,
+        sub_paths: sub_paths(&mut obj)?,
+        webhook_url: webhook_url(&mut obj)?,
+    })
+}
+
+/// serde_json's message without echoing input; position helps the caller.
+fn json_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Eof => "the JSON body is truncated",
+        Category::Syntax => "the body is not valid JSON",
+        Category::Data => "the JSON body is not acceptable",
+        Category::Io => "the body could not be read",
+    };
+    format!("{what} (line {}, column {}): {e}", e.line(), e.column())
+}
+
+fn string(obj: &mut Map<String, Value>, field: &str) -> Result<Option<String>, ApiError> {
+    match obj.remove(field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ApiError::invalid(field, format!("must be a string, not {}", type_name(&other)))),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn code(obj: &mut Map<String, Value>) -> Result<String, ApiError> {
+    let code = string(obj, "code")?.ok_or_else(|| ApiError::invalid("code", "is required"))?;
+    if code.is_empty() {
+        return Err(ApiError::invalid("code", "must not be empty"));
+    }
+    if code.len() > MAX_CODE_BYTES {
+        return Err(ApiError::invalid("code", format!("is {} bytes; the limit is {MAX_CODE_BYTES} (1 MiB)", code.len())));
+    }
+    if code.contains('\0') {
+        return Err(ApiError::invalid("code", "must not contain NUL characters"));
+    }
+    Ok(code)
+}
+
+fn language(obj: &mut Map<String, Value>) -> Result<Language, ApiError> {
+    match string(obj, "language")? {
+        None => Ok(Language::Python),
+        Some(s) => Language::parse(&s).ok_or_else(|| ApiError::invalid("language", "must be one of python, node, bash")),
+    }
+}
+
+fn timeout(obj: &mut Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let Some(v) = obj.remove("timeout") else { return Ok(None) };
+    let (lo, hi) = TIMEOUT_RANGE;
+    match v.as_u64() {
+        Some(t) if (lo..=hi).contains(&t) => Ok(Some(t as u32)),
+        _ if v.is_number() => Err(ApiError::invalid("timeout", format!("must be a whole number of seconds from {lo} to {hi}"))),
+        _ => Err(ApiError::invalid("timeout", format!("must be an integer, not {}", type_name(&v)))),
+    }
+}
+
+/// `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`.
+pub fn is_valid_thread_id(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_THREAD_ID
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+}
+
+fn thread_id(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(t) = string(obj, "thread_id")? else { return Ok(None) };
+    if !is_valid_thread_id(&t) {
+        return Err(ApiError::invalid("thread_id", "must match ^[a-zA-Z0-9][a-zA-Z0-9_-]*$ and be at most 128 characters"));
+    }
+    Ok(Some(t))
+}
+
+fn object(obj: &mut Map<String, Value>, field: &str) -> Result<Option<Map<String, Value>>, ApiError> {
+    match obj.remove(field) {
+        None => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(other) => Err(ApiError::invalid(field, format!("must be an object of strings, not {}", type_name(&other)))),
+    }
+}
+
+fn shown(key: &str) -> String {
+    env::printable(key)
+}
+
+fn metadata(obj: &mut Map<String, Value>) -> Result<BTreeMap<String, String>, ApiError> {
+    let Some(m) = object(obj, "metadata")? else { return Ok(BTreeMap::new()) };
+    if m.len() > MAX_METADATA_KEYS {
+        return Err(ApiError::invalid("metadata", format!("has {} keys; at most {MAX_METADATA_KEYS}", m.len())));
+    }
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        let field = format!("metadata.{}", shown(&k));
+        let key_ok = !k.is_empty()
+            && k.len() <= MAX_METADATA_KEY
+            && k.as_bytes()[0].is_ascii_alphanumeric()
+            && k.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+        if !key_ok {
+            return Err(ApiError::invalid(field, "keys must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ and be 1–40 characters"));
+        }
+        let Value::String(v) = v else {
+            return Err(ApiError::invalid(field, format!("values must be strings, not {}", type_name(&v))));
+        };
+        if v.chars().count() > MAX_METADATA_VALUE {
+            return Err(ApiError::invalid(field, format!("values must be at most {MAX_METADATA_VALUE} characters")));
+        }
+        // Metadata lands in audit logs: no control characters (log injection).
+        if v.chars().any(char::is_control) {
+            return Err(ApiError::invalid(field, "values must not contain control characters"));
+        }
+        out.insert(k, v);
+    }
+    Ok(out)
+}
+
+fn env_vars(obj: &mut Map<String, Value>) -> Result<Vec<(String, String)>, ApiError> {
+    let Some(m) = object(obj, "env_vars")? else { return Ok(Vec::new()) };
+    if m.len() > env::MAX_REQUEST_VARS {
+        return Err(ApiError::invalid("env_vars", format!("has {} variables; at most {}", m.len(), env::MAX_REQUEST_VARS)));
+    }
+    let mut out = Vec::with_capacity(m.len());
+    for (k, v) in m {
+        let field = format!("env_vars.{}", shown(&k));
+        let Value::String(v) = v else {
+            return Err(ApiError::invalid(field, format!("values must be strings, not {}", type_name(&v))));
+        };
+        env::check_var(&k, &v).map_err(|e| ApiError::invalid(field, e.to_string()))?;
+        out.push((k, v));
+    }
+    if env::total_bytes(out.iter().map(|(k, v)| (k.as_str(), v.as_str()))) > env::MAX_TOTAL_BYTES {
+        return Err(ApiError::invalid("env_vars", "names and values exceed 64 KiB in total"));
+    }
+    Ok(out)
+}
+
+fn sub_paths(obj: &mut Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let list = match obj.remove("sub_paths") {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(ApiError::invalid("sub_paths", format!("must be a list of strings, not {}", type_name(&other)))),
+    };
+    if list.len() > MAX_SUB_PATHS {
+        return Err(ApiError::invalid("sub_paths", format!("at most {MAX_SUB_PATHS} paths")));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let field = format!("sub_paths[{i}]");
+            let Value::String(p) = v else { return Err(ApiError::invalid(field, "must be a string")) };
+            check_sub_path(&p).map_err(|m| ApiError::invalid(field, m))?;
+            Ok(p)
+        })
+        .collect()
+}
+
+/// A full sandbox path under `/data/<mount>/…`, with no way to climb out.
+pub fn check_sub_path(p: &str) -> Result<(), &'static str> {
+    if p.len() > MAX_SUB_PATH {
+        return Err("must be at most 512 characters");
+    }
+    let Some(rest) = p.strip_prefix("/data/") else { return Err("must start with /data/") };
+    if p.contains('\0') || p.contains('\\') || p.chars().any(char::is_control) {
+        return Err("must not contain NUL, backslash or control characters");
+    }
+    let lower = p.to_ascii_lowercase();
+    const ENCODED: &[&str] = &["%2e", "%2f", "%5c", "%00", "%25", "%c0", "%c1"];
+    if ENCODED.iter().any(|e| lower.contains(e)) {
+        return Err("must not contain percent-encoded separators or dots");
+    }
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
+        return Err("must not contain empty, '.' or '..' segments");
+    }
+    Ok(())
+}
+
+fn webhook_url(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(u) = string(obj, "webhook_url")? else { return Ok(None) };
+    if u.len() > MAX_WEBHOOK_URL || !u.starts_with("https://") || u.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(ApiError::invalid("webhook_url", "must be an https:// URL of at most 2048 characters"));
+    }
+    Ok(Some(u))
+}
+
+/// What to run, once the request is checked against the key's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Wall-clock limit in seconds.
+    pub timeout: u32,
+    /// Sandbox < ApiKey < request, most specific last-wins, sorted by name.
+    pub env: Vec<(String, String)>,
+}
+
+/// Checks `req` against what `key` allows and merges the environment.
+pub fn plan(req: &ExecuteRequest, key: &EffectiveKey) -> Result<Plan, ApiError> {
+    if !key.languages.contains(&req.language) {
+        let offered: Vec<&str> = key.languages.iter().map(|l| l.as_str()).collect();
+        return Err(ApiError::invalid("language", format!("this sandbox offers {}", offered.join(", "))));
+    }
+    let timeout = match req.timeout {
+        Some(t) if t > key.max_timeout_seconds => {
+            return Err(ApiError::invalid("timeout", format!("at most {} seconds for this API key", key.max_timeout_seconds)))
+        }
+        Some(t) => t,
+        None => DEFAULT_TIMEOUT.min(key.max_timeout_seconds),
+    };
+    if let Some(p) = req.sub_paths.first() {
+        let mount = p.trim_start_matches("/data/").split('/').next().unwrap_or_default();
+        return Err(ApiError::invalid("sub_paths[0]", format!("this API key has no storage mount named {:?}", shown(mount))));
+    }
+    let mut env: BTreeMap<&str, &str> = key.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.extend(req.env_vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    Ok(Plan { timeout, env: env.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

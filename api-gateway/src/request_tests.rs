@@ -1,0 +1,95 @@
+use super::*;
+use warren_config::key::KeyHash;
+
+fn field_of(body: &str) -> Option<String> {
+    parse(body.as_bytes()).err().and_then(|e| e.body.field)
+}
+
+fn key() -> EffectiveKey {
+    EffectiveKey {
+        namespace: "default".into(),
+        name: "k".into(),
+        sandbox: "sb".into(),
+        hash: KeyHash::of("x"),
+        display_prefix: "sk-wrn-xxxx…".into(),
+        disabled: false,
+        max_timeout_seconds: 30,
+        max_concurrency: 2,
+        image: "host".into(),
+        languages: vec![Language::Python, Language::Bash],
+        limits: warren_config::Limits {
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+            pids: 64,
+            tmp_bytes: 1 << 20,
+            home_bytes: 1 << 20,
+            max_output_bytes: 1 << 20,
+        },
+        network: warren_config::Network::Blocked,
+        env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
+        thread_retention: Default::default(),
+    }
+}
+
+#[test]
+fn minimal_request_gets_defaults() {
+    let r = parse(br#"{"code":"print(1)"}"#).unwrap();
+    assert_eq!((r.language, r.timeout), (Language::Python, None));
+    let p = plan(&r, &key()).unwrap();
+    assert_eq!(p.timeout, 30, "the default is capped by the key's maximum");
+}
+
+#[test]
+fn nulls_are_absent_for_optional_fields_only() {
+    assert!(parse(br#"{"code":"x","thread_id":null,"metadata":null}"#).is_ok());
+    assert_eq!(field_of(r#"{"code":null}"#).as_deref(), Some("code"));
+}
+
+#[test]
+fn fields_are_named() {
+    let cases = [
+        (r#"{"code":"x","timout":5}"#, "timout"),
+        (r#"{"code":1}"#, "code"),
+        (r#"{"code":"x","timeout":1.5}"#, "timeout"),
+        (r#"{"code":"x","timeout":0}"#, "timeout"),
+        (r#"{"code":"x","language":"ruby"}"#, "language"),
+        (r#"{"code":"x","thread_id":"-a"}"#, "thread_id"),
+        (r#"{"code":"x","metadata":{"k":1}}"#, "metadata.k"),
+        (r#"{"code":"x","env_vars":{"PATH":"/x"}}"#, "env_vars.PATH"),
+        (r#"{"code":"x","sub_paths":["/data/a/../b"]}"#, "sub_paths[0]"),
+        (r#"{"code":"x","webhook_url":"http://x"}"#, "webhook_url"),
+    ];
+    for (body, field) in cases {
+        assert_eq!(field_of(body).as_deref(), Some(field), "{body}");
+    }
+}
+
+#[test]
+fn sub_path_rules() {
+    for bad in ["/data/", "/data//x", "/data/a/./b", "/data/a/../b", "/data/a%2f..", "/data/a\\b", "/etc/x", "data/a", "/data/%C0x"] {
+        assert!(check_sub_path(bad).is_err(), "{bad}");
+    }
+    for ok in ["/data/a", "/data/a/b/", "/data/bucket/tenant-a/x.csv"] {
+        assert!(check_sub_path(ok).is_ok(), "{ok}");
+    }
+}
+
+#[test]
+fn plan_enforces_the_key() {
+    let k = key();
+    let r = parse(br#"{"code":"x","language":"node"}"#).unwrap();
+    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("language"));
+    let r = parse(br#"{"code":"x","timeout":31}"#).unwrap();
+    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("timeout"));
+    let r = parse(br#"{"code":"x","sub_paths":["/data/m/x"]}"#).unwrap();
+    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("sub_paths[0]"));
+}
+
+#[test]
+fn request_env_wins_over_key_env() {
+    let r = parse(br#"{"code":"x","env_vars":{"B":"request","C":"request"}}"#).unwrap();
+    let env = plan(&r, &key()).unwrap().env;
+    let want: Vec<(String, String)> =
+        [("A", "key"), ("B", "request"), ("C", "request")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    assert_eq!(env, want);
+}

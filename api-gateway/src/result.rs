@@ -1,0 +1,268 @@
+//! What an execution returns: the result object, the NDJSON stream events,
+//! and the outcome classification used by responses, metrics and audit.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+use warren_proto::agent::Exited;
+
+/// SIGSYS: what a seccomp kill looks like from outside.
+const SIGSYS: i32 = 31;
+
+/// How an execution ended (bounded set: used as a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0.
+    Success,
+    /// Non-zero exit or killed by a signal.
+    Failed,
+    /// Wall-clock limit.
+    Timeout,
+    /// Memory limit.
+    Oom,
+    /// Seccomp violation.
+    Seccomp,
+    /// The sandbox could not start the program.
+    SandboxError,
+    /// The node died mid-execution.
+    NodeLost,
+    /// The client went away; the execution was killed.
+    Cancelled,
+}
+
+impl Outcome {
+    /// Label and stream `status` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failed => "failed",
+            Outcome::Timeout => "timeout",
+            Outcome::Oom => "oom",
+            Outcome::Seccomp => "seccomp",
+            Outcome::SandboxError => "sandbox_error",
+            Outcome::NodeLost => "node_lost",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// Classifies an agent's final event.
+    pub fn of(e: &Exited) -> Outcome {
+        if !e.error.is_empty() {
+            Outcome::SandboxError
+        } else if e.timed_out {
+            Outcome::Timeout
+        } else if e.oom_killed {
+            Outcome::Oom
+        } else if e.signal == SIGSYS {
+            Outcome::Seccomp
+        } else if e.exit_code == 0 && e.signal == 0 {
+            Outcome::Success
+        } else {
+            Outcome::Failed
+        }
+    }
+
+    /// The result's `error` value (the SDK's documented codes).
+    fn error_code(self) -> Option<&'static str> {
+        match self {
+            Outcome::Timeout => Some("timeout"),
+            Outcome::Oom => Some("memory_limit_exceeded"),
+            Outcome::Seccomp => Some("security_policy_violation"),
+            Outcome::SandboxError => Some("sandbox_error"),
+            _ => None,
+        }
+    }
+}
+
+/// The result of one execution (the 200 body, and `result` in a stream's
+/// last event). A timeout is a result, not an HTTP error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ExecuteResult {
+    /// Exit code 0 and not killed.
+    pub success: bool,
+    /// Standard output (invalid UTF-8 replaced with U+FFFD).
+    pub stdout: String,
+    /// Standard error of the process only; never infrastructure messages.
+    pub stderr: String,
+    /// Exit code; 128 + signal when killed; -1 when the process never ran.
+    pub exit_code: i32,
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, or null.
+    pub error: Option<String>,
+    /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
+    pub trace_id: String,
+    /// Wall time of the program, milliseconds.
+    pub duration_ms: u64,
+    /// CPU time of all its processes, milliseconds.
+    pub cpu_ms: u64,
+    /// Peak memory, bytes.
+    pub peak_memory_bytes: u64,
+    /// The timeout killed it.
+    pub timed_out: bool,
+    /// The memory limit killed a process.
+    pub oom_killed: bool,
+    /// Signal that killed the main process, or null.
+    pub signal: Option<i32>,
+    /// stdout hit the output cap; the rest was discarded.
+    pub stdout_truncated: bool,
+    /// stderr hit the output cap; the rest was discarded.
+    pub stderr_truncated: bool,
+}
+
+impl ExecuteResult {
+    /// Builds the result from the agent's final event and the collected output.
+    pub fn new(trace_id: &str, e: &Exited, stdout: String, stderr: String) -> Self {
+        let outcome = Outcome::of(e);
+        ExecuteResult {
+            success: outcome == Outcome::Success,
+            stdout,
+            stderr,
+            exit_code: e.exit_code,
+            error: outcome.error_code().map(str::to_string),
+            trace_id: trace_id.to_string(),
+            duration_ms: e.wall_micros / 1000,
+            cpu_ms: e.cpu_micros / 1000,
+            peak_memory_bytes: e.peak_memory_bytes,
+            timed_out: e.timed_out,
+            oom_killed: e.oom_killed,
+            signal: (e.signal != 0).then_some(e.signal),
+            stdout_truncated: e.stdout_truncated,
+            stderr_truncated: e.stderr_truncated,
+        }
+    }
+}
+
+/// One line of an `application/x-ndjson` execute response. `seq` increases
+/// by one per line, starting at 1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum StreamEvent {
+    /// Lifecycle change: `running` once the sandbox started.
+    Status {
+        /// Execution id.
+        trace_id: String,
+        /// `running`.
+        status: String,
+        /// Sequence number.
+        seq: u64,
+    },
+    /// Output as the program produced it.
+    Output {
+        /// `stdout` or `stderr`.
+        stream: String,
+        /// Text (UTF-8; a character split across chunks is kept whole).
+        data: String,
+        /// Sequence number.
+        seq: u64,
+    },
+    /// Sent during silence so proxies and clients keep the connection.
+    Keepalive {
+        /// Sequence number.
+        seq: u64,
+    },
+    /// Last line: the whole result.
+    Result {
+        /// Execution id.
+        trace_id: String,
+        /// `success`, `failed`, `timeout`, `oom`, `seccomp`, `sandbox_error` or `node_lost`.
+        status: String,
+        /// The result object, with the whole output again.
+        result: ExecuteResult,
+        /// Some output was discarded at the cap.
+        output_truncated: bool,
+        /// Sequence number.
+        seq: u64,
+    },
+}
+
+/// Turns a byte stream into text without splitting characters across chunks.
+#[derive(Debug, Default)]
+pub struct Utf8Chunks {
+    pending: Vec<u8>,
+}
+
+impl Utf8Chunks {
+    /// Text for `bytes`; an incomplete trailing character waits for the next chunk.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        let mut rest: &[u8] = &self.pending;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    out.push_str(s);
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (good, bad) = rest.split_at(e.valid_up_to());
+                    out.push_str(std::str::from_utf8(good).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            rest = &bad[n..];
+                        }
+                        None => {
+                            rest = bad;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = rest.to_vec();
+        out
+    }
+
+    /// Whatever is left (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes() {
+        let e = |f: &dyn Fn(&mut Exited)| {
+            let mut x = Exited::default();
+            f(&mut x);
+            Outcome::of(&x)
+        };
+        assert_eq!(e(&|_| {}), Outcome::Success);
+        assert_eq!(e(&|x| x.exit_code = 3), Outcome::Failed);
+        assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.timed_out = true }), Outcome::Timeout);
+        assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.oom_killed = true }), Outcome::Oom);
+        assert_eq!(e(&|x| { x.exit_code = 159; x.signal = 31 }), Outcome::Seccomp);
+        assert_eq!(e(&|x| { x.exit_code = -1; x.error = "exec_failed".into() }), Outcome::SandboxError);
+    }
+
+    #[test]
+    fn result_fields() {
+        let x = Exited { exit_code: 137, signal: 9, timed_out: true, wall_micros: 2_500_000, ..Default::default() };
+        let r = ExecuteResult::new("trc_x", &x, "a".into(), String::new());
+        assert!(!r.success);
+        assert_eq!((r.error.as_deref(), r.signal, r.duration_ms), (Some("timeout"), Some(9), 2500));
+    }
+
+    #[test]
+    fn utf8_split_across_chunks() {
+        let mut d = Utf8Chunks::default();
+        let euro = "€".as_bytes();
+        assert_eq!(d.push(&[b'a', euro[0]]), "a");
+        assert_eq!(d.push(&euro[1..]), "€");
+        assert_eq!(d.push(&[0xff, b'b']), "\u{fffd}b");
+        assert_eq!(d.push(&euro[..2]), "");
+        assert_eq!(d.finish(), "\u{fffd}");
+    }
+
+    #[test]
+    fn stream_events_serialize_as_the_sdk_expects() {
+        let v = serde_json::to_value(StreamEvent::Keepalive { seq: 3 }).unwrap();
+        assert_eq!(v, serde_json::json!({"type": "keepalive", "seq": 3}));
+        let v = serde_json::to_value(StreamEvent::Output { stream: "stdout".into(), data: "x".into(), seq: 2 }).unwrap();
+        assert_eq!(v, serde_json::json!({"type": "output", "stream": "stdout", "data": "x", "seq": 2}));
+    }
+}

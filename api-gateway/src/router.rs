@@ -1,0 +1,89 @@
+//! Routes, operational endpoints and the request-counting middleware.
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde::Serialize;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Health answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `not_ready`.
+    pub status: String,
+    /// Why not ready, when not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
+async fn healthz() -> axum::Json<Health> {
+    axum::Json(Health { status: "ok".into(), reason: None })
+}
+
+/// Readiness: keys are loaded and at least one node-agent answers.
+#[utoipa::path(get, path = "/readyz", tag = "operations", responses((status = 200, body = Health), (status = 503, body = Health)))]
+async fn readyz(State(st): State<AppState>) -> Response {
+    let reason = if st.keys().is_empty() {
+        Some("no usable API key is configured")
+    } else if st.nodes.healthy() == 0 {
+        Some("no node-agent is reachable")
+    } else {
+        None
+    };
+    let status = if reason.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let body = Health { status: if reason.is_some() { "not_ready" } else { "ok" }.into(), reason: reason.map(Into::into) };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "text/plain", body = String)))]
+async fn metrics(State(st): State<AppState>) -> Response {
+    let text = st.metrics.render(st.nodes.healthy());
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, content_type = "application/json", body = Object)))]
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], DOC.clone()).into_response()
+}
+
+static DOC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| crate::openapi::render(&build().1));
+
+/// The router (without state) and the OpenAPI document of its routes.
+pub fn build() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(crate::execute::execute))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .split_for_parts()
+}
+
+/// The complete application.
+pub fn app(state: AppState) -> Router {
+    let (router, _) = build();
+    router
+        .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+/// Counts responses by route template (bounded) and status.
+async fn count(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let resp = next.run(req).await;
+    st.metrics.request(&route, resp.status().as_u16());
+    resp
+}

@@ -1,0 +1,42 @@
+//! Shared state of the HTTP handlers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::admission::Admission;
+use crate::auth::KeyStore;
+use crate::metrics::Metrics;
+use crate::nodes::Nodes;
+
+/// Tunables of the request path.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a request waits for a free node slot before 503.
+    pub queue_wait: Duration,
+    /// Silence after which a stream gets a keepalive line.
+    pub keepalive: Duration,
+}
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// Current key configuration (swapped whole on reload).
+    pub keys: watch::Receiver<Arc<KeyStore>>,
+    /// Node-agents.
+    pub nodes: Arc<Nodes>,
+    /// Per-key and per-thread admission.
+    pub admission: Arc<Admission>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Tunables.
+    pub settings: Settings,
+}
+
+impl AppState {
+    /// The configuration generation for one request.
+    pub fn keys(&self) -> Arc<KeyStore> {
+        self.keys.borrow().clone()
+    }
+}
