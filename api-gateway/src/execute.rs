@@ -210,44 +210,32 @@ fn refused(a: &Admitted, status: &tonic::Status) -> ApiError {
     }
 }
 
-/// How the agent stream ended.
-enum End {
-    Exited(pb::Exited),
-    /// Stream broke after `Started`: the code may have run.
-    Lost,
-    /// Stream broke before `Started`: nothing ran.
-    NotStarted,
-}
+/// The agent stream ended without `Exited`. Once the agent accepted the
+/// call the program may have started (its `Started` can be in flight), so
+/// this is never reported as "nothing ran".
+struct Lost;
 
-/// Reads agent events, handing each output chunk to `on_output`.
-async fn next_event(events: &mut Streaming<pb::ExecuteEvent>, started: &mut bool) -> Result<Option<Event>, End> {
+/// Next agent event; `Ok(None)` for an empty message.
+async fn next_event(events: &mut Streaming<pb::ExecuteEvent>) -> Result<Option<Event>, Lost> {
     match events.message().await {
-        Ok(Some(pb::ExecuteEvent { event: Some(e) })) => {
-            if matches!(e, Event::Started(_)) {
-                *started = true;
-            }
-            Ok(Some(e))
-        }
-        Ok(Some(_)) => Ok(None),
-        Ok(None) | Err(_) if *started => Err(End::Lost),
-        Ok(None) | Err(_) => Err(End::NotStarted),
+        Ok(Some(pb::ExecuteEvent { event })) => Ok(event),
+        Ok(None) | Err(_) => Err(Lost),
     }
 }
 
 async fn collected(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>) -> Response {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let mut started = false;
     let end = loop {
-        match next_event(&mut events, &mut started).await {
+        match next_event(&mut events).await {
             Ok(Some(Event::Stdout(c))) => out.extend_from_slice(&c.data),
             Ok(Some(Event::Stderr(c))) => err.extend_from_slice(&c.data),
-            Ok(Some(Event::Exited(x))) => break End::Exited(x),
+            Ok(Some(Event::Exited(x))) => break Ok(x),
             Ok(_) => {}
-            Err(end) => break end,
+            Err(lost) => break Err(lost),
         }
     };
     match end {
-        End::Exited(x) => {
+        Ok(x) => {
             let result = ExecuteResult::new(
                 &a.trace_id,
                 &x,
@@ -257,12 +245,7 @@ async fn collected(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>) -> 
             a.audit.finish(Outcome::of(&x), Some(x.exit_code));
             (StatusCode::OK, axum::Json(result)).into_response()
         }
-        End::Lost => lost(&mut a).into_response(),
-        End::NotStarted => {
-            a.audit.finish(Outcome::SandboxError, None);
-            a.lease.node.mark_unhealthy();
-            ApiError::unavailable("the node-agent went away before the code started; nothing ran, retry shortly").into_response()
-        }
+        Err(Lost) => lost(&mut a).into_response(),
     }
 }
 
@@ -288,10 +271,9 @@ fn streamed(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, keepalive:
         let (mut out, mut err) = (Utf8Chunks::default(), Utf8Chunks::default());
         // The final result repeats the output, so `until_done()` callers get it.
         let (mut all_out, mut all_err) = (String::new(), String::new());
-        let mut started = false;
         loop {
             let ev = tokio::select! {
-                ev = next_event(&mut events, &mut started) => ev,
+                ev = next_event(&mut events) => ev,
                 _ = tokio::time::sleep(keepalive) => {
                     yield Ok::<_, std::convert::Infallible>(line(&StreamEvent::Keepalive { seq: next() }));
                     continue;

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tonic::transport::Channel;
 use warren_proto::client::AgentAddress;
+pub mod gateway;
+pub mod http;
+
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};
 
 /// Directory holding the workspace's built binaries.
@@ -140,6 +143,11 @@ impl Agent {
     /// pid of the agent process.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// The agent's address, as the gateway takes it.
+    pub fn address(&self) -> String {
+        format!("unix:{}", self.socket.display())
     }
 
     /// A gRPC client over the agent's Unix socket.

@@ -1,0 +1,232 @@
+//! Harness for the gateway: starts the real `warren-gateway` binary against
+//! real node-agents, with manifests written to a temporary directory.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::http::{self, Response};
+
+/// The test keys of [`MANIFESTS`], by ApiKey name.
+pub fn key(name: &str) -> String {
+    let mut k = format!("sk-wrn-{name}");
+    while k.len() < 7 + 40 {
+        k.push('X');
+    }
+    k
+}
+
+fn secret(name: &str) -> String {
+    format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-key}}\nstringData: {{key: {}}}\n---\n", key(name))
+}
+
+/// Manifests every gateway test starts from.
+pub fn manifests() -> String {
+    let mut s = String::from(
+        "apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: sb}
+spec:
+  image: host
+  maxTimeoutSeconds: 60
+  maxOutputBytes: 64Ki
+  resources: {cpu: '1', memory: 256Mi, pids: 64, tmpSize: 16Mi, homeSize: 16Mi}
+  env: [{name: SB_ONLY, value: sandbox}, {name: SHARED, value: sandbox}]
+---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: bash-only}
+spec: {image: host, languages: [bash]}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: main}
+spec:
+  sandboxRef: {name: sb}
+  maxConcurrency: 128
+  env: [{name: SHARED, value: key}, {name: KEY_ONLY, value: key}]
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: single}
+spec: {sandboxRef: {name: sb}, maxConcurrency: 1}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: off}
+spec: {sandboxRef: {name: sb}, disabled: true}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: short}
+spec: {sandboxRef: {name: sb}, maxTimeoutSeconds: 5}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: bashonly}
+spec: {sandboxRef: {name: bash-only}}
+---
+",
+    );
+    for k in ["main", "single", "off", "short", "bashonly"] {
+        s.push_str(&secret(k));
+    }
+    s
+}
+
+/// A running gateway; killed on drop.
+pub struct Gateway {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// Where it serves HTTP.
+    pub addr: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    /// Starts a gateway for `agents` with [`manifests`]; waits until ready
+    /// when `wait_ready`.
+    pub async fn start(agents: &[String], extra_args: &[&str], wait_ready: bool) -> anyhow::Result<Gateway> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("warren.yaml"), manifests())?;
+        let mut cmd = Command::new(crate::bin("warren-gateway"));
+        cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json", "--reload-interval-ms", "100", "--health-interval-ms", "200"])
+            .arg("--manifests")
+            .arg(dir.path())
+            .args(extra_args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for a in agents {
+            cmd.arg("--agent").arg(a);
+        }
+        let mut child = cmd.spawn().context("spawning warren-gateway")?;
+        let stderr = child.stderr.take().context("stderr")?;
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if v["message"] == "gateway listening" {
+                        let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_string());
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut gw = Gateway { child: Some(child), dir, addr: "127.0.0.1:1".parse()?, logs };
+        let addr = rx.recv_timeout(Duration::from_secs(20)).context("gateway did not report its address")?;
+        gw.addr = addr.parse()?;
+        if wait_ready {
+            gw.wait_ready(Duration::from_secs(20))?;
+        }
+        Ok(gw)
+    }
+
+    /// Polls `/readyz` until 200.
+    pub fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if http::get(self.addr, "/readyz").status == 200 {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("gateway not ready after {limit:?}: {}", http::get(self.addr, "/readyz").text())
+    }
+
+    /// The manifest directory (tests add or change files to exercise reload).
+    pub fn manifest_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `POST /v1/sandbox/execute` with `key` and a JSON `body`.
+    pub fn execute(&self, key: &str, body: &serde_json::Value) -> Response {
+        http::raw(self.addr, &http::execute_request(self.addr, key, body, false)).expect("HTTP request")
+    }
+
+    /// The same, streamed: the NDJSON lines.
+    pub fn execute_stream(&self, key: &str, body: &serde_json::Value) -> (Response, Vec<serde_json::Value>) {
+        let r = http::raw(self.addr, &http::execute_request(self.addr, key, body, true)).expect("HTTP request");
+        let lines = if r.status == 200 { http::ndjson(&r) } else { Vec::new() };
+        (r, lines)
+    }
+
+    /// Every log line so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Audit records so far (parsed).
+    pub fn audit_records(&self) -> Vec<serde_json::Value> {
+        self.logs()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "warren::audit")
+            .collect()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        if let Some(c) = &self.child {
+            // SAFETY: signalling our own child by pid.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+    }
+
+    /// Waits for exit after [`Gateway::terminate`]; `None` on timeout.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    self.child = None;
+                    return Some(s);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes; returns whether
+/// it held. For conditions that become true eventually (a process gone, a
+/// file reloaded), never for asserting speed.
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Executions the agent is running now.
+pub async fn agent_running(agent: &crate::Agent) -> u32 {
+    let mut c = agent.client().await.expect("agent client");
+    c.status(warren_proto::agent::StatusRequest {}).await.map(|r| r.into_inner().running_executions).unwrap_or(u32::MAX)
+}
