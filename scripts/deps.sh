@@ -5,6 +5,9 @@ ensure_deps() {
   command -v cc >/dev/null 2>&1 || missing+=(build-essential)
   pkg-config --exists libseccomp 2>/dev/null || missing+=(libseccomp-dev pkg-config)
   command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  # The SDK test makes a virtualenv (Debian splits ensurepip out).
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   if ((${#missing[@]})); then

@@ -1,0 +1,140 @@
+"""Drives Warren with the public Baponi Python SDK (pip install baponi).
+
+Run by tests/tests/gateway_sdk.rs inside a virtualenv it makes. Arguments
+come from the environment: WARREN_URL and the test keys. Any failed check
+raises, and the test fails with this script's output.
+"""
+
+import asyncio
+import os
+import threading
+import warnings
+
+from baponi import (
+    APIValidationError,
+    AsyncBaponi,
+    AuthenticationError,
+    Baponi,
+    ForbiddenError,
+    KeepaliveEvent,
+    OutputEvent,
+    RateLimitError,
+    ResultEvent,
+    StatusEvent,
+    ThreadBusyError,
+)
+
+warnings.simplefilter("ignore")  # plain-http base URL warning: loopback only
+URL = os.environ["WARREN_URL"]
+KEYS = {name: os.environ[f"WARREN_KEY_{name.upper()}"] for name in ("main", "single", "off", "bashonly")}
+
+
+def client(key="main", **kw):
+    return Baponi(api_key=KEYS[key], base_url=URL, **kw)
+
+
+def check_execute():
+    c = client()
+    r = c.execute("print(sum(range(100)))")
+    assert (r.success, r.stdout, r.stderr, r.exit_code, r.error) == (True, "4950\n", "", 0, None), r
+    r = c.execute("console.log('node ' + (6 * 7))", language="node")
+    assert r.stdout == "node 42\n", r
+    r = c.execute("echo out; echo err >&2; exit 3", language="bash")
+    assert (r.success, r.stdout, r.stderr, r.exit_code) == (False, "out\n", "err\n", 3), r
+    r = c.execute("import time; print('partial', flush=True); time.sleep(30)", timeout=1)
+    assert (r.success, r.error, r.stdout) == (False, "timeout", "partial\n"), r
+    r = c.execute("import os; print(os.environ.get('FROM_SDK'))", env_vars={"FROM_SDK": "yes"}, metadata={"user": "u1"})
+    assert r.stdout == "yes\n", r
+
+
+def check_stream():
+    c = client()
+    kinds = []
+    with c.execute_stream("echo a; sleep 0.2; echo b >&2; sleep 0.2; echo c", language="bash") as s:
+        for ev in s:
+            kinds.append(type(ev).__name__)
+            if isinstance(ev, OutputEvent):
+                kinds[-1] += f":{ev.stream}:{ev.data.strip()}"
+        result = s.get_final_result()
+        assert s.trace_id and s.trace_id.startswith("trc_"), s.trace_id
+    kinds = [k for k in kinds if k != KeepaliveEvent.__name__]
+    assert kinds == [
+        StatusEvent.__name__,
+        "OutputEvent:stdout:a",
+        "OutputEvent:stderr:b",
+        "OutputEvent:stdout:c",
+        ResultEvent.__name__,
+    ], kinds
+    assert (result.success, result.stdout, result.stderr) == (True, "a\nc\n", "b\n"), result
+
+
+def check_async():
+    async def main():
+        async with AsyncBaponi(api_key=KEYS["main"], base_url=URL) as c:
+            rs = await asyncio.gather(*(c.execute(f"print({i} * 2)") for i in range(4)))
+            assert [r.stdout for r in rs] == ["0\n", "2\n", "4\n", "6\n"], rs
+
+    asyncio.run(main())
+
+
+def expect(exc, fn):
+    try:
+        fn()
+    except exc as e:
+        return e
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+def check_errors():
+    e = expect(AuthenticationError, lambda: Baponi(api_key="sk-wrn-" + "Z" * 40, base_url=URL).execute("print(1)"))
+    assert e.status_code == 401 and e.error_type == "invalid_api_key", repr(e)
+    e = expect(ForbiddenError, lambda: client("off").execute("print(1)"))
+    assert e.status_code == 403, repr(e)
+    # Limits the SDK does not know about are the server's: 400 → APIValidationError.
+    e = expect(APIValidationError, lambda: client("bashonly").execute("print(1)", language="python"))
+    assert e.status_code == 400 and "language" in e.message, repr(e)
+    e = expect(APIValidationError, lambda: client().execute("print(1)", timeout=3000))
+    assert "timeout" in e.message, repr(e)
+    e = expect(APIValidationError, lambda: client().execute("print(1)", sub_paths=["/data/nomount/x"]))
+    assert "sub_paths" in e.message, repr(e)
+
+
+def hold(key, thread_id=None):
+    """Starts a long execution; returns once it runs, and a stopper."""
+    started = threading.Event()
+    stop = threading.Event()
+
+    def run():
+        with client(key).execute_stream("echo go; sleep 30", language="bash", thread_id=thread_id) as s:
+            for ev in s:
+                if isinstance(ev, OutputEvent):
+                    started.set()
+                    stop.wait(30)
+                    return
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(30), "the held execution never started"
+    return stop, t
+
+
+def check_rate_limit_and_thread_busy():
+    stop, t = hold("single")
+    try:
+        e = expect(RateLimitError, lambda: client("single", max_retries=0).execute("print(1)"))
+        assert e.status_code == 429 and e.retry_after == 1.0, repr(e)
+    finally:
+        stop.set()
+        t.join()
+    stop, t = hold("main", thread_id="sdk-thread")
+    try:
+        e = expect(ThreadBusyError, lambda: client().execute("print(1)", thread_id="sdk-thread"))
+        assert e.status_code == 409 and e.error_type == "thread_busy", repr(e)
+    finally:
+        stop.set()
+        t.join()
+
+
+for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy):
+    check()
+    print("ok", check.__name__, flush=True)
