@@ -84,7 +84,8 @@ pub struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.nodes.freed.notify_waiters();
+        // One slot freed: wake one waiter (a stored permit if none waits).
+        self.nodes.freed.notify_one();
     }
 }
 

@@ -13,6 +13,8 @@ use warren_isolation::wire::Go;
 use crate::pool::Pool;
 use crate::sandbox::{Event, Outcome, SandboxEnv, SandboxError, Shape};
 
+/// Longest wait for a free slot before RESOURCE_EXHAUSTED.
+const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Why an execution was refused or could not start. Mapped to a gRPC status
@@ -121,8 +123,10 @@ impl Executor {
         self.max_executions
     }
 
-    /// Validates and admits a request; nothing runs yet.
-    pub fn admit(&self, req: ExecRequest) -> Result<Admission, ExecError> {
+    /// Validates and admits a request; nothing runs yet. A full node waits
+    /// briefly for a slot: the previous execution's teardown (after its
+    /// answer was sent) usually frees one within milliseconds.
+    pub async fn admit(&self, req: ExecRequest) -> Result<Admission, ExecError> {
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
@@ -130,7 +134,11 @@ impl Executor {
         if !self.interpreters.contains_key(&spec.language) {
             return Err(ExecError::LanguageUnavailable(spec.language.as_str()));
         }
-        let permit = self.permits.clone().try_acquire_owned().map_err(|_| ExecError::Busy(self.max_executions))?;
+        let busy = || ExecError::Busy(self.max_executions);
+        let permit = tokio::time::timeout(ADMIT_WAIT, self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| busy())?
+            .map_err(|_| busy())?;
         Ok(Admission { spec, _permit: permit })
     }
 

@@ -37,7 +37,7 @@ impl NodeAgent for AgentService {
 
     async fn execute(&self, req: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let received = Instant::now();
-        let admission = self.exec.admit(convert::exec_request(req.into_inner())).map_err(|e| convert::to_status(&e))?;
+        let admission = self.exec.admit(convert::exec_request(req.into_inner())).await.map_err(|e| convert::to_status(&e))?;
         let id = Executor::admission_id(&admission).to_string();
         let (tx, rx) = mpsc::channel::<EventResult>(64);
         let exec = self.exec.clone();

@@ -9,38 +9,11 @@
 //! `cargo bench -p warren-e2e --bench agent_overhead` (N from WARREN_BENCH_RUNS, default 200).
 
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warren_e2e::bench::{bare, ms, percentile};
 use warren_e2e::{is_root, request, Agent};
 use warren_proto::agent::Language;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn bare(interpreter: &str, script: &std::path::Path) -> Duration {
-    let t = Instant::now();
-    let out = Command::new(interpreter)
-        .arg(script)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", "/tmp")
-        .env("LANG", "C.UTF-8")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("bare run");
-    let d = t.elapsed();
-    assert_eq!(out.stdout, b"1\n");
-    d
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tonic::transport::Channel;
 use warren_proto::client::AgentAddress;
+pub mod bench;
 pub mod gateway;
 pub mod http;
 

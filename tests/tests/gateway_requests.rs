@@ -48,7 +48,7 @@ fn cases(addr: SocketAddr) -> Vec<Case> {
     let long_meta_key = format!(r#"{{"code":"x","metadata":{{"{}":"v"}}}}"#, "k".repeat(41));
     let long_meta_val = format!(r#"{{"code":"x","metadata":{{"k":"{}"}}}}"#, "v".repeat(257));
     let long_env_val = format!(r#"{{"code":"x","env_vars":{{"A":"{}"}}}}"#, "v".repeat(4097));
-    let sub11 = format!(r#"{{"code":"x","sub_paths":[{}]}}"#, vec![r#""/data/m/a""#; 11].join(","));
+    let sub11 = format!(r#"{{"code":"x","sub_paths":[{}]}}"#, [r#""/data/m/a""#; 11].join(","));
     vec![
         // Authentication and authorisation.
         Case { name: "no Authorization", request: headers(&[("Content-Type", b"application/json")]), status: 401, code: "missing_api_key", field: None },

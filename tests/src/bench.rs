@@ -1,0 +1,71 @@
+//! Helpers shared by the benchmarks: percentiles, bare interpreter runs, and
+//! a keep-alive HTTP/1.1 client (one connection per simulated caller).
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+
+/// The `p` quantile of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs `interpreter script` with a minimal environment, output piped;
+/// returns the wall time. The script must print `1`.
+pub fn bare(interpreter: &str, script: &std::path::Path) -> Duration {
+    let t = Instant::now();
+    let out = Command::new(interpreter)
+        .arg(script)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("LANG", "C.UTF-8")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("bare run");
+    let d = t.elapsed();
+    assert_eq!(out.stdout, b"1\n");
+    d
+}
+
+/// One keep-alive HTTP/1.1 connection to the gateway.
+pub struct Conn {
+    sender: http1::SendRequest<Full<bytes::Bytes>>,
+    host: String,
+}
+
+impl Conn {
+    /// Connects to `addr`.
+    pub async fn open(addr: std::net::SocketAddr) -> anyhow::Result<Conn> {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        Ok(Conn { sender, host: addr.to_string() })
+    }
+
+    /// `POST /v1/sandbox/execute`; returns status and body.
+    pub async fn execute(&mut self, key: &str, body: &[u8]) -> anyhow::Result<(u16, bytes::Bytes)> {
+        let req = hyper::Request::post("/v1/sandbox/execute")
+            .header("host", &self.host)
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::copy_from_slice(body)))?;
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+}
