@@ -94,7 +94,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
     }
     let (layout, features) = detect(&cgroup_name)?;
-    let mount_dir = prepare_state_dir(&state_dir)?;
+    let (mount_dir, etc_dir) = prepare_state_dir(&state_dir)?;
     let supervisor_binary = match sandbox_binary {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("warren-sandbox"),
@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut policy = NodePolicy::default();
     policy.defaults.max_output_bytes = max_output_bytes;
     let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
-    let env = Arc::new(SandboxEnv { layout, supervisor_binary, mount_dir, seccomp_bpf, slots, idle_limits: policy.defaults });
+    let env = Arc::new(SandboxEnv { layout, supervisor_binary, mount_dir, etc_dir, seccomp_bpf, slots, idle_limits: policy.defaults });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone() };
     let exec = Arc::new(Executor::new(env, features, config));
@@ -142,7 +142,8 @@ fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
 
 /// Creates `<state>/mnt`, the empty directory sandbox roots are mounted on
 /// inside their own mount namespaces (nothing is ever mounted there on the host).
-fn prepare_state_dir(state: &Path) -> anyhow::Result<PathBuf> {
+/// Returns the sandboxes' mount point and their prepared `/etc`.
+fn prepare_state_dir(state: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
     // Traversable (sandbox init must reach mnt/) but not listable.
     std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o711))?;
@@ -152,7 +153,9 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<PathBuf> {
     if std::fs::read_dir(&mnt)?.next().is_some() {
         bail!("{} must be empty", mnt.display());
     }
-    Ok(mnt)
+    let etc = state.join("etc");
+    warren_isolation::sandbox::rootfs::prepare_etc(&etc).with_context(|| format!("preparing {}", etc.display()))?;
+    Ok((mnt, etc))
 }
 
 async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net::SocketAddr>, auth: auth::BearerAuth) -> anyhow::Result<()> {

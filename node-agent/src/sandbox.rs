@@ -11,7 +11,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 use warren_isolation::cgroup::{Cgroup, CgroupLayout};
-use warren_isolation::launch::{supervisor_command, SupervisorFds};
+use warren_isolation::launch::{supervisor_command, with_fds_inherited, SupervisorFds};
 use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
 
@@ -66,6 +66,8 @@ pub struct SandboxEnv {
     pub supervisor_binary: PathBuf,
     /// Empty directory sandboxes mount their root on.
     pub mount_dir: PathBuf,
+    /// The prepared `/etc` every sandbox binds read-only.
+    pub etc_dir: PathBuf,
     /// The compiled seccomp filter.
     pub seccomp_bpf: Vec<u8>,
     /// Host uid/gid slots.
@@ -169,7 +171,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let fds = SupervisorFds { supervisor: sup_fd, init: init_fd, stdout: out_w, stderr: err_w };
     let mut cmd = tokio::process::Command::from(supervisor_command(&env.supervisor_binary, &fds));
     cmd.kill_on_drop(true);
-    let spawned = cmd.spawn();
+    let spawned = with_fds_inherited(&fds, || cmd.spawn()).and_then(|r| r);
     // Our copies of the child's ends must close now, or EOF never comes.
     drop(fds);
     let child = match spawned {
@@ -185,6 +187,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         host_uid: slot.host_id(),
         host_gid: slot.host_id(),
         mount_dir: env.mount_dir.clone(),
+        etc_dir: env.etc_dir.clone(),
         tmp_bytes: shape.tmp_bytes,
         home_bytes: shape.home_bytes,
         seccomp_bpf: env.seccomp_bpf.clone(),

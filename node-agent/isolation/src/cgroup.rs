@@ -278,7 +278,7 @@ impl CgroupLayout {
     /// Creates the group for sandbox `id` with `limits` applied.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup> {
         let name = format!("{GROUP_PREFIX}{id}");
-        let group = Cgroup { layout: self.clone(), name, memory_limit: None };
+        let group = Cgroup { layout: self.clone(), name, applied: None };
         for dir in group.dirs() {
             match fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -287,9 +287,11 @@ impl CgroupLayout {
             }
         }
         let mut group = group;
-        if let CgroupLayout::V1 { .. } = self {
-            group.write(Controller::Cpu, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
-            // Best effort: not every kernel lets a child set swappiness.
+        // cpu.cfs_period_us starts at the kernel's fixed default, which is
+        // CPU_PERIOD_US, so it is not written (every cgroup file write costs).
+        if let CgroupLayout::V1 { has_memsw: false, .. } = self {
+            // Without memsw the memory limit alone does not keep the group
+            // out of swap. Best effort: not every kernel lets a child set it.
             let _ = group.write(Controller::Memory, "memory.swappiness", "0");
         }
         group.set_limits(limits)?;
@@ -318,7 +320,7 @@ impl CgroupLayout {
         }
         let mut removed = 0;
         for name in names {
-            let group = Cgroup { layout: self.clone(), name, memory_limit: None };
+            let group = Cgroup { layout: self.clone(), name, applied: None };
             group.kill_all();
             if group.remove().is_ok() {
                 removed += 1;
@@ -337,7 +339,8 @@ fn read(path: &Path) -> Result<String> {
 pub struct Cgroup {
     layout: CgroupLayout,
     name: String,
-    memory_limit: Option<u64>,
+    /// Limits written last: rewriting the same values is skipped.
+    applied: Option<Limits>,
 }
 
 impl Cgroup {
@@ -367,14 +370,19 @@ impl Cgroup {
 
     /// Applies `limits` (memory with swap off, pids, CPU quota).
     pub fn set_limits(&mut self, limits: &Limits) -> Result<()> {
+        let same = |a: &Limits| (a.memory_bytes, a.pids, a.cpu_millis) == (limits.memory_bytes, limits.pids, limits.cpu_millis);
+        if self.applied.as_ref().is_some_and(same) {
+            return Ok(());
+        }
+        let previous_memory = self.applied.map(|a| a.memory_bytes);
         let writes = match &self.layout {
-            CgroupLayout::V1 { has_memsw, .. } => v1_limit_writes(self.memory_limit, limits, *has_memsw),
+            CgroupLayout::V1 { has_memsw, .. } => v1_limit_writes(previous_memory, limits, *has_memsw),
             CgroupLayout::V2 { .. } => v2_limit_writes(limits),
         };
         for op in writes {
             self.write(op.controller, op.file, &op.value)?;
         }
-        self.memory_limit = Some(limits.memory_bytes);
+        self.applied = Some(*limits);
         Ok(())
     }
 

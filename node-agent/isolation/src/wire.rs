@@ -38,6 +38,8 @@ pub struct SupervisorConfig {
     pub host_gid: u32,
     /// Empty directory the sandbox's root tmpfs is mounted on (inside its own mount namespace).
     pub mount_dir: PathBuf,
+    /// The prepared `/etc` to bind read-only (see `rootfs::prepare_etc`).
+    pub etc_dir: PathBuf,
     /// Size of `/tmp`.
     pub tmp_bytes: u64,
     /// Size of `/home/sandbox`.

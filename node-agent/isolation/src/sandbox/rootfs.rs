@@ -3,7 +3,7 @@
 //! ```text
 //! /               tmpfs, read-only once the program text is written
 //! ├── usr         host /usr, read-only, nosuid, nodev (bin, lib, sbin, lib64 are symlinks or ro binds)
-//! ├── etc         generated passwd/group/hosts + read-only binds of a safe subset of host /etc
+//! ├── etc         read-only bind of the agent's prepared /etc (generated passwd/group/hosts + copies of a safe subset of host /etc)
 //! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
 //! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
 //! ├── tmp         tmpfs (size-limited, 1777)
@@ -36,7 +36,7 @@ pub const SCRIPT_DIR: &str = "/run/warren";
 /// directories to bind read-only otherwise.
 const USR_ALIASES: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// Host /etc entries safe to show: loader config, certificates, alternatives
+/// Host /etc entries safe to show (copied into the prepared /etc): loader config, certificates, alternatives
 /// links, locale/timezone data. No secrets (shadow, ssh keys, machine-id...).
 const ETC_BINDS: &[&str] = &[
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
@@ -80,7 +80,7 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
         .map_err(ctx("make-private", Path::new("/")))?;
     tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
     mirror_usr(root)?;
-    populate_etc(root)?;
+    populate_etc(root, &cfg.etc_dir)?;
     mount_proc(root)?;
     populate_dev(root)?;
     let tmp = root.join("tmp");
@@ -171,40 +171,71 @@ fn mirror_usr(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn populate_etc(root: &Path) -> Result<()> {
-    let etc = root.join("etc");
-    mkdir(&etc, 0o755)?;
-    let generated: [(&str, &str); 6] = [
-        ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
-        ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
-        ("hostname", "sandbox\n"),
-        ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-        ("resolv.conf", ""),
-        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n"),
-    ];
-    for (name, content) in generated {
-        let path = etc.join(name);
-        fs::write(&path, content).map_err(ctx("write", &path))?;
+/// Files written into the sandbox's `/etc` (no host identity, no resolver).
+const GENERATED_ETC: [(&str, &str); 6] = [
+    ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
+    ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
+    ("hostname", "sandbox\n"),
+    ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
+    ("resolv.conf", ""),
+    ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n"),
+];
+
+/// Builds the sandboxes' `/etc` once, on the host, in the agent's state dir:
+/// the generated files plus copies of the safe subset of the host's `/etc`.
+/// Each sandbox then needs one read-only bind instead of two mounts per
+/// entry. Called by the agent at start; host `/etc` changes (certificates)
+/// are picked up at the next start.
+pub fn prepare_etc(dir: &Path) -> io::Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir)?;
+    }
+    fs::DirBuilder::new().mode(0o755).create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for (name, content) in GENERATED_ETC {
+        let path = dir.join(name);
+        fs::write(&path, content)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
     }
     for rel in ETC_BINDS {
-        bind_etc_entry(&etc, rel)?;
+        let host = Path::new("/etc").join(rel);
+        if fs::symlink_metadata(&host).is_ok() {
+            copy_tree(&host, &dir.join(rel))?;
+        }
     }
     Ok(())
 }
 
-fn bind_etc_entry(etc: &Path, rel: &str) -> Result<()> {
-    let host = Path::new("/etc").join(rel);
-    let Ok(meta) = fs::symlink_metadata(&host) else { return Ok(()) };
-    let target = etc.join(rel);
-    if let Some(parent) = target.parent() {
-        mkdir(parent, 0o755)?;
+/// Copies `src` to `dst`: symlinks as symlinks, directories recursively,
+/// files with at most 0755 permissions (no set-id bits). Missing parents of
+/// `dst` are created 0755.
+fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    if let Some(parent) = dst.parent() {
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(parent)?;
     }
+    let meta = fs::symlink_metadata(src)?;
     if meta.file_type().is_symlink() {
-        let link = fs::read_link(&host).map_err(ctx("readlink", &host))?;
-        return symlink(&link, &target).map_err(ctx("symlink", &target));
+        symlink(fs::read_link(src)?, dst)
+    } else if meta.is_dir() {
+        fs::DirBuilder::new().mode(0o755).create(dst)?;
+        fs::set_permissions(dst, fs::Permissions::from_mode(0o755))?;
+        for entry in fs::read_dir(src)? {
+            let entry = entry?;
+            copy_tree(&entry.path(), &dst.join(entry.file_name()))?;
+        }
+        Ok(())
+    } else if meta.is_file() {
+        fs::copy(src, dst)?;
+        fs::set_permissions(dst, fs::Permissions::from_mode(meta.permissions().mode() & 0o755))
+    } else {
+        Ok(()) // sockets, fifos, devices: never shown
     }
-    if meta.is_dir() { mkdir(&target, 0o755)? } else { touch(&target)? }
-    bind_readonly(&host, &target, MsFlags::MS_NODEV)
+}
+
+fn populate_etc(root: &Path, template: &Path) -> Result<()> {
+    let etc = root.join("etc");
+    mkdir(&etc, 0o755)?;
+    bind_readonly(template, &etc, MsFlags::MS_NODEV)
 }
 
 fn mount_proc(root: &Path) -> Result<()> {
