@@ -135,6 +135,19 @@ def check_rate_limit_and_thread_busy():
         t.join()
 
 
-for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy):
+def check_anthropic_tool():
+    """The SDK's Anthropic integration, as an agent loop would use it: the
+    tool definition goes to the model, the model's tool_use goes to the handler."""
+    from baponi.anthropic import create_code_sandbox
+
+    tool, handle = create_code_sandbox(api_key=KEYS["main"], base_url=URL, metadata={"agent": "sdk-test"})
+    assert tool["name"] and "code" in tool["input_schema"]["properties"], tool
+    text = handle(tool["name"], {"code": "print(6 * 7)", "language": "python"})
+    assert "42" in text, text
+    text = handle(tool["name"], {"code": "echo oops >&2; exit 2", "language": "bash"})
+    assert "oops" in text and "2" in text, text
+
+
+for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy, check_anthropic_tool):
     check()
     print("ok", check.__name__, flush=True)

@@ -261,10 +261,17 @@ async fn manifests_reload_on_change_and_bad_yaml_keeps_the_old_config() {
     assert!(wait_for(Duration::from_secs(10), || gw.logs().iter().any(|l| l.contains("configuration not reloaded"))));
     assert_eq!(gw.execute(&new_key, &json!({"code": "print(1)"})).status, 200);
     assert_eq!(gw.execute(&key("main"), &json!({"code": "print(1)"})).status, 200);
-    // Fixed and the key removed: it stops working.
+    // Fixed and the key removed: it stops working, but an execution it
+    // started before the reload finishes undisturbed.
+    let req = http::execute_request(gw.addr, &new_key, &json!({"code": "echo started; sleep 3; echo done", "language": "bash"}), true);
+    let (mut conn, seen) = http::open_until(gw.addr, &req, "started").unwrap();
     std::fs::remove_file(gw.manifest_dir().join("broken.yaml")).unwrap();
     std::fs::remove_file(&file).unwrap();
     assert!(wait_for(Duration::from_secs(10), || gw.execute(&new_key, &json!({"code": "print(1)"})).status == 401));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut rest).unwrap();
+    let all = seen + &rest;
+    assert!(all.contains(r#""data":"done\n""#) && all.contains(r#""status":"success""#), "{all}");
     assert_eq!(gw.execute(&key("main"), &json!({"code": "print(1)"})).status, 200);
 }
 

@@ -1,7 +1,7 @@
 //! The public Baponi Python SDK, unmodified, against Warren: `execute`,
 //! `execute_stream`, the async client and the exceptions it maps
-//! (tests/sdk/check_sdk.py). The virtualenv is made by this test with
-//! `pip install baponi==0.5.1` from PyPI.
+//! and its Anthropic tool integration (tests/sdk/check_sdk.py). The
+//! virtualenv is made by this test with `pip install baponi[anthropic]==0.5.1`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,16 +9,19 @@ use std::process::Command;
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::{skip_unless_root, Agent};
 
-const SDK: &str = "baponi==0.5.1";
+/// The SDK with its Anthropic integration (`anthropic` is a real dependency
+/// of that module; no model is called: the test drives its tool handler).
+const SDK: &str = "baponi[anthropic]==0.5.1";
 
 /// `target/sdk-venv`, made once (atomically, so parallel runs never see a
 /// half-built one).
 fn venv() -> PathBuf {
     let target = warren_e2e::bin_dir().parent().expect("target dir").to_path_buf();
     let dir = target.join("sdk-venv");
-    if dir.join("ok").exists() {
+    if std::fs::read_to_string(dir.join("ok")).is_ok_and(|v| v == SDK) {
         return dir;
     }
+    let _ = std::fs::remove_dir_all(&dir); // made for another SDK spec
     let tmp = target.join(format!("sdk-venv.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     run(Command::new("python3").args(["-m", "venv"]).arg(&tmp));
@@ -52,7 +55,7 @@ async fn the_baponi_sdk_works_against_warren() {
     let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy"] {
+    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool"] {
         assert!(stdout.contains(&format!("ok {check}")), "{check} did not run:\n{stdout}");
     }
 }
