@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use warren_isolation::features::Features;
-use warren_isolation::spec::{ExecRequest, ExecSpec, Language, NodePolicy, SpecError};
+use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::Go;
 
 use crate::pool::Pool;

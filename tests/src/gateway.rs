@@ -230,3 +230,15 @@ pub async fn agent_running(agent: &crate::Agent) -> u32 {
     let mut c = agent.client().await.expect("agent client");
     c.status(warren_proto::agent::StatusRequest {}).await.map(|r| r.into_inner().running_executions).unwrap_or(u32::MAX)
 }
+
+/// Waits (bounded, 10 s) until the agent runs exactly `n` executions;
+/// returns whether it did.
+pub async fn wait_agent_running(agent: &crate::Agent, n: u32) -> bool {
+    for _ in 0..500 {
+        if agent_running(agent).await == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}

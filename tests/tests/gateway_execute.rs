@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warren_e2e::gateway::{agent_running, key, wait_for, Gateway};
+use warren_e2e::gateway::{agent_running, key, wait_agent_running, wait_for, Gateway};
 use warren_e2e::http;
 use warren_e2e::{skip_unless_root, Agent};
 
@@ -23,13 +23,7 @@ async fn setup_with_agent(test: &str, agent_args: &[&str], extra: &[&str]) -> Op
 
 /// Waits (bounded) until the agent runs nothing; the sandbox is gone.
 async fn assert_agent_idle(agent: &Agent) {
-    for _ in 0..500 {
-        if agent_running(agent).await == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the agent still runs an execution after 10 s");
+    assert!(wait_agent_running(agent, 0).await, "the agent still runs an execution after 10 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +141,19 @@ async fn a_client_that_disconnects_mid_stream_kills_the_execution() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_from_a_plain_request_kills_the_execution() {
+    let test = "a_client_that_disconnects_from_a_plain_request_kills_the_execution";
+    let Some((agent, gw)) = setup_with_agent(test, &["--pool-size", "0"], &[]).await else { return };
+    let req = http::execute_request(gw.addr, &key("main"), &json!({"code": "sleep 50", "language": "bash"}), false);
+    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+    std::io::Write::write_all(&mut conn, &req).unwrap();
+    assert!(wait_agent_running(&agent, 1).await, "the execution never started");
+    drop(conn);
+    assert_agent_idle(&agent).await;
+    assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|a| a["outcome"] == "cancelled")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_at_its_concurrency_limit_gets_429_with_retry_after() {
     let Some((agent, gw)) = setup("a_key_at_its_concurrency_limit_gets_429_with_retry_after", &[]).await else { return };
     let req = http::execute_request(gw.addr, &key("single"), &json!({"code": "echo started; sleep 50", "language": "bash"}), true);
@@ -180,12 +187,7 @@ async fn an_agent_dying_mid_execution_is_reported_and_then_503() {
     let addr = gw.addr;
     let req = http::execute_request(addr, &key("main"), &json!({"code": "echo started; sleep 50", "language": "bash"}), false);
     let call = std::thread::spawn(move || http::raw(addr, &req).unwrap());
-    for _ in 0..500 {
-        if agent_running(&agent).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(wait_agent_running(&agent, 1).await, "the execution never started");
     agent.kill_hard();
     let r = call.join().unwrap();
     assert_eq!((r.status, r.json()["error"].as_str()), (502, Some("node_lost")), "{}", r.text());
@@ -281,12 +283,7 @@ async fn shutdown_drains_in_flight_executions() {
     let addr = gw.addr;
     let req = http::execute_request(addr, &key("main"), &json!({"code": "sleep 1; echo done", "language": "bash"}), false);
     let call = std::thread::spawn(move || http::raw(addr, &req).unwrap());
-    for _ in 0..500 {
-        if agent_running(&agent).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(wait_agent_running(&agent, 1).await, "the execution never started");
     gw.terminate();
     let r = call.join().unwrap();
     assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("done\n")));

@@ -10,24 +10,21 @@ pub const MAX_ENV_VARS: usize = warren_config::env::MAX_MERGED_VARS;
 /// Longest environment variable value.
 pub const MAX_ENV_VALUE_BYTES: usize = warren_config::env::MAX_VALUE_BYTES;
 
-/// Interpreter the code runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    /// `python3`
-    Python,
-    /// `node`
-    Node,
-    /// `bash`
-    Bash,
+/// Interpreter the code runs under (the one type every layer shares).
+pub use warren_config::Language;
+
+/// What the sandbox needs to know about each language.
+pub trait LanguageExt {
+    /// Interpreter candidates inside the sandbox's root filesystem, first found wins.
+    fn interpreter_candidates(self) -> &'static [&'static str];
+    /// File name the program text is written to inside the sandbox.
+    fn script_name(self) -> &'static str;
+    /// Environment the interpreter needs to behave well in a sandbox.
+    fn interpreter_env(self) -> &'static [(&'static str, &'static str)];
 }
 
-impl Language {
-    /// All languages, in a stable order.
-    pub const ALL: [Language; 3] = [Language::Python, Language::Node, Language::Bash];
-
-    /// Interpreter candidates inside the sandbox's root filesystem, first found wins.
-    pub fn interpreter_candidates(self) -> &'static [&'static str] {
+impl LanguageExt for Language {
+    fn interpreter_candidates(self) -> &'static [&'static str] {
         match self {
             Language::Python => &["/usr/bin/python3", "/usr/local/bin/python3"],
             Language::Node => &["/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"],
@@ -35,8 +32,7 @@ impl Language {
         }
     }
 
-    /// File name the program text is written to inside the sandbox.
-    pub fn script_name(self) -> &'static str {
+    fn script_name(self) -> &'static str {
         match self {
             Language::Python => "main.py",
             Language::Node => "main.js",
@@ -44,24 +40,13 @@ impl Language {
         }
     }
 
-    /// Environment the interpreter needs to behave well in a sandbox.
-    ///
     /// Python block-buffers stdout into a pipe; unbuffered output is what makes
     /// a timed-out program's partial output reach the caller.
-    pub fn interpreter_env(self) -> &'static [(&'static str, &'static str)] {
+    fn interpreter_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Language::Python => &[("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1")],
             Language::Node => &[],
             Language::Bash => &[],
-        }
-    }
-
-    /// Lower-case name, as in the HTTP API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Node => "node",
-            Language::Bash => "bash",
         }
     }
 }
