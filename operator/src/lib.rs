@@ -1,2 +1,5 @@
-//! Warren's Kubernetes operator (CRDs and reconcilers); not yet implemented.
-#![forbid(unsafe_code)]
+//! Warren's operator: reconciles Sandbox, ApiKey, StorageConnection and
+//! Connector (issue #4). The types live in `warren-config` (shared with the
+//! gateway's single-machine mode); this crate owns their CRD manifests.
+
+pub mod crds;

@@ -189,6 +189,9 @@ fn sandbox(o: &Object) -> Result<Sandbox, ConfigError> {
     if s.image != "host" {
         return Err(c.err("spec.image", "only `host` (the node's own root filesystem, read-only) is supported in this release"));
     }
+    if s.network == Network::Unrestricted {
+        return Err(c.err("spec.network", "Unrestricted is not offered by this release's node-agent yet; use Blocked"));
+    }
     let languages = match s.languages {
         Some(l) if l.is_empty() => return Err(c.err("spec.languages", "must list at least one language")),
         Some(mut l) => {
@@ -232,11 +235,13 @@ fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> R
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (TIMEOUT.0, sb.max_timeout_seconds))?,
     };
     let max_concurrency = c.range("spec.maxConcurrency", k.max_concurrency.unwrap_or(DEFAULT_CONCURRENCY), CONCURRENCY)?;
-    // Narrowing only: with a single policy today, any value equals the Sandbox's
-    // or is stricter; the match keeps that true when more policies exist.
+    // Narrowing only: Unrestricted may become Blocked, never the reverse.
     let network = match (sb.network, k.network) {
-        (n, None) => n,
+        (n, None) | (Network::Unrestricted, Some(n)) => n,
         (Network::Blocked, Some(Network::Blocked)) => Network::Blocked,
+        (Network::Blocked, Some(Network::Unrestricted)) => {
+            return Err(c.err("spec.network", "Unrestricted would widen the Sandbox's Blocked network; a key may only narrow it"))
+        }
     };
     c.env("spec.env", &k.env)?;
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
