@@ -14,6 +14,7 @@ use warren_proto::client::AgentAddress;
 pub mod bench;
 pub mod gateway;
 pub mod http;
+pub mod kube;
 
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};
 

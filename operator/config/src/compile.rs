@@ -168,7 +168,7 @@ impl Checker<'_> {
         let mut seen = std::collections::HashSet::new();
         for (i, v) in vars.iter().enumerate() {
             let f = format!("{field}[{i}]");
-            env::check_var(&v.name, &v.value).map_err(|e| self.err(&f, format!("{}: {e}", env::printable(&v.name))))?;
+            env::check_var(&v.name, v.value()).map_err(|e| self.err(&f, format!("{}: {e}", env::printable(&v.name))))?;
             if !seen.insert(v.name.as_str()) {
                 return Err(self.err(&f, format!("{} is set twice", v.name)));
             }
@@ -176,7 +176,7 @@ impl Checker<'_> {
         if vars.len() > env::MAX_REQUEST_VARS {
             return Err(self.err(field, format!("at most {} variables", env::MAX_REQUEST_VARS)));
         }
-        if env::total_bytes(vars.iter().map(|v| (v.name.as_str(), v.value.as_str()))) > env::MAX_TOTAL_BYTES {
+        if env::total_bytes(vars.iter().map(|v| (v.name.as_str(), v.value()))) > env::MAX_TOTAL_BYTES {
             return Err(self.err(field, "names and values exceed 64 KiB in total"));
         }
         Ok(())
@@ -244,8 +244,8 @@ fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> R
         }
     };
     c.env("spec.env", &k.env)?;
-    let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
-    env.extend(k.env.iter().map(|v| (v.name.clone(), v.value.clone())));
+    let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
+    env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
     let secret = secret_value(o, &k, secrets)?;
     Ok(EffectiveKey {
         namespace: o.namespace.clone(),

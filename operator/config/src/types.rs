@@ -90,10 +90,19 @@ pub enum Quantity {
 
 /// Kubernetes' structural form of "integer or string".
 fn int_or_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    // No `type` and no anyOf: the pattern applies to strings only, so whole
+    // numbers pass and text must look like a quantity.
     schemars::json_schema!({
         "x-kubernetes-int-or-string": true,
-        "anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"}]
+        "pattern": "^[0-9]+(\\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
     })
+}
+
+impl EnvVar {
+    /// The value, empty when unset.
+    pub fn value(&self) -> &str {
+        self.value.as_deref().unwrap_or_default()
+    }
 }
 
 impl Quantity {
@@ -113,10 +122,10 @@ pub struct EnvVar {
     /// `^[A-Z][A-Z0-9_]*$`, at most 128 characters, not reserved (PATH, HOME, LD_*, PYTHON*, *_PROXY, WARREN_*, …).
     #[schemars(regex(pattern = "^[A-Z][A-Z0-9_]*$"), length(min = 1, max = 128))]
     pub name: String,
-    /// Value (≤ 4096 bytes, no control characters but tab, LF, CR).
-    #[serde(default)]
+    /// Value (≤ 4096 bytes, no control characters but tab, LF, CR; empty when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
-    pub value: String,
+    pub value: Option<String>,
 }
 
 /// Resources of each execution.

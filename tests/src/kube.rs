@@ -1,0 +1,108 @@
+//! A real Kubernetes API server for tests: `kube-envtest` (etcd +
+//! kube-apiserver 1.20.2 on loopback, from ../shared/tools), on ports of its
+//! own so parallel tests never meet; stopped on drop.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{bail, Context};
+
+/// Where the tool is: `$WARREN_KUBE_ENVTEST`, or `shared/tools/` beside the
+/// repository (as on the development and CI machines).
+pub fn tool() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("WARREN_KUBE_ENVTEST") {
+        return Ok(PathBuf::from(p));
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for candidate in [repo.join("../shared/tools/kube-envtest"), PathBuf::from("/work/shared/tools/kube-envtest")] {
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    bail!("kube-envtest not found: set WARREN_KUBE_ENVTEST to its path")
+}
+
+/// A port `p` with `p + 1` also free (etcd uses both).
+fn free_port_pair() -> anyhow::Result<u16> {
+    for _ in 0..200 {
+        let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if p < 65000 && TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return Ok(p);
+        }
+    }
+    bail!("no free port pair on loopback")
+}
+
+/// A running API server.
+pub struct EnvTest {
+    tool: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl EnvTest {
+    /// Starts etcd and the API server (building the server first if this
+    /// machine has none cached, ~5 min once).
+    pub fn start() -> anyhow::Result<EnvTest> {
+        let tool = tool()?;
+        let dir = tempfile::tempdir()?;
+        let etcd = free_port_pair()?;
+        let api = free_port_pair()?;
+        let out = Command::new(&tool)
+            .arg("start")
+            .arg(dir.path())
+            .env("ETCD_PORT", etcd.to_string())
+            .env("APISERVER_PORT", api.to_string())
+            .output()
+            .context("running kube-envtest")?;
+        let env = EnvTest { tool, dir };
+        if !out.status.success() {
+            bail!("kube-envtest start failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(env)
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// Runs kubectl against this server.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("kubectl").arg("--kubeconfig").arg(self.kubeconfig()).args(args).output().expect("kubectl runs")
+    }
+
+    /// Runs kubectl, failing with its output unless it succeeds; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {args:?} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for EnvTest {
+    /// `kube-envtest stop` only signals; wait (bounded) until etcd and the
+    /// API server are gone, and SIGKILL whatever is left, so nothing outlives
+    /// the test.
+    fn drop(&mut self) {
+        let pids: Vec<i32> = ["apiserver.pid", "etcd.pid"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(self.dir.path().join(f)).ok())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        let _ = Command::new(&self.tool).arg("stop").arg(self.dir.path()).output();
+        // SAFETY: kill(2) with signal 0 or SIGKILL on pids this test started.
+        #[allow(unsafe_code)]
+        let alive = |p: i32| unsafe { libc::kill(p, 0) == 0 };
+        let gone = crate::gateway::wait_for(std::time::Duration::from_secs(15), || !pids.iter().any(|&p| alive(p)));
+        if !gone {
+            for &p in &pids {
+                #[allow(unsafe_code)]
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(p, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
