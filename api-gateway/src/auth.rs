@@ -16,9 +16,26 @@ pub struct KeyStore {
 }
 
 impl KeyStore {
-    /// Builds a store from compiled keys.
+    /// Builds a store from compiled keys. Keys whose value is shared by two
+    /// entries (possible across namespaces in a cluster) are refused: which
+    /// configuration applies would be ambiguous.
     pub fn new(keys: Vec<EffectiveKey>) -> Self {
-        KeyStore { keys: keys.into_iter().map(Arc::new).collect() }
+        let mut count = std::collections::HashMap::new();
+        for k in &keys {
+            *count.entry(k.hash).or_insert(0u32) += 1;
+        }
+        let keys = keys
+            .into_iter()
+            .filter(|k| {
+                let unique = count[&k.hash] == 1;
+                if !unique {
+                    tracing::warn!(key = %k.qualified_name(), "another API key has the same value; both are refused");
+                }
+                unique
+            })
+            .map(Arc::new)
+            .collect();
+        KeyStore { keys }
     }
 
     /// Number of usable keys.

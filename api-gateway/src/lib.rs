@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod cluster_config;
 pub mod error;
 pub mod execute;
 mod json;
@@ -38,6 +39,13 @@ pub struct Args {
     /// Address to serve HTTP on.
     #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Cluster mode: read the keys the operator publishes in `--namespace`
+    /// instead of manifest files.
+    #[arg(long, env = "WARREN_CLUSTER")]
+    pub cluster: bool,
+    /// Namespace where the operator publishes keys (cluster mode).
+    #[arg(long, env = "WARREN_NAMESPACE", default_value = "warren-system")]
+    pub namespace: String,
     /// Directory of Sandbox, ApiKey and Secret manifests (repeatable).
     #[arg(long = "manifests", env = "WARREN_MANIFESTS", value_delimiter = ',', default_value = "examples/local")]
     pub manifests: Vec<PathBuf>,
@@ -88,8 +96,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     nodes.check_all().await;
     let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
 
-    let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
-    let reload = tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx));
+    let reload = if args.cluster {
+        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API (cluster mode)")?;
+        let (tx, rx) = watch::channel(Arc::new(auth::KeyStore::default()));
+        (rx, tokio::spawn(cluster_config::watch_loop(client, args.namespace.clone(), tx)))
+    } else {
+        let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
+        (rx, tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx)))
+    };
+    let (rx, reload) = reload;
 
     let state = state::AppState {
         keys: rx,

@@ -71,6 +71,8 @@ impl Node {
 pub struct Nodes {
     nodes: Vec<Arc<Node>>,
     freed: Notify,
+    /// Rotates among equally free nodes, so idle capacity is spread.
+    turn: std::sync::atomic::AtomicUsize,
 }
 
 /// A slot on a node, returned on drop.
@@ -108,7 +110,7 @@ impl Nodes {
                 }))
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(Arc::new(Nodes { nodes, freed: Notify::new() }))
+        Ok(Arc::new(Nodes { nodes, freed: Notify::new(), turn: Default::default() }))
     }
 
     /// Number of healthy agents.
@@ -158,16 +160,15 @@ impl Nodes {
 
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
         loop {
-            let best = self
-                .nodes
-                .iter()
-                .filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0)
-                .max_by_key(|n| n.free())?;
+            let usable = || self.nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0);
+            let most = usable().map(|n| n.free()).max()?;
+            let ties: Vec<&Arc<Node>> = usable().filter(|n| n.free() == most).collect();
+            let Some(best) = ties.get(self.turn.fetch_add(1, Ordering::Relaxed) % ties.len().max(1)) else { continue };
             let cur = best.in_flight.load(Ordering::Acquire);
             if cur < best.capacity.load(Ordering::Acquire)
                 && best.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
-                return Some(Lease { nodes: self.clone(), node: best.clone() });
+                return Some(Lease { nodes: self.clone(), node: Arc::clone(best) });
             }
         }
     }

@@ -1,5 +1,191 @@
 //! Warren's operator: reconciles Sandbox, ApiKey, StorageConnection and
-//! Connector (issue #4). The types live in `warren-config` (shared with the
-//! gateway's single-machine mode); this crate owns their CRD manifests.
+//! Connector. The types and the compiler live in `warren-config` (shared
+//! with the gateway's single-machine mode); this crate owns their CRD
+//! manifests and the controllers.
+//!
+//! Every controller is driven by watches (its own kind plus the objects it
+//! reads), writes status with server-side apply only when something changed,
+//! records events on Ready transitions, and retries failures with a
+//! per-object exponential backoff.
 
+pub mod apikey;
+pub mod context;
 pub mod crds;
+pub mod others;
+pub mod status;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use warren_config::types::{ApiKey, Connector, Sandbox, StorageConnection};
+
+use crate::context::{Context, Error};
+
+/// Command line of `warren-operator`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "warren-operator", version, about = "Warren operator")]
+pub struct Args {
+    /// Namespace where effective keys are published for the gateways.
+    #[arg(long, env = "WARREN_NAMESPACE", default_value = "warren-system")]
+    pub namespace: String,
+    /// Log format.
+    #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
+    pub log_format: String,
+}
+
+/// Per-object retry delays: 1 s doubling to 5 min, reset by a success.
+#[derive(Default)]
+struct Backoff(Mutex<HashMap<String, u32>>);
+
+impl Backoff {
+    fn next(&self, id: String) -> Duration {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(id).or_default();
+        *n = (*n + 1).min(9);
+        Duration::from_secs(1 << (*n - 1)).min(Duration::from_secs(300))
+    }
+
+    fn reset(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
+fn id<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!("{}/{}/{}", K::kind(&()), obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Runs every controller until SIGTERM/SIGINT.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
+    for check in [
+        Api::<Sandbox>::all(client.clone()).list(&Default::default()).await.map(drop),
+        Api::<ApiKey>::all(client.clone()).list(&Default::default()).await.map(drop),
+    ] {
+        check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
+    }
+    let ctx = Arc::new(Context::new(client.clone(), args.namespace.clone()));
+    let backoff = Arc::new(Backoff::default());
+    tracing::info!(publish_namespace = %args.namespace, "operator starting");
+    tokio::join!(
+        api_keys(client.clone(), ctx.clone(), backoff.clone()),
+        simple::<Sandbox, _, _>(client.clone(), ctx.clone(), backoff.clone(), others::sandbox, |_| None),
+        simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), others::storage, |s| {
+            s.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone())
+        }),
+        simple::<Connector, _, _>(client, ctx, backoff, others::connector, |c| Some(c.spec.credentials_secret_ref.name.clone())),
+    );
+    tracing::info!("operator stopped");
+    Ok(())
+}
+
+/// The ApiKey controller: also woken by its Sandbox and by its Secret.
+async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
+    let wc = watcher::Config::default();
+    let controller = Controller::new(Api::<ApiKey>::all(client.clone()), wc.clone());
+    let keys = controller.store();
+    let keys2 = keys.clone();
+    let b = backoff.clone();
+    controller
+        .watches(Api::<Sandbox>::all(client.clone()), wc.clone(), move |sb| {
+            let ns = sb.namespace();
+            keys.state()
+                .into_iter()
+                .filter(|k| k.namespace() == ns && k.spec.sandbox_ref.name == sb.name_any())
+                .map(|k| ObjectRef::from_obj(k.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches(Api::<Secret>::all(client), wc, move |secret| {
+            let ns = secret.namespace();
+            keys2
+                .state()
+                .into_iter()
+                .filter(|k| k.namespace() == ns && warren_config::secret_ref(&k.name_any(), &k.spec).0 == secret.name_any())
+                .map(|k| ObjectRef::from_obj(k.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(
+            move |k, ctx| {
+                let b = b.clone();
+                async move {
+                    let key = id(k.as_ref());
+                    let r = apikey::reconcile(k, ctx).await;
+                    if r.is_ok() {
+                        b.reset(&key);
+                    }
+                    r
+                }
+            },
+            move |k, e, _| retry(&backoff, k.as_ref(), e),
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+fn retry<K: Resource<DynamicType = ()>>(backoff: &Backoff, obj: &K, e: &Error) -> Action {
+    let delay = backoff.next(id(obj));
+    tracing::warn!(object = %id(obj), error = %e, retry_in_s = delay.as_secs(), "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// A status-only controller, woken by its own kind and by the Secret it names.
+async fn simple<K, F, Fut>(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, reconcile: F, secret_of: fn(&K) -> Option<String>)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let wc = watcher::Config::default();
+    let controller = Controller::new(Api::<K>::all(client.clone()), wc.clone());
+    let store = controller.store();
+    let b = backoff.clone();
+    controller
+        .watches(Api::<Secret>::all(client), wc, move |secret| {
+            let ns = secret.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|o| o.namespace() == ns && secret_of(o).as_deref() == Some(secret.name_any().as_str()))
+                .map(|o| ObjectRef::from_obj(o.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(
+            move |o, ctx| {
+                let (b, reconcile) = (b.clone(), reconcile.clone());
+                async move {
+                    let key = id(o.as_ref());
+                    let r = reconcile(o, ctx).await;
+                    if r.is_ok() {
+                        b.reset(&key);
+                    }
+                    r
+                }
+            },
+            move |o, e, _| retry(&backoff, o.as_ref(), e),
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+/// Sets up logging (JSON by default; `RUST_LOG` filters).
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}

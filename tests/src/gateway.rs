@@ -92,6 +92,11 @@ impl Gateway {
     /// Starts a gateway for `agents` with [`manifests`]; waits until ready
     /// when `wait_ready`.
     pub async fn start(agents: &[String], extra_args: &[&str], wait_ready: bool) -> anyhow::Result<Gateway> {
+        Gateway::start_with_env(agents, extra_args, &[], wait_ready).await
+    }
+
+    /// [`Gateway::start`] with extra environment (e.g. `KUBECONFIG` for cluster mode).
+    pub async fn start_with_env(agents: &[String], extra_args: &[&str], env: &[(&str, &str)], wait_ready: bool) -> anyhow::Result<Gateway> {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("warren.yaml"), manifests())?;
         let mut cmd = Command::new(crate::bin("warren-gateway"));
@@ -100,6 +105,7 @@ impl Gateway {
             .arg(dir.path())
             .args(extra_args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -67,6 +67,21 @@ impl EnvTest {
         self.dir.path().join("kubeconfig")
     }
 
+    /// The admin kubeconfig for Warren's own processes. kube-envtest's
+    /// serving certificate is a self-signed CA used as the leaf, which
+    /// rustls (rightly) refuses; this copy skips verification of that one
+    /// loopback certificate. Real clusters present a CA-issued leaf.
+    pub fn kubeconfig_for_rustls(&self) -> PathBuf {
+        let path = self.dir.path().join("kubeconfig-rustls");
+        if !path.exists() {
+            let text = std::fs::read_to_string(self.kubeconfig()).unwrap_or_default();
+            let (before, rest) = text.split_once("certificate-authority: ").unwrap_or((&text, ""));
+            let after = rest.split_once('}').map(|(_, a)| a).unwrap_or("");
+            let _ = std::fs::write(&path, format!("{before}insecure-skip-tls-verify: true}}{after}"));
+        }
+        path
+    }
+
     /// Runs kubectl against this server.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new("kubectl").arg("--kubeconfig").arg(self.kubeconfig()).args(args).output().expect("kubectl runs")
@@ -104,5 +119,48 @@ impl Drop for EnvTest {
                 }
             }
         }
+    }
+}
+
+/// A running `warren-operator` against an [`EnvTest`]; killed on drop.
+pub struct Operator {
+    child: std::process::Child,
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Operator {
+    /// Starts the operator publishing keys into `namespace`.
+    pub fn start(k: &EnvTest, namespace: &str) -> anyhow::Result<Operator> {
+        use std::io::BufRead;
+        let mut child = Command::new(crate::bin("warren-operator"))
+            .args(["--namespace", namespace, "--log-format", "json"])
+            .env("KUBECONFIG", k.kubeconfig_for_rustls())
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("spawning warren-operator")?;
+        let stderr = child.stderr.take().context("stderr")?;
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Ok(Operator { child, logs })
+    }
+
+    /// Every log line so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -45,15 +45,22 @@ impl Compiled {
 }
 
 /// A validated Sandbox, before any key narrows it.
-#[derive(Debug, Clone)]
-struct Sandbox {
-    image: String,
-    languages: Vec<Language>,
-    limits: Limits,
-    max_timeout_seconds: u32,
-    network: Network,
-    env: Vec<EnvVar>,
-    thread_retention: crate::types::ThreadRetention,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Root filesystem.
+    pub image: String,
+    /// Languages offered.
+    pub languages: Vec<Language>,
+    /// Per-execution limits.
+    pub limits: Limits,
+    /// Longest timeout.
+    pub max_timeout_seconds: u32,
+    /// Network policy.
+    pub network: Network,
+    /// Variables.
+    pub env: Vec<EnvVar>,
+    /// Thread retention.
+    pub thread_retention: crate::types::ThreadRetention,
 }
 
 /// Compiles `sources`.
@@ -141,14 +148,30 @@ fn spec<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ConfigError> {
     typed::<Envelope<T>>(o).map(|e| e.spec)
 }
 
+/// Where an object came from, for error messages: a file in
+/// single-machine mode, empty when it came from the API server.
+#[derive(Debug, Clone)]
+pub struct Where {
+    /// File name ("" for API objects).
+    pub file: String,
+    /// `Kind namespace/name`.
+    pub object: String,
+}
+
+impl Where {
+    fn of(o: &Object) -> Where {
+        Where { file: o.file.clone(), object: o.id() }
+    }
+}
+
 /// Builds field errors for one object.
 struct Checker<'a> {
-    o: &'a Object,
+    at: &'a Where,
 }
 
 impl Checker<'_> {
     fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::invalid(&self.o.file, Some(self.o.id()), field, message)
+        ConfigError::invalid(&self.at.file, Some(self.at.object.clone()), field, message)
     }
 
     fn range<T: PartialOrd + std::fmt::Display + Copy>(&self, field: &str, v: T, (lo, hi): (T, T)) -> Result<T, ConfigError> {
@@ -183,16 +206,20 @@ impl Checker<'_> {
     }
 }
 
-fn sandbox(o: &Object) -> Result<Sandbox, ConfigError> {
-    let s: SandboxSpec = spec(o)?;
-    let c = Checker { o };
+fn sandbox(o: &Object) -> Result<SandboxConfig, ConfigError> {
+    check_sandbox(&Where::of(o), &spec(o)?)
+}
+
+/// Validates a Sandbox on its own (ranges, quantities, env, offered features).
+pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, ConfigError> {
+    let c = Checker { at };
     if s.image != "host" {
         return Err(c.err("spec.image", "only `host` (the node's own root filesystem, read-only) is supported in this release"));
     }
     if s.network == Network::Unrestricted {
         return Err(c.err("spec.network", "Unrestricted is not offered by this release's node-agent yet; use Blocked"));
     }
-    let languages = match s.languages {
+    let languages = match s.languages.clone() {
         Some(l) if l.is_empty() => return Err(c.err("spec.languages", "must list at least one language")),
         Some(mut l) => {
             l.sort();
@@ -219,16 +246,49 @@ fn sandbox(o: &Object) -> Result<Sandbox, ConfigError> {
     };
     let max_timeout_seconds = c.range("spec.maxTimeoutSeconds", s.max_timeout_seconds.unwrap_or(3600), TIMEOUT)?;
     c.env("spec.env", &s.env)?;
-    Ok(Sandbox { image: s.image, languages, limits, max_timeout_seconds, network: s.network, env: s.env, thread_retention: s.thread_retention })
+    Ok(SandboxConfig {
+        image: s.image.clone(),
+        languages,
+        limits,
+        max_timeout_seconds,
+        network: s.network,
+        env: s.env.clone(),
+        thread_retention: s.thread_retention,
+    })
 }
 
 type Map<T> = HashMap<(String, String), T>;
 
-fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> Result<EffectiveKey, ConfigError> {
+fn api_key(o: &Object, sandboxes: &Map<SandboxConfig>, secrets: &Map<SecretBody>) -> Result<EffectiveKey, ConfigError> {
     let k: ApiKeySpec = spec(o)?;
-    let c = Checker { o };
-    let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone())).ok_or_else(|| {
-        c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {}", k.sandbox_ref.name, o.namespace))
+    let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone()));
+    let (secret_name, _) = secret_ref(&o.name, &k);
+    let secret = secrets.get(&(o.namespace.clone(), secret_name));
+    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret)
+}
+
+/// The Secret (name, entry) holding an ApiKey's key.
+pub fn secret_ref(api_key_name: &str, k: &ApiKeySpec) -> (String, String) {
+    match &k.secret_ref {
+        Some(r) => (r.name.clone(), r.key.clone()),
+        None => (format!("{api_key_name}-key"), "key".to_string()),
+    }
+}
+
+/// Compiles one ApiKey against its (validated) Sandbox and its Secret,
+/// enforcing that the key only narrows the Sandbox. The operator calls this
+/// with objects from the API server; `compile` with objects from files.
+pub fn effective_key(
+    at: &Where,
+    namespace: &str,
+    name: &str,
+    k: &ApiKeySpec,
+    sandbox: Option<&SandboxConfig>,
+    secret: Option<&SecretBody>,
+) -> Result<EffectiveKey, ConfigError> {
+    let c = Checker { at };
+    let sb = sandbox.ok_or_else(|| {
+        c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name))
     })?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
@@ -246,11 +306,11 @@ fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> R
     c.env("spec.env", &k.env)?;
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
-    let secret = secret_value(o, &k, secrets)?;
+    let secret = secret_value(&c, namespace, name, k, secret)?;
     Ok(EffectiveKey {
-        namespace: o.namespace.clone(),
-        name: o.name.clone(),
-        sandbox: k.sandbox_ref.name,
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        sandbox: k.sandbox_ref.name.clone(),
         hash: KeyHash::of(&secret),
         display_prefix: key::display_prefix(&secret),
         disabled: k.disabled,
@@ -266,16 +326,10 @@ fn api_key(o: &Object, sandboxes: &Map<Sandbox>, secrets: &Map<SecretBody>) -> R
 }
 
 /// Reads the key from its Secret. The value is never put in an error.
-fn secret_value(o: &Object, k: &ApiKeySpec, secrets: &Map<SecretBody>) -> Result<String, ConfigError> {
-    let c = Checker { o };
-    let (name, entry) = match &k.secret_ref {
-        Some(r) => (r.name.clone(), r.key.clone()),
-        None => (format!("{}-key", o.name), "key".to_string()),
-    };
+fn secret_value(c: &Checker<'_>, namespace: &str, key_name: &str, k: &ApiKeySpec, s: Option<&SecretBody>) -> Result<String, ConfigError> {
+    let (name, entry) = secret_ref(key_name, k);
     let field = "spec.secretRef";
-    let s = secrets
-        .get(&(o.namespace.clone(), name.clone()))
-        .ok_or_else(|| c.err(field, format!("Secret {}/{name} not found", o.namespace)))?;
+    let s = s.ok_or_else(|| c.err(field, format!("Secret {namespace}/{name} not found")))?;
     let value = match (s.string_data.get(&entry), s.data.get(&entry)) {
         (Some(v), _) => v.clone(),
         (None, Some(b64)) => base64::engine::general_purpose::STANDARD

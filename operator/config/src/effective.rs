@@ -1,11 +1,14 @@
 //! The compiled, effective configuration of one API key: everything the
 //! gateway needs to authenticate a request and build the node-agent call.
 
+use serde::{Deserialize, Serialize};
+
 use crate::key::KeyHash;
 use crate::types::{Language, Network, ThreadRetention};
 
 /// Resolved per-execution limits (every field set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Limits {
     /// CPU quota in thousandths of a core.
     pub cpu_millis: u32,
@@ -21,8 +24,10 @@ pub struct Limits {
     pub max_output_bytes: u64,
 }
 
-/// What one API key may do, with every narrowing applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one API key may do, with every narrowing applied. This is what the
+/// operator publishes for the gateways (it holds the key's hash, never the key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct EffectiveKey {
     /// Namespace of the ApiKey (the tenant).
     pub namespace: String,

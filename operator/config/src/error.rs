@@ -27,10 +27,14 @@ impl ConfigError {
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.file)?;
-        if let Some(o) = &self.object {
-            write!(f, ": {o}")?;
+        let mut parts = Vec::new();
+        if !self.file.is_empty() {
+            parts.push(self.file.as_str());
         }
+        if let Some(o) = &self.object {
+            parts.push(o.as_str());
+        }
+        write!(f, "{}", parts.join(": "))?;
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
         }

@@ -27,6 +27,27 @@ impl std::fmt::Debug for KeyHash {
     }
 }
 
+impl serde::Serialize for KeyHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeyHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let hex = String::deserialize(d)?;
+        let bad = || serde::de::Error::custom("a key hash is 64 hex digits");
+        if hex.len() != 64 {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+        }
+        Ok(KeyHash(out))
+    }
+}
+
 impl KeyHash {
     /// Hashes `key` (any bytes; the format is checked separately).
     pub fn of(key: &str) -> Self {

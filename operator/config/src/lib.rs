@@ -13,14 +13,15 @@ pub mod env;
 mod error;
 pub mod key;
 pub mod manifest;
+pub mod published;
 pub mod quantity;
 pub mod types;
 
-pub use compile::{compile, Compiled};
+pub use compile::{check_sandbox, compile, effective_key, secret_ref, Compiled, SandboxConfig, Where};
 pub use effective::{EffectiveKey, Limits};
 pub use error::ConfigError;
 pub use manifest::Source;
-pub use types::{Language, Network};
+pub use types::{Language, Network, SecretBody};
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,179 @@
+//! ApiKey: make sure the key exists (generating it into an owned Secret when
+//! the spec names none), compile the effective configuration against the
+//! Sandbox with `warren-config` (the narrowing rules of single-machine mode),
+//! publish it for the gateways or withdraw it, and report status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as Finalize};
+use kube::{Resource, ResourceExt};
+use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox};
+use warren_config::{key, published, ConfigError, EffectiveKey, SecretBody, Where};
+
+use crate::context::{Context, Error};
+use crate::status;
+
+/// Removes the published key before the ApiKey goes away.
+pub const FINALIZER: &str = "warren.dev/withdraw-key";
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Reconciles one ApiKey.
+pub async fn reconcile(key: Arc<ApiKey>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = key.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<ApiKey> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, key, |event| async {
+        match event {
+            Finalize::Apply(k) => apply(&k, &ns, &ctx).await,
+            Finalize::Cleanup(k) => withdraw(&ctx, &ns, &k.name_any()).await.map(|()| Action::await_change()),
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(e.to_string()))
+}
+
+async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = key.name_any();
+    let secret = ensure_secret(key, ns, ctx).await?;
+    let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
+    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref());
+    let (ok, reason, message, prefix) = match &compiled {
+        Ok(eff) => {
+            publish(ctx, eff).await?;
+            let reason = if eff.disabled { "Disabled" } else { "Published" };
+            (true, reason, format!("published for the gateways (key {})", eff.display_prefix), Some(eff.display_prefix.clone()))
+        }
+        Err(e) => {
+            withdraw(ctx, ns, &name).await?;
+            (false, reason_of(e), e.to_string(), None)
+        }
+    };
+    let old = key.status.clone().unwrap_or_default();
+    let conditions = status::ready(ok, reason, &message, key.meta().generation, &old.conditions, now());
+    let new = ApiKeyStatus { conditions, observed_generation: key.meta().generation, key_prefix: prefix };
+    if status::differs(&old.conditions, &new.conditions) || old.key_prefix != new.key_prefix || old.observed_generation != new.observed_generation {
+        status::patch(&Api::<ApiKey>::namespaced(ctx.client.clone(), ns), &name, &new).await?;
+        if status::ready_of(&old.conditions) != status::ready_of(&new.conditions) {
+            ctx.event(key, !ok, reason, message).await;
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Condition reason for a compile error (bounded set, documented on ApiKeyStatus).
+fn reason_of(e: &ConfigError) -> &'static str {
+    match e.field.as_str() {
+        "spec.sandboxRef.name" => "SandboxNotFound",
+        "spec.secretRef" => "SecretInvalid",
+        _ => "InvalidNarrowing",
+    }
+}
+
+fn compile(key: &ApiKey, ns: &str, sandbox: Option<&Sandbox>, secret: Option<&Secret>) -> Result<EffectiveKey, ConfigError> {
+    let at = Where { file: String::new(), object: format!("ApiKey {ns}/{}", key.name_any()) };
+    let sandbox = match sandbox {
+        None => None,
+        Some(s) => {
+            let sb_at = Where { file: String::new(), object: format!("Sandbox {ns}/{}", s.name_any()) };
+            Some(warren_config::check_sandbox(&sb_at, &s.spec).map_err(|e| ConfigError {
+                field: "spec.sandboxRef.name".into(),
+                message: format!("the Sandbox is not valid ({e})"),
+                ..e
+            })?)
+        }
+    };
+    let body = secret.map(secret_body);
+    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref())
+}
+
+fn secret_body(s: &Secret) -> SecretBody {
+    use base64::Engine as _;
+    let data = s.data.iter().flatten().map(|(k, v)| (k.clone(), base64::engine::general_purpose::STANDARD.encode(&v.0))).collect();
+    SecretBody { data, string_data: s.string_data.clone().unwrap_or_default() }
+}
+
+/// The key's Secret; generated (and owned by the ApiKey) when the spec names
+/// none and it does not exist yet. An existing Secret is never rewritten.
+async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<Secret>, Error> {
+    let (secret_name, entry) = warren_config::secret_ref(&key.name_any(), &key.spec);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    if let Some(s) = api.get_opt(&secret_name).await? {
+        return Ok(Some(s));
+    }
+    if key.spec.secret_ref.is_some() {
+        return Ok(None); // the user's Secret: reported, never invented
+    }
+    let value = generate_key();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name),
+            namespace: Some(ns.into()),
+            owner_references: key.controller_owner_ref(&()).map(|o| vec![o]),
+            labels: Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), status::MANAGER.to_string())])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(entry, ByteString(value.into_bytes()))])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    match api.create(&PostParams { field_manager: Some(status::MANAGER.into()), ..Default::default() }, &secret).await {
+        Ok(s) => {
+            tracing::info!(namespace = ns, apikey = %key.name_any(), "generated a key");
+            Ok(Some(s))
+        }
+        // Created concurrently (another reconcile): use that one.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(api.get_opt(&secret.name_any()).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn generate_key() -> String {
+    use rand::RngCore;
+    loop {
+        let mut bytes = [0u8; 96];
+        rand::rng().fill_bytes(&mut bytes);
+        if let Some(k) = key::from_random_bytes(&bytes) {
+            return k;
+        }
+    }
+}
+
+/// Publishes (server-side apply: identical content changes nothing).
+async fn publish(ctx: &Context, eff: &EffectiveKey) -> Result<(), Error> {
+    use base64::Engine as _;
+    let name = published::secret_name(&eff.namespace, &eff.name);
+    let body = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": ctx.publish_namespace,
+            "labels": {published::LABEL: "true", "app.kubernetes.io/managed-by": status::MANAGER},
+            "annotations": {published::SOURCE_ANNOTATION: eff.qualified_name()},
+        },
+        "type": "Opaque",
+        "data": {published::DATA_KEY: base64::engine::general_purpose::STANDARD.encode(published::encode(eff))},
+    });
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.publish_namespace);
+    api.patch(&name, &PatchParams::apply(status::MANAGER).force(), &Patch::Apply(&body)).await?;
+    Ok(())
+}
+
+/// Removes the published key, if any.
+async fn withdraw(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.publish_namespace);
+    match api.delete(&published::secret_name(ns, name), &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,49 @@
+//! What every reconciler shares, and the operator's one error type.
+
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+
+/// Shared state of the controllers.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Namespace where effective keys are published for the gateways.
+    pub publish_namespace: String,
+    recorder: Recorder,
+}
+
+impl Context {
+    /// Builds the context.
+    pub fn new(client: Client, publish_namespace: String) -> Context {
+        let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
+        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace }
+    }
+
+    /// Records an event on `obj` (best effort: a failed event never fails a reconcile).
+    pub async fn event<K: Resource<DynamicType = ()>>(&self, obj: &K, warning: bool, reason: &str, note: String) {
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, object = %obj.name_any(), "event not recorded");
+        }
+    }
+}
+
+/// Why a reconcile failed (the object is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a call.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object lacks its namespace.
+    #[error("object has no namespace")]
+    NoNamespace,
+    /// The finalizer machinery failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}

@@ -1,0 +1,85 @@
+//! Sandbox, StorageConnection and Connector: status only.
+//!
+//! A Sandbox is Ready when its spec passes the same checks single-machine mode
+//! applies (`host` is warm on every node by definition). A StorageConnection
+//! or Connector is Ready when the Secret it references exists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use warren_config::types::{Connector, ReadyStatus, Sandbox, SandboxStatus, StorageConnection};
+use warren_config::Where;
+
+use crate::context::{Context, Error};
+use crate::status;
+
+const RESYNC: Duration = Duration::from_secs(300);
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Reconciles one Sandbox.
+pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = sb.namespace().ok_or(Error::NoNamespace)?;
+    let at = Where { file: String::new(), object: format!("Sandbox {ns}/{}", sb.name_any()) };
+    let checked = warren_config::check_sandbox(&at, &sb.spec);
+    let old = sb.status.clone().unwrap_or_default();
+    let (ok, reason, message, languages): (bool, &str, String, _) = match &checked {
+        Ok(c) => (true, "Valid", format!("image {} is available on every node", c.image), c.languages.clone()),
+        Err(e) => (false, "InvalidSpec", e.to_string(), Vec::new()),
+    };
+    let conditions = status::ready(ok, reason, &message, sb.meta().generation, &old.conditions, now());
+    let new = SandboxStatus { conditions, observed_generation: sb.meta().generation, languages, warm_nodes: old.warm_nodes.clone() };
+    if status::differs(&old.conditions, &new.conditions) || old.languages != new.languages || old.observed_generation != new.observed_generation {
+        status::patch(&Api::<Sandbox>::namespaced(ctx.client.clone(), &ns), &sb.name_any(), &new).await?;
+        if status::ready_of(&old.conditions) != status::ready_of(&new.conditions) {
+            ctx.event(sb.as_ref(), !ok, reason, message).await;
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Reconciles one StorageConnection.
+pub async fn storage(sc: Arc<StorageConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let secret = sc.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone());
+    let old = sc.status.clone().map(|s| s.conditions).unwrap_or_default();
+    let api = Api::<StorageConnection>::namespaced(ctx.client.clone(), &sc.namespace().ok_or(Error::NoNamespace)?);
+    secret_ready(sc.as_ref(), &api, secret.as_deref(), &old, &ctx).await
+}
+
+/// Reconciles one Connector.
+pub async fn connector(cn: Arc<Connector>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let secret = Some(cn.spec.credentials_secret_ref.name.clone());
+    let old = cn.status.clone().map(|s| s.conditions).unwrap_or_default();
+    let api = Api::<Connector>::namespaced(ctx.client.clone(), &cn.namespace().ok_or(Error::NoNamespace)?);
+    secret_ready(cn.as_ref(), &api, secret.as_deref(), &old, &ctx).await
+}
+
+async fn secret_ready<K>(obj: &K, api: &Api<K>, secret: Option<&str>, old: &[Condition], ctx: &Context) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let ns = obj.namespace().ok_or(Error::NoNamespace)?;
+    let found = match secret {
+        None => true, // ambient identity
+        Some(name) => Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(name).await?.is_some(),
+    };
+    let (reason, message) = match (found, secret) {
+        (true, Some(s)) => ("Valid", format!("Secret {s} found")),
+        (true, None) => ("Valid", "uses the node's ambient identity".to_string()),
+        (false, s) => ("SecretNotFound", format!("Secret {} not found in namespace {ns}", s.unwrap_or_default())),
+    };
+    let conditions = status::ready(found, reason, &message, obj.meta().generation, old, now());
+    if status::differs(old, &conditions) {
+        let new = ReadyStatus { conditions, observed_generation: obj.meta().generation };
+        status::patch(api, &obj.name_any(), &new).await?;
+        ctx.event(obj, !found, reason, message).await;
+    }
+    Ok(Action::requeue(RESYNC))
+}

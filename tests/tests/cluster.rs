@@ -1,0 +1,134 @@
+//! Warren on a real API server: the operator reconciles the example
+//! manifests, the gateway in cluster mode serves the keys it publishes, and
+//! two real node-agents run the code. kube-envtest (Kubernetes 1.20) provides
+//! the API server; everything else runs as local processes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use warren_e2e::gateway::{wait_for, Gateway};
+use warren_e2e::kube::{EnvTest, Operator};
+use warren_e2e::{skip_unless_root, Agent};
+
+const NS: &str = "warren-system";
+
+fn repo(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel).display().to_string()
+}
+
+fn secret_value(k: &EnvTest, secret: &str) -> Option<String> {
+    use base64::Engine as _;
+    let out = k.kubectl(&["get", "secret", secret, "-o", "jsonpath={.data.key}"]);
+    let b64 = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    (out.status.success() && !bytes.is_empty()).then(|| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn status(gw: &Gateway, key: &str) -> u16 {
+    gw.execute(key, &json!({"code": "print(6 * 7)"})).status
+}
+
+fn ready(k: &EnvTest, kind: &str, name: &str) -> (String, String) {
+    let path = r#"{.status.conditions[?(@.type=="Ready")].status}/{.status.conditions[?(@.type=="Ready")].reason}"#;
+    let out = k.kubectl_ok(&["get", kind, name, "-o", &format!("jsonpath={path}")]);
+    let (s, r) = out.split_once('/').unwrap_or(("", ""));
+    (s.to_string(), r.to_string())
+}
+
+fn resource_versions(k: &EnvTest) -> String {
+    let mut all = String::new();
+    for (kind, ns) in [("sandboxes", "default"), ("apikeys", "default"), ("secrets", "default"), ("secrets", NS)] {
+        all += &k.kubectl_ok(&["get", kind, "-n", ns, "-o", r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}"#]);
+        all.push('\n');
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_gateway_and_agents_on_a_real_api_server() {
+    if skip_unless_root("operator_gateway_and_agents_on_a_real_api_server") {
+        return;
+    }
+    let k = EnvTest::start().unwrap();
+    k.kubectl_ok(&["apply", "-f", &repo("crds")]);
+    for crd in ["sandboxes", "apikeys", "storageconnections", "connectors"] {
+        k.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", &format!("crd/{crd}.warren.dev")]);
+    }
+    k.kubectl_ok(&["create", "namespace", NS]);
+    let operator = Operator::start(&k, NS).unwrap();
+    let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
+    let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
+    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS], &env, false).await.unwrap();
+
+    // The example: the operator generates the key, marks the ApiKey Ready and publishes it.
+    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    let mut key = None;
+    assert!(wait_for(Duration::from_secs(30), || {
+        key = secret_value(&k, "agent-key");
+        key.is_some()
+    }), "no key generated; operator logs:\n{}", operator.logs().join("\n"));
+    let key = key.unwrap();
+    assert!(key.starts_with("sk-wrn-") && key.len() == 47, "{key}");
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "key never served; operator:\n{}\ngateway:\n{}", operator.logs().join("\n"), gw.logs().join("\n"));
+    let r = gw.execute(&key, &json!({"code": "import os; print(os.environ['APP_ENV'])"}));
+    assert_eq!(r.json()["stdout"], "production\n");
+    assert_eq!(ready(&k, "apikey", "agent"), ("True".into(), "Published".into()));
+    assert_eq!(ready(&k, "sandbox", "default"), ("True".into(), "Valid".into()));
+    let prefix = k.kubectl_ok(&["get", "apikey", "agent", "-o", "jsonpath={.status.keyPrefix}"]);
+    assert!(key.starts_with(prefix.trim_end_matches('…')) && !prefix.contains(&key), "{prefix}");
+    // Both agents serve: idle capacity is spread (distinct node names in the audit log).
+    assert!(warren_e2e::http::get(gw.addr, "/metrics").text().contains("warren_gateway_healthy_nodes 2"));
+    for _ in 0..8 {
+        assert_eq!(status(&gw, &key), 200);
+    }
+    let nodes: std::collections::BTreeSet<String> =
+        gw.audit_records().iter().filter_map(|r| r["node"].as_str().map(str::to_string)).collect();
+    assert!(nodes.contains("node-a") && nodes.contains("node-b"), "{nodes:?}");
+
+    // Re-applying the same manifests changes nothing: no status churn, no new key.
+    let before = resource_versions(&k);
+    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(resource_versions(&k), before, "re-applying changed objects");
+    assert_eq!(secret_value(&k, "agent-key").as_deref(), Some(key.as_str()));
+
+    // Disabled → 403 within 5 s; enabled again → 200.
+    k.kubectl_ok(&["patch", "apikey", "agent", "--type", "merge", "-p", r#"{"spec":{"disabled":true}}"#]);
+    assert!(wait_for(Duration::from_secs(5), || status(&gw, &key) == 403), "disable did not reach the gateway");
+    k.kubectl_ok(&["patch", "apikey", "agent", "--type", "merge", "-p", r#"{"spec":{"disabled":false}}"#]);
+    assert!(wait_for(Duration::from_secs(5), || status(&gw, &key) == 200));
+
+    // A key that widens its Sandbox is not Ready and its key is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.yaml");
+    std::fs::write(&wide, "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: wide}\nspec: {sandboxRef: {name: default}, maxTimeoutSeconds: 600}\n").unwrap();
+    k.kubectl_ok(&["apply", "-f", wide.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "apikey", "wide") == ("False".into(), "InvalidNarrowing".into())));
+    let wide_key = secret_value(&k, "wide-key").expect("the key is still generated");
+    assert_eq!(status(&gw, &wide_key), 401);
+    let msg = k.kubectl_ok(&["get", "apikey", "wide", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].message}"#]);
+    assert!(msg.contains("spec.maxTimeoutSeconds"), "{msg}");
+
+    // Rotating a referenced Secret takes effect; the old value stops working.
+    let k1 = format!("sk-wrn-{}", "R".repeat(40));
+    let k2 = format!("sk-wrn-{}", "S".repeat(40));
+    k.kubectl_ok(&["create", "secret", "generic", "rotating", &format!("--from-literal=key={k1}")]);
+    let rot = dir.path().join("rot.yaml");
+    std::fs::write(&rot, "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: rot}\nspec: {sandboxRef: {name: default}, secretRef: {name: rotating}}\n").unwrap();
+    k.kubectl_ok(&["apply", "-f", rot.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(15), || status(&gw, &k1) == 200));
+    let patch = format!(r#"{{"stringData":{{"key":"{k2}"}}}}"#);
+    k.kubectl_ok(&["patch", "secret", "rotating", "--type", "merge", "-p", &patch]);
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &k2) == 200), "rotation not applied");
+    assert_eq!(status(&gw, &k1), 401);
+
+    // Deleted → 401 (the finalizer withdraws the published key).
+    k.kubectl_ok(&["delete", "apikey", "agent", "--wait=true", "--timeout=30s"]);
+    assert!(wait_for(Duration::from_secs(5), || status(&gw, &key) == 401));
+    for line in operator.logs().iter().chain(gw.logs().iter()) {
+        assert!(!line.contains(&key) && !line.contains(&k2), "a log line holds a key: {line}");
+    }
+}
