@@ -9,6 +9,7 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod cluster_config;
+pub mod discovery;
 pub mod error;
 pub mod execute;
 mod json;
@@ -52,6 +53,13 @@ pub struct Args {
     /// Node-agent address, `unix:/path` or `http://host:port` (repeatable).
     #[arg(long = "agent", env = "WARREN_AGENTS", value_delimiter = ',', default_value = "unix:/run/warren/agent.sock")]
     pub agents: Vec<AgentAddress>,
+    /// Cluster mode: find node-agents as the running pods with these labels
+    /// in `--namespace` (instead of `--agent`).
+    #[arg(long, env = "WARREN_AGENT_SELECTOR")]
+    pub agent_selector: Option<String>,
+    /// gRPC port of the discovered node-agent pods.
+    #[arg(long, env = "WARREN_AGENT_PORT", default_value_t = 7443)]
+    pub agent_port: u16,
     /// File holding the bearer token for TCP node-agents.
     #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
     pub agent_token_file: Option<PathBuf>,
@@ -92,12 +100,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
         None => None,
     };
-    let nodes = nodes::Nodes::new(&args.agents, token)?;
+    let client = if args.cluster || args.agent_selector.is_some() {
+        Some(kube::Client::try_default().await.context("connecting to the Kubernetes API (cluster mode)")?)
+    } else {
+        None
+    };
+    let static_agents = if args.agent_selector.is_some() { Vec::new() } else { args.agents.clone() };
+    let nodes = nodes::Nodes::new(&static_agents, token)?;
     nodes.check_all().await;
     let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
+    let discovery = match (&client, &args.agent_selector) {
+        (Some(c), Some(sel)) => Some(tokio::spawn(discovery::watch_loop(c.clone(), args.namespace.clone(), sel.clone(), args.agent_port, nodes.clone()))),
+        _ => None,
+    };
 
-    let reload = if args.cluster {
-        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API (cluster mode)")?;
+    let reload = if let (true, Some(client)) = (args.cluster, client) {
         let (tx, rx) = watch::channel(Arc::new(auth::KeyStore::default()));
         (rx, tokio::spawn(cluster_config::watch_loop(client, args.namespace.clone(), tx)))
     } else {
@@ -135,6 +152,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     health.abort();
     reload.abort();
+    if let Some(d) = discovery {
+        d.abort();
+    }
     info!("gateway stopped");
     Ok(())
 }

@@ -69,7 +69,9 @@ impl Node {
 /// The set of agents.
 #[derive(Debug)]
 pub struct Nodes {
-    nodes: Vec<Arc<Node>>,
+    /// The current set; replaced whole when discovery changes it.
+    nodes: std::sync::RwLock<Arc<Vec<Arc<Node>>>>,
+    token: Option<Arc<str>>,
     freed: Notify,
     /// Rotates among equally free nodes, so idle capacity is spread.
     turn: std::sync::atomic::AtomicUsize,
@@ -94,38 +96,63 @@ impl Drop for Lease {
 impl Nodes {
     /// Builds the set; channels connect lazily and reconnect on their own.
     pub fn new(addresses: &[AgentAddress], token: Option<String>) -> anyhow::Result<Arc<Nodes>> {
-        let token: Option<Arc<str>> = token.map(Into::into);
-        let nodes = addresses
+        let nodes = Arc::new(Nodes {
+            nodes: Default::default(),
+            token: token.map(Into::into),
+            freed: Notify::new(),
+            turn: Default::default(),
+        });
+        nodes.set(addresses)?;
+        Ok(nodes)
+    }
+
+    fn node(&self, a: &AgentAddress) -> anyhow::Result<Arc<Node>> {
+        let channel = warren_proto::client::lazy_channel(a)?;
+        Ok(Arc::new(Node {
+            address: a.clone(),
+            name: std::sync::Mutex::new(a.to_string()),
+            client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
+            token: matches!(a, AgentAddress::Tcp(_)).then(|| self.token.clone()).flatten(),
+            healthy: AtomicBool::new(false),
+            capacity: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+        }))
+    }
+
+    /// Replaces the set (discovery). Nodes that stay keep their state and
+    /// connections; new ones start unhealthy until their first check; leases
+    /// on removed nodes finish normally.
+    pub fn set(&self, addresses: &[AgentAddress]) -> anyhow::Result<()> {
+        let current = self.snapshot();
+        let next = addresses
             .iter()
-            .map(|a| {
-                let channel = warren_proto::client::lazy_channel(a)?;
-                Ok(Arc::new(Node {
-                    address: a.clone(),
-                    name: std::sync::Mutex::new(a.to_string()),
-                    client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
-                    token: matches!(a, AgentAddress::Tcp(_)).then(|| token.clone()).flatten(),
-                    healthy: AtomicBool::new(false),
-                    capacity: AtomicU32::new(0),
-                    in_flight: AtomicU32::new(0),
-                }))
+            .map(|a| match current.iter().find(|n| &n.address == a) {
+                Some(n) => Ok(n.clone()),
+                None => self.node(a),
             })
-            .collect::<anyhow::Result<_>>()?;
-        Ok(Arc::new(Nodes { nodes, freed: Notify::new(), turn: Default::default() }))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        *self.nodes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Arc<Vec<Arc<Node>>> {
+        self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Number of healthy agents.
     pub fn healthy(&self) -> usize {
-        self.nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
+        self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
     }
 
     /// Executions this gateway has running on agents.
     pub fn in_flight(&self) -> u32 {
-        self.nodes.iter().map(|n| n.in_flight.load(Ordering::Acquire)).sum()
+        self.snapshot().iter().map(|n| n.in_flight.load(Ordering::Acquire)).sum()
     }
 
     /// Checks every agent once.
     pub async fn check_all(&self) {
-        let checks = self.nodes.iter().map(|n| check(n));
+        let nodes = self.snapshot();
+        let checks = nodes.iter().map(|n| check(n));
         futures_util::future::join_all(checks).await;
         self.freed.notify_waiters();
     }
@@ -159,8 +186,9 @@ impl Nodes {
     }
 
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
+        let nodes = self.snapshot();
         loop {
-            let usable = || self.nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0);
+            let usable = || nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0);
             let most = usable().map(|n| n.free()).max()?;
             let ties: Vec<&Arc<Node>> = usable().filter(|n| n.free() == most).collect();
             let Some(best) = ties.get(self.turn.fetch_add(1, Ordering::Relaxed) % ties.len().max(1)) else { continue };

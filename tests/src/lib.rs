@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 use warren_proto::client::AgentAddress;
 pub mod bench;
 pub mod gateway;
+pub mod helm;
 pub mod http;
 pub mod kube;
 
