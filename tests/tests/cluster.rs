@@ -132,3 +132,62 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
         assert!(!line.contains(&key) && !line.contains(&k2), "a log line holds a key: {line}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_finds_agent_pods_by_label() {
+    if skip_unless_root("the_gateway_finds_agent_pods_by_label") {
+        return;
+    }
+    let k = EnvTest::start().unwrap();
+    k.kubectl_ok(&["apply", "-f", &repo("crds")]);
+    k.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", "crd/apikeys.warren.dev", "crd/sandboxes.warren.dev"]);
+    k.kubectl_ok(&["create", "namespace", NS]);
+    let _operator = Operator::start(&k, NS).unwrap();
+    // An agent serving TCP with a token, as the DaemonSet's pods do.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "test-token-0123456789abcdef").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    // (Its Unix socket requires the token too, so the harness cannot probe it: wait on TCP.)
+    let _agent = Agent::start_no_wait(&["--node-name", "node-pod", "--listen-tcp", &listen, "--token-file", token.to_str().unwrap()]).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
+    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
+    let args = [
+        "--cluster",
+        "--namespace",
+        NS,
+        "--agent-selector",
+        "app.kubernetes.io/component=node-agent",
+        "--agent-port",
+        &port.to_string(),
+        "--agent-token-file",
+        token.to_str().unwrap(),
+    ];
+    let gw = Gateway::start_with_env(&[], &args, &[("KUBECONFIG", kubeconfig.as_str())], false).await.unwrap();
+    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    let mut key = None;
+    assert!(wait_for(Duration::from_secs(30), || {
+        key = secret_value(&k, "agent-key");
+        key.is_some()
+    }));
+    let key = key.unwrap();
+    // No agent pod yet: nothing can run it.
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 503));
+    // A pod of the DaemonSet appears (no kubelet here: its status is set by hand).
+    let pod = dir.path().join("pod.yaml");
+    std::fs::write(
+        &pod,
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: agent-1, namespace: {NS}, labels: {{app.kubernetes.io/component: node-agent}}}}\nspec: {{automountServiceAccountToken: false, containers: [{{name: a, image: warren}}]}}\n"),
+    )
+    .unwrap();
+    // No controller-manager here: the namespace's default ServiceAccount is made by hand.
+    k.kubectl_ok(&["create", "serviceaccount", "default", "-n", NS]);
+    k.kubectl_ok(&["apply", "-f", pod.to_str().unwrap()]);
+    k.kubectl_ok(&["patch", "pod", "agent-1", "-n", NS, "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Running","podIP":"127.0.0.1"}}"#]);
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "gateway:\n{}", gw.logs().join("\n"));
+    assert!(gw.audit_records().iter().any(|r| r["node"] == "node-pod"));
+    // The pod goes away: so does the agent.
+    k.kubectl_ok(&["delete", "pod", "agent-1", "-n", NS, "--grace-period=0", "--force"]);
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 503));
+}
