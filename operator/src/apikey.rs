@@ -3,7 +3,7 @@
 //! Sandbox with `warren-config` (the narrowing rules of single-machine mode),
 //! publish it for the gateways or withdraw it, and report status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::{Resource, ResourceExt};
-use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox};
+use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox, StorageConnection};
 use warren_config::{key, published, ConfigError, EffectiveKey, SecretBody, Where};
 
 use crate::context::{Context, Error};
@@ -41,7 +41,17 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = key.name_any();
     let secret = ensure_secret(key, ns, ctx).await?;
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
-    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref());
+    let connections: HashMap<String, String> = if sandbox.as_ref().is_some_and(|s| !s.spec.storage.is_empty()) {
+        Api::<StorageConnection>::namespaced(ctx.client.clone(), ns)
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .map(|c| (c.name_any(), c.spec.prefix.clone().unwrap_or_default()))
+            .collect()
+    } else {
+        HashMap::new()
+    };
+    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections);
     let (ok, reason, message, prefix) = match &compiled {
         Ok(eff) => {
             publish(ctx, eff).await?;
@@ -78,7 +88,13 @@ fn reason_of(e: &ConfigError) -> &'static str {
     }
 }
 
-fn compile(key: &ApiKey, ns: &str, sandbox: Option<&Sandbox>, secret: Option<&Secret>) -> Result<EffectiveKey, ConfigError> {
+fn compile(
+    key: &ApiKey,
+    ns: &str,
+    sandbox: Option<&Sandbox>,
+    secret: Option<&Secret>,
+    connections: &HashMap<String, String>,
+) -> Result<EffectiveKey, ConfigError> {
     let at = Where { file: String::new(), object: format!("ApiKey {ns}/{}", key.name_any()) };
     let sandbox = match sandbox {
         None => None,
@@ -92,7 +108,7 @@ fn compile(key: &ApiKey, ns: &str, sandbox: Option<&Sandbox>, secret: Option<&Se
         }
     };
     let body = secret.map(secret_body);
-    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref())
+    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), &|c| connections.get(c).cloned())
 }
 
 fn secret_body(s: &Secret) -> SecretBody {

@@ -31,7 +31,10 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
     let checked = warren_config::check_sandbox(&at, &sb.spec);
     let old = sb.status.clone().unwrap_or_default();
     let (ok, reason, message, languages): (bool, &str, String, _) = match &checked {
-        Ok(c) => (true, "Valid", format!("image {} is available on every node", c.image), c.languages.clone()),
+        Ok(c) => match c.unsupported() {
+            Some(why) => (false, "Unsupported", why.to_string(), Vec::new()),
+            None => (true, "Valid", format!("image {} is available on every node", c.image), c.languages.clone()),
+        },
         Err(e) => (false, "InvalidSpec", e.to_string(), Vec::new()),
     };
     let conditions = status::ready(ok, reason, &message, sb.meta().generation, &old.conditions, now());

@@ -13,6 +13,7 @@ use crate::env;
 use crate::error::ConfigError;
 use crate::key::{self, KeyHash};
 use crate::manifest::{self, Kind, Object, Source};
+use crate::narrowing;
 use crate::quantity;
 use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
 
@@ -61,6 +62,18 @@ pub struct SandboxConfig {
     pub env: Vec<EnvVar>,
     /// Thread retention.
     pub thread_retention: crate::types::ThreadRetention,
+    /// Storage mounts (validated syntactically).
+    pub storage: Vec<crate::types::StorageMount>,
+    /// Connector names.
+    pub connectors: Vec<String>,
+}
+
+impl SandboxConfig {
+    /// Why this Sandbox cannot run code on this release's node-agent, if so.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        (!self.storage.is_empty() || !self.connectors.is_empty())
+            .then_some("storage mounts and connectors are not offered by this release's node-agent yet")
+    }
 }
 
 /// Compiles `sources`.
@@ -69,6 +82,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let objects = dedupe(objects, &mut errors);
     let mut sandboxes = HashMap::new();
     let mut secrets = HashMap::new();
+    let mut connections: Map<String> = HashMap::new();
     for o in objects.iter() {
         match o.kind {
             Kind::Sandbox => match sandbox(o) {
@@ -83,12 +97,23 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
                 }
                 Err(e) => errors.push(e),
             },
+            Kind::StorageConnection => match spec::<crate::types::StorageConnectionSpec>(o) {
+                Ok(sc) => {
+                    connections.insert((o.namespace.clone(), o.name.clone()), sc.prefix.unwrap_or_default());
+                }
+                Err(e) => errors.push(e),
+            },
+            Kind::Connector => {
+                if let Err(e) = spec::<crate::types::ConnectorSpec>(o) {
+                    errors.push(e);
+                }
+            }
             Kind::ApiKey => {}
         }
     }
     let mut keys = Vec::new();
     for o in objects.iter().filter(|o| o.kind == Kind::ApiKey) {
-        match api_key(o, &sandboxes, &secrets) {
+        match api_key(o, &sandboxes, &secrets, &connections) {
             Ok(k) => keys.push((o, k)),
             Err(e) => errors.push(e),
         }
@@ -254,17 +279,33 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         network: s.network,
         env: s.env.clone(),
         thread_retention: s.thread_retention,
+        storage: check_mounts(&c, &s.storage)?,
+        connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
     })
+}
+
+fn check_mounts(c: &Checker<'_>, mounts: &[crate::types::StorageMount]) -> Result<Vec<crate::types::StorageMount>, ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for (i, m) in mounts.iter().enumerate() {
+        if !manifest::is_dns_label(&m.name) || !seen.insert(m.name.as_str()) {
+            return Err(c.err(&format!("spec.storage[{i}].name"), "must be a unique lower-case name (letters, digits, '-')"));
+        }
+        if m.prefix.as_deref().is_some_and(|p| narrowing::segments(p).is_none()) {
+            return Err(c.err(&format!("spec.storage[{i}].prefix"), "must be whole path segments without '.', '..', empty segments or encoding"));
+        }
+    }
+    Ok(mounts.to_vec())
 }
 
 type Map<T> = HashMap<(String, String), T>;
 
-fn api_key(o: &Object, sandboxes: &Map<SandboxConfig>, secrets: &Map<SecretBody>) -> Result<EffectiveKey, ConfigError> {
+fn api_key(o: &Object, sandboxes: &Map<SandboxConfig>, secrets: &Map<SecretBody>, connections: &Map<String>) -> Result<EffectiveKey, ConfigError> {
     let k: ApiKeySpec = spec(o)?;
     let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone()));
     let (secret_name, _) = secret_ref(&o.name, &k);
     let secret = secrets.get(&(o.namespace.clone(), secret_name));
-    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret)
+    let prefix = |c: &str| connections.get(&(o.namespace.clone(), c.to_string())).cloned();
+    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &prefix)
 }
 
 /// The Secret (name, entry) holding an ApiKey's key.
@@ -285,11 +326,13 @@ pub fn effective_key(
     k: &ApiKeySpec,
     sandbox: Option<&SandboxConfig>,
     secret: Option<&SecretBody>,
+    connection_prefix: &dyn Fn(&str) -> Option<String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let c = Checker { at };
     let sb = sandbox.ok_or_else(|| {
         c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name))
     })?;
+    check_storage_and_connectors(&c, k, sb, connection_prefix)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (TIMEOUT.0, sb.max_timeout_seconds))?,
@@ -307,6 +350,9 @@ pub fn effective_key(
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
     let secret = secret_value(&c, namespace, name, k, secret)?;
+    if let Some(why) = sb.unsupported() {
+        return Err(c.err("spec.sandboxRef.name", format!("the Sandbox cannot run code: {why}")));
+    }
     Ok(EffectiveKey {
         namespace: namespace.to_string(),
         name: name.to_string(),
@@ -323,6 +369,33 @@ pub fn effective_key(
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
     })
+}
+
+/// Storage prefixes only go deeper (whole segments) and mounts only become
+/// read-only; connectors are a subset of the Sandbox's.
+fn check_storage_and_connectors(
+    c: &Checker<'_>,
+    k: &ApiKeySpec,
+    sb: &SandboxConfig,
+    connection_prefix: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    for (i, n) in k.storage.iter().enumerate() {
+        let field = format!("spec.storage[{i}]");
+        let mount = sb.storage.iter().find(|m| m.name == n.name);
+        let conn = mount.map(|m| m.connection_ref.name.clone()).unwrap_or_default();
+        let base = connection_prefix(&conn);
+        if mount.is_some() && base.is_none() {
+            return Err(c.err(&field, format!("StorageConnection {conn:?} of mount {:?} was not found", n.name)));
+        }
+        let full = |m: &crate::types::StorageMount| narrowing::join(base.as_deref().unwrap_or(""), m.prefix.as_deref().unwrap_or(""));
+        narrowing::narrow_mount(&sb.storage, full, n).map_err(|e| c.err(&field, e))?;
+    }
+    if let Some(chosen) = &k.connectors {
+        let offered: Vec<&str> = sb.connectors.iter().map(String::as_str).collect();
+        let chosen: Vec<&str> = chosen.iter().map(|r| r.name.as_str()).collect();
+        narrowing::narrow_connectors(&offered, Some(&chosen)).map_err(|e| c.err("spec.connectors", e))?;
+    }
+    Ok(())
 }
 
 /// Reads the key from its Secret. The value is never put in an error.

@@ -13,6 +13,7 @@ pub mod env;
 mod error;
 pub mod key;
 pub mod manifest;
+pub mod narrowing;
 pub mod published;
 pub mod quantity;
 pub mod types;

@@ -24,6 +24,10 @@ pub enum Kind {
     ApiKey,
     /// core/v1 Secret.
     Secret,
+    /// `warren.dev/v1alpha1` StorageConnection.
+    StorageConnection,
+    /// `warren.dev/v1alpha1` Connector.
+    Connector,
 }
 
 impl Kind {
@@ -33,6 +37,8 @@ impl Kind {
             Kind::Sandbox => "Sandbox",
             Kind::ApiKey => "ApiKey",
             Kind::Secret => "Secret",
+            Kind::StorageConnection => "StorageConnection",
+            Kind::Connector => "Connector",
         }
     }
 }
@@ -113,9 +119,11 @@ fn envelope(file: &str, doc: Value) -> Result<Object, ConfigError> {
         (Some(crate::types::API_VERSION), Some("Sandbox")) => Kind::Sandbox,
         (Some(crate::types::API_VERSION), Some("ApiKey")) => Kind::ApiKey,
         (Some("v1"), Some("Secret")) => Kind::Secret,
+        (Some(crate::types::API_VERSION), Some("StorageConnection")) => Kind::StorageConnection,
+        (Some(crate::types::API_VERSION), Some("Connector")) => Kind::Connector,
         (v, k) => {
             let msg = format!(
-                "unsupported apiVersion/kind {}/{} (single-machine mode reads warren.dev/v1alpha1 Sandbox and ApiKey, and v1 Secret)",
+                "unsupported apiVersion/kind {}/{} (Warren reads warren.dev/v1alpha1 Sandbox, ApiKey, StorageConnection and Connector, and v1 Secret)",
                 v.unwrap_or("?"),
                 k.unwrap_or("?")
             );

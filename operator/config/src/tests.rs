@@ -160,3 +160,22 @@ fn namespaces_are_separate_tenants() {
     let e = one_error(&[("a.yaml", format!("{}---\n{other}---\n{}", sandbox(""), secret("k-key", KEY_A)))]);
     assert!(e.contains("no valid Sandbox \"sb\" in namespace other"), "{e}");
 }
+
+#[test]
+fn storage_and_connectors_only_narrow_and_are_not_offered_yet() {
+    let conn = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: c}\nspec: {provider: S3, bucket: b, prefix: shared}\n";
+    let sb = format!("{conn}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}, mode: ReadOnly, prefix: acme}]\n  connectors: [{name: pg}]\n"));
+    let cases = [
+        ("  storage: [{name: data, prefix: other}]\n", "spec.storage[0]: \"other\" is not under"),
+        ("  storage: [{name: data, mode: ReadWrite}]\n", "spec.storage[0]: ReadWrite would widen"),
+        ("  storage: [{name: nope}]\n", "spec.storage[0]: the Sandbox has no mount named"),
+        ("  connectors: [{name: gh}]\n", "spec.connectors: connector \"gh\" is not one of the Sandbox's"),
+        ("  storage: [{name: data, prefix: acme/t1}]\n", "spec.storage[0]: \"acme/t1\" is not under the mount's prefix \"shared/acme\""),
+        ("  storage: [{name: data, prefix: shared/acme/t1}]\n  connectors: [{name: pg}]\n", "the Sandbox cannot run code: storage mounts and connectors are not offered"),
+    ];
+    for (extra, want) in cases {
+        let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", extra), secret("k-key", KEY_A)))]);
+        let e = c.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+    }
+}

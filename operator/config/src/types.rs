@@ -191,14 +191,63 @@ pub struct SandboxSpec {
     /// How long thread state is kept after its last use (default Forever).
     #[serde(default)]
     pub thread_retention: ThreadRetention,
+    /// Buckets mounted under `/data/<name>` in every execution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub storage: Vec<StorageMount>,
+    /// Connectors (same namespace) whose credentials every execution gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub connectors: Vec<LocalRef>,
+}
+
+/// Read-only or read-write access to a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum MountMode {
+    /// Writes fail with "Read-only file system".
+    #[default]
+    ReadOnly,
+    /// Writes reach the bucket before the response returns.
+    ReadWrite,
+}
+
+/// A bucket mounted into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorageMount {
+    /// Mount name: the sandbox sees the bucket at `/data/<name>`.
+    #[schemars(regex(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
+    pub name: String,
+    /// The StorageConnection (same namespace).
+    pub connection_ref: LocalRef,
+    /// Access mode (default ReadOnly).
+    #[serde(default)]
+    pub mode: MountMode,
+    /// A prefix under the connection's prefix (whole segments).
+    #[schemars(regex(pattern = "^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*/?$"), length(max = 1024))]
+    pub prefix: Option<String>,
+}
+
+/// How an ApiKey narrows one of its Sandbox's mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorageNarrowing {
+    /// The Sandbox mount's name.
+    pub name: String,
+    /// A deeper prefix, under the Sandbox's (whole segments).
+    #[schemars(regex(pattern = "^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*/?$"), length(max = 1024))]
+    pub prefix: Option<String>,
+    /// ReadOnly narrows a ReadWrite mount; never the reverse.
+    pub mode: Option<MountMode>,
 }
 
 /// Observed state of a Sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxStatus {
-    /// `Ready`: True when the spec is valid and the image is warm on at
-    /// least one node. Reasons: `Valid`, `InvalidSpec`, `ImageNotWarm`.
+    /// `Ready`: True when the spec is valid and can run on this release's
+    /// node-agents. Reasons: `Valid`, `InvalidSpec`, `Unsupported` (storage
+    /// mounts and connectors are not offered yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
@@ -275,6 +324,13 @@ pub struct ApiKeySpec {
     pub max_concurrency: Option<u32>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
+    /// Narrowings of the Sandbox's mounts: deeper prefixes, read-only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub storage: Vec<StorageNarrowing>,
+    /// A subset of the Sandbox's connectors (default: all of them).
+    #[schemars(length(max = 16))]
+    pub connectors: Option<Vec<LocalRef>>,
     /// Variables that override the Sandbox's.
     #[serde(default)]
     #[schemars(length(max = 50))]
