@@ -7,16 +7,19 @@ use kube::{Client, Resource, ResourceExt};
 pub struct Context {
     /// API client.
     pub client: Client,
-    /// Namespace where effective keys are published for the gateways.
+    /// Namespace where effective keys are published for the gateways (and
+    /// where the node-agent pods run).
     pub publish_namespace: String,
+    /// Labels of the node-agent pods.
+    pub agent_selector: String,
     recorder: Recorder,
 }
 
 impl Context {
     /// Builds the context.
-    pub fn new(client: Client, publish_namespace: String) -> Context {
+    pub fn new(client: Client, publish_namespace: String, agent_selector: String) -> Context {
         let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_selector }
     }
 
     /// Records an event on `obj` (best effort: a failed event never fails a reconcile).

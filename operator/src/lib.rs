@@ -37,6 +37,10 @@ pub struct Args {
     /// Namespace where effective keys are published for the gateways.
     #[arg(long, env = "WARREN_NAMESPACE", default_value = "warren-system")]
     pub namespace: String,
+    /// Labels of the node-agent pods in `--namespace` (a `host` Sandbox is
+    /// warm on every node that runs one).
+    #[arg(long, env = "WARREN_AGENT_SELECTOR", default_value = "app.kubernetes.io/component=node-agent")]
+    pub agent_selector: String,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -72,12 +76,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ] {
         check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
     }
-    let ctx = Arc::new(Context::new(client.clone(), args.namespace.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), args.namespace.clone(), args.agent_selector.clone()));
     let backoff = Arc::new(Backoff::default());
     tracing::info!(publish_namespace = %args.namespace, "operator starting");
     tokio::join!(
         api_keys(client.clone(), ctx.clone(), backoff.clone()),
-        simple::<Sandbox, _, _>(client.clone(), ctx.clone(), backoff.clone(), others::sandbox, |_| None),
+        sandboxes(client.clone(), ctx.clone(), backoff.clone()),
         simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), others::storage, |s| {
             s.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone())
         }),
@@ -126,6 +130,37 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
                 }
             },
             move |k, e, _| retry(&backoff, k.as_ref(), e),
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The Sandbox controller: also woken when node-agent pods come and go.
+async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
+    let wc = watcher::Config::default();
+    let controller = Controller::new(Api::<Sandbox>::all(client.clone()), wc);
+    let store = controller.store();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &ctx.publish_namespace);
+    let b = backoff.clone();
+    controller
+        .watches(pods, watcher::Config::default().labels(&ctx.agent_selector), move |_| {
+            store.state().into_iter().map(|s| ObjectRef::from_obj(s.as_ref())).collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(
+            move |o, ctx| {
+                let b = b.clone();
+                async move {
+                    let key = id(o.as_ref());
+                    let r = others::sandbox(o, ctx).await;
+                    if r.is_ok() {
+                        b.reset(&key);
+                    }
+                    r
+                }
+            },
+            move |o, e, _| retry(&backoff, o.as_ref(), e),
             ctx,
         )
         .for_each(|_| async {})

@@ -38,14 +38,34 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
         Err(e) => (false, "InvalidSpec", e.to_string(), Vec::new()),
     };
     let conditions = status::ready(ok, reason, &message, sb.meta().generation, &old.conditions, now());
-    let new = SandboxStatus { conditions, observed_generation: sb.meta().generation, languages, warm_nodes: old.warm_nodes.clone() };
-    if status::differs(&old.conditions, &new.conditions) || old.languages != new.languages || old.observed_generation != new.observed_generation {
+    let warm_nodes = if ok { agent_nodes(&ctx).await? } else { Vec::new() };
+    let new = SandboxStatus { conditions, observed_generation: sb.meta().generation, languages, warm_nodes };
+    if status::differs(&old.conditions, &new.conditions)
+        || old.languages != new.languages
+        || old.observed_generation != new.observed_generation
+        || old.warm_nodes != new.warm_nodes
+    {
         status::patch(&Api::<Sandbox>::namespaced(ctx.client.clone(), &ns), &sb.name_any(), &new).await?;
         if status::ready_of(&old.conditions) != status::ready_of(&new.conditions) {
             ctx.event(sb.as_ref(), !ok, reason, message).await;
         }
     }
     Ok(Action::requeue(RESYNC))
+}
+
+/// Nodes running a ready node-agent: where a `host` Sandbox is warm.
+async fn agent_nodes(ctx: &Context) -> Result<Vec<String>, Error> {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(ctx.client.clone(), &ctx.publish_namespace)
+        .list(&kube::api::ListParams::default().labels(&ctx.agent_selector))
+        .await?;
+    let mut nodes: Vec<String> = pods
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.spec.and_then(|s| s.node_name))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    Ok(nodes)
 }
 
 /// Reconciles one StorageConnection.

@@ -178,7 +178,7 @@ async fn the_gateway_finds_agent_pods_by_label() {
     let pod = dir.path().join("pod.yaml");
     std::fs::write(
         &pod,
-        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: agent-1, namespace: {NS}, labels: {{app.kubernetes.io/component: node-agent}}}}\nspec: {{automountServiceAccountToken: false, containers: [{{name: a, image: warren}}]}}\n"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: agent-1, namespace: {NS}, labels: {{app.kubernetes.io/component: node-agent}}}}\nspec: {{nodeName: node-x, automountServiceAccountToken: false, containers: [{{name: a, image: warren}}]}}\n"),
     )
     .unwrap();
     // No controller-manager here: the namespace's default ServiceAccount is made by hand.
@@ -187,6 +187,10 @@ async fn the_gateway_finds_agent_pods_by_label() {
     k.kubectl_ok(&["patch", "pod", "agent-1", "-n", NS, "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Running","podIP":"127.0.0.1"}}"#]);
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "gateway:\n{}", gw.logs().join("\n"));
     assert!(gw.audit_records().iter().any(|r| r["node"] == "node-pod"));
+    // The operator reports the `host` Sandbox warm where the agent pod runs.
+    assert!(wait_for(Duration::from_secs(10), || {
+        k.kubectl_ok(&["get", "sandbox", "default", "-o", "jsonpath={.status.warmNodes}"]).contains("node-x")
+    }));
     // The pod goes away: so does the agent.
     k.kubectl_ok(&["delete", "pod", "agent-1", "-n", NS, "--grace-period=0", "--force"]);
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 503));
