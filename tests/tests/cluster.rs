@@ -125,6 +125,16 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &k2) == 200), "rotation not applied");
     assert_eq!(status(&gw, &k1), 401);
 
+    // A Connector is Ready once its Secret holds the entries its type needs.
+    let cn = dir.path().join("cn.yaml");
+    std::fs::write(&cn, "apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: gh}\nspec: {type: GitHub, credentialsSecretRef: {name: gh-creds}}\n").unwrap();
+    k.kubectl_ok(&["apply", "-f", cn.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretNotFound".into())));
+    k.kubectl_ok(&["create", "secret", "generic", "gh-creds", "--from-literal=user=x"]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretIncomplete".into())));
+    k.kubectl_ok(&["patch", "secret", "gh-creds", "--type", "merge", "-p", r#"{"stringData":{"token":"ghp-not-real"}}"#]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("True".into(), "Valid".into())));
+
     // Deleted → 401 (the finalizer withdraws the published key).
     k.kubectl_ok(&["delete", "apikey", "agent", "--wait=true", "--timeout=30s"]);
     assert!(wait_for(Duration::from_secs(5), || status(&gw, &key) == 401));

@@ -419,6 +419,18 @@ pub struct StorageConnectionSpec {
     pub credentials_secret_ref: Option<LocalRef>,
 }
 
+impl StorageProvider {
+    /// Entries the credentials Secret must hold.
+    pub fn secret_entries(self) -> &'static [&'static str] {
+        match self {
+            StorageProvider::S3 => &["accessKeyId", "secretAccessKey"],
+            StorageProvider::GCS => &["serviceAccountJson"],
+            StorageProvider::Azure => &["accountName", "accountKey"],
+            StorageProvider::Local => &[],
+        }
+    }
+}
+
 /// Services a connector can hold credentials for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum ConnectorType {
@@ -440,6 +452,19 @@ pub enum ConnectorType {
     Azure,
     /// GitHub (`GH_TOKEN`).
     GitHub,
+}
+
+impl ConnectorType {
+    /// Entries the credentials Secret must hold.
+    pub fn secret_entries(self) -> &'static [&'static str] {
+        match self {
+            ConnectorType::PostgreSQL | ConnectorType::MySQL | ConnectorType::MongoDB | ConnectorType::Redis => &["password"],
+            ConnectorType::BigQuery | ConnectorType::GCS => &["serviceAccountJson"],
+            ConnectorType::S3 => &["accessKeyId", "secretAccessKey"],
+            ConnectorType::Azure => &["connectionString"],
+            ConnectorType::GitHub => &["token"],
+        }
+    }
 }
 
 /// Credentials for a service the code may use. They appear only for the
@@ -478,7 +503,9 @@ pub struct ConnectorSpec {
     pub username: Option<String>,
     /// Project (BigQuery, GCS).
     pub project: Option<String>,
-    /// Secret with the credentials (`password`, `token`, `serviceAccountJson`, … by type).
+    /// Secret with the credentials, by type: `password` (PostgreSQL, MySQL,
+    /// MongoDB, Redis), `serviceAccountJson` (BigQuery, GCS), `accessKeyId` +
+    /// `secretAccessKey` (S3), `connectionString` (Azure), `token` (GitHub).
     pub credentials_secret_ref: LocalRef,
 }
 
