@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::{Action, Controller};
@@ -97,7 +98,6 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let controller = Controller::new(Api::<ApiKey>::all(client.clone()), wc.clone());
     let keys = controller.store();
     let keys2 = keys.clone();
-    let b = backoff.clone();
     controller
         .watches(Api::<Sandbox>::all(client.clone()), wc.clone(), move |sb| {
             let ns = sb.namespace();
@@ -117,21 +117,7 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
                 .collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(
-            move |k, ctx| {
-                let b = b.clone();
-                async move {
-                    let key = id(k.as_ref());
-                    let r = apikey::reconcile(k, ctx).await;
-                    if r.is_ok() {
-                        b.reset(&key);
-                    }
-                    r
-                }
-            },
-            move |k, e, _| retry(&backoff, k.as_ref(), e),
-            ctx,
-        )
+        .run(tracked(backoff.clone(), apikey::reconcile), move |k, e, _| retry(&backoff, k.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
 }
@@ -142,29 +128,34 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let controller = Controller::new(Api::<Sandbox>::all(client.clone()), wc);
     let store = controller.store();
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &ctx.publish_namespace);
-    let b = backoff.clone();
     controller
         .watches(pods, watcher::Config::default().labels(&ctx.agent_selector), move |_| {
             store.state().into_iter().map(|s| ObjectRef::from_obj(s.as_ref())).collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(
-            move |o, ctx| {
-                let b = b.clone();
-                async move {
-                    let key = id(o.as_ref());
-                    let r = others::sandbox(o, ctx).await;
-                    if r.is_ok() {
-                        b.reset(&key);
-                    }
-                    r
-                }
-            },
-            move |o, e, _| retry(&backoff, o.as_ref(), e),
-            ctx,
-        )
+        .run(tracked(backoff.clone(), others::sandbox), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
+}
+
+/// Wraps a reconciler so a success resets the object's backoff.
+fn tracked<K, F, Fut>(backoff: Arc<Backoff>, reconcile: F) -> impl Fn(Arc<K>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
+where
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    move |o, ctx| {
+        let (b, f) = (backoff.clone(), reconcile.clone());
+        Box::pin(async move {
+            let key = id(o.as_ref());
+            let r = f(o, ctx).await;
+            if r.is_ok() {
+                b.reset(&key);
+            }
+            r
+        })
+    }
 }
 
 fn retry<K: Resource<DynamicType = ()>>(backoff: &Backoff, obj: &K, e: &Error) -> Action {
@@ -183,7 +174,6 @@ where
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<K>::all(client.clone()), wc.clone());
     let store = controller.store();
-    let b = backoff.clone();
     controller
         .watches(Api::<Secret>::all(client), wc, move |secret| {
             let ns = secret.namespace();
@@ -195,21 +185,7 @@ where
                 .collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(
-            move |o, ctx| {
-                let (b, reconcile) = (b.clone(), reconcile.clone());
-                async move {
-                    let key = id(o.as_ref());
-                    let r = reconcile(o, ctx).await;
-                    if r.is_ok() {
-                        b.reset(&key);
-                    }
-                    r
-                }
-            },
-            move |o, e, _| retry(&backoff, o.as_ref(), e),
-            ctx,
-        )
+        .run(tracked(backoff.clone(), reconcile), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
 }

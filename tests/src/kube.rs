@@ -82,6 +82,15 @@ impl EnvTest {
         path
     }
 
+    /// Installs Warren's generated CRDs and waits until they are served.
+    pub fn install_crds(&self) {
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+        self.kubectl_ok(&["apply", "-f", crds.to_str().unwrap_or_default()]);
+        for crd in ["sandboxes", "apikeys", "storageconnections", "connectors"] {
+            self.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", &format!("crd/{crd}.warren.dev")]);
+        }
+    }
+
     /// Runs kubectl against this server.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new("kubectl").arg("--kubeconfig").arg(self.kubeconfig()).args(args).output().expect("kubectl runs")

@@ -45,18 +45,21 @@ fn resource_versions(k: &EnvTest) -> String {
     all
 }
 
+/// An API server with the CRDs, Warren's namespace and a running operator.
+fn cluster() -> (EnvTest, Operator) {
+    let k = EnvTest::start().unwrap();
+    k.install_crds();
+    k.kubectl_ok(&["create", "namespace", NS]);
+    let operator = Operator::start(&k, NS).unwrap();
+    (k, operator)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_gateway_and_agents_on_a_real_api_server() {
     if skip_unless_root("operator_gateway_and_agents_on_a_real_api_server") {
         return;
     }
-    let k = EnvTest::start().unwrap();
-    k.kubectl_ok(&["apply", "-f", &repo("crds")]);
-    for crd in ["sandboxes", "apikeys", "storageconnections", "connectors"] {
-        k.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", &format!("crd/{crd}.warren.dev")]);
-    }
-    k.kubectl_ok(&["create", "namespace", NS]);
-    let operator = Operator::start(&k, NS).unwrap();
+    let (k, operator) = cluster();
     let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
     let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
@@ -148,11 +151,7 @@ async fn the_gateway_finds_agent_pods_by_label() {
     if skip_unless_root("the_gateway_finds_agent_pods_by_label") {
         return;
     }
-    let k = EnvTest::start().unwrap();
-    k.kubectl_ok(&["apply", "-f", &repo("crds")]);
-    k.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", "crd/apikeys.warren.dev", "crd/sandboxes.warren.dev"]);
-    k.kubectl_ok(&["create", "namespace", NS]);
-    let _operator = Operator::start(&k, NS).unwrap();
+    let (k, _operator) = cluster();
     // An agent serving TCP with a token, as the DaemonSet's pods do.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");

@@ -18,10 +18,7 @@ fn crds_install_and_validate_on_a_real_api_server() {
         return;
     }
     let k = EnvTest::start().unwrap();
-    k.kubectl_ok(&["apply", "-f", &repo("crds")]);
-    for crd in ["sandboxes", "apikeys", "storageconnections", "connectors"] {
-        k.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", &format!("crd/{crd}.warren.dev")]);
-    }
+    k.install_crds();
     // The single-machine examples are valid cluster manifests too.
     let applied = k.kubectl_ok(&["apply", "-f", &repo("examples/local")]);
     assert!(applied.contains("sandbox.warren.dev/default created") && applied.contains("apikey.warren.dev/demo created"), "{applied}");
