@@ -226,6 +226,11 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
         Ok(())
     } else if meta.is_file() {
         fs::copy(src, dst)?;
+        // Keep the source's mtime: Python validates its cached bytecode
+        // (e.g. of /etc/python3.11/sitecustomize.py) by source mtime and
+        // would otherwise recompile it at every start.
+        let copy = fs::File::options().write(true).open(dst)?;
+        copy.set_times(fs::FileTimes::new().set_modified(meta.modified()?).set_accessed(meta.accessed()?))?;
         fs::set_permissions(dst, fs::Permissions::from_mode(meta.permissions().mode() & 0o755))
     } else {
         Ok(()) // sockets, fifos, devices: never shown
@@ -295,4 +300,39 @@ fn pivot(root: &Path) -> Result<()> {
     sys::pivot_root(&dot, &dot).map_err(ctx("pivot_root", root))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(nix_io).map_err(ctx("umount old root", root))?;
     std::env::set_current_dir("/").map_err(ctx("chdir", Path::new("/")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepared_etc_holds_generated_files_and_faithful_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc");
+        prepare_etc(&etc).unwrap();
+        assert!(fs::read_to_string(etc.join("passwd")).unwrap().contains("sandbox:x:1000:1000"));
+        assert_eq!(fs::read_to_string(etc.join("resolv.conf")).unwrap(), "");
+        assert!(!etc.join("shadow").exists() && !etc.join("machine-id").exists());
+        for rel in ETC_BINDS {
+            let host = Path::new("/etc").join(rel);
+            let Ok(meta) = fs::symlink_metadata(&host) else { continue };
+            let copy = fs::symlink_metadata(etc.join(rel)).unwrap();
+            assert_eq!(copy.file_type().is_symlink(), meta.file_type().is_symlink(), "{rel}");
+            if meta.is_file() {
+                // Same mtime: interpreters validate caches by it (Python's .pyc).
+                assert_eq!(copy.modified().unwrap(), meta.modified().unwrap(), "{rel}");
+                assert_eq!(copy.permissions().mode() & 0o7000, 0, "{rel}: no set-id bits");
+            }
+        }
+        let nested = Path::new("/etc/python3.11/sitecustomize.py");
+        if let Ok(meta) = fs::metadata(nested) {
+            let copy = fs::metadata(etc.join("python3.11/sitecustomize.py")).unwrap();
+            assert_eq!(copy.modified().unwrap(), meta.modified().unwrap(), "nested files keep their mtime too");
+        }
+        // Rebuilt from scratch each time (a stale entry never survives).
+        fs::write(etc.join("stale"), "x").unwrap();
+        prepare_etc(&etc).unwrap();
+        assert!(!etc.join("stale").exists());
+    }
 }
