@@ -13,6 +13,8 @@ use crate::error::ApiError;
 #[derive(Debug, Default)]
 pub struct KeyStore {
     keys: Vec<Arc<EffectiveKey>>,
+    /// False until the source (files, or the cluster's published keys) was read once.
+    loaded: bool,
 }
 
 impl KeyStore {
@@ -35,7 +37,12 @@ impl KeyStore {
             })
             .map(Arc::new)
             .collect();
-        KeyStore { keys }
+        KeyStore { keys, loaded: true }
+    }
+
+    /// True once the configuration source has been read (it may hold no key).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded
     }
 
     /// Number of usable keys.

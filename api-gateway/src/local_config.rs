@@ -106,7 +106,7 @@ pub fn initial(dirs: &[PathBuf]) -> KeyStore {
                 error!(problem = %p, "configuration error");
             }
             error!("configuration has unreadable files; starting with no keys until they are fixed");
-            KeyStore::default()
+            KeyStore::new(Vec::new())
         }
     }
 }

@@ -29,11 +29,11 @@ async fn healthz() -> axum::Json<Health> {
     axum::Json(Health { status: "ok".into(), reason: None })
 }
 
-/// Readiness: keys are loaded and at least one node-agent answers.
+/// Readiness: the key configuration has been read and at least one node-agent answers.
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses((status = 200, body = Health), (status = 503, body = Health)))]
 async fn readyz(State(st): State<AppState>) -> Response {
-    let reason = if st.keys().is_empty() {
-        Some("no usable API key is configured")
+    let reason = if !st.keys().is_loaded() {
+        Some("the key configuration has not been read yet")
     } else if st.nodes.healthy() == 0 {
         Some("no node-agent is reachable")
     } else {

@@ -65,6 +65,8 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
     let env = [("KUBECONFIG", kubeconfig.as_str())];
     let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS], &env, false).await.unwrap();
+    // Ready once the published keys were listed, even when there are none yet.
+    gw.wait_ready(Duration::from_secs(20)).unwrap();
 
     // The example: the operator generates the key, marks the ApiKey Ready and publishes it.
     k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
