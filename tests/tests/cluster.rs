@@ -89,9 +89,12 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     for _ in 0..8 {
         assert_eq!(status(&gw, &key), 200);
     }
-    let nodes: std::collections::BTreeSet<String> =
-        gw.audit_records().iter().filter_map(|r| r["node"].as_str().map(str::to_string)).collect();
-    assert!(nodes.contains("node-a") && nodes.contains("node-b"), "{nodes:?}");
+    let both = wait_for(Duration::from_secs(10), || {
+        let nodes: std::collections::BTreeSet<String> =
+            gw.audit_records().iter().filter_map(|r| r["node"].as_str().map(str::to_string)).collect();
+        nodes.contains("node-a") && nodes.contains("node-b")
+    });
+    assert!(both, "both agents should have run code: {:?}", gw.audit_records());
 
     // Re-applying the same manifests changes nothing: no status churn, no new key.
     let before = resource_versions(&k);
@@ -197,7 +200,8 @@ async fn the_gateway_finds_agent_pods_by_label() {
     k.kubectl_ok(&["apply", "-f", pod.to_str().unwrap()]);
     k.kubectl_ok(&["patch", "pod", "agent-1", "-n", NS, "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Running","podIP":"127.0.0.1"}}"#]);
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "gateway:\n{}", gw.logs().join("\n"));
-    assert!(gw.audit_records().iter().any(|r| r["node"] == "node-pod"));
+    // The audit record is written as the response completes: wait for it.
+    assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|r| r["node"] == "node-pod")));
     // The operator reports the `host` Sandbox warm where the agent pod runs.
     assert!(wait_for(Duration::from_secs(10), || {
         k.kubectl_ok(&["get", "sandbox", "default", "-o", "jsonpath={.status.warmNodes}"]).contains("node-x")

@@ -94,8 +94,8 @@ async fn env_scopes_merge_and_metadata_never_reaches_the_sandbox() {
     assert_eq!(v["stdout"], "SB_ONLY=sandbox\nKEY_ONLY=key\nSHARED=key\nREQ_ONLY=request\n", "{v}");
     let body = json!({"code": "echo $SHARED", "language": "bash", "env_vars": {"SHARED": "request"}});
     assert_eq!(gw.execute(&key("main"), &body).json()["stdout"], "request\n", "the request scope wins");
-    let audit = gw.audit_records();
-    assert!(audit.iter().any(|a| a["metadata"].as_str().is_some_and(|m| m.contains("marker-5150"))), "metadata is audited");
+    let audited = || gw.audit_records().iter().any(|a| a["metadata"].as_str().is_some_and(|m| m.contains("marker-5150")));
+    assert!(wait_for(Duration::from_secs(10), audited), "metadata is audited");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,7 +194,7 @@ async fn an_agent_dying_mid_execution_is_reported_and_then_503() {
     assert!(wait_for(Duration::from_secs(10), || http::get(gw.addr, "/readyz").status == 503));
     let r = gw.execute(&key("main"), &json!({"code": "print(1)"}));
     assert_eq!((r.status, r.json()["error"].as_str(), r.header("retry-after")), (503, Some("unavailable"), Some("1")));
-    assert!(gw.audit_records().iter().any(|a| a["outcome"] == "node_lost"));
+    assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|a| a["outcome"] == "node_lost")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
