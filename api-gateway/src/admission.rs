@@ -57,11 +57,6 @@ impl Admission {
         }
         Ok(ThreadLock { admission: self.clone(), id })
     }
-
-    /// Executions running for `key`.
-    pub fn running(&self, key: &str) -> u32 {
-        lock(&self.running).get(key).copied().unwrap_or(0)
-    }
 }
 
 impl Drop for KeySlot {

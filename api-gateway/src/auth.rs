@@ -46,13 +46,8 @@ impl KeyStore {
     }
 
     /// Number of usable keys.
-    pub fn len(&self) -> usize {
+    pub fn key_count(&self) -> usize {
         self.keys.len()
-    }
-
-    /// True when no key is configured.
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
     }
 
     /// Finds the key in `Authorization: Bearer …`.

@@ -30,9 +30,9 @@ pub async fn watch_loop(client: Client, namespace: String, tx: watch::Sender<Arc
                 let secrets = reader.state();
                 let keys: Vec<_> = secrets.iter().filter_map(|s| decode(s)).collect();
                 let store = KeyStore::new(keys);
-                if last_count != Some(store.len()) {
-                    info!(keys = store.len(), namespace = %namespace, "published keys loaded");
-                    last_count = Some(store.len());
+                if last_count != Some(store.key_count()) {
+                    info!(keys = store.key_count(), namespace = %namespace, "published keys loaded");
+                    last_count = Some(store.key_count());
                 }
                 tx.send_replace(Arc::new(store));
             }

@@ -98,7 +98,7 @@ pub fn initial(dirs: &[PathBuf]) -> KeyStore {
     }
     match load(dirs) {
         Ok(store) => {
-            info!(keys = store.len(), dirs = ?dirs, "configuration loaded");
+            info!(keys = store.key_count(), dirs = ?dirs, "configuration loaded");
             store
         }
         Err(problems) => {
@@ -123,7 +123,7 @@ pub async fn watch_loop(dirs: Vec<PathBuf>, period: Duration, tx: watch::Sender<
         last = now;
         match load(&dirs) {
             Ok(store) => {
-                info!(keys = store.len(), "configuration reloaded");
+                info!(keys = store.key_count(), "configuration reloaded");
                 tx.send_replace(Arc::new(store));
             }
             Err(problems) => {

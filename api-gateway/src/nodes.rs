@@ -144,10 +144,6 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
     }
 
-    /// Executions this gateway has running on agents.
-    pub fn in_flight(&self) -> u32 {
-        self.snapshot().iter().map(|n| n.in_flight.load(Ordering::Acquire)).sum()
-    }
 
     /// Checks every agent once.
     pub async fn check_all(&self) {

@@ -70,12 +70,11 @@ impl Object {
 struct Metadata {
     name: Option<String>,
     namespace: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)] // accepted so real manifests parse; Warren does not use them
-    labels: serde_yaml::Mapping,
-    #[serde(default)]
-    #[allow(dead_code)]
-    annotations: serde_yaml::Mapping,
+    // Accepted so real manifests parse; Warren does not use them.
+    #[serde(default, rename = "labels")]
+    _labels: serde::de::IgnoredAny,
+    #[serde(default, rename = "annotations")]
+    _annotations: serde::de::IgnoredAny,
 }
 
 /// Parses every document of every source. Syntax errors make the whole file
