@@ -131,7 +131,8 @@ async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitte
     let qualified = key.qualified_name();
     let slot = st.admission.key_slot(&qualified, key.max_concurrency)?;
     let thread = req.thread_id.as_deref().map(|t| st.admission.thread(&qualified, t)).transpose()?;
-    let lease = st.nodes.lease(st.settings.queue_wait).await?;
+    let home = req.thread_id.as_deref().map(|t| crate::threads::placement_key(&key, t));
+    let lease = st.nodes.lease_for(home.as_deref(), st.settings.queue_wait).await?;
     let trace_id = new_trace_id();
     let mut audit = Audit::start(&trace_id, &key, req.language.as_str(), req.thread_id.as_deref(), &req.metadata, st.metrics.clone());
     audit.node(lease.node.name());
@@ -172,6 +173,11 @@ fn agent_request(a: &mut Admitted) -> pb::ExecuteRequest {
         }),
         image: a.key.image.clone(),
         network: pb::NetworkPolicy::Blocked as i32,
+        thread: a.req.thread_id.as_deref().map(|t| pb::ThreadOptions {
+            r#ref: Some(crate::threads::thread_ref(&a.key, t)),
+            retention_seconds: a.key.thread_retention.duration().map_or(0, |d| d.as_secs()),
+            max_bytes: a.key.thread_max_bytes,
+        }),
     }
 }
 
@@ -200,6 +206,8 @@ fn refused(a: &Admitted, status: &tonic::Status) -> ApiError {
             ApiError::invalid(field, text)
         }
         Code::ResourceExhausted => ApiError::unavailable("the node is at capacity; nothing ran, retry shortly"),
+        // Another gateway replica runs this thread on the same node.
+        Code::Aborted => ApiError::thread_busy(a.req.thread_id.as_deref().unwrap_or_default()),
         Code::FailedPrecondition => {
             tracing::warn!(node = %a.lease.node.address, reason = status.message(), "node cannot provide isolation");
             ApiError::unavailable("the node cannot provide the required isolation; nothing ran")

@@ -21,6 +21,7 @@ pub mod request;
 pub mod result;
 pub mod router;
 pub mod state;
+pub mod threads;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

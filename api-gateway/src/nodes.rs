@@ -164,12 +164,29 @@ impl Nodes {
     /// Takes a slot on the healthy node with the most free slots, waiting up
     /// to `wait` for one to free up. 503 when none can take the request.
     pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ApiError> {
+        self.lease_for(None, wait).await
+    }
+
+    /// The healthy node a thread belongs on: rendezvous hashing of the node
+    /// names with the thread, so every gateway replica picks the same node
+    /// (where the thread is warm and its one-at-a-time lock lives), and
+    /// only the threads of a node that leaves move elsewhere.
+    pub fn home_of(&self, thread: &str) -> Option<Arc<Node>> {
+        self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).max_by_key(|n| rendezvous(&n.name(), thread)).cloned()
+    }
+
+    /// Like [`Nodes::lease`]; with a thread, only on the thread's node.
+    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, wait: Duration) -> Result<Lease, ApiError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.freed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(lease) = self.try_lease() {
+            let leased = match thread {
+                None => self.try_lease(),
+                Some(t) => self.home_of(t).and_then(|n| self.try_lease_on(&n)),
+            };
+            if let Some(lease) = leased {
                 return Ok(lease);
             }
             if self.healthy() == 0 {
@@ -177,6 +194,18 @@ impl Nodes {
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return Err(ApiError::unavailable("every node is at capacity; nothing ran, retry shortly"));
+            }
+        }
+    }
+
+    fn try_lease_on(self: &Arc<Self>, node: &Arc<Node>) -> Option<Lease> {
+        loop {
+            let cur = node.in_flight.load(Ordering::Acquire);
+            if cur >= node.capacity.load(Ordering::Acquire) {
+                return None;
+            }
+            if node.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return Some(Lease { nodes: self.clone(), node: Arc::clone(node) });
             }
         }
     }
@@ -196,6 +225,13 @@ impl Nodes {
             }
         }
     }
+}
+
+/// Rendezvous score of `node` for `thread`.
+fn rendezvous(node: &str, thread: &str) -> u64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new().chain_update(node.as_bytes()).chain_update([0u8]).chain_update(thread.as_bytes()).finalize();
+    u64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
 }
 
 async fn check(node: &Node) {
@@ -220,5 +256,27 @@ async fn check(node: &Node) {
 fn down(node: &Node, why: &str) {
     if node.healthy.swap(false, Ordering::AcqRel) {
         warn!(node = %node.address, reason = why, "node-agent unhealthy");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rendezvous;
+
+    #[test]
+    fn rendezvous_moves_only_the_threads_of_a_leaving_node() {
+        let pick = |nodes: &[&str], t: &str| nodes.iter().copied().max_by_key(|n| rendezvous(n, t)).unwrap().to_string();
+        let all = ["node-a", "node-b", "node-c"];
+        let threads: Vec<String> = (0..300).map(|i| format!("ns/key/t{i}")).collect();
+        let before: Vec<String> = threads.iter().map(|t| pick(&all, t)).collect();
+        for n in all {
+            assert!(before.iter().filter(|b| *b == n).count() > 50, "{n} gets a fair share");
+        }
+        let after: Vec<String> = threads.iter().map(|t| pick(&["node-a", "node-c"], t)).collect();
+        for (b, a) in before.iter().zip(&after) {
+            if b != "node-b" {
+                assert_eq!(a, b, "a thread not on the leaving node stays put");
+            }
+        }
     }
 }

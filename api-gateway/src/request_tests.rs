@@ -28,6 +28,7 @@ fn key() -> EffectiveKey {
         network: warren_config::Network::Blocked,
         env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
         thread_retention: Default::default(),
+        thread_max_bytes: 1 << 30,
     }
 }
 

@@ -27,6 +27,39 @@ pub enum Outcome {
     NodeLost,
     /// The client went away; the execution was killed.
     Cancelled,
+    /// The thread's home could not be restored (nothing ran) or saved (the
+    /// previous state is kept).
+    ThreadError(ThreadFailure),
+}
+
+/// How a thread's home failed (the result's `error` value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadFailure {
+    /// Restoring failed; the program did not run.
+    Mount,
+    /// Saving would exceed the Sandbox's `threadMaxSize`.
+    TooLarge,
+    /// The store failed while saving.
+    Save,
+}
+
+impl ThreadFailure {
+    fn of(error: &str) -> Option<ThreadFailure> {
+        match error {
+            "thread_mount_error" => Some(ThreadFailure::Mount),
+            "thread_state_too_large" => Some(ThreadFailure::TooLarge),
+            "thread_save_error" => Some(ThreadFailure::Save),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> &'static str {
+        match self {
+            ThreadFailure::Mount => "thread_mount_error",
+            ThreadFailure::TooLarge => "thread_state_too_large",
+            ThreadFailure::Save => "thread_save_error",
+        }
+    }
 }
 
 impl Outcome {
@@ -41,12 +74,15 @@ impl Outcome {
             Outcome::SandboxError => "sandbox_error",
             Outcome::NodeLost => "node_lost",
             Outcome::Cancelled => "cancelled",
+            Outcome::ThreadError(_) => "thread_error",
         }
     }
 
     /// Classifies an agent's final event.
     pub fn of(e: &Exited) -> Outcome {
-        if !e.error.is_empty() {
+        if let Some(t) = ThreadFailure::of(&e.error) {
+            Outcome::ThreadError(t)
+        } else if !e.error.is_empty() {
             Outcome::SandboxError
         } else if e.timed_out {
             Outcome::Timeout
@@ -68,6 +104,7 @@ impl Outcome {
             Outcome::Oom => Some("memory_limit_exceeded"),
             Outcome::Seccomp => Some("security_policy_violation"),
             Outcome::SandboxError => Some("sandbox_error"),
+            Outcome::ThreadError(t) => Some(t.code()),
             _ => None,
         }
     }

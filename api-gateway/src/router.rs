@@ -63,6 +63,7 @@ static DOC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| crate::ope
 pub fn build() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
         .routes(routes!(crate::execute::execute))
+        .routes(routes!(crate::threads::delete_thread))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics))

@@ -8,6 +8,7 @@ use warren_isolation::spec::{ExecRequest, Language, LimitRequest};
 use warren_proto::agent as pb;
 
 use crate::executor::ExecError;
+use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
 use crate::sandbox::Outcome;
 
 /// Request → domain request (validation happens in `ExecRequest::validate`).
@@ -43,6 +44,33 @@ pub fn exec_request(req: pb::ExecuteRequest) -> ExecRequest {
     }
 }
 
+/// The thread part of a request, validated (it becomes paths and object keys).
+pub fn thread_options(t: Option<pb::ThreadOptions>) -> Result<Option<ThreadOptions>, Status> {
+    let Some(t) = t else { return Ok(None) };
+    let key = thread_key(t.r#ref)?;
+    if t.max_bytes == 0 {
+        return Err(Status::invalid_argument("thread.max_bytes: must be > 0"));
+    }
+    let retention = (t.retention_seconds > 0).then(|| Duration::from_secs(t.retention_seconds));
+    Ok(Some(ThreadOptions { key, retention, max_bytes: t.max_bytes }))
+}
+
+/// A thread reference, validated.
+pub fn thread_key(r: Option<pb::ThreadRef>) -> Result<ThreadKey, Status> {
+    let r = r.ok_or_else(|| Status::invalid_argument("thread.ref: required"))?;
+    ThreadKey::new(&r.namespace, &r.key_name, &r.thread_id).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// The thread errors of `DeleteThread` as statuses.
+pub fn thread_status(e: &ThreadError) -> Status {
+    match e {
+        ThreadError::Busy => Status::aborted(e.to_string()),
+        ThreadError::NotFound => Status::not_found(e.to_string()),
+        ThreadError::TooLarge { .. } => Status::failed_precondition(e.to_string()),
+        ThreadError::Io { .. } => Status::unavailable("the thread store failed; retry shortly"),
+    }
+}
+
 /// Domain language → proto.
 pub fn language(l: Language) -> pb::Language {
     match l {
@@ -61,6 +89,7 @@ pub fn to_status(e: &ExecError) -> Status {
         ExecError::Sandbox(crate::sandbox::SandboxError::NoSlot) => Status::resource_exhausted(e.to_string()),
         // Details go to the agent's log; the caller gets a short message.
         ExecError::Sandbox(_) => Status::internal("sandbox setup failed on this node"),
+        ExecError::ThreadBusy => Status::aborted(e.to_string()),
     }
 }
 
@@ -115,5 +144,23 @@ mod tests {
         assert_eq!(to_status(&ExecError::Busy(4)).code(), Code::ResourceExhausted);
         let internal = ExecError::Sandbox(crate::sandbox::SandboxError::Timeout);
         assert_eq!(to_status(&internal).code(), Code::Internal);
+        assert_eq!(to_status(&ExecError::ThreadBusy).code(), Code::Aborted);
+    }
+
+    #[test]
+    fn thread_options_are_validated() {
+        let r = |ns: &str, id: &str| Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() });
+        let ok = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t-1"), retention_seconds: 0, max_bytes: 10 })).unwrap().unwrap();
+        assert_eq!((ok.retention, ok.max_bytes, ok.key.rel().as_str()), (None, 10, "default/k/t-1"));
+        let week = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 604800, max_bytes: 1 })).unwrap().unwrap();
+        assert_eq!(week.retention, Some(Duration::from_secs(604800)));
+        for bad in [
+            pb::ThreadOptions { r#ref: r("default", "../x"), retention_seconds: 0, max_bytes: 1 },
+            pb::ThreadOptions { r#ref: r("Bad", "t"), retention_seconds: 0, max_bytes: 1 },
+            pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0 },
+            pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1 },
+        ] {
+            assert_eq!(thread_options(Some(bad)).unwrap_err().code(), tonic::Code::InvalidArgument);
+        }
     }
 }

@@ -6,12 +6,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, warn};
 use warren_isolation::features::Features;
+use warren_isolation::home::{ThreadHome, ThreadHomeSpec};
 use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
-use warren_isolation::wire::Go;
+use warren_isolation::wire::{Go, Home};
 
 use crate::pool::Pool;
-use crate::sandbox::{Event, Outcome, SandboxEnv, SandboxError, Shape};
+use crate::sandbox::{Event, Outcome, Prepared, SandboxEnv, SandboxError, Shape};
+use crate::threads::layer::IdMap;
+use crate::threads::{Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
 
 /// Longest wait for a free slot before RESOURCE_EXHAUSTED.
 const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
@@ -36,11 +40,15 @@ pub enum ExecError {
     /// The sandbox could not be set up.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// Another execution holds the thread.
+    #[error("thread is busy: another execution is using it")]
+    ThreadBusy,
 }
 
 /// Admission for one execution: holding it counts as running.
 pub struct Admission {
     spec: ExecSpec,
+    thread: Option<(ThreadOptions, ThreadLock)>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -54,6 +62,7 @@ pub struct Executor {
     permits: Arc<Semaphore>,
     max_executions: u32,
     node_name: String,
+    threads: Arc<Threads>,
 }
 
 /// Static settings of an executor.
@@ -81,7 +90,7 @@ pub fn host_interpreters() -> BTreeMap<Language, String> {
 
 impl Executor {
     /// Builds the executor and starts warming the pool for the default shape.
-    pub fn new(env: Arc<SandboxEnv>, features: Features, config: ExecutorConfig) -> Executor {
+    pub fn new(env: Arc<SandboxEnv>, features: Features, threads: Arc<Threads>, config: ExecutorConfig) -> Executor {
         let pool = Pool::new(env.clone(), config.pool_size);
         if features.can_run_sandboxes() {
             pool.warm(Shape::of(&config.policy.defaults));
@@ -95,7 +104,13 @@ impl Executor {
             max_executions: config.max_executions,
             node_name: config.node_name,
             policy: config.policy,
+            threads,
         }
+    }
+
+    /// The node's thread service.
+    pub fn threads(&self) -> &Arc<Threads> {
+        &self.threads
     }
 
     /// Node name.
@@ -126,7 +141,7 @@ impl Executor {
     /// Validates and admits a request; nothing runs yet. A full node waits
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
-    pub async fn admit(&self, req: ExecRequest) -> Result<Admission, ExecError> {
+    pub async fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> Result<Admission, ExecError> {
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
@@ -139,7 +154,15 @@ impl Executor {
             .await
             .map_err(|_| busy())?
             .map_err(|_| busy())?;
-        Ok(Admission { spec, _permit: permit })
+        // Last, so a refusal above never holds the thread.
+        let thread = match thread {
+            Some(options) => {
+                let lock = self.threads.lock(&options.key).map_err(|_| ExecError::ThreadBusy)?;
+                Some((options, lock))
+            }
+            None => None,
+        };
+        Ok(Admission { spec, thread, _permit: permit })
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
@@ -148,11 +171,39 @@ impl Executor {
     /// sandbox's teardown (cgroup removal, ~0.3 ms, occasionally 10 ms on v1)
     /// then finishes in the background while the admission stays held, so
     /// `running()` counts an execution until nothing of it is left.
-    pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+    ///
+    /// With a thread, its home is restored before and saved after the
+    /// program; the outcome is returned only once the save is durable.
+    pub async fn execute(&self, mut admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+        let restored = match admission.thread.take() {
+            Some((options, lock)) => match self.threads.restore(options, lock).await {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(execution_id = %admission.spec.id, error = %e, "restoring the thread failed; nothing ran");
+                    return Ok(Outcome::never_ran("thread_mount_error"));
+                }
+            },
+            None => None,
+        };
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
-        let go = self.go_for(spec);
-        let (outcome, teardown) = sandbox.run(spec, go, received, &events).await;
+        let ids = IdMap { root: sandbox.host_id(), user: sandbox.host_id() + 1 };
+        let home = match &restored {
+            Some(r) => match self.mount_home(&sandbox, r, spec) {
+                Ok(home) => Some(home),
+                Err(e) => {
+                    warn!(execution_id = %spec.id, error = %e, "mounting the thread home failed; nothing ran");
+                    tokio::spawn(sandbox.discard());
+                    return Ok(Outcome::never_ran("thread_mount_error"));
+                }
+            },
+            None => None,
+        };
+        let go = self.go_for(spec, home.is_some());
+        let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
+        if let (Some(r), Some(home)) = (restored, home) {
+            self.save_home(&r, home, ids, &mut outcome).await;
+        }
         tokio::spawn(async move {
             teardown.run().await;
             drop(admission);
@@ -160,7 +211,55 @@ impl Executor {
         Ok(outcome)
     }
 
-    fn go_for(&self, spec: &ExecSpec) -> Go {
+    fn mount_home(&self, sandbox: &Prepared, r: &Restored, spec: &ExecSpec) -> std::io::Result<(ThreadHome, std::path::PathBuf)> {
+        let work = self.env.work_dir.join(sandbox.id());
+        std::fs::create_dir(&work)?;
+        let target = sandbox.home_target();
+        let mounted = ThreadHome::mount(&ThreadHomeSpec {
+            state: &r.state,
+            work: &work,
+            target: &target,
+            init_pid: sandbox.init_pid(),
+            owner: sandbox.host_id() + 1,
+            bytes: spec.limits.home_bytes,
+        });
+        match mounted {
+            Ok(home) => Ok((home, work)),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&work);
+                Err(e)
+            }
+        }
+    }
+
+    /// Saves what the program left in its home (if it ran at all) and
+    /// unmounts it. A failed save fails the call and keeps the previous state.
+    async fn save_home(&self, r: &Restored, (mut home, work): (ThreadHome, std::path::PathBuf), ids: IdMap, outcome: &mut Outcome) {
+        let ran = !(outcome.exit_code == -1 && outcome.error.is_some());
+        let unmounted = home.unmount_view();
+        if ran {
+            let saved = match unmounted {
+                Ok(()) => self.threads.save(r, &home.upper(), ids).await,
+                Err(e) => Err(ThreadError::Io { step: "unmounting the thread home", source: e }),
+            };
+            match saved {
+                Ok(s) => debug!(thread = %r.options.key.rel(), layer_bytes = s.layer_bytes, home_bytes = s.home_bytes, skipped = s.skipped, "thread saved"),
+                Err(e) => {
+                    warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
+                    outcome.error = Some(match e {
+                        ThreadError::TooLarge { .. } => "thread_state_too_large".into(),
+                        _ => "thread_save_error".into(),
+                    });
+                }
+            }
+        }
+        if let Err(e) = home.release() {
+            warn!(error = %e, "unmounting a thread home failed");
+        }
+        let _ = std::fs::remove_dir(&work);
+    }
+
+    fn go_for(&self, spec: &ExecSpec, home_mounted: bool) -> Go {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), PATH.into()),
             ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
@@ -176,6 +275,7 @@ impl Executor {
             open_files: spec.limits.open_files.into(),
             file_size_bytes: spec.limits.file_size_bytes,
             max_processes: spec.limits.pids.into(),
+            home: if home_mounted { Home::Mounted } else { Home::Tmpfs { bytes: spec.limits.home_bytes } },
         }
     }
 

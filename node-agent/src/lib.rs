@@ -12,6 +12,7 @@ pub mod pool;
 pub mod sandbox;
 pub mod service;
 pub mod slots;
+pub mod threads;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,16 @@ pub struct Args {
     /// Name of the cgroup directory (under the agent's own cgroup) holding sandbox groups.
     #[arg(long, env = "WARREN_CGROUP_NAME", default_value = warren_isolation::cgroup::PARENT_NAME)]
     pub cgroup_name: String,
+    /// Where threads are durable: `dir:PATH` (default `dir:<state>/thread-store`)
+    /// or `s3://BUCKET` (endpoint and credentials from the standard `AWS_*` variables).
+    #[arg(long, env = "WARREN_THREAD_STORE")]
+    pub thread_store: Option<String>,
+    /// Seconds between thread collector passes (retention, leftovers, idle warm copies).
+    #[arg(long, env = "WARREN_THREAD_GC_INTERVAL_SECS", default_value_t = 600)]
+    pub thread_gc_interval_secs: u64,
+    /// Warm thread copies unused this long are dropped from this node (the store keeps the thread).
+    #[arg(long, env = "WARREN_THREAD_WARM_IDLE_SECS", default_value_t = 86400)]
+    pub thread_warm_idle_secs: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json")]
     pub log_format: String,
@@ -82,7 +93,23 @@ pub fn init_tracing(format: &str) {
 
 /// Runs the agent until SIGINT/SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let Args { node_name, listen_unix, listen_tcp, token_file, state_dir, sandbox_binary, pool_size, max_executions, uid_base, max_output_bytes, cgroup_name, log_format: _ } = args;
+    let Args {
+        node_name,
+        listen_unix,
+        listen_tcp,
+        token_file,
+        state_dir,
+        sandbox_binary,
+        pool_size,
+        max_executions,
+        uid_base,
+        max_output_bytes,
+        cgroup_name,
+        thread_store,
+        thread_gc_interval_secs,
+        thread_warm_idle_secs,
+        log_format: _,
+    } = args;
     if !nix::unistd::geteuid().is_root() {
         bail!("warren-node-agent must run as root: it creates namespaces, cgroups and id mappings");
     }
@@ -94,7 +121,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
     }
     let (layout, features) = detect(&cgroup_name)?;
-    let (mount_dir, etc_dir) = prepare_state_dir(&state_dir)?;
+    let dirs = prepare_state_dir(&state_dir)?;
+    let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
+    let store = threads::store::open(&store_spec).with_context(|| format!("opening the thread store {store_spec}"))?;
+    let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?);
     let supervisor_binary = match sandbox_binary {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("warren-sandbox"),
@@ -106,10 +136,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut policy = NodePolicy::default();
     policy.defaults.max_output_bytes = max_output_bytes;
     let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
-    let env = Arc::new(SandboxEnv { layout, supervisor_binary, mount_dir, etc_dir, seccomp_bpf, slots, idle_limits: policy.defaults });
+    let env = Arc::new(SandboxEnv {
+        layout,
+        supervisor_binary,
+        mount_dir: dirs.mnt,
+        etc_dir: dirs.etc,
+        homes_dir: dirs.homes,
+        work_dir: dirs.work,
+        seccomp_bpf,
+        slots,
+        idle_limits: policy.defaults,
+    });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone() };
-    let exec = Arc::new(Executor::new(env, features, config));
+    let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
+    tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));
     info!(node = %node_name, "node-agent starting");
     let served = serve(exec.clone(), listen_unix, listen_tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
@@ -140,10 +181,35 @@ fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
     }
 }
 
+/// Runs the thread collector every `interval`.
+async fn collect_threads(threads: Arc<threads::Threads>, interval: Duration, warm_idle: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match threads.collect(warm_idle).await {
+            Ok(r) if r != threads::CollectReport::default() => {
+                info!(expired = r.expired, orphans = r.orphans, warm_removed = r.warm_removed, "thread collector pass")
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "thread collector pass failed"),
+        }
+    }
+}
+
+/// Directories of the agent's state.
+struct StateDirs {
+    mnt: PathBuf,
+    etc: PathBuf,
+    homes: PathBuf,
+    work: PathBuf,
+}
+
 /// Creates `<state>/mnt`, the empty directory sandbox roots are mounted on
-/// inside their own mount namespaces (nothing is ever mounted there on the host).
-/// Returns the sandboxes' mount point and their prepared `/etc`.
-fn prepare_state_dir(state: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// inside their own mount namespaces (nothing is ever mounted there on the
+/// host), the prepared `/etc`, and the (shared-mount) home and work dirs,
+/// clearing whatever a killed agent left mounted there.
+fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
     // Traversable (sandbox init must reach mnt/) but not listable.
     std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o711))?;
@@ -155,7 +221,20 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     }
     let etc = state.join("etc");
     warren_isolation::sandbox::rootfs::prepare_etc(&etc).with_context(|| format!("preparing {}", etc.display()))?;
-    Ok((mnt, etc))
+    let (homes, work) = (state.join("homes"), state.join("work"));
+    for dir in [&homes, &work] {
+        let left = warren_isolation::home::unmount_below(dir).with_context(|| format!("reading mounts below {}", dir.display()))?;
+        if left > 0 {
+            warn!(dir = %dir.display(), mounts = left, "unmounted what an earlier run left");
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    }
+    warren_isolation::home::make_shared_mount(&homes).with_context(|| format!("making {} a shared mount", homes.display()))?;
+    Ok(StateDirs { mnt, etc, homes, work })
 }
 
 async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net::SocketAddr>, auth: auth::BearerAuth) -> anyhow::Result<()> {

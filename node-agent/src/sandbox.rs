@@ -68,6 +68,11 @@ pub struct SandboxEnv {
     pub mount_dir: PathBuf,
     /// The prepared `/etc` every sandbox binds read-only.
     pub etc_dir: PathBuf,
+    /// Per-sandbox home dirs (`<id>/sandbox`), a shared mount so that what
+    /// the agent mounts there propagates into the sandbox.
+    pub homes_dir: PathBuf,
+    /// Per-call scratch for thread homes (upper layers).
+    pub work_dir: PathBuf,
     /// The compiled seccomp filter.
     pub seccomp_bpf: Vec<u8>,
     /// Host uid/gid slots.
@@ -77,19 +82,17 @@ pub struct SandboxEnv {
 }
 
 /// What must match between a prepared sandbox and a request: the mounts'
-/// sizes are fixed when the sandbox is built.
+/// sizes fixed when the sandbox is built (the home is mounted at Go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// `/tmp` size.
     pub tmp_bytes: u64,
-    /// `/home/sandbox` size.
-    pub home_bytes: u64,
 }
 
 impl Shape {
     /// The shape a spec needs.
     pub fn of(limits: &Limits) -> Shape {
-        Shape { tmp_bytes: limits.tmp_bytes, home_bytes: limits.home_bytes }
+        Shape { tmp_bytes: limits.tmp_bytes }
     }
 }
 
@@ -102,7 +105,9 @@ pub struct Prepared {
     stdout: pipe::Receiver,
     stderr: pipe::Receiver,
     cgroup: Cgroup,
-    _slot: Slot,
+    home_dir: PathBuf,
+    init_pid: i32,
+    slot: Slot,
 }
 
 /// Output and progress of a running execution.
@@ -146,6 +151,13 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+impl Outcome {
+    /// The program never ran, for `error` (e.g. `thread_mount_error`).
+    pub fn never_ran(error: &str) -> Outcome {
+        Outcome { exit_code: -1, error: Some(error.into()), ..Outcome::default() }
+    }
+}
+
 fn pipe_pair() -> Result<(pipe::Receiver, OwnedFd), SandboxError> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Io { step: "pipe", source: e.into() })?;
     let r = pipe::Receiver::from_owned_fd(r).map_err(io("pipe receiver"))?;
@@ -163,7 +175,15 @@ fn socket_pair() -> Result<(Channel, OwnedFd), SandboxError> {
 pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
     let slot = env.slots.acquire().ok_or(SandboxError::NoSlot)?;
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
-    let cgroup = env.layout.create(&id, &env.idle_limits)?;
+    let home_dir = env.homes_dir.join(&id);
+    std::fs::create_dir_all(home_dir.join("sandbox")).map_err(io("create home dir"))?;
+    let cgroup = match env.layout.create(&id, &env.idle_limits) {
+        Ok(c) => c,
+        Err(e) => {
+            remove_home_dir(&home_dir);
+            return Err(e.into());
+        }
+    };
     let (supervisor, sup_fd) = socket_pair()?;
     let (init, init_fd) = socket_pair()?;
     let (stdout, out_w) = pipe_pair()?;
@@ -178,6 +198,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         Ok(c) => c,
         Err(e) => {
             let _ = cgroup.remove();
+            remove_home_dir(&home_dir);
             return Err(SandboxError::Io { step: "spawn warren-sandbox", source: e });
         }
     };
@@ -189,10 +210,10 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         mount_dir: env.mount_dir.clone(),
         etc_dir: env.etc_dir.clone(),
         tmp_bytes: shape.tmp_bytes,
-        home_bytes: shape.home_bytes,
+        home_dir: home_dir.clone(),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
-    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, _slot: slot };
+    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, init_pid: 0, slot };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
         prepared.wait_ready().await
@@ -218,17 +239,36 @@ impl Prepared {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Where a thread's home must be mounted (host side) to appear at
+    /// `/home/sandbox` inside.
+    pub fn home_target(&self) -> PathBuf {
+        self.home_dir.join("sandbox")
+    }
+
+    /// Host pid of init (its user namespace maps the sandbox's ids).
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// Host uid/gid of root inside; uid 1000 inside is this + 1.
+    pub fn host_id(&self) -> u32 {
+        self.slot.host_id()
+    }
+
     async fn wait_ready(&mut self) -> Result<(), SandboxError> {
-        tokio::select! {
-            ev = self.init.recv::<InitEvent>() => match ev.map_err(io("read init"))? {
-                Some(InitEvent::Ready) => Ok(()),
-                Some(InitEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
-                other => Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
-            },
-            ev = self.supervisor.recv::<SupervisorEvent>() => match ev.map_err(io("read supervisor"))? {
-                Some(SupervisorEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
-                other => Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
-            },
+        loop {
+            tokio::select! {
+                ev = self.init.recv::<InitEvent>() => return match ev.map_err(io("read init"))? {
+                    Some(InitEvent::Ready) if self.init_pid > 0 => Ok(()),
+                    Some(InitEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
+                    other => Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
+                },
+                ev = self.supervisor.recv::<SupervisorEvent>() => match ev.map_err(io("read supervisor"))? {
+                    Some(SupervisorEvent::Created { init_pid }) if init_pid > 0 => self.init_pid = init_pid,
+                    Some(SupervisorEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
+                    other => return Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
+                },
+            }
         }
     }
 
@@ -239,6 +279,7 @@ impl Prepared {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
+        remove_home_dir(&self.home_dir);
         remove_cgroup(self.cgroup).await;
     }
 
@@ -377,6 +418,7 @@ impl Teardown {
             let _ = p.child.start_kill();
             let _ = p.child.wait().await;
         }
+        remove_home_dir(&p.home_dir);
         remove_cgroup(self.0.cgroup).await;
     }
 }
@@ -395,6 +437,15 @@ fn forward(read: std::io::Result<usize>, buf: &[u8], cap: u64, seen: &mut u64, t
         *truncated = true;
     }
     Some(buf[..room].to_vec())
+}
+
+/// Removes a sandbox's (empty) home dir. Never recursive: if something is
+/// still mounted there, deleting through it would be wrong.
+fn remove_home_dir(dir: &std::path::Path) {
+    let _ = std::fs::remove_dir(dir.join("sandbox"));
+    if let Err(e) = std::fs::remove_dir(dir) {
+        warn!(dir = %dir.display(), error = %e, "removing a sandbox home dir failed");
+    }
 }
 
 async fn remove_cgroup(cgroup: Cgroup) {

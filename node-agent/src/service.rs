@@ -37,7 +37,9 @@ impl NodeAgent for AgentService {
 
     async fn execute(&self, req: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let received = Instant::now();
-        let admission = self.exec.admit(convert::exec_request(req.into_inner())).await.map_err(|e| convert::to_status(&e))?;
+        let mut req = req.into_inner();
+        let thread = convert::thread_options(req.thread.take())?;
+        let admission = self.exec.admit(convert::exec_request(req), thread).await.map_err(|e| convert::to_status(&e))?;
         let id = Executor::admission_id(&admission).to_string();
         let (tx, rx) = mpsc::channel::<EventResult>(64);
         let exec = self.exec.clone();
@@ -59,6 +61,12 @@ impl NodeAgent for AgentService {
             let _ = tx.send(last).await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delete_thread(&self, req: Request<pb::DeleteThreadRequest>) -> Result<Response<pb::DeleteThreadResponse>, Status> {
+        let key = convert::thread_key(req.into_inner().thread)?;
+        self.exec.threads().delete(&key).await.map_err(|e| convert::thread_status(&e))?;
+        Ok(Response::new(pb::DeleteThreadResponse {}))
     }
 
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {

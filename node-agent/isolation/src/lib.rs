@@ -5,12 +5,14 @@
 //! - [`cgroup`]: per-execution cgroups, v1 and v2 (translation is pure).
 //! - [`seccomp`]: the syscall allowlist, compiled once to BPF.
 //! - [`features`]: what this node supports.
+//! - [`home`]: a thread's home, mounted on the host side (overlay over id-mapped saved state).
 //! - [`wire`]: agent ↔ supervisor/init messages.
 //! - [`launch`]: the supervisor command line and descriptors.
 //! - [`sandbox`]: the supervisor, init and program code run by `warren-sandbox`.
 
 pub mod cgroup;
 pub mod features;
+pub mod home;
 pub mod launch;
 pub mod sandbox;
 pub mod seccomp;

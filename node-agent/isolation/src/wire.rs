@@ -42,8 +42,11 @@ pub struct SupervisorConfig {
     pub etc_dir: PathBuf,
     /// Size of `/tmp`.
     pub tmp_bytes: u64,
-    /// Size of `/home/sandbox`.
-    pub home_bytes: u64,
+    /// Host directory (holding an empty `sandbox/`) bound as the sandbox's
+    /// `/home`. It stays a mount-propagation slave of the host, so a thread's
+    /// home the agent mounts on `<home_dir>/sandbox` appears at
+    /// `/home/sandbox` inside (see [`crate::home`]).
+    pub home_dir: PathBuf,
     /// Compiled seccomp filter (`struct sock_filter[]`).
     pub seccomp_bpf: Vec<u8>,
 }
@@ -51,6 +54,13 @@ pub struct SupervisorConfig {
 /// Supervisor → agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SupervisorEvent {
+    /// Init exists with its id maps written (sent before init builds the
+    /// filesystem). The agent uses its user namespace to id-map a thread's
+    /// home.
+    Created {
+        /// Host pid of init.
+        init_pid: i32,
+    },
     /// The sandbox's init process (and so every process of the sandbox) is gone.
     InitExited {
         /// Raw wait status of init.
@@ -89,6 +99,21 @@ pub struct Go {
     pub file_size_bytes: u64,
     /// RLIMIT_NPROC (host uids are per-sandbox, so this is per-sandbox too).
     pub max_processes: u64,
+    /// What `/home/sandbox` is.
+    pub home: Home,
+}
+
+/// The program's home directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Home {
+    /// A fresh tmpfs of this many bytes, mounted by init (no thread).
+    Tmpfs {
+        /// Size limit.
+        bytes: u64,
+    },
+    /// The agent already mounted a thread's home on the host side; it has
+    /// propagated into the sandbox.
+    Mounted,
 }
 
 /// Init → agent.

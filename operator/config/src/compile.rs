@@ -25,6 +25,7 @@ const MEMORY: (u64, u64) = (32 * MIB, 4 * GIB);
 const PIDS: (u32, u32) = (8, 4096);
 const DISK: (u64, u64) = (MIB, 4 * GIB);
 const OUTPUT: (u64, u64) = (1024, 64 * MIB);
+const THREAD_SIZE: (u64, u64) = (MIB, 100 * GIB);
 const TIMEOUT: (u32, u32) = (1, 3600);
 const CONCURRENCY: (u32, u32) = (1, 1024);
 const DEFAULT_CONCURRENCY: u32 = 10;
@@ -62,6 +63,8 @@ pub struct SandboxConfig {
     pub env: Vec<EnvVar>,
     /// Thread retention.
     pub thread_retention: crate::types::ThreadRetention,
+    /// Largest saved home of one thread.
+    pub thread_max_bytes: u64,
     /// Storage mounts (validated syntactically).
     pub storage: Vec<crate::types::StorageMount>,
     /// Connector names.
@@ -279,6 +282,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         network: s.network,
         env: s.env.clone(),
         thread_retention: s.thread_retention,
+        thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), GIB, THREAD_SIZE)?,
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
     })
@@ -368,6 +372,7 @@ pub fn effective_key(
         network,
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
+        thread_max_bytes: sb.thread_max_bytes,
     })
 }
 

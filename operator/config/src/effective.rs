@@ -57,6 +57,8 @@ pub struct EffectiveKey {
     pub env: Vec<(String, String)>,
     /// Thread retention of the Sandbox.
     pub thread_retention: ThreadRetention,
+    /// Largest saved home of one thread.
+    pub thread_max_bytes: u64,
 }
 
 impl EffectiveKey {

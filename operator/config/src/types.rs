@@ -77,6 +77,19 @@ pub enum ThreadRetention {
     Forever,
 }
 
+impl ThreadRetention {
+    /// The retention as a duration; `None` is forever.
+    pub fn duration(self) -> Option<std::time::Duration> {
+        const DAY: u64 = 86_400;
+        match self {
+            ThreadRetention::Day => Some(std::time::Duration::from_secs(DAY)),
+            ThreadRetention::Week => Some(std::time::Duration::from_secs(7 * DAY)),
+            ThreadRetention::Month => Some(std::time::Duration::from_secs(30 * DAY)),
+            ThreadRetention::Forever => None,
+        }
+    }
+}
+
 /// A resource quantity as Kubernetes writes it: `"500m"`, `2`, `"1Gi"`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
@@ -191,6 +204,11 @@ pub struct SandboxSpec {
     /// How long thread state is kept after its last use (default Forever).
     #[serde(default)]
     pub thread_retention: ThreadRetention,
+    /// Largest saved home of one thread, 1Mi–100Gi (default 1Gi): file sizes
+    /// plus 512 bytes per entry. A call that would save more fails with
+    /// `thread_state_too_large` and the previous state is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_max_size: Option<Quantity>,
     /// Buckets mounted under `/data/<name>` in every execution.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]

@@ -31,7 +31,45 @@ pub struct ExecuteRequest {
     pub image: ::prost::alloc::string::String,
     #[prost(enumeration = "NetworkPolicy", tag = "8")]
     pub network: i32,
+    /// When set, /home/sandbox is the thread's saved home, restored before the
+    /// program and saved (durably) before `Exited` is sent. Saving failures are
+    /// reported in `Exited.error`: "thread_state_too_large", "thread_save_error";
+    /// a home that could not be restored ends the stream with an `Exited` whose
+    /// error is "thread_mount_error" and no `Started` (nothing ran).
+    #[prost(message, optional, tag = "9")]
+    pub thread: ::core::option::Option<ThreadOptions>,
 }
+/// Identifies a thread: threads belong to the ApiKey that created them.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadRef {
+    /// Namespace and name of the owning ApiKey (Kubernetes object names).
+    #[prost(string, tag = "1")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub key_name: ::prost::alloc::string::String,
+    /// `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`.
+    #[prost(string, tag = "3")]
+    pub thread_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadOptions {
+    #[prost(message, optional, tag = "1")]
+    pub r#ref: ::core::option::Option<ThreadRef>,
+    /// Kept this long after its last save; 0 keeps it forever.
+    #[prost(uint64, tag = "2")]
+    pub retention_seconds: u64,
+    /// Largest charged size of the saved home (file sizes + 512 bytes per
+    /// entry); a save beyond it fails and keeps the previous state. > 0.
+    #[prost(uint64, tag = "3")]
+    pub max_bytes: u64,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteThreadRequest {
+    #[prost(message, optional, tag = "1")]
+    pub thread: ::core::option::Option<ThreadRef>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteThreadResponse {}
 /// Per-execution resource limits. Zero means "node default".
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Limits {
@@ -47,7 +85,8 @@ pub struct Limits {
     /// Size of the /tmp tmpfs in bytes.
     #[prost(uint64, tag = "4")]
     pub tmp_bytes: u64,
-    /// Size of the /home/sandbox tmpfs in bytes.
+    /// Size of the /home/sandbox tmpfs in bytes; with a thread, the most one
+    /// call may write to its home.
     #[prost(uint64, tag = "5")]
     pub home_bytes: u64,
     /// Per-stream output cap in bytes; output beyond it is drained and dropped.
@@ -370,6 +409,32 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "Status"));
             self.inner.unary(req, path, codec).await
         }
+        /// DeleteThread removes a thread's saved home from the store and this node.
+        /// NOT_FOUND when the thread does not exist; ABORTED while it runs.
+        pub async fn delete_thread(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DeleteThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteThreadResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/DeleteThread",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "DeleteThread"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -404,6 +469,15 @@ pub mod node_agent_server {
             &self,
             request: tonic::Request<super::StatusRequest>,
         ) -> std::result::Result<tonic::Response<super::StatusResponse>, tonic::Status>;
+        /// DeleteThread removes a thread's saved home from the store and this node.
+        /// NOT_FOUND when the thread does not exist; ABORTED while it runs.
+        async fn delete_thread(
+            &self,
+            request: tonic::Request<super::DeleteThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteThreadResponse>,
+            tonic::Status,
+        >;
     }
     /// NodeAgent runs untrusted code in a fresh sandbox per call.
     #[derive(Debug)]
@@ -556,6 +630,51 @@ pub mod node_agent_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = StatusSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/DeleteThread" => {
+                    #[allow(non_camel_case_types)]
+                    struct DeleteThreadSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::DeleteThreadRequest>
+                    for DeleteThreadSvc<T> {
+                        type Response = super::DeleteThreadResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::DeleteThreadRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::delete_thread(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DeleteThreadSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -11,7 +11,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
 use super::{program, rootfs, sys};
-use crate::wire::{self, Go, InitEvent, SupervisorConfig};
+use crate::wire::{self, Go, Home, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
 pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
@@ -67,6 +67,11 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
 }
 
 fn run_program(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> ! {
+    if let Home::Tmpfs { bytes } = go.home {
+        if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
+            fail(ctrl, "home", &e);
+        }
+    }
     if let Err(e) = rootfs::install_script(&go.script_name, &go.code) {
         fail(ctrl, "script", &e);
     }

@@ -7,12 +7,15 @@
 //! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
 //! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
 //! ├── tmp         tmpfs (size-limited, 1777)
-//! ├── home/sandbox tmpfs (size-limited, 0700, uid 1000)
+//! ├── home        read-only bind of the agent's per-sandbox home dir, a mount-propagation slave
+//! │   └── sandbox tmpfs mounted by init at Go (size-limited, 0700, uid 1000),
+//! │               or a thread's overlay the agent mounted on the host side
 //! └── run/warren  the program text
 //! ```
 //!
 //! Nothing is created on the host: every mount lives and dies with the
-//! sandbox's mount namespace.
+//! sandbox's mount namespace. The one link back is `/home`, which receives
+//! (never sends) mounts the agent makes under the sandbox's home dir.
 
 use std::ffi::CString;
 use std::fs;
@@ -75,9 +78,11 @@ fn nix_io(e: nix::Error) -> io::Error {
 /// Builds the tree under `cfg.mount_dir` and makes it the root.
 pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     let root = cfg.mount_dir.as_path();
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+    // Slave, not private: the home bind below must keep receiving the
+    // agent's mounts. Every other host bind is made private right away.
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
         .map_err(nix_io)
-        .map_err(ctx("make-private", Path::new("/")))?;
+        .map_err(ctx("make-slave", Path::new("/")))?;
     tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
     mirror_usr(root)?;
     populate_etc(root, &cfg.etc_dir)?;
@@ -86,14 +91,20 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     let tmp = root.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("size={},nr_inodes=262144,mode=1777", cfg.tmp_bytes), MsFlags::empty())?;
-    mkdir(&root.join("home"), 0o755)?;
-    let home = root.join("home/sandbox");
-    mkdir(&home, 0o700)?;
-    let opts = format!("size={},nr_inodes=262144,mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}", cfg.home_bytes);
-    tmpfs(&home, &opts, MsFlags::empty())?;
+    let home = root.join("home");
+    mkdir(&home, 0o755)?;
+    mount(Some(&cfg.home_dir), &home, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &home))?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, &home, None::<&str>, flags | locked_flags(&home)?, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", &home))?;
     mkdir(&root.join("run"), 0o755)?;
     mkdir(&root.join("run/warren"), 0o755)?;
     pivot(root)
+}
+
+/// Mounts the program's fresh home (a call without a thread).
+pub fn mount_home_tmpfs(bytes: u64) -> io::Result<()> {
+    let opts = format!("size={bytes},nr_inodes=262144,mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID}");
+    tmpfs(Path::new(HOME), &opts, MsFlags::empty()).map_err(|e| io::Error::other(e.to_string()))
 }
 
 /// Writes the program text and makes the root read-only (called at Go time).
@@ -128,6 +139,8 @@ fn tmpfs(target: &Path, opts: &str, extra: MsFlags) -> Result<()> {
 /// kernel locks for mounts inherited into a user namespace (atime, noexec...).
 fn bind_readonly(src: &Path, dst: &Path, extra: MsFlags) -> Result<()> {
     mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", dst))?;
+    // A bind of a slave is a slave; only /home may receive host mounts.
+    mount(None::<&str>, dst, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).map_err(nix_io).map_err(ctx("make-private", dst))?;
     let locked = locked_flags(dst)?;
     let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | extra | locked;
     mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", dst))

@@ -71,7 +71,8 @@ fn run(ctrl: &mut UnixStream) -> StepResult<i32> {
     }
     drop(sync_r);
     let child = Pid::from_raw(pid);
-    if let Err(e) = prepare_init(pid, &cfg).and_then(|()| step("sync", write_byte(sync_w))) {
+    let created = |()| step("report", wire::write_frame(ctrl, &SupervisorEvent::Created { init_pid: pid }));
+    if let Err(e) = prepare_init(pid, &cfg).and_then(created).and_then(|()| step("sync", write_byte(sync_w))) {
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
         return Err(e);

@@ -1,0 +1,170 @@
+//! Thread identity and the manifest that says which layers make a thread's
+//! home. Pure; unit-tested.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Most layers a thread keeps before the next save writes one full layer.
+pub const MAX_LAYERS: usize = 32;
+
+/// A thread as its owner sees it: scoped to one ApiKey.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadKey {
+    /// Namespace of the owning ApiKey.
+    pub namespace: String,
+    /// Name of the owning ApiKey.
+    pub key_name: String,
+    /// The caller's thread id.
+    pub thread_id: String,
+}
+
+/// A field of a thread reference that is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("thread.{field}: {message}")]
+pub struct KeyError {
+    /// Offending field.
+    pub field: &'static str,
+    /// Why.
+    pub message: &'static str,
+}
+
+fn dns_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && !s.contains("..")
+}
+
+fn thread_id(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty() && b.len() <= 128 && b[0].is_ascii_alphanumeric() && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+}
+
+impl ThreadKey {
+    /// Validates the parts: they become path segments and object keys.
+    pub fn new(namespace: &str, key_name: &str, id: &str) -> Result<ThreadKey, KeyError> {
+        if !dns_name(namespace) {
+            return Err(KeyError { field: "namespace", message: "must be a Kubernetes object name" });
+        }
+        if !dns_name(key_name) {
+            return Err(KeyError { field: "key_name", message: "must be a Kubernetes object name" });
+        }
+        if !thread_id(id) {
+            return Err(KeyError { field: "thread_id", message: "must match ^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$" });
+        }
+        Ok(ThreadKey { namespace: namespace.into(), key_name: key_name.into(), thread_id: id.into() })
+    }
+
+    /// Relative path (and object-key folder) of the thread: `ns/name/thread`.
+    pub fn rel(&self) -> String {
+        format!("{}/{}/{}", self.namespace, self.key_name, self.thread_id)
+    }
+
+    /// Object key of the manifest.
+    pub fn manifest_key(&self) -> String {
+        format!("threads/{}/manifest.json", self.rel())
+    }
+
+    /// Object key of a layer.
+    pub fn layer_key(&self, id: &str) -> String {
+        format!("threads/{}/layers/{id}.tar", self.rel())
+    }
+}
+
+/// How one call may use a thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadOptions {
+    /// Which thread.
+    pub key: ThreadKey,
+    /// Kept this long after its last use; `None` keeps it forever.
+    pub retention: Option<Duration>,
+    /// Largest charged size of the saved home.
+    pub max_bytes: u64,
+}
+
+/// One layer of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerRef {
+    /// Object key.
+    pub key: String,
+    /// Size of the object.
+    pub size: u64,
+}
+
+/// The published state of a thread: replacing this one object is what makes
+/// a save visible, so a save is all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    /// Format version (1).
+    pub version: u32,
+    /// Random id of this save; warm copies on nodes are tagged with it.
+    pub id: String,
+    /// Layers to replay in order onto an empty home.
+    pub layers: Vec<LayerRef>,
+    /// Charged size of the home (see `layer::ENTRY_CHARGE`).
+    pub bytes: u64,
+    /// Last save, Unix seconds.
+    pub updated_at: u64,
+    /// Retention in seconds counted from `updated_at`; `None` is forever.
+    pub retention_secs: Option<u64>,
+}
+
+impl Manifest {
+    /// The thread is past its retention at `now` (Unix seconds).
+    pub fn expired(&self, now: u64) -> bool {
+        self.retention_secs.is_some_and(|r| self.updated_at.saturating_add(r) <= now)
+    }
+
+    /// Parses a stored manifest.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
+        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if m.version != 1 {
+            return Err(format!("manifest version {} is not supported", m.version));
+        }
+        Ok(m)
+    }
+}
+
+/// A random 128-bit id in hex.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Now in Unix seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_become_safe_object_keys() {
+        let k = ThreadKey::new("team-a", "agent.key", "sess-1_x").unwrap();
+        assert_eq!(k.manifest_key(), "threads/team-a/agent.key/sess-1_x/manifest.json");
+        assert_eq!(k.layer_key("ab"), "threads/team-a/agent.key/sess-1_x/layers/ab.tar");
+        for (ns, name, id) in [("..", "k", "t"), ("a", "k/..", "t"), ("a", "k", "../x"), ("a", "k", "-t"), ("A", "k", "t"), ("a", "", "t"), ("a.", "k", "t")] {
+            assert!(ThreadKey::new(ns, name, id).is_err(), "{ns}/{name}/{id}");
+        }
+        assert!(ThreadKey::new("a", "k", &"t".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn expiry_counts_from_the_last_save() {
+        let m = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: 1000, retention_secs: Some(86400) };
+        assert!(!m.expired(1000 + 86399));
+        assert!(m.expired(1000 + 86400));
+        let forever = Manifest { retention_secs: None, ..m.clone() };
+        assert!(!forever.expired(u64::MAX));
+        let text = serde_json::to_vec(&m).unwrap();
+        assert_eq!(Manifest::parse(&text).unwrap(), m);
+        assert!(Manifest::parse(br#"{"version":2,"id":"x","layers":[],"bytes":0,"updatedAt":0,"retentionSecs":null}"#).is_err());
+    }
+}

@@ -1,0 +1,405 @@
+//! Threads: persistent homes across calls.
+//!
+//! A thread's truth is its manifest and layers in the [`store::BlobStore`].
+//! Each node keeps the threads it ran unpacked ("warm") under its cache
+//! directory, tagged with the manifest id they reflect; a call whose warm copy
+//! matches the published manifest mounts it directly, anything else is
+//! rebuilt from the store first. A save writes the call's diff as a new layer,
+//! then replaces the manifest — the one atomic step — so a crash at any point
+//! leaves the previous or the new state, and the in-memory lock dies with the
+//! process.
+//!
+//! ```text
+//! <cache>/<ns>/<key>/<thread>/state/      the home, canonical owners (lower layer of the next call)
+//! <cache>/<ns>/<key>/<thread>/warm.json   {manifestId, bootId, usedAt}; absent = rebuild
+//! ```
+
+pub mod layer;
+pub mod manifest;
+pub mod store;
+
+use std::collections::HashSet;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+pub use manifest::{Manifest, ThreadKey, ThreadOptions};
+use manifest::{new_id, unix_now, LayerRef, MAX_LAYERS};
+use store::BlobStore;
+
+/// Leftover objects (of a crashed save or an interrupted delete) younger
+/// than this are left alone: a save may be uploading them right now.
+const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
+
+/// Why a thread operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadError {
+    /// Another call holds the thread.
+    #[error("thread is busy: another execution is using it")]
+    Busy,
+    /// The thread does not exist (for this key).
+    #[error("thread not found")]
+    NotFound,
+    /// Saving would make the home larger than allowed; nothing was saved.
+    #[error("the thread's home would be {bytes} bytes, over its limit of {limit}")]
+    TooLarge {
+        /// Size the save would have produced.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The store or the local disk failed.
+    #[error("{step}: {source}")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(step: &'static str) -> impl FnOnce(io::Error) -> ThreadError {
+    move |source| ThreadError::Io { step, source }
+}
+
+/// Test-only pause points (`WARREN_TEST_PAUSE_AT`), so a crash test can
+/// kill the agent at an exact step of a save instead of guessing a moment.
+fn pause_point(name: &str) -> Option<PathBuf> {
+    let at = std::env::var("WARREN_TEST_PAUSE_AT").ok()?;
+    (at == name).then(|| std::env::var_os("WARREN_TEST_PAUSE_MARKER").map(PathBuf::from)).flatten()
+}
+
+async fn maybe_pause(name: &str) {
+    if let Some(marker) = pause_point(name) {
+        warn!(point = name, "test pause point reached; waiting to be killed");
+        let _ = std::fs::write(marker, name);
+        std::future::pending::<()>().await;
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Warm {
+    manifest_id: String,
+    boot_id: String,
+    used_at: u64,
+}
+
+/// The node's thread service.
+pub struct Threads {
+    store: Arc<dyn BlobStore>,
+    cache: PathBuf,
+    spool: PathBuf,
+    locks: Arc<Mutex<HashSet<ThreadKey>>>,
+    boot_id: String,
+}
+
+/// Exclusive use of one thread on this node; released on drop.
+pub struct ThreadLock {
+    key: ThreadKey,
+    locks: Arc<Mutex<HashSet<ThreadKey>>>,
+}
+
+impl Drop for ThreadLock {
+    fn drop(&mut self) {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+    }
+}
+
+/// A thread ready to be mounted: its warm state matches the published manifest.
+pub struct Restored {
+    /// The call's options.
+    pub options: ThreadOptions,
+    /// Warm state directory (the lower layer).
+    pub state: PathBuf,
+    manifest: Option<Manifest>,
+    _lock: ThreadLock,
+}
+
+/// What a save did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Saved {
+    /// Size of the uploaded layer (0: nothing changed).
+    pub layer_bytes: u64,
+    /// Charged size of the home now.
+    pub home_bytes: u64,
+    /// Entries the layer format cannot hold (dropped).
+    pub skipped: u64,
+}
+
+fn mkdir_private(path: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
+}
+
+/// Creates an empty state directory owned by the sandbox user.
+fn fresh_state(state: &Path) -> io::Result<()> {
+    if state.exists() {
+        std::fs::remove_dir_all(state)?;
+    }
+    mkdir_private(state)?;
+    std::os::unix::fs::chown(state, Some(1000), Some(1000))
+}
+
+impl Threads {
+    /// A thread service over `store`, keeping warm copies under `cache`.
+    pub fn new(store: Arc<dyn BlobStore>, cache: &Path) -> io::Result<Threads> {
+        mkdir_private(cache)?;
+        let spool = match store.spool_dir() {
+            Some(dir) => dir,
+            None => cache.join(".spool"),
+        };
+        mkdir_private(&spool)?;
+        for entry in std::fs::read_dir(&spool)? {
+            let _ = std::fs::remove_file(entry?.path());
+        }
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
+        info!(store = %store.describe(), cache = %cache.display(), "thread store ready");
+        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Arc::default(), boot_id })
+    }
+
+    /// Takes the thread for one call, or fails at once if it is in use.
+    pub fn lock(&self, key: &ThreadKey) -> Result<ThreadLock, ThreadError> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if !locks.insert(key.clone()) {
+            return Err(ThreadError::Busy);
+        }
+        Ok(ThreadLock { key: key.clone(), locks: self.locks.clone() })
+    }
+
+    fn dir(&self, key: &ThreadKey) -> PathBuf {
+        self.cache.join(key.rel())
+    }
+
+    async fn manifest(&self, key: &ThreadKey) -> Result<Option<Manifest>, ThreadError> {
+        let Some(bytes) = self.store.get(&key.manifest_key()).await.map_err(io_err("reading the thread manifest"))? else {
+            return Ok(None);
+        };
+        let m = Manifest::parse(&bytes).map_err(|e| ThreadError::Io { step: "parsing the thread manifest", source: io::Error::other(e) })?;
+        // Past its retention the thread is gone, whether or not the collector ran.
+        Ok((!m.expired(unix_now())).then_some(m))
+    }
+
+    fn read_warm(&self, key: &ThreadKey) -> Option<Warm> {
+        let text = std::fs::read(self.dir(key).join("warm.json")).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn write_warm(&self, key: &ThreadKey, manifest_id: &str) -> io::Result<()> {
+        let warm = Warm { manifest_id: manifest_id.into(), boot_id: self.boot_id.clone(), used_at: unix_now() };
+        std::fs::write(self.dir(key).join("warm.json"), serde_json::to_vec(&warm).map_err(io::Error::other)?)
+    }
+
+    fn forget_warm(&self, key: &ThreadKey) -> io::Result<()> {
+        match std::fs::remove_file(self.dir(key).join("warm.json")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes the warm copy match the published state (fast when it already does).
+    pub async fn restore(&self, options: ThreadOptions, lock: ThreadLock) -> Result<Restored, ThreadError> {
+        let key = &options.key;
+        let manifest = self.manifest(key).await?;
+        let dir = self.dir(key);
+        let state = dir.join("state");
+        let want = manifest.as_ref().map_or("", |m| m.id.as_str());
+        let warm = self.read_warm(key);
+        let fresh = warm.as_ref().is_some_and(|w| w.manifest_id == want && w.boot_id == self.boot_id) && state.is_dir();
+        if !fresh {
+            self.rebuild(key, manifest.as_ref(), &state).await?;
+        }
+        Ok(Restored { options, state, manifest, _lock: lock })
+    }
+
+    async fn rebuild(&self, key: &ThreadKey, manifest: Option<&Manifest>, state: &Path) -> Result<(), ThreadError> {
+        let dir = self.dir(key);
+        mkdir_private(&dir).map_err(io_err("creating the thread cache"))?;
+        self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
+        fresh_state(state).map_err(io_err("clearing the warm copy"))?;
+        for layer in manifest.map_or(&[][..], |m| &m.layers) {
+            let data = self.store.get(&layer.key).await.map_err(io_err("reading a thread layer"))?;
+            let data = data.ok_or_else(|| ThreadError::Io { step: "reading a thread layer", source: io::Error::other(format!("{} is missing", layer.key)) })?;
+            let st = state.to_path_buf();
+            tokio::task::spawn_blocking(move || layer::apply(&data[..], &st))
+                .await
+                .map_err(|e| ThreadError::Io { step: "applying a thread layer", source: io::Error::other(e) })?
+                .map_err(io_err("applying a thread layer"))?;
+        }
+        self.write_warm(key, manifest.map_or("", |m| m.id.as_str())).map_err(io_err("marking the warm copy"))
+    }
+
+    /// Saves the diff in `upper` (written by the sandbox whose host ids are
+    /// `ids`) as the thread's new state: durable when this returns `Ok`. On
+    /// error the previous state stays published.
+    pub async fn save(&self, restored: &Restored, upper: &Path, ids: layer::IdMap) -> Result<Saved, ThreadError> {
+        let key = &restored.options.key;
+        let spool = self.spool.join(new_id());
+        let result = self.save_inner(restored, upper, ids, &spool).await;
+        let _ = std::fs::remove_file(&spool);
+        if result.is_err() {
+            // The warm copy may be ahead of what is published: rebuild next time.
+            let _ = self.forget_warm(key);
+        }
+        result
+    }
+
+    async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path) -> Result<Saved, ThreadError> {
+        let (key, state) = (&restored.options.key, restored.state.clone());
+        let prev = restored.manifest.as_ref();
+        let (up, st, sp) = (upper.to_path_buf(), state.clone(), spool.to_path_buf());
+        let delta = blocking("writing the thread diff", move || layer::write_diff(&up, &st, ids, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+        let old_bytes = prev.map_or(0, |m| m.bytes);
+        let bytes = (old_bytes as i64 + delta.bytes).max(0) as u64;
+        if bytes > restored.options.max_bytes {
+            return Err(ThreadError::TooLarge { bytes, limit: restored.options.max_bytes });
+        }
+        let id = new_id();
+        let mut layers = prev.map(|m| m.layers.clone()).unwrap_or_default();
+        let mut layer_bytes = 0;
+        if delta.entries > 0 {
+            // The warm copy moves first; until the new manifest is published
+            // and the copy re-tagged, it is marked stale.
+            self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
+            let (st, sp) = (state.clone(), spool.to_path_buf());
+            blocking("applying the diff to the warm copy", move || layer::apply(std::io::BufReader::new(std::fs::File::open(&sp)?), &st)).await?;
+            if layers.len() >= MAX_LAYERS {
+                let (st, sp) = (state.clone(), spool.to_path_buf());
+                blocking("compacting the thread", move || layer::write_full(&st, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+                layers.clear();
+            }
+            layer_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+            let layer_key = key.layer_key(&id);
+            self.store.put_file(&layer_key, spool).await.map_err(io_err("uploading the thread layer"))?;
+            layers.push(LayerRef { key: layer_key, size: layer_bytes });
+            maybe_pause("layer-uploaded").await;
+        }
+        let retention_secs = restored.options.retention.map(|d| d.as_secs());
+        let manifest = Manifest { version: 1, id, layers, bytes, updated_at: unix_now(), retention_secs };
+        let body = Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        self.store.put(&key.manifest_key(), body).await.map_err(io_err("publishing the thread manifest"))?;
+        maybe_pause("manifest-published").await;
+        self.write_warm(key, &manifest.id).map_err(io_err("marking the warm copy"))?;
+        // Layers a compaction replaced are garbage now.
+        if let Some(prev) = prev {
+            for old in prev.layers.iter().filter(|l| !manifest.layers.contains(l)) {
+                let _ = self.store.delete(&old.key).await;
+            }
+        }
+        Ok(Saved { layer_bytes, home_bytes: bytes, skipped: delta.skipped })
+    }
+
+    /// Deletes a thread (its manifest first, so it is gone at once).
+    pub async fn delete(&self, key: &ThreadKey) -> Result<(), ThreadError> {
+        let _lock = self.lock(key)?;
+        let manifest = self.manifest(key).await?;
+        let dir = self.dir(key);
+        let _ = std::fs::remove_dir_all(&dir);
+        let Some(_) = manifest else { return Err(ThreadError::NotFound) };
+        self.store.delete(&key.manifest_key()).await.map_err(io_err("deleting the thread manifest"))?;
+        self.delete_objects(&format!("threads/{}/", key.rel())).await;
+        info!(thread = %key.rel(), "thread deleted");
+        Ok(())
+    }
+
+    async fn delete_objects(&self, prefix: &str) {
+        match self.store.list(prefix).await {
+            Ok(objects) => {
+                for o in objects {
+                    let _ = self.store.delete(&o.key).await;
+                }
+            }
+            Err(e) => warn!(error = %e, prefix, "listing objects to delete failed; the collector retries"),
+        }
+    }
+
+    /// One collector pass: deletes threads past their retention, leftovers
+    /// of crashed saves, and warm copies idle longer than `warm_idle`.
+    pub async fn collect(&self, warm_idle: Duration) -> Result<CollectReport, ThreadError> {
+        let now = unix_now();
+        let objects = self.store.list("threads/").await.map_err(io_err("listing threads"))?;
+        let mut by_thread: std::collections::BTreeMap<String, Vec<store::Listed>> = Default::default();
+        for o in objects {
+            let parts: Vec<&str> = o.key.splitn(5, '/').collect();
+            if parts.len() == 5 {
+                by_thread.entry(parts[1..4].join("/")).or_default().push(o);
+            }
+        }
+        let mut report = CollectReport::default();
+        for (rel, objects) in by_thread {
+            let manifest_key = format!("threads/{rel}/manifest.json");
+            let manifest = match self.store.get(&manifest_key).await {
+                Ok(Some(b)) => Manifest::parse(&b).ok(),
+                _ => None,
+            };
+            let old = |o: &store::Listed| o.modified.elapsed().is_ok_and(|age| age >= ORPHAN_GRACE);
+            match manifest {
+                Some(m) if m.expired(now) => {
+                    // Manifest first: from then on the thread does not exist.
+                    if self.store.delete(&manifest_key).await.is_ok() {
+                        for o in objects.iter().filter(|o| o.key != manifest_key) {
+                            let _ = self.store.delete(&o.key).await;
+                        }
+                        report.expired += 1;
+                        info!(thread = %rel, "thread expired and was deleted");
+                    }
+                }
+                Some(m) => {
+                    for o in objects.iter().filter(|o| o.key != manifest_key && old(o) && !m.layers.iter().any(|l| l.key == o.key)) {
+                        let _ = self.store.delete(&o.key).await;
+                        report.orphans += 1;
+                    }
+                }
+                None => {
+                    for o in objects.iter().filter(|o| old(o)) {
+                        let _ = self.store.delete(&o.key).await;
+                        report.orphans += 1;
+                    }
+                }
+            }
+        }
+        report.warm_removed = self.collect_warm(warm_idle, now);
+        Ok(report)
+    }
+
+    fn collect_warm(&self, idle: Duration, now: u64) -> u64 {
+        let mut removed = 0;
+        let level = |p: &Path| std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect::<Vec<_>>();
+        for ns in level(&self.cache).into_iter().filter(|p| !p.ends_with(".spool")) {
+            for name in level(&ns) {
+                for thread in level(&name) {
+                    let (Some(n), Some(k), Some(t)) = (ns.file_name(), name.file_name(), thread.file_name()) else { continue };
+                    let Ok(key) = ThreadKey::new(&n.to_string_lossy(), &k.to_string_lossy(), &t.to_string_lossy()) else { continue };
+                    let Ok(_lock) = self.lock(&key) else { continue };
+                    let used = self.read_warm(&key).map_or(0, |w| w.used_at);
+                    if now.saturating_sub(used) >= idle.as_secs() {
+                        let _ = std::fs::remove_dir_all(&thread);
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// What a collector pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CollectReport {
+    /// Threads past their retention.
+    pub expired: u64,
+    /// Leftover objects.
+    pub orphans: u64,
+    /// Idle warm copies on this node.
+    pub warm_removed: u64,
+}
+
+async fn blocking<T: Send + 'static>(step: &'static str, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, ThreadError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ThreadError::Io { step, source: io::Error::other(e) })?.map_err(io_err(step))
+}

@@ -1,0 +1,292 @@
+//! Where threads are durable: a local directory (single machine) or an
+//! S3-compatible bucket (cluster). Both publish atomically — an object is
+//! either absent or complete, never partly written — and both are durable
+//! when a put returns.
+
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use object_store::{ObjectStore, PutPayload};
+
+/// One stored object.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    /// When it was written.
+    pub modified: SystemTime,
+}
+
+/// A store of immutable-once-written objects.
+pub trait BlobStore: Send + Sync {
+    /// The object, or `None` when there is none.
+    fn get(&self, key: &str) -> BoxFuture<'_, io::Result<Option<Bytes>>>;
+    /// Writes `data` under `key`, replacing atomically; durable on return.
+    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>>;
+    /// Moves the file at `path` (a spool file the caller no longer needs)
+    /// under `key`; durable on return.
+    fn put_file(&self, key: &str, path: &Path) -> BoxFuture<'_, io::Result<()>>;
+    /// Removes `key` (absent is fine).
+    fn delete(&self, key: &str) -> BoxFuture<'_, io::Result<()>>;
+    /// Every object whose key starts with `prefix` (a `/`-terminated folder).
+    fn list(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<Listed>>>;
+    /// A directory on the same filesystem as the store, if it is local:
+    /// spooling there makes `put_file` a rename.
+    fn spool_dir(&self) -> Option<PathBuf> {
+        None
+    }
+    /// Short description for logs.
+    fn describe(&self) -> String;
+}
+
+/// Objects as files under a root directory.
+pub struct DirStore {
+    root: PathBuf,
+}
+
+fn key_path(root: &Path, key: &str) -> io::Result<PathBuf> {
+    let rel = Path::new(key);
+    if key.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad object key {key:?}")));
+    }
+    Ok(root.join(rel))
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+impl DirStore {
+    /// A store rooted at `root` (created 0700).
+    pub fn open(root: &Path) -> io::Result<DirStore> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(root.join(".spool"))?;
+        Ok(DirStore { root: root.to_path_buf() })
+    }
+
+    /// `fsync`s `tmp` and renames it to `key`, then makes the rename durable.
+    fn publish(&self, key: &str, tmp: &Path) -> io::Result<()> {
+        let dst = key_path(&self.root, key)?;
+        let parent = dst.parent().unwrap_or(&self.root).to_path_buf();
+        std::fs::create_dir_all(&parent)?;
+        std::fs::File::open(tmp)?.sync_all()?;
+        std::fs::rename(tmp, &dst)?;
+        fsync_dir(&parent)
+    }
+
+    fn spool_file(&self) -> PathBuf {
+        self.root.join(".spool").join(format!("{:032x}", rand::random::<u128>()))
+    }
+}
+
+fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> BoxFuture<'static, io::Result<T>> {
+    async move { tokio::task::spawn_blocking(f).await.map_err(io::Error::other)? }.boxed()
+}
+
+impl BlobStore for DirStore {
+    fn get(&self, key: &str) -> BoxFuture<'_, io::Result<Option<Bytes>>> {
+        let path = key_path(&self.root, key);
+        blocking(move || match std::fs::read(path?) {
+            Ok(b) => Ok(Some(Bytes::from(b))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
+    }
+
+    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>> {
+        let key = key.to_string();
+        async move {
+            let tmp = self.spool_file();
+            let t = tmp.clone();
+            blocking(move || std::fs::File::create(&t)?.write_all(&data)).await?;
+            let r = self.publish(&key, &tmp);
+            if r.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            r
+        }
+        .boxed()
+    }
+
+    fn put_file(&self, key: &str, path: &Path) -> BoxFuture<'_, io::Result<()>> {
+        let (key, path) = (key.to_string(), path.to_path_buf());
+        async move {
+            let tmp = self.spool_file();
+            // Same filesystem (the caller spooled in spool_dir): a rename.
+            if std::fs::rename(&path, &tmp).is_err() {
+                std::fs::copy(&path, &tmp)?;
+                let _ = std::fs::remove_file(&path);
+            }
+            let r = self.publish(&key, &tmp);
+            if r.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            r
+        }
+        .boxed()
+    }
+
+    fn delete(&self, key: &str) -> BoxFuture<'_, io::Result<()>> {
+        let path = key_path(&self.root, key);
+        blocking(move || match std::fs::remove_file(path?) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+    }
+
+    fn list(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<Listed>>> {
+        let (root, prefix) = (self.root.clone(), prefix.trim_end_matches('/').to_string());
+        blocking(move || {
+            let mut out = Vec::new();
+            let start = key_path(&root, &prefix)?;
+            walk(&root, &start, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    fn spool_dir(&self) -> Option<PathBuf> {
+        Some(self.root.join(".spool"))
+    }
+
+    fn describe(&self) -> String {
+        format!("dir:{}", self.root.display())
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            walk(root, &entry.path(), out)?;
+        } else if let Ok(rel) = entry.path().strip_prefix(root) {
+            out.push(Listed { key: rel.to_string_lossy().into_owned(), modified: meta.modified()? });
+        }
+    }
+    // Empty folders left by deletes go away with the walk.
+    if dir != root {
+        let _ = std::fs::remove_dir(dir);
+    }
+    Ok(())
+}
+
+/// Objects in an S3-compatible bucket (through `object_store`).
+pub struct S3Store {
+    inner: Arc<dyn ObjectStore>,
+    url: String,
+}
+
+/// Above this, uploads go in parts.
+const SINGLE_PUT_MAX: u64 = 32 << 20;
+const PART: usize = 16 << 20;
+
+impl S3Store {
+    /// A store for `s3://bucket`, configured from the standard `AWS_*`
+    /// variables (`AWS_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`, …).
+    pub fn from_env(url: &str) -> io::Result<S3Store> {
+        let store = object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(io::Error::other)?;
+        Ok(S3Store { inner: Arc::new(store), url: url.to_string() })
+    }
+}
+
+fn os_err(e: object_store::Error) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl BlobStore for S3Store {
+    fn get(&self, key: &str) -> BoxFuture<'_, io::Result<Option<Bytes>>> {
+        let path = object_store::path::Path::from(key);
+        async move {
+            match self.inner.get(&path).await {
+                Ok(r) => Ok(Some(r.bytes().await.map_err(os_err)?)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(os_err(e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>> {
+        let path = object_store::path::Path::from(key);
+        async move { self.inner.put(&path, PutPayload::from(data)).await.map(drop).map_err(os_err) }.boxed()
+    }
+
+    fn put_file(&self, key: &str, file: &Path) -> BoxFuture<'_, io::Result<()>> {
+        let (path, file) = (object_store::path::Path::from(key), file.to_path_buf());
+        async move {
+            let size = std::fs::metadata(&file)?.len();
+            if size <= SINGLE_PUT_MAX {
+                let data = tokio::fs::read(&file).await?;
+                self.inner.put(&path, PutPayload::from(data)).await.map_err(os_err)?;
+            } else {
+                let upload = self.inner.put_multipart(&path).await.map_err(os_err)?;
+                let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+                let mut f = std::fs::File::open(&file)?;
+                let mut buf = vec![0u8; PART];
+                loop {
+                    let n = f.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    writer.wait_for_capacity(2).await.map_err(os_err)?;
+                    writer.write(&buf[..n]);
+                }
+                writer.finish().await.map_err(os_err)?;
+            }
+            let _ = std::fs::remove_file(&file);
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn delete(&self, key: &str) -> BoxFuture<'_, io::Result<()>> {
+        let path = object_store::path::Path::from(key);
+        async move {
+            match self.inner.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(os_err(e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn list(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<Listed>>> {
+        let prefix = object_store::path::Path::from(prefix.trim_end_matches('/'));
+        async move {
+            let mut out = Vec::new();
+            let mut stream = self.inner.list(Some(&prefix));
+            while let Some(meta) = stream.next().await {
+                let meta = meta.map_err(os_err)?;
+                out.push(Listed { key: meta.location.to_string(), modified: meta.last_modified.into() });
+            }
+            Ok(out)
+        }
+        .boxed()
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+}
+
+/// Opens the store named by `--thread-store`: `dir:PATH` or `s3://BUCKET`.
+pub fn open(spec: &str) -> io::Result<Arc<dyn BlobStore>> {
+    if let Some(path) = spec.strip_prefix("dir:") {
+        return Ok(Arc::new(DirStore::open(Path::new(path))?));
+    }
+    if spec.starts_with("s3://") {
+        return Ok(Arc::new(S3Store::from_env(spec)?));
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidInput, format!("thread store {spec:?}: expected dir:PATH or s3://BUCKET")))
+}
