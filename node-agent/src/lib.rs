@@ -122,6 +122,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let (layout, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
+    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone()];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
     let store = threads::store::open(&store_spec).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?);
@@ -154,6 +155,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     info!(node = %node_name, "node-agent starting");
     let served = serve(exec.clone(), listen_unix, listen_tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
+    for dir in mounted_dirs {
+        let _ = warren_isolation::home::unmount_below(&dir);
+    }
     served
 }
 

@@ -71,9 +71,38 @@ kind: ApiKey
 metadata: {name: bashonly}
 spec: {sandboxRef: {name: bash-only}}
 ---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: threads}
+spec:
+  image: host
+  threadRetention: 24h
+  threadMaxSize: 200Mi
+  resources: {homeSize: 128Mi}
+---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: tiny-threads}
+spec: {image: host, threadMaxSize: 1Mi}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: thr}
+spec: {sandboxRef: {name: threads}, maxConcurrency: 64}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: thr2}
+spec: {sandboxRef: {name: threads}}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: tiny}
+spec: {sandboxRef: {name: tiny-threads}}
+---
 ",
     );
-    for k in ["main", "single", "off", "short", "bashonly"] {
+    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny"] {
         s.push_str(&secret(k));
     }
     s
@@ -156,6 +185,12 @@ impl Gateway {
     /// `POST /v1/sandbox/execute` with `key` and a JSON `body`.
     pub fn execute(&self, key: &str, body: &serde_json::Value) -> Response {
         http::raw(self.addr, &http::execute_request(self.addr, key, body, false)).expect("HTTP request")
+    }
+
+    /// `DELETE path` with the key.
+    pub fn delete(&self, key: &str, path: &str) -> Response {
+        let req = format!("DELETE {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\n\r\n", self.addr);
+        http::raw(self.addr, req.as_bytes()).expect("HTTP request")
     }
 
     /// The same, streamed: the NDJSON lines.

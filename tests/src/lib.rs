@@ -57,8 +57,9 @@ pub fn skip_unless_root(test: &str) -> bool {
 /// A running node-agent, killed and cleaned up on drop.
 pub struct Agent {
     child: Option<Child>,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     socket: PathBuf,
+    state: PathBuf,
     /// This agent's cgroup parent name (unique, so parallel tests never meet).
     pub cgroup_name: String,
     /// First host uid of this agent's sandboxes (unique range per agent).
@@ -102,17 +103,32 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Starts an agent with extra environment variables and, optionally, an
+    /// existing state directory (as the same node's agent after a crash).
+    pub async fn start_with(extra: &[&str], env: &[(&str, &str)], state_dir: Option<&Path>) -> anyhow::Result<Agent> {
+        let unique = unique_number();
+        let agent = Agent::spawn_full(extra, env, state_dir, format!("warren-e2e-{unique}"), 1_500_000_000 + (unique % 20_000) * 100_000)?;
+        agent.wait_ready().await?;
+        Ok(agent)
+    }
+
     fn spawn(extra: &[&str], cgroup_name: String, uid_base: u32) -> anyhow::Result<Agent> {
+        Agent::spawn_full(extra, &[], None, cgroup_name, uid_base)
+    }
+
+    fn spawn_full(extra: &[&str], env: &[(&str, &str)], state_dir: Option<&Path>, cgroup_name: String, uid_base: u32) -> anyhow::Result<Agent> {
         let dir = tempfile::Builder::new().prefix("warren-e2e-").tempdir()?;
         let socket = dir.path().join("agent.sock");
+        let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
         let mut cmd = Command::new(bin("warren-node-agent"));
-        cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(dir.path().join("state"));
+        cmd.envs(env.iter().copied());
+        cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(&state);
         cmd.arg("--cgroup-name").arg(&cgroup_name).arg("--uid-base").arg(uid_base.to_string());
         cmd.arg("--log-format").arg("plain").args(extra);
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;
-        Ok(Agent { child: Some(child), dir, socket, cgroup_name, uid_base })
+        Ok(Agent { child: Some(child), _dir: dir, socket, state, cgroup_name, uid_base })
     }
 
     /// SIGKILLs the agent, as a crash would.
@@ -140,7 +156,7 @@ impl Agent {
 
     /// State directory of this agent.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.state.clone()
     }
 
     /// pid of the agent process.
@@ -231,7 +247,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
-        // A crashed agent leaves its groups; never leave them on the machine.
+        // A crashed agent leaves its mounts (thread homes, the shared homes
+        // dir) and its groups; never leave them on the machine.
+        let _ = warren_isolation::home::unmount_below(&self.state);
         for dir in sandbox_cgroups(&self.cgroup_name) {
             kill_cgroup(&dir);
             let _ = std::fs::remove_dir(&dir);

@@ -66,7 +66,8 @@ pub struct Delta {
 pub fn charge(path: &Path) -> io::Result<u64> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        // Absent, or a parent is not a directory: nothing there to charge.
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(0),
         Err(e) => return Err(e),
     };
     let mut total = ENTRY_CHARGE + if meta.is_dir() { 0 } else { meta.len() };

@@ -1,0 +1,174 @@
+//! thread_id end to end through the real gateway and node-agent: the home
+//! persists (files, a venv, sqlite, deletions, links, modes), /tmp does not,
+//! threads belong to their key, one execution per thread (also across two
+//! gateways), size cap, DELETE, 50 MB round trip, retention collector.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use warren_e2e::gateway::{key, Gateway};
+use warren_e2e::http;
+use warren_e2e::{skip_unless_root, Agent};
+
+async fn setup(test: &str, agent_args: &[&str]) -> Option<(Agent, Gateway)> {
+    if skip_unless_root(test) {
+        return None;
+    }
+    let agent = Agent::start(agent_args).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    Some((agent, gw))
+}
+
+/// Runs `code` on `thread` (if any) with key `k`; returns the result object.
+fn run(gw: &Gateway, k: &str, language: &str, code: &str, thread: Option<&str>) -> Value {
+    let mut body = json!({"code": code, "language": language, "timeout": 60});
+    if let Some(t) = thread {
+        body["thread_id"] = json!(t);
+    }
+    let r = gw.execute(&key(k), &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn ok(v: &Value) -> &str {
+    assert_eq!((v["exit_code"].as_i64(), v["error"].as_str()), (Some(0), None), "{v}");
+    v["stdout"].as_str().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn home_persists_packages_venv_sqlite_links_and_deletions() {
+    let Some((_agent, gw)) = setup("home_persists_packages_venv_sqlite_links_and_deletions", &[]).await else { return };
+    let t = Some("session-1");
+    let first = r#"
+set -e
+mkdir -p ~/.local/lib/python3.11/site-packages/mypkg
+echo 'VALUE = 42' > ~/.local/lib/python3.11/site-packages/mypkg/__init__.py
+python3 -m venv --without-pip ~/venv
+python3 -c "import sqlite3, os; c = sqlite3.connect(os.path.expanduser('~/app.db')); c.execute('create table t(x)'); c.execute('insert into t values (7)'); c.commit()"
+echo doomed > ~/doomed.txt
+mkdir -p ~/olddir/sub && echo x > ~/olddir/sub/f
+echo secret > ~/private && chmod 600 ~/private
+echo linked > ~/orig && ln ~/orig ~/hard && ln -s orig ~/soft
+echo ephemeral > /tmp/scratch
+echo done"#;
+    assert_eq!(ok(&run(&gw, "thr", "bash", first, t)), "done\n");
+    let check = r#"
+import os, sqlite3, stat, subprocess
+from mypkg import VALUE
+h = os.path.expanduser('~')
+print(VALUE)
+print(subprocess.run([h + '/venv/bin/python', '-c', 'import sys; print(sys.prefix != sys.base_prefix)'], capture_output=True, text=True).stdout.strip())
+print(sqlite3.connect(h + '/app.db').execute('select x from t').fetchall())
+print(oct(stat.S_IMODE(os.stat(h + '/private').st_mode)))
+print(os.stat(h + '/orig').st_ino == os.stat(h + '/hard').st_ino, os.readlink(h + '/soft'), open(h + '/soft').read().strip())
+print(os.path.exists('/tmp/scratch'), os.stat(h).st_uid, os.stat(h + '/app.db').st_uid)
+"#;
+    assert_eq!(ok(&run(&gw, "thr", "python", check, t)), "42\nTrue\n[(7,)]\n0o600\nTrue orig linked\nFalse 1000 1000\n");
+    // Deletions, a directory replaced by a file and a file by a directory.
+    let change = "rm ~/doomed.txt && rm -r ~/olddir && echo now-a-file > ~/olddir && rm ~/private && mkdir ~/private && echo in > ~/private/x && echo changed";
+    assert_eq!(ok(&run(&gw, "thr", "bash", change, t)), "changed\n");
+    let after = "ls -A ~ | sort | tr '\\n' ' '; echo; cat ~/olddir ~/private/x; test -d ~/olddir/sub || echo no-sub";
+    assert_eq!(ok(&run(&gw, "thr", "bash", after, t)), ".local app.db hard olddir orig private soft venv \nnow-a-file\nin\nno-sub\n");
+    // Without thread_id nothing is kept, and nothing of the thread shows.
+    assert_eq!(ok(&run(&gw, "thr", "bash", "ls -A ~ | wc -l", None)), "0\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_belong_to_their_key_and_delete_resets_them() {
+    let Some((_agent, gw)) = setup("threads_belong_to_their_key_and_delete_resets_them", &[]).await else { return };
+    assert_eq!(ok(&run(&gw, "thr", "bash", "echo mine > ~/f; echo ok", Some("shared-name"))), "ok\n");
+    // Another key cannot tell the thread exists: the same 404 as for an id never used...
+    let foreign = gw.delete(&key("thr2"), "/v1/threads/shared-name");
+    let never = gw.delete(&key("thr2"), "/v1/threads/never-used");
+    assert_eq!((foreign.status, never.status), (404, 404), "{}", foreign.text());
+    assert_eq!(foreign.json()["error"], never.json()["error"]);
+    // ...and with the same id it gets a fresh home of its own.
+    assert_eq!(ok(&run(&gw, "thr2", "bash", "ls -A ~ | wc -l; echo theirs > ~/f", Some("shared-name"))), "0\n");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "cat ~/f", Some("shared-name"))), "mine\n");
+    let r = gw.delete(&key("thr"), "/v1/threads/shared-name");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(ok(&run(&gw, "thr", "bash", "ls -A ~ | wc -l", Some("shared-name"))), "0\n");
+    let bad = gw.delete(&key("thr"), "/v1/threads/bad.id");
+    assert_eq!((bad.status, bad.json()["error"].as_str()), (400, Some("invalid_request")));
+    assert_eq!(gw.delete("sk-wrn-unknownunknownunknownunknownunknown", "/v1/threads/x").status, 401);
+}
+
+/// One execution holds the thread (its stream is open and running); twenty
+/// more, through two gateway replicas, are refused at once. Nothing here
+/// depends on timing: the holder runs until the test disconnects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_thread_refuses_every_other_request_across_gateways() {
+    let Some((agent, gw)) = setup("a_busy_thread_refuses_every_other_request_across_gateways", &[]).await else { return };
+    let gw2 = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    let holder = json!({"code": "echo holding; sleep 600", "language": "bash", "thread_id": "busy", "timeout": 600});
+    let (conn, _) = http::open_until(gw.addr, &http::execute_request(gw.addr, &key("thr"), &holder, true), "holding").unwrap();
+    let attempts: Vec<_> = (0..20)
+        .map(|i| {
+            let g = if i % 2 == 0 { gw.addr } else { gw2.addr };
+            std::thread::spawn(move || {
+                let body = json!({"code": "echo ran", "language": "bash", "thread_id": "busy"});
+                http::raw(g, &http::execute_request(g, &key("thr"), &body, false)).unwrap()
+            })
+        })
+        .collect();
+    for a in attempts {
+        let r = a.join().unwrap();
+        assert_eq!((r.status, r.json()["error"].as_str()), (409, Some("thread_busy")), "{}", r.text());
+    }
+    // Other threads run in parallel meanwhile.
+    assert_eq!(ok(&run(&gw2, "thr", "bash", "echo free", Some("other"))), "free\n");
+    // Disconnecting kills the holder; then the thread is usable again.
+    drop(conn);
+    let mut last = None;
+    for _ in 0..300 {
+        let r = gw2.execute(&key("thr"), &json!({"code": "echo ran", "language": "bash", "thread_id": "busy"}));
+        if r.status != 409 {
+            last = Some(r);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = last.expect("the thread stayed busy 30 s after its holder was cancelled");
+    assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("ran\n")), "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_megabytes_round_trip() {
+    let Some((_agent, gw)) = setup("fifty_megabytes_round_trip", &[]).await else { return };
+    let write = "head -c 52428800 /dev/urandom > ~/big.bin && sha256sum ~/big.bin | cut -d' ' -f1";
+    let sum = ok(&run(&gw, "thr", "bash", write, Some("big"))).to_string();
+    assert_eq!(sum.len(), 65, "{sum}");
+    let read = "stat -c %s ~/big.bin; sha256sum ~/big.bin | cut -d' ' -f1";
+    assert_eq!(ok(&run(&gw, "thr", "bash", read, Some("big"))), format!("52428800\n{sum}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_size_cap_the_call_fails_and_the_previous_state_stays() {
+    let Some((_agent, gw)) = setup("over_the_size_cap_the_call_fails_and_the_previous_state_stays", &[]).await else { return };
+    assert_eq!(ok(&run(&gw, "tiny", "bash", "echo v1 > ~/keep; echo ok", Some("capped"))), "ok\n");
+    let v = run(&gw, "tiny", "bash", "echo v2 > ~/keep; head -c 2097152 /dev/zero > ~/big; echo wrote", Some("capped"));
+    assert_eq!((v["success"].as_bool(), v["error"].as_str(), v["stdout"].as_str()), (Some(false), Some("thread_state_too_large"), Some("wrote\n")), "{v}");
+    assert_eq!(ok(&run(&gw, "tiny", "bash", "cat ~/keep; ls ~", Some("capped"))), "v1\nkeep\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_removes_threads_past_their_retention() {
+    let Some((agent, gw)) = setup("the_collector_removes_threads_past_their_retention", &["--thread-gc-interval-secs", "1"]).await else { return };
+    assert_eq!(ok(&run(&gw, "thr", "bash", "echo old > ~/f; echo ok", Some("aging"))), "ok\n");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "echo kept > ~/f; echo ok", Some("fresh"))), "ok\n");
+    let store = agent.state_dir().join("thread-store/threads/default/thr");
+    let manifest = store.join("aging/manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(m["retentionSecs"], 86400, "the Sandbox's 24h retention is recorded");
+    // Last used 25 hours ago.
+    m["updatedAt"] = json!(m["updatedAt"].as_u64().unwrap() - 25 * 3600);
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let gone = (0..300).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        !store.join("aging").exists()
+    });
+    assert!(gone, "the expired thread's objects are still there after 30 s");
+    assert!(store.join("fresh/manifest.json").exists(), "a thread within its retention stays");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "ls -A ~ | wc -l", Some("aging"))), "0\n");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "cat ~/f", Some("fresh"))), "kept\n");
+}
