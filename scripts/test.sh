@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/deps.sh
 ensure_deps
+# The S3 thread-store tests run against a real S3 server built from crates.io
+# (~2 min once; newer s3s-fs releases need a newer rustc than 1.95).
+S3S_VERSION=0.14.1
+if ! s3s-fs --version 2>/dev/null | grep -q "$S3S_VERSION"; then
+  echo "==> installing s3s-fs $S3S_VERSION (S3 server for the thread-store tests)"
+  cargo install --quiet --locked "s3s-fs@$S3S_VERSION" --features binary
+fi
 # The e2e tests start the workspace's binaries; build them first.
 cargo build --workspace --bins --locked
 if cargo nextest --version >/dev/null 2>&1; then

@@ -1,0 +1,100 @@
+//! A real S3 server for the thread-store tests: `s3s-fs` (built from
+//! crates.io by scripts/test.sh) on a loopback port, with one bucket.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// Bucket every test uses.
+pub const BUCKET: &str = "warren-threads";
+const ACCESS_KEY: &str = "warrentestaccess";
+const SECRET_KEY: &str = "warrentestsecretkey";
+
+/// A running s3s-fs; killed on drop, its data removed with its tempdir.
+pub struct S3Server {
+    child: Child,
+    /// Where it serves.
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+fn binary() -> anyhow::Result<PathBuf> {
+    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).map(|d| d.join("s3s-fs"));
+    let cargo_home = std::env::var_os("CARGO_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    on_path
+        .chain(cargo_home.map(|c| c.join("bin/s3s-fs")))
+        .find(|p| p.is_file())
+        .context("s3s-fs is not installed: scripts/test.sh installs it (cargo install s3s-fs@0.14.1 --features binary)")
+}
+
+impl S3Server {
+    /// Starts the server and waits until it accepts connections.
+    pub fn start() -> anyhow::Result<S3Server> {
+        let dir = tempfile::Builder::new().prefix("warren-s3-").tempdir()?;
+        std::fs::create_dir(dir.path().join(BUCKET))?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(binary()?)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting s3s-fs")?;
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let server = S3Server { child, addr, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            if Instant::now() > deadline {
+                bail!("s3s-fs did not start listening on {addr}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+
+    /// The agent's `--thread-store` value.
+    pub fn store_url(&self) -> String {
+        format!("s3://{BUCKET}")
+    }
+
+    /// Environment that points `object_store` at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", format!("http://{}", self.addr)),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+        ]
+    }
+
+    /// Files the server stores for `prefix` (its on-disk layout mirrors keys).
+    pub fn objects(&self, prefix: &str) -> Vec<String> {
+        let root = self.dir.path().join(BUCKET);
+        let mut out = Vec::new();
+        let mut stack = vec![root.join(prefix)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if let Ok(rel) = p.strip_prefix(&root) {
+                    out.push(rel.to_string_lossy().into_owned());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

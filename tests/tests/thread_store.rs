@@ -1,0 +1,135 @@
+//! The thread store under the node-agent, over gRPC: a save is atomic when
+//! the agent is SIGKILLed at either step of publishing it, and the S3 store
+//! (a real S3 server, s3s-fs) lets another node restore a thread.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use warren_e2e::s3::S3Server;
+use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_proto::agent as pb;
+
+fn thread_ref(id: &str) -> pb::ThreadRef {
+    pb::ThreadRef { namespace: "team".into(), key_name: "agent-key".into(), thread_id: id.into() }
+}
+
+fn on_thread(code: &str, id: &str) -> pb::ExecuteRequest {
+    let mut req = request(pb::Language::Bash, code, Duration::from_secs(30));
+    req.thread = Some(pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30 });
+    req
+}
+
+fn ok(run: &Run) -> &str {
+    assert_eq!((run.exited.exit_code, run.exited.error.as_str()), (0, ""), "{run:?}");
+    &run.stdout
+}
+
+async fn wait_for_file(path: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// SIGKILL after the layer is uploaded but before the manifest names it: the
+/// old state. After the manifest is published but before the node's warm
+/// copy is re-tagged: the new state. Either way the thread is not stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_save_leaves_the_old_or_the_new_state_whole() {
+    if skip_unless_root("kill_9_during_a_save_leaves_the_old_or_the_new_state_whole") {
+        return;
+    }
+    for (point, expected) in [("layer-uploaded", "v1"), ("manifest-published", "v2")] {
+        let base = tempfile::tempdir().unwrap();
+        let (state, store) = (base.path().join("state"), format!("dir:{}", base.path().join("store").display()));
+        let args = ["--thread-store", store.as_str()];
+        let first = Agent::start_with(&args, &[], Some(&state)).await.unwrap();
+        let v1 = "mkdir -p ~/d && for i in 1 2 3; do echo v1 > ~/d/$i; done; echo v1 > ~/f; echo ok";
+        assert_eq!(ok(&first.run_request(on_thread(v1, "crash")).await.unwrap()), "ok\n");
+        drop(first);
+
+        let marker = base.path().join("paused");
+        let marker_s = marker.display().to_string();
+        let env = [("WARREN_TEST_PAUSE_AT", point), ("WARREN_TEST_PAUSE_MARKER", marker_s.as_str())];
+        let mut crashing = Agent::start_with(&args, &env, Some(&state)).await.unwrap();
+        let v2 = "for i in 1 2 3; do echo v2 > ~/d/$i; done; rm ~/f; echo v2 > ~/g; echo ok";
+        let client = crashing.client().await.unwrap();
+        let call = tokio::spawn(async move {
+            let mut client = client;
+            let mut stream = client.execute(on_thread(v2, "crash")).await?.into_inner();
+            while let Some(ev) = stream.message().await? {
+                if let Some(pb::execute_event::Event::Exited(x)) = ev.event {
+                    return Ok::<_, tonic::Status>(Some(x));
+                }
+            }
+            Ok(None)
+        });
+        assert!(wait_for_file(&marker, Duration::from_secs(30)).await, "{point}: the save never reached its pause point");
+        crashing.kill_hard();
+        let outcome = call.await.unwrap();
+        assert!(!matches!(outcome, Ok(Some(_))), "{point}: the killed agent must not have answered: {outcome:?}");
+        drop(crashing);
+
+        let after = Agent::start_with(&args, &[], Some(&state)).await.unwrap();
+        let seen = after.run_request(on_thread("cat ~/d/1 ~/d/2 ~/d/3; ls ~ | tr '\\n' ' '", "crash")).await.unwrap();
+        let files = if expected == "v1" { "d f " } else { "d g " };
+        assert_eq!(ok(&seen), format!("{expected}\n{expected}\n{expected}\n{files}"), "{point}");
+        // Not stuck: the next save works and is seen.
+        assert_eq!(ok(&after.run_request(on_thread("echo v3 > ~/d/1; echo ok", "crash")).await.unwrap()), "ok\n");
+        assert_eq!(ok(&after.run_request(on_thread("cat ~/d/1", "crash")).await.unwrap()), "v3\n");
+    }
+}
+
+/// A thread saved by one node restores on another from the S3 store; the
+/// first node's warm copy notices the thread moved on; delete removes every
+/// object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_s3_store_lets_another_node_restore_a_thread() {
+    if skip_unless_root("the_s3_store_lets_another_node_restore_a_thread") {
+        return;
+    }
+    let s3 = S3Server::start().unwrap();
+    let url = s3.store_url();
+    let env_owned = s3.env();
+    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = ["--thread-store", url.as_str()];
+    let node_a = Agent::start_with(&args, &env, None).await.unwrap();
+    let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+
+    let write = "python3 -m venv --without-pip ~/venv && head -c 3000000 /dev/urandom > ~/blob && sha256sum ~/blob | cut -c1-64";
+    let sum = ok(&node_a.run_request(on_thread(write, "roaming")).await.unwrap()).to_string();
+    assert!(s3.objects("threads/team/agent-key/roaming").iter().any(|o| o.ends_with("manifest.json")), "{:?}", s3.objects(""));
+
+    let read = "sha256sum ~/blob | cut -c1-64; ~/venv/bin/python -c 'import sys; print(sys.prefix)'; echo b > ~/from-b";
+    assert_eq!(ok(&node_b.run_request(on_thread(read, "roaming")).await.unwrap()), format!("{sum}/home/sandbox/venv\n"));
+    // Back on node A: its warm copy is stale and is rebuilt from the store.
+    assert_eq!(ok(&node_a.run_request(on_thread("cat ~/from-b", "roaming")).await.unwrap()), "b\n");
+
+    let mut client = node_b.client().await.unwrap();
+    client.delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("roaming")) }).await.unwrap();
+    let again = client.delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("roaming")) }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::NotFound);
+    assert!(s3.objects("threads/team/agent-key/roaming").iter().all(|o| !o.contains("manifest.json") && !o.ends_with(".tar")), "{:?}", s3.objects(""));
+    assert_eq!(ok(&node_a.run_request(on_thread("ls -A ~ | wc -l", "roaming")).await.unwrap()), "0\n");
+}
+
+/// Requests the agent refuses before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_thread_references_are_refused() {
+    if skip_unless_root("malformed_thread_references_are_refused") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    for (ns, id, max) in [("team", "../etc", 1u64), ("Team", "t", 1), ("team", "t", 0)] {
+        let mut req = on_thread("echo x", id);
+        req.thread = Some(pb::ThreadOptions { r#ref: Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() }), retention_seconds: 0, max_bytes: max });
+        let err = agent.run_request(req).await.unwrap_err();
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{ns}/{id}/{max}");
+    }
+    assert!(!agent.state_dir().join("threads/team").exists(), "nothing was created for refused requests");
+}
