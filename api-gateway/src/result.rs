@@ -122,7 +122,7 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, or null.
     pub error: Option<String>,
     /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
     pub trace_id: String,
@@ -199,7 +199,7 @@ pub enum StreamEvent {
     Result {
         /// Execution id.
         trace_id: String,
-        /// `success`, `failed`, `timeout`, `oom`, `seccomp`, `sandbox_error` or `node_lost`.
+        /// `success`, `failed`, `timeout`, `oom`, `seccomp`, `sandbox_error`, `thread_error` or `node_lost`.
         status: String,
         /// The result object, with the whole output again.
         result: ExecuteResult,
@@ -274,6 +274,18 @@ mod tests {
         assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.oom_killed = true }), Outcome::Oom);
         assert_eq!(e(&|x| { x.exit_code = 159; x.signal = 31 }), Outcome::Seccomp);
         assert_eq!(e(&|x| { x.exit_code = -1; x.error = "exec_failed".into() }), Outcome::SandboxError);
+        assert_eq!(e(&|x| { x.exit_code = -1; x.error = "thread_mount_error".into() }), Outcome::ThreadError(ThreadFailure::Mount));
+        assert_eq!(e(&|x| x.error = "thread_state_too_large".into()), Outcome::ThreadError(ThreadFailure::TooLarge));
+        assert_eq!(e(&|x| x.error = "thread_save_error".into()), Outcome::ThreadError(ThreadFailure::Save));
+    }
+
+    #[test]
+    fn thread_failures_are_named_in_the_result() {
+        for code in ["thread_mount_error", "thread_state_too_large", "thread_save_error"] {
+            let x = Exited { exit_code: 0, error: code.into(), ..Default::default() };
+            let r = ExecuteResult::new("trc_x", &x, "out".into(), String::new());
+            assert_eq!((r.success, r.error.as_deref(), r.stdout.as_str()), (false, Some(code), "out"));
+        }
     }
 
     #[test]

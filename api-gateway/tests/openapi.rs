@@ -19,5 +19,5 @@ fn every_documented_path_is_served_and_every_route_is_documented() {
     let (_, doc) = warren_api_gateway::router::build();
     let mut paths: Vec<&str> = doc.paths.paths.keys().map(String::as_str).collect();
     paths.sort();
-    assert_eq!(paths, ["/healthz", "/metrics", "/openapi.json", "/readyz", "/v1/sandbox/execute"]);
+    assert_eq!(paths, ["/healthz", "/metrics", "/openapi.json", "/readyz", "/v1/sandbox/execute", "/v1/threads/{thread_id}"]);
 }

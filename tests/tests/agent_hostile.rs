@@ -212,7 +212,7 @@ async fn hostile_programs_are_contained_and_leave_nothing_behind() {
     }
     let mut agent = Agent::start(&["--pool-size", "0"]).await.expect("agent starts");
     limits_are_in_place(&agent).await;
-    let mounts_before = host_mount_count();
+    let mounts_before = host_mount_count(&agent);
     let cases = cases();
     assert!(cases.len() >= 30, "the suite covers at least 30 programs");
     let mut failures = Vec::new();
@@ -273,8 +273,17 @@ async fn limits_are_in_place(agent: &Agent) {
     }
 }
 
-fn host_mount_count() -> usize {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count()
+/// Host mounts, leaving out other test agents' state dirs (each agent keeps
+/// a shared bind of its homes dir; tests run in parallel) but counting this
+/// agent's.
+fn host_mount_count(agent: &Agent) -> usize {
+    let own = agent.state_dir().display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&own) || !m.contains("/warren-e2e-"))
+        .count()
 }
 
 async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<(), String> {
@@ -303,7 +312,7 @@ async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<
     if !procs.is_empty() {
         return Err(format!("sandbox processes left: {procs:?}"));
     }
-    let mounts = host_mount_count();
+    let mounts = host_mount_count(agent);
     if mounts != mounts_before {
         return Err(format!("host mount count changed from {mounts_before} to {mounts}"));
     }

@@ -331,3 +331,167 @@ pub fn apply<R: Read>(layer: R, state: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root_or_skip(test: &str) -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        eprintln!("SKIPPED {test}: needs root (sets owners, creates whiteout devices)");
+        false
+    }
+
+    fn layer_of(f: impl FnOnce(&mut Vec<u8>) -> io::Result<Delta>) -> (Vec<u8>, Delta) {
+        let mut buf = Vec::new();
+        let d = f(&mut buf).unwrap();
+        (buf, d)
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = fs::symlink_metadata(&p).unwrap();
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                let what = if m.file_type().is_symlink() {
+                    format!("-> {}", fs::read_link(&p).unwrap().display())
+                } else if m.is_dir() {
+                    stack.push(p.clone());
+                    "dir".into()
+                } else {
+                    fs::read_to_string(&p).unwrap()
+                };
+                out.push(format!("{rel} {:o} {}:{} {what}", m.mode() & 0o7777, m.uid(), m.gid()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_full_state_round_trips_with_owners_modes_links_and_times() {
+        if !root_or_skip("a_full_state_round_trips_with_owners_modes_links_and_times") {
+            return;
+        }
+        let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let s = src.path();
+        fs::create_dir_all(s.join(".local/lib")).unwrap();
+        fs::write(s.join(".local/lib/m.py"), "x = 1").unwrap();
+        fs::write(s.join("secret"), "s").unwrap();
+        fs::set_permissions(s.join("secret"), fs::Permissions::from_mode(0o4600)).unwrap();
+        symlink(".local/lib/m.py", s.join("link")).unwrap();
+        fs::hard_link(s.join("secret"), s.join("hard")).unwrap();
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+        fs::File::options().write(true).open(s.join(".local/lib/m.py")).unwrap().set_modified(old).unwrap();
+        for p in [".local", ".local/lib", ".local/lib/m.py", "secret"] {
+            lchown(s.join(p), Some(1000), Some(1000)).unwrap();
+        }
+        let (tar, delta) = layer_of(|b| write_full(s, b));
+        assert_eq!(delta.skipped, 0);
+        apply(&tar[..], dst.path()).unwrap();
+        let got = listing(dst.path());
+        assert!(got.contains(&".local/lib/m.py 644 1000:1000 x = 1".to_string()), "{got:?}");
+        assert!(got.contains(&"secret 600 1000:1000 s".to_string()), "set-id bits are dropped: {got:?}");
+        assert!(got.iter().any(|l| l.starts_with("link ") && l.ends_with("-> .local/lib/m.py")), "{got:?}");
+        let (a, b) = (fs::metadata(dst.path().join("secret")).unwrap(), fs::metadata(dst.path().join("hard")).unwrap());
+        assert_eq!(a.ino(), b.ino(), "hard links stay hard links");
+        assert_eq!(fs::metadata(dst.path().join(".local/lib/m.py")).unwrap().modified().unwrap(), old, "mtimes survive (Python's caches use them)");
+    }
+
+    #[test]
+    fn a_diff_carries_deletions_replacements_and_its_size_change() {
+        if !root_or_skip("a_diff_carries_deletions_replacements_and_its_size_change") {
+            return;
+        }
+        let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (l, u) = (lower.path(), upper.path());
+        fs::create_dir_all(l.join("keep/sub")).unwrap();
+        fs::write(l.join("keep/sub/a"), "aaaa").unwrap();
+        fs::write(l.join("gone"), "123456").unwrap();
+        fs::create_dir_all(l.join("replaced")).unwrap();
+        fs::write(l.join("replaced/old"), "o").unwrap();
+        // The upper layer overlayfs would leave: a whiteout, an opaque dir, a new file
+        // owned by the sandbox's host ids.
+        nix::sys::stat::mknod(&u.join("gone"), nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0).unwrap();
+        fs::create_dir(u.join("replaced")).unwrap();
+        xattr::set(u.join("replaced"), OPAQUE_XATTR, b"y").unwrap();
+        fs::write(u.join("replaced/new"), "nn").unwrap();
+        fs::write(u.join("added"), "xyz").unwrap();
+        let ids = IdMap { root: 4000, user: 4001 };
+        lchown(u.join("added"), Some(4001), Some(4001)).unwrap();
+        lchown(u.join("replaced/new"), Some(4000), Some(4000)).unwrap();
+        lchown(u.join("replaced"), Some(4001), Some(4001)).unwrap();
+        fs::write(u.join(".wh.sneaky"), "x").unwrap();
+        let (tar, delta) = layer_of(|b| write_diff(u, l, ids, b));
+        assert_eq!(delta.skipped, 1, "a name that looks like a whiteout cannot be saved");
+        // +added(3) +replaced dir +new(2) -gone(6) -replaced/ (dir + old(1)), each entry + ENTRY_CHARGE.
+        let e = ENTRY_CHARGE as i64;
+        assert_eq!(delta.bytes, (3 + e) + e + (2 + e) - (6 + e) - (e + 1 + e));
+        apply(&tar[..], l).unwrap();
+        let got = listing(l);
+        assert_eq!(
+            got,
+            vec![
+                "added 644 1000:1000 xyz".to_string(),
+                "keep 755 0:0 dir".into(),
+                "keep/sub 755 0:0 dir".into(),
+                "keep/sub/a 644 0:0 aaaa".into(),
+                "replaced 755 1000:1000 dir".into(),
+                "replaced/new 644 0:0 nn".into(),
+            ]
+        );
+        assert_eq!(charge(l).unwrap() as i64, (4 + 3 * e) + (6 + e) + (e + 1 + e) + e + delta.bytes, "the delta matches the state's real change");
+    }
+
+    fn hostile(entries: &[(&str, tar::EntryType, Option<&str>)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, kind, link) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_mode(0o644);
+            h.set_size(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            // Bypass the builder's own path checks: write the name bytes raw.
+            h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+            if let Some(l) = link {
+                h.set_link_name(l).unwrap();
+            }
+            h.set_cksum();
+            b.append(&h, io::empty()).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn hostile_layers_cannot_reach_outside_the_state() {
+        let outside = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let target = outside.path().display().to_string();
+        let cases: Vec<Vec<u8>> = vec![
+            hostile(&[("../escape", tar::EntryType::Regular, None)]),
+            hostile(&[(&format!("{target}/abs"), tar::EntryType::Regular, None)]),
+            // A symlink to outside, then a write through it.
+            hostile(&[("ln", tar::EntryType::Symlink, Some(&target)), ("ln/through", tar::EntryType::Regular, None)]),
+            // A hard link to a file outside.
+            hostile(&[("h", tar::EntryType::Link, Some("../../etc/passwd"))]),
+            // A whiteout aimed above the state.
+            hostile(&[("a/.wh...", tar::EntryType::Regular, None)]),
+        ];
+        for (i, layer) in cases.iter().enumerate() {
+            let err = apply(&layer[..], state.path()).expect_err(&format!("case {i} was accepted"));
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "case {i} refused for the wrong reason: {err}");
+        }
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0, "nothing was written outside");
+        // Device nodes and fifos in a layer are ignored, never created.
+        let dev = hostile(&[("dev", tar::EntryType::Char, None), ("fifo", tar::EntryType::Fifo, None)]);
+        apply(&dev[..], state.path()).unwrap();
+        assert!(!state.path().join("dev").exists() && !state.path().join("fifo").exists());
+    }
+}
