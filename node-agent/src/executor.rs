@@ -175,6 +175,7 @@ impl Executor {
     /// With a thread, its home is restored before and saved after the
     /// program; the outcome is returned only once the save is durable.
     pub async fn execute(&self, mut admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+        let t0 = Instant::now();
         let restored = match admission.thread.take() {
             Some((options, lock)) => match self.threads.restore(options, lock).await {
                 Ok(r) => Some(r),
@@ -199,12 +200,27 @@ impl Executor {
             },
             None => None,
         };
+        let prepared = t0.elapsed();
         let go = self.go_for(spec, home.is_some());
         let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
-        if let (Some(r), Some(home)) = (restored, home) {
-            self.save_home(&r, home, ids, &mut outcome).await;
+        let mut home = home;
+        if let (Some(r), Some(h)) = (&restored, &mut home) {
+            let t = Instant::now();
+            self.save_home(r, &mut h.0, ids, &mut outcome).await;
+            debug!(execution_id = %spec.id, restore_mount_us = prepared.as_micros() as u64, save_us = t.elapsed().as_micros() as u64, "thread home");
         }
+        // The thread is free for its next call now. Its old home is unmounted
+        // after the answer (that costs an RCU grace period or two); nothing
+        // uses it any more, so a next call changing the warm copy under it
+        // meanwhile is harmless.
+        drop(restored);
         tokio::spawn(async move {
+            if let Some((h, work)) = home {
+                if let Err(e) = h.release() {
+                    warn!(error = %e, "unmounting a thread home failed");
+                }
+                let _ = std::fs::remove_dir(&work);
+            }
             teardown.run().await;
             drop(admission);
         });
@@ -232,31 +248,31 @@ impl Executor {
         }
     }
 
-    /// Saves what the program left in its home (if it ran at all) and
-    /// unmounts it. A failed save fails the call and keeps the previous state.
-    async fn save_home(&self, r: &Restored, (mut home, work): (ThreadHome, std::path::PathBuf), ids: IdMap, outcome: &mut Outcome) {
-        let ran = !(outcome.exit_code == -1 && outcome.error.is_some());
-        let unmounted = home.unmount_view();
-        if ran {
-            let saved = match unmounted {
-                Ok(()) => self.threads.save(r, &home.upper(), ids).await,
-                Err(e) => Err(ThreadError::Io { step: "unmounting the thread home", source: e }),
-            };
-            match saved {
-                Ok(s) => debug!(thread = %r.options.key.rel(), layer_bytes = s.layer_bytes, home_bytes = s.home_bytes, skipped = s.skipped, "thread saved"),
-                Err(e) => {
-                    warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
-                    outcome.error = Some(match e {
-                        ThreadError::TooLarge { .. } => "thread_state_too_large".into(),
-                        _ => "thread_save_error".into(),
-                    });
-                }
+    /// Saves what the program left in its home (if it ran at all). A
+    /// failed save fails the call and keeps the previous state. The home
+    /// stays mounted (released after the answer) unless the diff has to be
+    /// applied to the warm copy under it.
+    async fn save_home(&self, r: &Restored, home: &mut ThreadHome, ids: IdMap, outcome: &mut Outcome) {
+        if outcome.exit_code == -1 && outcome.error.is_some() {
+            return; // the program never ran
+        }
+        let upper = home.upper();
+        let changed = std::fs::read_dir(&upper).map_or(true, |mut d| d.next().is_some());
+        let unmounted = if changed { home.unmount_view() } else { Ok(()) };
+        let saved = match unmounted {
+            Ok(()) => self.threads.save(r, &upper, ids).await,
+            Err(e) => Err(ThreadError::Io { step: "unmounting the thread home", source: e }),
+        };
+        match saved {
+            Ok(s) => debug!(thread = %r.options.key.rel(), layer_bytes = s.layer_bytes, home_bytes = s.home_bytes, skipped = s.skipped, "thread saved"),
+            Err(e) => {
+                warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
+                outcome.error = Some(match e {
+                    ThreadError::TooLarge { .. } => "thread_state_too_large".into(),
+                    _ => "thread_save_error".into(),
+                });
             }
         }
-        if let Err(e) = home.release() {
-            warn!(error = %e, "unmounting a thread home failed");
-        }
-        let _ = std::fs::remove_dir(&work);
     }
 
     fn go_for(&self, spec: &ExecSpec, home_mounted: bool) -> Go {

@@ -73,6 +73,11 @@ pub struct Args {
     /// or `s3://BUCKET` (endpoint and credentials from the standard `AWS_*` variables).
     #[arg(long, env = "WARREN_THREAD_STORE")]
     pub thread_store: Option<String>,
+    /// S3 store: idle keep-alive connections kept per host (default: the
+    /// HTTP client's). 0 opens a connection per request, which avoids ~40 ms
+    /// stalls against servers that do not set TCP_NODELAY (s3s-fs).
+    #[arg(long, env = "WARREN_S3_POOL_MAX_IDLE")]
+    pub s3_pool_max_idle: Option<usize>,
     /// Seconds between thread collector passes (retention, leftovers, idle warm copies).
     #[arg(long, env = "WARREN_THREAD_GC_INTERVAL_SECS", default_value_t = 600)]
     pub thread_gc_interval_secs: u64,
@@ -106,6 +111,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_output_bytes,
         cgroup_name,
         thread_store,
+        s3_pool_max_idle,
         thread_gc_interval_secs,
         thread_warm_idle_secs,
         log_format: _,
@@ -124,7 +130,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let dirs = prepare_state_dir(&state_dir)?;
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone()];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
-    let store = threads::store::open(&store_spec).with_context(|| format!("opening the thread store {store_spec}"))?;
+    let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?);
     let supervisor_binary = match sandbox_binary {
         Some(p) => p,

@@ -255,21 +255,25 @@ impl Prepared {
         self.slot.host_id()
     }
 
+    /// Waits for init's `Ready` and the supervisor's `Created` (sent first,
+    /// but on another socket, so they may be read in either order).
     async fn wait_ready(&mut self) -> Result<(), SandboxError> {
-        loop {
+        let mut ready = false;
+        while !(ready && self.init_pid > 0) {
             tokio::select! {
-                ev = self.init.recv::<InitEvent>() => return match ev.map_err(io("read init"))? {
-                    Some(InitEvent::Ready) if self.init_pid > 0 => Ok(()),
-                    Some(InitEvent::Failed { stage, message }) => Err(SandboxError::Setup { stage, message }),
-                    other => Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
+                ev = self.init.recv::<InitEvent>(), if !ready => match ev.map_err(io("read init"))? {
+                    Some(InitEvent::Ready) => ready = true,
+                    Some(InitEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
+                    other => return Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
                 },
-                ev = self.supervisor.recv::<SupervisorEvent>() => match ev.map_err(io("read supervisor"))? {
+                ev = self.supervisor.recv::<SupervisorEvent>(), if self.init_pid == 0 => match ev.map_err(io("read supervisor"))? {
                     Some(SupervisorEvent::Created { init_pid }) if init_pid > 0 => self.init_pid = init_pid,
                     Some(SupervisorEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
                 },
             }
         }
+        Ok(())
     }
 
     /// Tears down a sandbox that will not run: closing init's socket makes it

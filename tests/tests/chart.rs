@@ -31,7 +31,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     k.kubectl_ok(&["create", "namespace", "warren-system"]);
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=true,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=true,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -41,6 +41,10 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         assert!(!rendered.contains("kind: ServiceMonitor"), "{name}: ServiceMonitor rendered without its CRD");
         if name == "toggles" {
             assert!(rendered.contains("kind: NetworkPolicy"));
+            assert!(rendered.contains("--thread-store=s3://warren-threads") && rendered.contains("http://minio.storage:9000"), "{rendered}");
+            assert!(rendered.contains("secretRef: {name: s3-creds}"), "credentials come from the named Secret");
+        } else {
+            assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");
         }
         let file = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&file, &rendered).unwrap();
@@ -49,4 +53,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         assert!(applied.contains("daemonset.apps/warren-node-agent created (server dry run)"), "{applied}");
         assert!(applied.contains("deployment.apps/warren-gateway created (server dry run)"), "{applied}");
     }
+    // An s3 store without a bucket is refused at render time, with the reason.
+    let missing = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "threads.store=s3"]).output().unwrap();
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("threads.s3.bucket is required"));
 }

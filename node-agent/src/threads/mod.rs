@@ -92,6 +92,24 @@ struct Warm {
     used_at: u64,
 }
 
+/// Whether this save should replace the thread's layers with one full
+/// layer: too many layers, or layers holding much more than the home does
+/// (files rewritten call after call). Keeps a cold restore proportional to
+/// the home's size.
+fn compaction_due(layers_before: usize, stored_bytes: u64, home_bytes: u64) -> bool {
+    layers_before + 1 > MAX_LAYERS || stored_bytes > 2 * home_bytes + (4 << 20)
+}
+
+/// Whether an unchanged call must still re-publish the manifest: a thread's
+/// last use is recorded with a granularity of 1/24 of its retention (one
+/// hour for `24h`), so most repeat calls write nothing to the store.
+fn touch_due(prev: &Manifest, retention_secs: Option<u64>, now: u64) -> bool {
+    if prev.retention_secs != retention_secs {
+        return true;
+    }
+    retention_secs.is_some_and(|r| now.saturating_sub(prev.updated_at) >= (r / 24).max(60))
+}
+
 /// The node's thread service.
 pub struct Threads {
     store: Arc<dyn BlobStore>,
@@ -120,6 +138,7 @@ pub struct Restored {
     /// Warm state directory (the lower layer).
     pub state: PathBuf,
     manifest: Option<Manifest>,
+    warm_used_at: u64,
     _lock: ThreadLock,
 }
 
@@ -186,6 +205,16 @@ impl Threads {
         Ok((!m.expired(unix_now())).then_some(m))
     }
 
+    /// Refreshes the warm copy's `usedAt` (minute granularity: it only
+    /// drives the idle-copy collector, so most calls write nothing).
+    fn touch_warm(&self, restored: &Restored) {
+        if unix_now().saturating_sub(restored.warm_used_at) >= 60 {
+            let id = restored.manifest.as_ref().map_or("", |m| m.id.as_str());
+            // A failure only makes the copy look older than it is.
+            let _ = self.write_warm(&restored.options.key, id);
+        }
+    }
+
     fn read_warm(&self, key: &ThreadKey) -> Option<Warm> {
         let text = std::fs::read(self.dir(key).join("warm.json")).ok()?;
         serde_json::from_slice(&text).ok()
@@ -212,26 +241,35 @@ impl Threads {
         let want = manifest.as_ref().map_or("", |m| m.id.as_str());
         let warm = self.read_warm(key);
         let fresh = warm.as_ref().is_some_and(|w| w.manifest_id == want && w.boot_id == self.boot_id) && state.is_dir();
+        let mut warm_used_at = warm.map_or(0, |w| w.used_at);
         if !fresh {
             self.rebuild(key, manifest.as_ref(), &state).await?;
+            warm_used_at = unix_now();
         }
-        Ok(Restored { options, state, manifest, _lock: lock })
+        Ok(Restored { options, state, manifest, warm_used_at, _lock: lock })
     }
 
     async fn rebuild(&self, key: &ThreadKey, manifest: Option<&Manifest>, state: &Path) -> Result<(), ThreadError> {
+        let t0 = std::time::Instant::now();
         let dir = self.dir(key);
         mkdir_private(&dir).map_err(io_err("creating the thread cache"))?;
         self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
         fresh_state(state).map_err(io_err("clearing the warm copy"))?;
+        let (mut fetch, mut unpack) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         for layer in manifest.map_or(&[][..], |m| &m.layers) {
+            let t = std::time::Instant::now();
             let data = self.store.get(&layer.key).await.map_err(io_err("reading a thread layer"))?;
+            fetch += t.elapsed();
+            let t = std::time::Instant::now();
             let data = data.ok_or_else(|| ThreadError::Io { step: "reading a thread layer", source: io::Error::other(format!("{} is missing", layer.key)) })?;
             let st = state.to_path_buf();
             tokio::task::spawn_blocking(move || layer::apply(&data[..], &st))
                 .await
                 .map_err(|e| ThreadError::Io { step: "applying a thread layer", source: io::Error::other(e) })?
                 .map_err(io_err("applying a thread layer"))?;
+            unpack += t.elapsed();
         }
+        tracing::debug!(thread = %key.rel(), fetch_us = fetch.as_micros() as u64, unpack_us = unpack.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "thread restored from the store");
         self.write_warm(key, manifest.map_or("", |m| m.id.as_str())).map_err(io_err("marking the warm copy"))
     }
 
@@ -253,8 +291,22 @@ impl Threads {
     async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path) -> Result<Saved, ThreadError> {
         let (key, state) = (&restored.options.key, restored.state.clone());
         let prev = restored.manifest.as_ref();
+        let t0 = std::time::Instant::now();
+        let unchanged = std::fs::read_dir(upper).map_err(io_err("reading the thread diff"))?.next().is_none();
+        let retention_secs = restored.options.retention.map(|d| d.as_secs());
+        if unchanged {
+            if let Some(prev) = prev.filter(|p| !touch_due(p, retention_secs, unix_now())) {
+                self.touch_warm(restored);
+                return Ok(Saved { layer_bytes: 0, home_bytes: prev.bytes, skipped: 0 });
+            }
+        }
         let (up, st, sp) = (upper.to_path_buf(), state.clone(), spool.to_path_buf());
-        let delta = blocking("writing the thread diff", move || layer::write_diff(&up, &st, ids, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+        let delta = if unchanged {
+            layer::Delta::default()
+        } else {
+            blocking("writing the thread diff", move || layer::write_diff(&up, &st, ids, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?
+        };
+        let t_diff = t0.elapsed();
         let old_bytes = prev.map_or(0, |m| m.bytes);
         let bytes = (old_bytes as i64 + delta.bytes).max(0) as u64;
         if bytes > restored.options.max_bytes {
@@ -263,29 +315,52 @@ impl Threads {
         let id = new_id();
         let mut layers = prev.map(|m| m.layers.clone()).unwrap_or_default();
         let mut layer_bytes = 0;
+        let mut t_apply = t_diff;
         if delta.entries > 0 {
             // The warm copy moves first; until the new manifest is published
             // and the copy re-tagged, it is marked stale.
             self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
-            let (st, sp) = (state.clone(), spool.to_path_buf());
-            blocking("applying the diff to the warm copy", move || layer::apply(std::io::BufReader::new(std::fs::File::open(&sp)?), &st)).await?;
-            if layers.len() >= MAX_LAYERS {
-                let (st, sp) = (state.clone(), spool.to_path_buf());
-                blocking("compacting the thread", move || layer::write_full(&st, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
-                layers.clear();
-            }
-            layer_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
             let layer_key = key.layer_key(&id);
-            self.store.put_file(&layer_key, spool).await.map_err(io_err("uploading the thread layer"))?;
+            let diff_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+            let stored: u64 = layers.iter().map(|l| l.size).sum::<u64>() + diff_bytes;
+            let (st, sp) = (state.clone(), spool.to_path_buf());
+            let reader = std::fs::File::open(spool).map_err(io_err("reading the thread diff"))?;
+            let apply = blocking("applying the diff to the warm copy", move || layer::apply(std::io::BufReader::with_capacity(1 << 20, reader), &st));
+            if compaction_due(layers.len(), stored, bytes) {
+                apply.await?;
+                let state2 = state.clone();
+                blocking("compacting the thread", move || layer::write_full(&state2, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+                layers.clear();
+                layer_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+                t_apply = t0.elapsed();
+                self.store.put_file(&layer_key, spool).await.map_err(io_err("uploading the thread layer"))?;
+            } else {
+                // The upload (fsync, or a network put) and the warm apply
+                // read the same spool file; they overlap.
+                layer_bytes = diff_bytes;
+                let upload = self.store.put_file(&layer_key, spool);
+                let (applied, uploaded) = tokio::join!(apply, upload);
+                applied?;
+                uploaded.map_err(io_err("uploading the thread layer"))?;
+                t_apply = t0.elapsed();
+            }
             layers.push(LayerRef { key: layer_key, size: layer_bytes });
             maybe_pause("layer-uploaded").await;
         }
-        let retention_secs = restored.options.retention.map(|d| d.as_secs());
+        let t_upload = t0.elapsed();
         let manifest = Manifest { version: 1, id, layers, bytes, updated_at: unix_now(), retention_secs };
         let body = Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
         self.store.put(&key.manifest_key(), body).await.map_err(io_err("publishing the thread manifest"))?;
         maybe_pause("manifest-published").await;
         self.write_warm(key, &manifest.id).map_err(io_err("marking the warm copy"))?;
+        tracing::debug!(
+            diff_us = t_diff.as_micros() as u64,
+            apply_us = (t_apply - t_diff).as_micros() as u64,
+            upload_us = (t_upload - t_apply).as_micros() as u64,
+            publish_us = (t0.elapsed() - t_upload).as_micros() as u64,
+            layer_bytes,
+            "thread saved"
+        );
         // Layers a compaction replaced are garbage now.
         if let Some(prev) = prev {
             for old in prev.layers.iter().filter(|l| !manifest.layers.contains(l)) {
@@ -402,4 +477,27 @@ pub struct CollectReport {
 
 async fn blocking<T: Send + 'static>(step: &'static str, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, ThreadError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ThreadError::Io { step, source: io::Error::other(e) })?.map_err(io_err(step))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchanged_calls_republish_only_when_the_last_use_record_is_stale() {
+        let m = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: 10_000, retention_secs: Some(86_400) };
+        assert!(!touch_due(&m, Some(86_400), 10_000 + 3_599), "within an hour of a 24h retention");
+        assert!(touch_due(&m, Some(86_400), 10_000 + 3_600));
+        assert!(touch_due(&m, Some(7 * 86_400), 10_001), "the Sandbox's retention changed");
+        let forever = Manifest { retention_secs: None, ..m };
+        assert!(!touch_due(&forever, None, u64::MAX), "a thread kept forever needs no last-use record");
+    }
+
+    #[test]
+    fn compaction_bounds_layers_and_rewritten_bytes() {
+        assert!(!compaction_due(3, 30 << 20, 20 << 20));
+        assert!(compaction_due(3, 50 << 20, 20 << 20), "rewrites doubled what a restore must read");
+        assert!(compaction_due(MAX_LAYERS, 1, 1), "too many layers");
+        assert!(!compaction_due(0, 3 << 20, 0), "small homes are never compacted for size alone");
+    }
 }

@@ -193,9 +193,17 @@ const PART: usize = 16 << 20;
 impl S3Store {
     /// A store for `s3://bucket`, configured from the standard `AWS_*`
     /// variables (`AWS_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`, …).
-    pub fn from_env(url: &str) -> io::Result<S3Store> {
-        let store = object_store::aws::AmazonS3Builder::from_env().with_url(url).build().map_err(io::Error::other)?;
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`, …). `pool_max_idle`
+    /// caps idle keep-alive connections (0: a fresh connection per request,
+    /// for servers that answer reused connections slowly).
+    pub fn from_env(url: &str, pool_max_idle: Option<usize>) -> io::Result<S3Store> {
+        use object_store::aws::AmazonS3ConfigKey;
+        use object_store::ClientConfigKey;
+        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+        if let Some(n) = pool_max_idle {
+            builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::PoolMaxIdlePerHost), n.to_string());
+        }
+        let store = builder.build().map_err(io::Error::other)?;
         Ok(S3Store { inner: Arc::new(store), url: url.to_string() })
     }
 }
@@ -281,12 +289,12 @@ impl BlobStore for S3Store {
 }
 
 /// Opens the store named by `--thread-store`: `dir:PATH` or `s3://BUCKET`.
-pub fn open(spec: &str) -> io::Result<Arc<dyn BlobStore>> {
+pub fn open(spec: &str, s3_pool_max_idle: Option<usize>) -> io::Result<Arc<dyn BlobStore>> {
     if let Some(path) = spec.strip_prefix("dir:") {
         return Ok(Arc::new(DirStore::open(Path::new(path))?));
     }
     if spec.starts_with("s3://") {
-        return Ok(Arc::new(S3Store::from_env(spec)?));
+        return Ok(Arc::new(S3Store::from_env(spec, s3_pool_max_idle)?));
     }
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("thread store {spec:?}: expected dir:PATH or s3://BUCKET")))
 }
