@@ -172,3 +172,45 @@ async fn the_collector_removes_threads_past_their_retention() {
     assert_eq!(ok(&run(&gw, "thr", "bash", "ls -A ~ | wc -l", Some("aging"))), "0\n");
     assert_eq!(ok(&run(&gw, "thr", "bash", "cat ~/f", Some("fresh"))), "kept\n");
 }
+
+/// Two nodes sharing a store: a thread always goes to the same node, and
+/// when that node dies the other restores the thread from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_stays_on_its_node_and_moves_when_the_node_is_gone() {
+    if skip_unless_root("a_thread_stays_on_its_node_and_moves_when_the_node_is_gone") {
+        return;
+    }
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = format!("dir:{}", store_dir.path().display());
+    let mut agents = vec![
+        Agent::start(&["--node-name", "node-a", "--thread-store", &store]).await.unwrap(),
+        Agent::start(&["--node-name", "node-b", "--thread-store", &store]).await.unwrap(),
+    ];
+    let gw = Gateway::start(&[agents[0].address(), agents[1].address()], &[], true).await.unwrap();
+    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || http::get(gw.addr, "/metrics").text().contains("warren_gateway_healthy_nodes 2")));
+    for i in 0..5 {
+        assert_eq!(ok(&run(&gw, "thr", "bash", &format!("echo {i} >> ~/log; echo ok"), Some("sticky"))), "ok\n");
+    }
+    let nodes = || -> Vec<String> {
+        gw.audit_records().iter().filter(|a| a["thread_id"] == "sticky").map(|a| a["node"].as_str().unwrap_or_default().to_string()).collect()
+    };
+    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || nodes().len() == 5));
+    let seen = nodes();
+    assert!(seen.iter().all(|n| *n == seen[0]), "one node ran every call: {seen:?}");
+    let home = if seen[0] == "node-a" { 0 } else { 1 };
+    agents[home].kill_hard();
+    // The next calls may see the dead node once (502/503) until it is marked down.
+    let mut moved = None;
+    for _ in 0..100 {
+        let r = gw.execute(&key("thr"), &json!({"code": "cat ~/log | tr '\\n' ' '", "language": "bash", "thread_id": "sticky"}));
+        if r.status == 200 {
+            moved = Some(r.json());
+            break;
+        }
+        assert!([502, 503].contains(&r.status), "{}", r.text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = moved.expect("the thread never moved to the surviving node");
+    assert_eq!(ok(&v), "0 1 2 3 4 ");
+    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || nodes().last().is_some_and(|n| *n != seen[0])), "{:?}", nodes());
+}
