@@ -228,6 +228,7 @@ impl Executor {
     }
 
     fn mount_home(&self, sandbox: &Prepared, r: &Restored, spec: &ExecSpec) -> std::io::Result<(ThreadHome, std::path::PathBuf)> {
+        let userns = sandbox.userns().ok_or_else(|| std::io::Error::other("the sandbox's user namespace is unknown"))?;
         let work = self.env.work_dir.join(sandbox.id());
         std::fs::create_dir(&work)?;
         let target = sandbox.home_target();
@@ -235,7 +236,7 @@ impl Executor {
             state: &r.state,
             work: &work,
             target: &target,
-            init_pid: sandbox.init_pid(),
+            userns,
             owner: sandbox.host_id() + 1,
             bytes: spec.limits.home_bytes,
         });

@@ -106,7 +106,9 @@ pub struct Prepared {
     stderr: pipe::Receiver,
     cgroup: Cgroup,
     home_dir: PathBuf,
-    init_pid: i32,
+    /// The sandbox's user namespace, opened as soon as init exists (off
+    /// the request path, and before its pid could ever be reused).
+    userns: Option<OwnedFd>,
     slot: Slot,
 }
 
@@ -213,7 +215,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         home_dir: home_dir.clone(),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
-    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, init_pid: 0, slot };
+    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
         prepared.wait_ready().await
@@ -245,9 +247,9 @@ impl Prepared {
         self.home_dir.join("sandbox")
     }
 
-    /// Host pid of init (its user namespace maps the sandbox's ids).
-    pub fn init_pid(&self) -> i32 {
-        self.init_pid
+    /// The sandbox's user namespace (it maps the sandbox's ids).
+    pub fn userns(&self) -> Option<&OwnedFd> {
+        self.userns.as_ref()
     }
 
     /// Host uid/gid of root inside; uid 1000 inside is this + 1.
@@ -259,15 +261,19 @@ impl Prepared {
     /// but on another socket, so they may be read in either order).
     async fn wait_ready(&mut self) -> Result<(), SandboxError> {
         let mut ready = false;
-        while !(ready && self.init_pid > 0) {
+        while !(ready && self.userns.is_some()) {
             tokio::select! {
                 ev = self.init.recv::<InitEvent>(), if !ready => match ev.map_err(io("read init"))? {
                     Some(InitEvent::Ready) => ready = true,
                     Some(InitEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
                 },
-                ev = self.supervisor.recv::<SupervisorEvent>(), if self.init_pid == 0 => match ev.map_err(io("read supervisor"))? {
-                    Some(SupervisorEvent::Created { init_pid }) if init_pid > 0 => self.init_pid = init_pid,
+                ev = self.supervisor.recv::<SupervisorEvent>(), if self.userns.is_none() => match ev.map_err(io("read supervisor"))? {
+                    Some(SupervisorEvent::Created { init_pid }) if init_pid > 0 => {
+                        // init is the supervisor's unreaped child: its pid is its own.
+                        let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/user")).map_err(io("open the sandbox's user namespace"))?;
+                        self.userns = Some(ns.into());
+                    }
                     Some(SupervisorEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
                 },

@@ -37,8 +37,8 @@ pub struct ThreadHomeSpec<'a> {
     pub work: &'a Path,
     /// Mount point: `<home_dir>/sandbox` of the sandbox that will run.
     pub target: &'a Path,
-    /// Host pid of the sandbox's init, whose user namespace maps the ids.
-    pub init_pid: i32,
+    /// The sandbox's user namespace (`/proc/<init>/ns/user`), which maps the ids.
+    pub userns: &'a OwnedFd,
     /// Host uid (and gid) of the sandbox's uid 1000.
     pub owner: u32,
     /// Largest diff one call may write.
@@ -124,9 +124,7 @@ impl ThreadHome {
         std::os::unix::fs::chown(&upper, Some(spec.owner), Some(spec.owner))?;
         mkdir(&work, 0o700)?;
         mkdir(&lower, 0o700)?;
-        let userns_path = PathBuf::from(format!("/proc/{}/ns/user", spec.init_pid));
-        let userns: OwnedFd = fs::File::open(&userns_path).map_err(step("open", &userns_path))?.into();
-        bind_idmapped(spec.state, &lower, &userns).map_err(step("id-mapped bind of", spec.state))?;
+        bind_idmapped(spec.state, &lower, spec.userns).map_err(step("id-mapped bind of", spec.state))?;
         // redirect_dir/metacopy/index off: the upper layer then holds only
         // plain files, whiteouts and opaque markers, which is what the saved
         // diff format can express (a renamed lower directory is copied).

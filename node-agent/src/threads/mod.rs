@@ -258,15 +258,20 @@ impl Threads {
         let (mut fetch, mut unpack) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         for layer in manifest.map_or(&[][..], |m| &m.layers) {
             let t = std::time::Instant::now();
-            let data = self.store.get(&layer.key).await.map_err(io_err("reading a thread layer"))?;
+            let spool = self.spool.join(new_id());
+            let fetched = self.store.fetch(&layer.key, &spool).await;
             fetch += t.elapsed();
             let t = std::time::Instant::now();
-            let data = data.ok_or_else(|| ThreadError::Io { step: "reading a thread layer", source: io::Error::other(format!("{} is missing", layer.key)) })?;
-            let st = state.to_path_buf();
-            tokio::task::spawn_blocking(move || layer::apply(&data[..], &st))
-                .await
-                .map_err(|e| ThreadError::Io { step: "applying a thread layer", source: io::Error::other(e) })?
-                .map_err(io_err("applying a thread layer"))?;
+            let applied = match fetched {
+                Ok(Some(file)) => {
+                    let st = state.to_path_buf();
+                    blocking("applying a thread layer", move || layer::apply(std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(file)?), &st)).await
+                }
+                Ok(None) => Err(ThreadError::Io { step: "reading a thread layer", source: io::Error::other(format!("{} is missing", layer.key)) }),
+                Err(e) => Err(ThreadError::Io { step: "reading a thread layer", source: e }),
+            };
+            let _ = std::fs::remove_file(&spool);
+            applied?;
             unpack += t.elapsed();
         }
         tracing::debug!(thread = %key.rel(), fetch_us = fetch.as_micros() as u64, unpack_us = unpack.as_micros() as u64, total_us = t0.elapsed().as_micros() as u64, "thread restored from the store");

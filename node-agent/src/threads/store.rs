@@ -31,6 +31,10 @@ pub trait BlobStore: Send + Sync {
     /// Moves the file at `path` (a spool file the caller no longer needs)
     /// under `key`; durable on return.
     fn put_file(&self, key: &str, path: &Path) -> BoxFuture<'_, io::Result<()>>;
+    /// Makes the object readable as a local file without holding it in
+    /// memory: the stored file itself for a local store, else a download
+    /// into `spool` (which the caller removes). `None` when absent.
+    fn fetch(&self, key: &str, spool: &Path) -> BoxFuture<'_, io::Result<Option<PathBuf>>>;
     /// Removes `key` (absent is fine).
     fn delete(&self, key: &str) -> BoxFuture<'_, io::Result<()>>;
     /// Every object whose key starts with `prefix` (a `/`-terminated folder).
@@ -96,6 +100,15 @@ impl BlobStore for DirStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         })
+    }
+
+    fn fetch(&self, key: &str, _spool: &Path) -> BoxFuture<'_, io::Result<Option<PathBuf>>> {
+        let path = key_path(&self.root, key);
+        async move {
+            let path = path?;
+            Ok(path.is_file().then_some(path))
+        }
+        .boxed()
     }
 
     fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>> {
@@ -221,6 +234,24 @@ impl BlobStore for S3Store {
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(os_err(e)),
             }
+        }
+        .boxed()
+    }
+
+    fn fetch(&self, key: &str, spool: &Path) -> BoxFuture<'_, io::Result<Option<PathBuf>>> {
+        let (path, spool) = (object_store::path::Path::from(key), spool.to_path_buf());
+        async move {
+            let mut stream = match self.inner.get(&path).await {
+                Ok(r) => r.into_stream(),
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(os_err(e)),
+            };
+            let mut file = tokio::fs::File::create(&spool).await?;
+            while let Some(chunk) = stream.next().await {
+                tokio::io::AsyncWriteExt::write_all(&mut file, &chunk.map_err(os_err)?).await?;
+            }
+            tokio::io::AsyncWriteExt::flush(&mut file).await?;
+            Ok(Some(spool))
         }
         .boxed()
     }
