@@ -214,3 +214,61 @@ async fn a_thread_stays_on_its_node_and_moves_when_the_node_is_gone() {
     assert_eq!(ok(&v), "0 1 2 3 4 ");
     assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || nodes().last().is_some_and(|n| *n != seen[0])), "{:?}", nodes());
 }
+
+/// What a hostile program can leave in its home: special files, names that
+/// look like whiteouts, a 0000 directory, deep nesting, many files, symlinks
+/// pointing out. The save neither hangs nor follows anything, the next call
+/// sees a consistent home, and the host keeps no mount of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_homes_are_saved_safely_and_leave_nothing_mounted() {
+    let Some((agent, gw)) = setup("hostile_homes_are_saved_safely_and_leave_nothing_mounted", &[]).await else { return };
+    let hostile = r#"
+import os, socket
+h = os.path.expanduser('~')
+os.mkfifo(h + '/fifo')
+s = socket.socket(socket.AF_UNIX); s.bind(h + '/sock')
+open(h + '/.wh.looks-like-a-whiteout', 'w').write('x')
+os.symlink('/etc/passwd', h + '/outside'); os.symlink('loop', h + '/loop')
+os.makedirs(h + '/locked/inner'); open(h + '/locked/inner/f', 'w').write('kept'); os.chmod(h + '/locked', 0)
+d = h + '/deep'
+for i in range(200):
+    d += '/d'
+os.makedirs(d); open(d + '/bottom', 'w').write('bottom')
+os.makedirs(h + '/many')
+for i in range(5000):
+    open(h + '/many/%d' % i, 'w').close()
+print(sorted(os.listdir('/home')))
+try:
+    open('/home/intruder', 'w')
+except OSError as e:
+    print('home parent', e.strerror)
+"#;
+    assert_eq!(ok(&run(&gw, "thr", "python", hostile, Some("hostile"))), "['sandbox']\nhome parent Read-only file system\n");
+    let check = r#"
+import os
+h = os.path.expanduser('~')
+print(sorted(n for n in os.listdir(h)))
+print(os.readlink(h + '/outside'), os.readlink(h + '/loop'))
+os.chmod(h + '/locked', 0o700); print(open(h + '/locked/inner/f').read())
+print(open(h + '/deep' + '/d' * 200 + '/bottom').read(), len(os.listdir(h + '/many')))
+"#;
+    assert_eq!(
+        ok(&run(&gw, "thr", "python", check, Some("hostile"))),
+        "['deep', 'locked', 'loop', 'many', 'outside']\n/etc/passwd loop\nkept\nbottom 5000\n",
+        "fifo, socket and the whiteout-like name are not kept; the rest is"
+    );
+    let state = agent.state_dir();
+    let mounted: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m.starts_with(&state.display().to_string()))
+        .collect();
+    // Only the agent's own shared homes directory stays mounted; its homes are
+    // released right after each answer (bounded wait for that).
+    let homes = state.join("homes").display().to_string();
+    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || {
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&state.display().to_string())).all(|m| m == homes)
+    }), "{mounted:?}");
+    assert_eq!(std::fs::read_dir(state.join("work")).unwrap().count(), 0, "no scratch left");
+}
