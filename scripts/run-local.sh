@@ -53,6 +53,11 @@ Try it:
   curl -N -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' -H 'Accept: application/x-ndjson' \\
     -H 'Content-Type: application/json' -d '{"code": "for i in 1 2 3; do echo \$i; sleep 1; done", "language": "bash"}'
 
+  # a persistent home: each call with this thread_id sees what the previous ones left in ~
+  # (prints 1, 2, 3, ...; DELETE /v1/threads/demo with the same key resets it)
+  curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' -H 'Content-Type: application/json' \\
+    -d '{"code": "echo call >> ~/calls; wc -l < ~/calls", "language": "bash", "thread_id": "demo"}'
+
   # the Baponi Python SDK (pip install baponi)
   python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'
 
