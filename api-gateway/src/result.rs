@@ -41,6 +41,8 @@ pub enum ThreadFailure {
     TooLarge,
     /// The store failed while saving.
     Save,
+    /// Another execution saved the thread meanwhile (on another node).
+    Conflict,
 }
 
 impl ThreadFailure {
@@ -49,6 +51,7 @@ impl ThreadFailure {
             "thread_mount_error" => Some(ThreadFailure::Mount),
             "thread_state_too_large" => Some(ThreadFailure::TooLarge),
             "thread_save_error" => Some(ThreadFailure::Save),
+            "thread_conflict" => Some(ThreadFailure::Conflict),
             _ => None,
         }
     }
@@ -58,6 +61,7 @@ impl ThreadFailure {
             ThreadFailure::Mount => "thread_mount_error",
             ThreadFailure::TooLarge => "thread_state_too_large",
             ThreadFailure::Save => "thread_save_error",
+            ThreadFailure::Conflict => "thread_conflict",
         }
     }
 }
@@ -122,7 +126,7 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, or null.
     pub error: Option<String>,
     /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
     pub trace_id: String,
@@ -281,7 +285,7 @@ mod tests {
 
     #[test]
     fn thread_failures_are_named_in_the_result() {
-        for code in ["thread_mount_error", "thread_state_too_large", "thread_save_error"] {
+        for code in ["thread_mount_error", "thread_state_too_large", "thread_save_error", "thread_conflict"] {
             let x = Exited { exit_code: 0, error: code.into(), ..Default::default() };
             let r = ExecuteResult::new("trc_x", &x, "out".into(), String::new());
             assert_eq!((r.success, r.error.as_deref(), r.stdout.as_str()), (false, Some(code), "out"));

@@ -64,7 +64,7 @@ pub fn thread_key(r: Option<pb::ThreadRef>) -> Result<ThreadKey, Status> {
 /// The thread errors of `DeleteThread` as statuses.
 pub fn thread_status(e: &ThreadError) -> Status {
     match e {
-        ThreadError::Busy => Status::aborted(e.to_string()),
+        ThreadError::Busy | ThreadError::Conflict => Status::aborted(e.to_string()),
         ThreadError::NotFound => Status::not_found(e.to_string()),
         ThreadError::TooLarge { .. } => Status::failed_precondition(e.to_string()),
         ThreadError::Io { .. } => Status::unavailable("the thread store failed; retry shortly"),

@@ -270,6 +270,7 @@ impl Executor {
                 warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
                 outcome.error = Some(match e {
                     ThreadError::TooLarge { .. } => "thread_state_too_large".into(),
+                    ThreadError::Conflict => "thread_conflict".into(),
                     _ => "thread_save_error".into(),
                 });
             }

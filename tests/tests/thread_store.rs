@@ -133,3 +133,51 @@ async fn malformed_thread_references_are_refused() {
     }
     assert!(!agent.state_dir().join("threads/team").exists(), "nothing was created for refused requests");
 }
+
+/// A thread running on two nodes at once (gateways briefly disagreeing about
+/// node health could cause it): the later save must not silently drop the
+/// earlier one's changes. Node A holds the thread (a running call), node B
+/// saves it meanwhile; when A's call ends its save conflicts and B's state
+/// stands — for the directory store and for S3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_over_a_newer_state_is_refused_not_lost() {
+    if skip_unless_root("a_save_over_a_newer_state_is_refused_not_lost") {
+        return;
+    }
+    let s3 = S3Server::start().unwrap();
+    let store_dir = tempfile::tempdir().unwrap();
+    let dir_store = format!("dir:{}", store_dir.path().display());
+    let s3_url = s3.store_url();
+    let s3_env_owned = s3.env();
+    let s3_env: Vec<(&str, &str)> = s3_env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for (store, env) in [(dir_store.as_str(), Vec::new()), (s3_url.as_str(), s3_env)] {
+        let args = ["--thread-store", store];
+        let node_a = Agent::start_with(&args, &env, None).await.unwrap();
+        let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+        assert_eq!(ok(&node_a.run_request(on_thread("echo base > ~/base; echo ok", "split")).await.unwrap()), "ok\n", "{store}");
+
+        let mut client = node_a.client().await.unwrap();
+        let mut held = on_thread("echo a > ~/a; echo started; sleep 600", "split");
+        held.timeout_ms = 600_000;
+        let mut stream = client.execute(held).await.unwrap().into_inner();
+        loop {
+            match stream.message().await.unwrap().and_then(|e| e.event) {
+                Some(pb::execute_event::Event::Stdout(c)) if String::from_utf8_lossy(&c.data).contains("started") => break,
+                Some(_) => continue,
+                None => panic!("{store}: the holding call ended early"),
+            }
+        }
+        assert_eq!(ok(&node_b.run_request(on_thread("echo b > ~/b; echo ok", "split")).await.unwrap()), "ok\n", "{store}");
+        // Cancelling ends A's call; it still saves (a program's files stay), and that save conflicts.
+        drop(stream);
+        drop(client);
+        let mut c = node_a.client().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while c.status(pb::StatusRequest {}).await.unwrap().into_inner().running_executions > 0 {
+            assert!(Instant::now() < deadline, "{store}: node A never finished the cancelled call");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(ok(&node_b.run_request(on_thread("ls ~ | tr '\\n' ' '", "split")).await.unwrap()), "b base ", "{store}: B's save stands, A's was refused");
+        assert_eq!(ok(&node_a.run_request(on_thread("ls ~ | tr '\\n' ' '", "split")).await.unwrap()), "b base ", "{store}: A rebuilt its copy");
+    }
+}

@@ -46,6 +46,10 @@ pub enum ThreadError {
     /// The thread does not exist (for this key).
     #[error("thread not found")]
     NotFound,
+    /// Another execution (on another node) saved the thread since this call
+    /// restored it; this call's changes were not saved.
+    #[error("the thread was changed by another execution meanwhile; this call's changes were not saved")]
+    Conflict,
     /// Saving would make the home larger than allowed; nothing was saved.
     #[error("the thread's home would be {bytes} bytes, over its limit of {limit}")]
     TooLarge {
@@ -138,6 +142,7 @@ pub struct Restored {
     /// Warm state directory (the lower layer).
     pub state: PathBuf,
     manifest: Option<Manifest>,
+    published: Option<store::Version>,
     warm_used_at: u64,
     _lock: ThreadLock,
 }
@@ -196,13 +201,26 @@ impl Threads {
         self.cache.join(key.rel())
     }
 
-    async fn manifest(&self, key: &ThreadKey) -> Result<Option<Manifest>, ThreadError> {
-        let Some(bytes) = self.store.get(&key.manifest_key()).await.map_err(io_err("reading the thread manifest"))? else {
-            return Ok(None);
+    /// The live manifest (`None` when absent or past retention) and the
+    /// stored object's version (set whenever the object exists: the next
+    /// publish must replace exactly that).
+    async fn manifest(&self, key: &ThreadKey) -> Result<(Option<Manifest>, Option<store::Version>), ThreadError> {
+        let Some((bytes, version)) = self.store.get_versioned(&key.manifest_key()).await.map_err(io_err("reading the thread manifest"))? else {
+            return Ok((None, None));
         };
         let m = Manifest::parse(&bytes).map_err(|e| ThreadError::Io { step: "parsing the thread manifest", source: io::Error::other(e) })?;
         // Past its retention the thread is gone, whether or not the collector ran.
-        Ok((!m.expired(unix_now())).then_some(m))
+        Ok(((!m.expired(unix_now())).then_some(m), Some(version)))
+    }
+
+    /// Publishes `manifest` over exactly the version the call started from.
+    async fn publish(&self, restored: &Restored, manifest: &Manifest) -> Result<(), ThreadError> {
+        let body = Bytes::from(serde_json::to_vec(manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        let key = restored.options.key.manifest_key();
+        match self.store.put_if(&key, body, restored.published.clone()).await.map_err(io_err("publishing the thread manifest"))? {
+            true => Ok(()),
+            false => Err(ThreadError::Conflict),
+        }
     }
 
     /// Refreshes the warm copy's `usedAt` (minute granularity: it only
@@ -235,7 +253,7 @@ impl Threads {
     /// Makes the warm copy match the published state (fast when it already does).
     pub async fn restore(&self, options: ThreadOptions, lock: ThreadLock) -> Result<Restored, ThreadError> {
         let key = &options.key;
-        let manifest = self.manifest(key).await?;
+        let (manifest, published) = self.manifest(key).await?;
         let dir = self.dir(key);
         let state = dir.join("state");
         let want = manifest.as_ref().map_or("", |m| m.id.as_str());
@@ -246,7 +264,7 @@ impl Threads {
             self.rebuild(key, manifest.as_ref(), &state).await?;
             warm_used_at = unix_now();
         }
-        Ok(Restored { options, state, manifest, warm_used_at, _lock: lock })
+        Ok(Restored { options, state, manifest, published, warm_used_at, _lock: lock })
     }
 
     async fn rebuild(&self, key: &ThreadKey, manifest: Option<&Manifest>, state: &Path) -> Result<(), ThreadError> {
@@ -354,8 +372,11 @@ impl Threads {
         }
         let t_upload = t0.elapsed();
         let manifest = Manifest { version: 1, id, layers, bytes, updated_at: unix_now(), retention_secs };
-        let body = Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
-        self.store.put(&key.manifest_key(), body).await.map_err(io_err("publishing the thread manifest"))?;
+        match self.publish(restored, &manifest).await {
+            // Nothing of this call is lost when it changed nothing.
+            Err(ThreadError::Conflict) if unchanged => return Ok(Saved { layer_bytes: 0, home_bytes: old_bytes, skipped: 0 }),
+            other => other?,
+        }
         maybe_pause("manifest-published").await;
         self.write_warm(key, &manifest.id).map_err(io_err("marking the warm copy"))?;
         tracing::debug!(
@@ -378,7 +399,7 @@ impl Threads {
     /// Deletes a thread (its manifest first, so it is gone at once).
     pub async fn delete(&self, key: &ThreadKey) -> Result<(), ThreadError> {
         let _lock = self.lock(key)?;
-        let manifest = self.manifest(key).await?;
+        let (manifest, _) = self.manifest(key).await?;
         let dir = self.dir(key);
         let _ = std::fs::remove_dir_all(&dir);
         let Some(_) = manifest else { return Err(ThreadError::NotFound) };

@@ -22,10 +22,20 @@ pub struct Listed {
     pub modified: SystemTime,
 }
 
+/// Version of a stored object, as compare-and-swap needs it: its ETag in
+/// S3, a content hash in a directory store.
+pub type Version = String;
+
 /// A store of immutable-once-written objects.
 pub trait BlobStore: Send + Sync {
     /// The object, or `None` when there is none.
     fn get(&self, key: &str) -> BoxFuture<'_, io::Result<Option<Bytes>>>;
+    /// The object and its version.
+    fn get_versioned(&self, key: &str) -> BoxFuture<'_, io::Result<Option<(Bytes, Version)>>>;
+    /// Writes `data` under `key` only if the object is still at `expected`
+    /// (`None`: only if there is none). `Ok(false)`: someone else changed it
+    /// and nothing was written. Durable on `Ok(true)`.
+    fn put_if(&self, key: &str, data: Bytes, expected: Option<Version>) -> BoxFuture<'_, io::Result<bool>>;
     /// Writes `data` under `key`, replacing atomically; durable on return.
     fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>>;
     /// Moves the file at `path` (a spool file the caller no longer needs)
@@ -88,6 +98,12 @@ impl DirStore {
     }
 }
 
+/// A directory store's object version: the SHA-256 of its content.
+fn content_version(data: &[u8]) -> Version {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn blocking<T: Send + 'static>(f: impl FnOnce() -> io::Result<T> + Send + 'static) -> BoxFuture<'static, io::Result<T>> {
     async move { tokio::task::spawn_blocking(f).await.map_err(io::Error::other)? }.boxed()
 }
@@ -99,6 +115,41 @@ impl BlobStore for DirStore {
             Ok(b) => Ok(Some(Bytes::from(b))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
+        })
+    }
+
+    fn get_versioned(&self, key: &str) -> BoxFuture<'_, io::Result<Option<(Bytes, Version)>>> {
+        let get = self.get(key);
+        async move { Ok(get.await?.map(|b| { let v = content_version(&b); (b, v) })) }.boxed()
+    }
+
+    fn put_if(&self, key: &str, data: Bytes, expected: Option<Version>) -> BoxFuture<'_, io::Result<bool>> {
+        let (key, tmp, lock) = (key.to_string(), self.spool_file(), self.root.join(".spool/.publish.lock"));
+        let dst = key_path(&self.root, &key);
+        let root = self.root.clone();
+        blocking(move || {
+            let dst = dst?;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&data)?;
+            f.sync_all()?;
+            // One writer at a time between reading the current version and
+            // renaming over it, across every process sharing the directory.
+            let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(lock)?;
+            let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
+            let current = match std::fs::read(&dst) {
+                Ok(b) => Some(content_version(&b)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            if current != expected {
+                let _ = std::fs::remove_file(&tmp);
+                return Ok(false);
+            }
+            let parent = dst.parent().unwrap_or(&root).to_path_buf();
+            std::fs::create_dir_all(&parent)?;
+            std::fs::rename(&tmp, &dst)?;
+            fsync_dir(&parent)?;
+            Ok(true)
         })
     }
 
@@ -238,6 +289,38 @@ impl BlobStore for S3Store {
         .boxed()
     }
 
+    fn get_versioned(&self, key: &str) -> BoxFuture<'_, io::Result<Option<(Bytes, Version)>>> {
+        let path = object_store::path::Path::from(key);
+        async move {
+            match self.inner.get(&path).await {
+                Ok(r) => {
+                    let etag = r.meta.e_tag.clone().ok_or_else(|| io::Error::other("the S3 store returned no ETag; conditional updates need one"))?;
+                    Ok(Some((r.bytes().await.map_err(os_err)?, etag)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(os_err(e)),
+            }
+        }
+        .boxed()
+    }
+
+    fn put_if(&self, key: &str, data: Bytes, expected: Option<Version>) -> BoxFuture<'_, io::Result<bool>> {
+        let path = object_store::path::Path::from(key);
+        async move {
+            let mode = match expected {
+                None => object_store::PutMode::Create,
+                Some(e_tag) => object_store::PutMode::Update(object_store::UpdateVersion { e_tag: Some(e_tag), version: None }),
+            };
+            let opts = object_store::PutOptions { mode, ..Default::default() };
+            match self.inner.put_opts(&path, PutPayload::from(data), opts).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => Ok(false),
+                Err(e) => Err(os_err(e)),
+            }
+        }
+        .boxed()
+    }
+
     fn fetch(&self, key: &str, spool: &Path) -> BoxFuture<'_, io::Result<Option<PathBuf>>> {
         let (path, spool) = (object_store::path::Path::from(key), spool.to_path_buf());
         async move {
@@ -328,4 +411,25 @@ pub fn open(spec: &str, s3_pool_max_idle: Option<usize>) -> io::Result<Arc<dyn B
         return Ok(Arc::new(S3Store::from_env(spec, s3_pool_max_idle)?));
     }
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("thread store {spec:?}: expected dir:PATH or s3://BUCKET")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn directory_store_compare_and_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirStore::open(dir.path()).unwrap();
+        let key = "threads/ns/k/t/manifest.json";
+        assert!(store.put_if(key, Bytes::from_static(b"one"), None).await.unwrap(), "create when absent");
+        assert!(!store.put_if(key, Bytes::from_static(b"two"), None).await.unwrap(), "create refused when present");
+        let (data, v1) = store.get_versioned(key).await.unwrap().unwrap();
+        assert_eq!(&data[..], b"one");
+        assert!(store.put_if(key, Bytes::from_static(b"two"), Some(v1.clone())).await.unwrap());
+        assert!(!store.put_if(key, Bytes::from_static(b"three"), Some(v1)).await.unwrap(), "a stale version loses");
+        assert_eq!(&store.get(key).await.unwrap().unwrap()[..], b"two");
+        assert!(store.put_if("../escape", Bytes::new(), None).await.is_err());
+        assert_eq!(std::fs::read_dir(dir.path().join(".spool")).unwrap().filter(|e| !e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".publish")).count(), 0, "no spool left");
+    }
 }

@@ -33,7 +33,8 @@ pub struct ExecuteRequest {
     pub network: i32,
     /// When set, /home/sandbox is the thread's saved home, restored before the
     /// program and saved (durably) before `Exited` is sent. Saving failures are
-    /// reported in `Exited.error`: "thread_state_too_large", "thread_save_error";
+    /// reported in `Exited.error`: "thread_state_too_large", "thread_save_error",
+    /// "thread_conflict" (another execution saved the thread meanwhile);
     /// a home that could not be restored ends the stream with an `Exited` whose
     /// error is "thread_mount_error" and no `Started` (nothing ran).
     #[prost(message, optional, tag = "9")]
