@@ -113,7 +113,7 @@ async fn the_s3_store_lets_another_node_restore_a_thread() {
     client.delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("roaming")) }).await.unwrap();
     let again = client.delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("roaming")) }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::NotFound);
-    assert!(s3.objects("threads/team/agent-key/roaming").iter().all(|o| !o.contains("manifest.json") && !o.ends_with(".tar")), "{:?}", s3.objects(""));
+    assert!(s3.objects("threads/team/agent-key/roaming").iter().all(|o| !o.ends_with(".tar")), "every layer is deleted: {:?}", s3.objects(""));
     assert_eq!(ok(&node_a.run_request(on_thread("ls -A ~ | wc -l", "roaming")).await.unwrap()), "0\n");
 }
 
@@ -180,4 +180,28 @@ async fn a_save_over_a_newer_state_is_refused_not_lost() {
         assert_eq!(ok(&node_b.run_request(on_thread("ls ~ | tr '\\n' ' '", "split")).await.unwrap()), "b base ", "{store}: B's save stands, A's was refused");
         assert_eq!(ok(&node_a.run_request(on_thread("ls ~ | tr '\\n' ' '", "split")).await.unwrap()), "b base ", "{store}: A rebuilt its copy");
     }
+}
+
+/// The store is down (nothing listens at its endpoint): a thread call fails
+/// fast with `thread_mount_error` and runs nothing; calls without a thread
+/// are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_store_fails_thread_calls_fast_and_nothing_else() {
+    if skip_unless_root("an_unreachable_store_fails_thread_calls_fast_and_nothing_else") {
+        return;
+    }
+    // A loopback port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let env = [("AWS_ENDPOINT", endpoint.as_str()), ("AWS_ALLOW_HTTP", "true"), ("AWS_REGION", "us-east-1"), ("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "y")];
+    let agent = Agent::start_with(&["--thread-store", "s3://warren-threads"], &env, None).await.unwrap();
+    let t = Instant::now();
+    let run = agent.run_request(on_thread("echo ran > /tmp/x; echo ran", "down")).await.unwrap();
+    assert_eq!((run.exited.exit_code, run.exited.error.as_str(), run.stdout.as_str()), (-1, "thread_mount_error", ""), "{run:?}");
+    assert!(run.started.is_none(), "nothing started");
+    assert!(t.elapsed() < Duration::from_secs(30), "bounded retries, took {:?}", t.elapsed());
+    let plain = agent.run(pb::Language::Bash, "echo fine", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(ok(&plain), "fine\n");
+    let err = agent.client().await.unwrap().delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("down")) }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
 }

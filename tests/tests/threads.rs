@@ -163,11 +163,29 @@ async fn the_collector_removes_threads_past_their_retention() {
     // Last used 25 hours ago.
     m["updatedAt"] = json!(m["updatedAt"].as_u64().unwrap() - 25 * 3600);
     std::fs::write(&manifest, m.to_string()).unwrap();
-    let gone = (0..300).any(|_| {
+    // Collected: the layers are gone and the manifest is a tombstone (kept a
+    // day, so a save racing the deletion on another node cannot land).
+    let tars = |dir: &std::path::Path| -> usize {
+        let mut n = 0;
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                } else if e.path().extension().is_some_and(|x| x == "tar") {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    assert!(tars(&store.join("aging")) > 0);
+    let collected = (0..300).any(|_| {
         std::thread::sleep(Duration::from_millis(100));
-        !store.join("aging").exists()
+        let m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap_or_default()).unwrap_or_default();
+        tars(&store.join("aging")) == 0 && m["retentionSecs"] == 0 && m["layers"] == json!([])
     });
-    assert!(gone, "the expired thread's objects are still there after 30 s");
+    assert!(collected, "the expired thread's layers are still there after 30 s");
     assert!(store.join("fresh/manifest.json").exists(), "a thread within its retention stays");
     assert_eq!(ok(&run(&gw, "thr", "bash", "ls -A ~ | wc -l", Some("aging"))), "0\n");
     assert_eq!(ok(&run(&gw, "thr", "bash", "cat ~/f", Some("fresh"))), "kept\n");

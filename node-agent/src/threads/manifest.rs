@@ -121,6 +121,18 @@ impl Manifest {
         self.retention_secs.is_some_and(|r| self.updated_at.saturating_add(r) <= now)
     }
 
+    /// The manifest of a deleted thread: no layers, expired at once (a real
+    /// retention is never 0). It keeps a slot for compare-and-swap, so a save
+    /// racing the deletion fails instead of resurrecting half a thread.
+    pub fn tombstone(now: u64) -> Manifest {
+        Manifest { version: 1, id: new_id(), layers: Vec::new(), bytes: 0, updated_at: now, retention_secs: Some(0) }
+    }
+
+    /// This is a deleted thread's tombstone.
+    pub fn is_tombstone(&self) -> bool {
+        self.layers.is_empty() && self.retention_secs == Some(0)
+    }
+
     /// Parses a stored manifest.
     pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
@@ -165,6 +177,9 @@ mod tests {
         assert!(!forever.expired(u64::MAX));
         let text = serde_json::to_vec(&m).unwrap();
         assert_eq!(Manifest::parse(&text).unwrap(), m);
+        let tomb = Manifest::tombstone(5);
+        assert!(tomb.is_tombstone() && tomb.expired(5), "a tombstone is a thread that does not exist");
+        assert!(!m.is_tombstone());
         assert!(Manifest::parse(br#"{"version":2,"id":"x","layers":[],"bytes":0,"updatedAt":0,"retentionSecs":null}"#).is_err());
     }
 }

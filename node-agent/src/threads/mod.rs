@@ -36,6 +36,9 @@ use store::BlobStore;
 /// Leftover objects (of a crashed save or an interrupted delete) younger
 /// than this are left alone: a save may be uploading them right now.
 const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
+/// How long a deleted thread's tombstone stays: longer than any call runs,
+/// so no save that restored the thread before its deletion can still land.
+const TOMBSTONE_KEEP: Duration = Duration::from_secs(86_400);
 
 /// Why a thread operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -396,28 +399,32 @@ impl Threads {
         Ok(Saved { layer_bytes, home_bytes: bytes, skipped: delta.skipped })
     }
 
-    /// Deletes a thread (its manifest first, so it is gone at once).
+    /// Deletes a thread. Its manifest is first replaced by a tombstone
+    /// (compare-and-swap, so a save racing on another node fails instead of
+    /// being half-deleted); then the layers that manifest named go.
     pub async fn delete(&self, key: &ThreadKey) -> Result<(), ThreadError> {
         let _lock = self.lock(key)?;
-        let (manifest, _) = self.manifest(key).await?;
-        let dir = self.dir(key);
-        let _ = std::fs::remove_dir_all(&dir);
-        let Some(_) = manifest else { return Err(ThreadError::NotFound) };
-        self.store.delete(&key.manifest_key()).await.map_err(io_err("deleting the thread manifest"))?;
-        self.delete_objects(&format!("threads/{}/", key.rel())).await;
+        let _ = std::fs::remove_dir_all(self.dir(key));
+        let (manifest, version) = self.manifest(key).await?;
+        let Some(manifest) = manifest else { return Err(ThreadError::NotFound) };
+        if !self.bury(key, &manifest, version).await? {
+            return Err(ThreadError::Busy);
+        }
         info!(thread = %key.rel(), "thread deleted");
         Ok(())
     }
 
-    async fn delete_objects(&self, prefix: &str) {
-        match self.store.list(prefix).await {
-            Ok(objects) => {
-                for o in objects {
-                    let _ = self.store.delete(&o.key).await;
-                }
-            }
-            Err(e) => warn!(error = %e, prefix, "listing objects to delete failed; the collector retries"),
+    /// Replaces `manifest` (at `version`) by a tombstone, then deletes its
+    /// layers. `Ok(false)`: the thread changed meanwhile; nothing deleted.
+    async fn bury(&self, key: &ThreadKey, manifest: &Manifest, version: Option<store::Version>) -> Result<bool, ThreadError> {
+        let tomb = Bytes::from(serde_json::to_vec(&Manifest::tombstone(unix_now())).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        if !self.store.put_if(&key.manifest_key(), tomb, version).await.map_err(io_err("replacing the thread manifest"))? {
+            return Ok(false);
         }
+        for layer in &manifest.layers {
+            let _ = self.store.delete(&layer.key).await;
+        }
+        Ok(true)
     }
 
     /// One collector pass: deletes threads past their retention, leftovers
@@ -435,34 +442,40 @@ impl Threads {
         let mut report = CollectReport::default();
         for (rel, objects) in by_thread {
             let manifest_key = format!("threads/{rel}/manifest.json");
-            let manifest = match self.store.get(&manifest_key).await {
-                Ok(Some(b)) => Manifest::parse(&b).ok(),
-                _ => None,
+            let current = match self.store.get_versioned(&manifest_key).await {
+                Ok(Some((b, v))) => Manifest::parse(&b).ok().map(|m| (m, v)),
+                Ok(None) => None,
+                Err(_) => continue, // the store is unwell: try again next pass
             };
             let old = |o: &store::Listed| o.modified.elapsed().is_ok_and(|age| age >= ORPHAN_GRACE);
-            match manifest {
-                Some(m) if m.expired(now) => {
-                    // Manifest first: from then on the thread does not exist.
-                    if self.store.delete(&manifest_key).await.is_ok() {
-                        for o in objects.iter().filter(|o| o.key != manifest_key) {
-                            let _ = self.store.delete(&o.key).await;
+            let referenced = |o: &store::Listed| o.key == manifest_key || current.as_ref().is_some_and(|(m, _)| m.layers.iter().any(|l| l.key == o.key));
+            match &current {
+                Some((m, _)) if m.is_tombstone() => {
+                    // No call restores for a day: nothing can still be about to
+                    // publish over this tombstone.
+                    if now.saturating_sub(m.updated_at) >= TOMBSTONE_KEEP.as_secs() {
+                        let _ = self.store.delete(&manifest_key).await;
+                    }
+                }
+                Some((m, v)) if m.expired(now) => {
+                    let parts: Vec<&str> = rel.split('/').collect();
+                    if let [ns, name, id] = parts[..] {
+                        if let Ok(key) = ThreadKey::new(ns, name, id) {
+                            if let Ok(_lock) = self.lock(&key) {
+                                if self.bury(&key, m, Some(v.clone())).await.unwrap_or(false) {
+                                    report.expired += 1;
+                                    info!(thread = %rel, "thread expired and was deleted");
+                                }
+                            }
                         }
-                        report.expired += 1;
-                        info!(thread = %rel, "thread expired and was deleted");
                     }
                 }
-                Some(m) => {
-                    for o in objects.iter().filter(|o| o.key != manifest_key && old(o) && !m.layers.iter().any(|l| l.key == o.key)) {
-                        let _ = self.store.delete(&o.key).await;
-                        report.orphans += 1;
-                    }
-                }
-                None => {
-                    for o in objects.iter().filter(|o| old(o)) {
-                        let _ = self.store.delete(&o.key).await;
-                        report.orphans += 1;
-                    }
-                }
+                _ => {}
+            }
+            // Layers of crashed saves, of replaced manifests, of deleted threads.
+            for o in objects.iter().filter(|o| !referenced(o) && old(o)) {
+                let _ = self.store.delete(&o.key).await;
+                report.orphans += 1;
             }
         }
         report.warm_removed = self.collect_warm(warm_idle, now);

@@ -36,8 +36,6 @@ pub trait BlobStore: Send + Sync {
     /// (`None`: only if there is none). `Ok(false)`: someone else changed it
     /// and nothing was written. Durable on `Ok(true)`.
     fn put_if(&self, key: &str, data: Bytes, expected: Option<Version>) -> BoxFuture<'_, io::Result<bool>>;
-    /// Writes `data` under `key`, replacing atomically; durable on return.
-    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>>;
     /// Moves the file at `path` (a spool file the caller no longer needs)
     /// under `key`; durable on return.
     fn put_file(&self, key: &str, path: &Path) -> BoxFuture<'_, io::Result<()>>;
@@ -162,21 +160,6 @@ impl BlobStore for DirStore {
         .boxed()
     }
 
-    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>> {
-        let key = key.to_string();
-        async move {
-            let tmp = self.spool_file();
-            let t = tmp.clone();
-            blocking(move || std::fs::File::create(&t)?.write_all(&data)).await?;
-            let r = self.publish(&key, &tmp);
-            if r.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-            r
-        }
-        .boxed()
-    }
-
     fn put_file(&self, key: &str, path: &Path) -> BoxFuture<'_, io::Result<()>> {
         let (key, path) = (key.to_string(), path.to_path_buf());
         async move {
@@ -263,7 +246,11 @@ impl S3Store {
     pub fn from_env(url: &str, pool_max_idle: Option<usize>) -> io::Result<S3Store> {
         use object_store::aws::AmazonS3ConfigKey;
         use object_store::ClientConfigKey;
-        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+        // A store outage must fail a call within seconds (thread_mount_error,
+        // or thread_save_error keeping the old state), not hold it for the
+        // client's default three minutes of retries.
+        let retry = object_store::RetryConfig { backoff: Default::default(), max_retries: 3, retry_timeout: std::time::Duration::from_secs(15) };
+        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_retry(retry);
         if let Some(n) = pool_max_idle {
             builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::PoolMaxIdlePerHost), n.to_string());
         }
@@ -337,11 +324,6 @@ impl BlobStore for S3Store {
             Ok(Some(spool))
         }
         .boxed()
-    }
-
-    fn put(&self, key: &str, data: Bytes) -> BoxFuture<'_, io::Result<()>> {
-        let path = object_store::path::Path::from(key);
-        async move { self.inner.put(&path, PutPayload::from(data)).await.map(drop).map_err(os_err) }.boxed()
     }
 
     fn put_file(&self, key: &str, file: &Path) -> BoxFuture<'_, io::Result<()>> {
