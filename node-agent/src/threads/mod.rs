@@ -341,39 +341,11 @@ impl Threads {
         let id = new_id();
         let mut layers = prev.map(|m| m.layers.clone()).unwrap_or_default();
         let mut layer_bytes = 0;
-        let mut t_apply = t_diff;
         if delta.entries > 0 {
-            // The warm copy moves first; until the new manifest is published
-            // and the copy re-tagged, it is marked stale.
-            self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
-            let layer_key = key.layer_key(&id);
-            let diff_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
-            let stored: u64 = layers.iter().map(|l| l.size).sum::<u64>() + diff_bytes;
-            let (st, sp) = (state.clone(), spool.to_path_buf());
-            let reader = std::fs::File::open(spool).map_err(io_err("reading the thread diff"))?;
-            let apply = blocking("applying the diff to the warm copy", move || layer::apply(std::io::BufReader::with_capacity(1 << 20, reader), &st));
-            if compaction_due(layers.len(), stored, bytes) {
-                apply.await?;
-                let state2 = state.clone();
-                blocking("compacting the thread", move || layer::write_full(&state2, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
-                layers.clear();
-                layer_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
-                t_apply = t0.elapsed();
-                self.store.put_file(&layer_key, spool).await.map_err(io_err("uploading the thread layer"))?;
-            } else {
-                // The upload (fsync, or a network put) and the warm apply
-                // read the same spool file; they overlap.
-                layer_bytes = diff_bytes;
-                let upload = self.store.put_file(&layer_key, spool);
-                let (applied, uploaded) = tokio::join!(apply, upload);
-                applied?;
-                uploaded.map_err(io_err("uploading the thread layer"))?;
-                t_apply = t0.elapsed();
-            }
-            layers.push(LayerRef { key: layer_key, size: layer_bytes });
+            layer_bytes = self.store_layer(restored, &id, &mut layers, bytes, spool).await?;
             maybe_pause("layer-uploaded").await;
         }
-        let t_upload = t0.elapsed();
+        let t_layer = t0.elapsed();
         let manifest = Manifest { version: 1, id, layers, bytes, updated_at: unix_now(), retention_secs };
         match self.publish(restored, &manifest).await {
             // Nothing of this call is lost when it changed nothing.
@@ -384,9 +356,8 @@ impl Threads {
         self.write_warm(key, &manifest.id).map_err(io_err("marking the warm copy"))?;
         tracing::debug!(
             diff_us = t_diff.as_micros() as u64,
-            apply_us = (t_apply - t_diff).as_micros() as u64,
-            upload_us = (t_upload - t_apply).as_micros() as u64,
-            publish_us = (t0.elapsed() - t_upload).as_micros() as u64,
+            layer_us = (t_layer - t_diff).as_micros() as u64,
+            publish_us = (t0.elapsed() - t_layer).as_micros() as u64,
             layer_bytes,
             "thread saved"
         );
@@ -397,6 +368,40 @@ impl Threads {
             }
         }
         Ok(Saved { layer_bytes, home_bytes: bytes, skipped: delta.skipped })
+    }
+
+    /// Applies the diff in `spool` to the warm copy and stores it as a new
+    /// layer (or, when compaction is due, stores the whole state as the only
+    /// layer). Appends to `layers`; returns the stored layer's size.
+    async fn store_layer(&self, restored: &Restored, id: &str, layers: &mut Vec<LayerRef>, home_bytes: u64, spool: &Path) -> Result<u64, ThreadError> {
+        let (key, state) = (&restored.options.key, restored.state.clone());
+        // The warm copy moves first; until the new manifest is published and
+        // the copy re-tagged, it is marked stale.
+        self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
+        let layer_key = key.layer_key(id);
+        let diff_bytes = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+        let stored: u64 = layers.iter().map(|l| l.size).sum::<u64>() + diff_bytes;
+        let reader = std::fs::File::open(spool).map_err(io_err("reading the thread diff"))?;
+        let st = state.clone();
+        let apply = blocking("applying the diff to the warm copy", move || layer::apply(std::io::BufReader::with_capacity(1 << 20, reader), &st));
+        let size = if compaction_due(layers.len(), stored, home_bytes) {
+            apply.await?;
+            let sp = spool.to_path_buf();
+            blocking("compacting the thread", move || layer::write_full(&state, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+            layers.clear();
+            let size = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+            self.store.put_file(&layer_key, spool).await.map_err(io_err("uploading the thread layer"))?;
+            size
+        } else {
+            // The upload (fsync, or a network put) and the warm apply read
+            // the same spool file; they overlap.
+            let (applied, uploaded) = tokio::join!(apply, self.store.put_file(&layer_key, spool));
+            applied?;
+            uploaded.map_err(io_err("uploading the thread layer"))?;
+            diff_bytes
+        };
+        layers.push(LayerRef { key: layer_key, size });
+        Ok(size)
     }
 
     /// Deletes a thread. Its manifest is first replaced by a tombstone
