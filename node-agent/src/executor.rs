@@ -189,7 +189,7 @@ impl Executor {
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
         let ids = IdMap { root: sandbox.host_id(), user: sandbox.host_id() + 1 };
-        let home = match &restored {
+        let mut home = match &restored {
             Some(r) => match self.mount_home(&sandbox, r, spec) {
                 Ok(home) => Some(home),
                 Err(e) => {
@@ -203,7 +203,6 @@ impl Executor {
         let prepared = t0.elapsed();
         let go = self.go_for(spec, home.is_some());
         let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
-        let mut home = home;
         if let (Some(r), Some(h)) = (&restored, &mut home) {
             let t = Instant::now();
             self.save_home(r, &mut h.0, ids, &mut outcome).await;
