@@ -12,7 +12,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tonic::Streaming;
-use warren_config::{EffectiveKey, Language};
+use warren_config::EffectiveKey;
+use warren_core::Language;
 use warren_proto::agent::{self as pb, execute_event::Event};
 
 use crate::admission::{KeySlot, ThreadLock};
@@ -141,11 +142,11 @@ async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitte
 
 /// `trc_` + 20 random base62 characters.
 pub fn new_trace_id() -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let mut rng = rand::rng();
-    let s: String = (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
-    format!("trc_{s}")
+    loop {
+        if let Some(id) = warren_core::ids::trace_id(&rand::random::<[u8; 40]>()) {
+            return id;
+        }
+    }
 }
 
 /// The agent call; moves the code and env out of the request (up to 1 MiB

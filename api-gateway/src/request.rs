@@ -7,22 +7,16 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
-use warren_config::{env, EffectiveKey, Language};
+use warren_config::EffectiveKey;
+use warren_core::bounds::{MAX_CODE_BYTES, TIMEOUT_SECS};
+use warren_core::{env, ids, path, Language};
 
 use crate::error::ApiError;
 
-/// Largest `code`, in bytes.
-pub const MAX_CODE_BYTES: usize = 1 << 20;
-/// Default `timeout`, seconds.
-pub const DEFAULT_TIMEOUT: u32 = 60;
-/// Range of `timeout`, seconds.
-pub const TIMEOUT_RANGE: (u64, u64) = (1, 3600);
-const MAX_THREAD_ID: usize = 128;
 const MAX_METADATA_KEYS: usize = 10;
 const MAX_METADATA_KEY: usize = 40;
 const MAX_METADATA_VALUE: usize = 256;
 const MAX_SUB_PATHS: usize = 10;
-const MAX_SUB_PATH: usize = 512;
 const MAX_WEBHOOK_URL: usize = 2048;
 
 /// Every field the execute body may hold; anything else is refused.
@@ -127,27 +121,18 @@ fn language(obj: &mut Map<String, Value>) -> Result<Language, ApiError> {
 
 fn timeout(obj: &mut Map<String, Value>) -> Result<Option<u32>, ApiError> {
     let Some(v) = obj.remove("timeout") else { return Ok(None) };
-    let (lo, hi) = TIMEOUT_RANGE;
-    match v.as_u64() {
-        Some(t) if (lo..=hi).contains(&t) => Ok(Some(t as u32)),
+    let (lo, hi) = (TIMEOUT_SECS.min, TIMEOUT_SECS.max);
+    match v.as_u64().and_then(|t| u32::try_from(t).ok()) {
+        Some(t) if TIMEOUT_SECS.contains(t) => Ok(Some(t)),
         _ if v.is_number() => Err(ApiError::invalid("timeout", format!("must be a whole number of seconds from {lo} to {hi}"))),
         _ => Err(ApiError::invalid("timeout", format!("must be an integer, not {}", type_name(&v)))),
     }
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`.
-pub fn is_valid_thread_id(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= MAX_THREAD_ID
-        && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
-}
-
 fn thread_id(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
     let Some(t) = string(obj, "thread_id")? else { return Ok(None) };
-    if !is_valid_thread_id(&t) {
-        return Err(ApiError::invalid("thread_id", "must match ^[a-zA-Z0-9][a-zA-Z0-9_-]*$ and be at most 128 characters"));
+    if !ids::is_thread_id(&t) {
+        return Err(ApiError::invalid("thread_id", ids::THREAD_ID_RULE));
     }
     Ok(Some(t))
 }
@@ -228,31 +213,10 @@ fn sub_paths(obj: &mut Map<String, Value>) -> Result<Vec<String>, ApiError> {
         .map(|(i, v)| {
             let field = format!("sub_paths[{i}]");
             let Value::String(p) = v else { return Err(ApiError::invalid(field, "must be a string")) };
-            check_sub_path(&p).map_err(|m| ApiError::invalid(field, m))?;
+            path::data_sub_path(&p).map_err(|m| ApiError::invalid(field, m))?;
             Ok(p)
         })
         .collect()
-}
-
-/// A full sandbox path under `/data/<mount>/…`, with no way to climb out.
-pub fn check_sub_path(p: &str) -> Result<(), &'static str> {
-    if p.len() > MAX_SUB_PATH {
-        return Err("must be at most 512 characters");
-    }
-    let Some(rest) = p.strip_prefix("/data/") else { return Err("must start with /data/") };
-    if p.contains('\0') || p.contains('\\') || p.chars().any(char::is_control) {
-        return Err("must not contain NUL, backslash or control characters");
-    }
-    let lower = p.to_ascii_lowercase();
-    const ENCODED: &[&str] = &["%2e", "%2f", "%5c", "%00", "%25", "%c0", "%c1"];
-    if ENCODED.iter().any(|e| lower.contains(e)) {
-        return Err("must not contain percent-encoded separators or dots");
-    }
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
-        return Err("must not contain empty, '.' or '..' segments");
-    }
-    Ok(())
 }
 
 fn webhook_url(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
@@ -283,10 +247,10 @@ pub fn plan(req: &ExecuteRequest, key: &EffectiveKey) -> Result<Plan, ApiError> 
             return Err(ApiError::invalid("timeout", format!("at most {} seconds for this API key", key.max_timeout_seconds)))
         }
         Some(t) => t,
-        None => DEFAULT_TIMEOUT.min(key.max_timeout_seconds),
+        None => TIMEOUT_SECS.default.min(key.max_timeout_seconds),
     };
     if let Some(p) = req.sub_paths.first() {
-        let mount = p.trim_start_matches("/data/").split('/').next().unwrap_or_default();
+        let mount = path::data_sub_path(p).map_or("", |(m, _)| m);
         return Err(ApiError::invalid("sub_paths[0]", format!("this API key has no storage mount named {:?}", shown(mount))));
     }
     let mut env: BTreeMap<&str, &str> = key.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();

@@ -49,8 +49,8 @@ pub async fn delete_thread(State(st): State<AppState>, headers: HeaderMap, Path(
 
 async fn delete(st: &AppState, headers: &HeaderMap, thread_id: &str) -> Result<(), ApiError> {
     let key = st.keys().authenticate(headers)?;
-    if !crate::request::is_valid_thread_id(thread_id) {
-        return Err(ApiError::invalid("thread_id", "must match ^[a-zA-Z0-9][a-zA-Z0-9_-]*$ and be at most 128 characters"));
+    if !warren_core::ids::is_thread_id(thread_id) {
+        return Err(ApiError::invalid("thread_id", warren_core::ids::THREAD_ID_RULE));
     }
     // Held for the call: an execute through this gateway cannot start meanwhile.
     let _lock = st.admission.thread(&key.qualified_name(), thread_id)?;

@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
-/// Largest program text accepted (1 MiB of UTF-8).
-pub const MAX_CODE_BYTES: usize = 1 << 20;
+use warren_core::bounds::{self, Bound};
+use warren_core::{env, ids};
+
+pub use warren_core::bounds::MAX_CODE_BYTES;
 /// Most environment variables one execution gets (all scopes merged).
-pub const MAX_ENV_VARS: usize = warren_config::env::MAX_MERGED_VARS;
+pub const MAX_ENV_VARS: usize = env::MAX_MERGED_VARS;
 /// Longest environment variable value.
-pub const MAX_ENV_VALUE_BYTES: usize = warren_config::env::MAX_VALUE_BYTES;
+pub const MAX_ENV_VALUE_BYTES: usize = env::MAX_VALUE_BYTES;
 
 /// Interpreter the code runs under (the one type every layer shares).
-pub use warren_config::Language;
+pub use warren_core::Language;
 
 /// What the sandbox needs to know about each language.
 pub trait LanguageExt {
@@ -106,37 +108,41 @@ pub struct LimitRequest {
 pub struct NodePolicy {
     /// Limits used when a request leaves a field unset.
     pub defaults: Limits,
+    /// Smallest value accepted for each field.
+    pub minima: Limits,
     /// Largest value accepted for each field.
     pub maxima: Limits,
     /// Longest wall-clock timeout accepted.
     pub max_timeout: Duration,
 }
 
+impl Limits {
+    fn from_bounds(pick: impl Fn(Bound<u64>) -> u64) -> Limits {
+        let wide = |b: Bound<u32>| Bound { min: u64::from(b.min), max: u64::from(b.max), default: u64::from(b.default) };
+        // The u32 bounds were widened, so narrowing back cannot truncate.
+        let narrow = |b: Bound<u32>| pick(wide(b)) as u32;
+        Limits {
+            cpu_millis: narrow(bounds::CPU_MILLIS),
+            memory_bytes: pick(bounds::MEMORY_BYTES),
+            pids: narrow(bounds::PIDS),
+            tmp_bytes: pick(bounds::DISK_BYTES),
+            home_bytes: pick(bounds::DISK_BYTES),
+            max_output_bytes: pick(bounds::OUTPUT_BYTES),
+            open_files: narrow(bounds::OPEN_FILES),
+            file_size_bytes: pick(bounds::FILE_SIZE_BYTES),
+        }
+    }
+}
+
 impl Default for NodePolicy {
+    /// The shared bounds of `warren_core::bounds`: a node accepts exactly
+    /// what a manifest may declare.
     fn default() -> Self {
-        const MIB: u64 = 1 << 20;
         NodePolicy {
-            defaults: Limits {
-                cpu_millis: 1000,
-                memory_bytes: 1024 * MIB,
-                pids: 256,
-                tmp_bytes: 512 * MIB,
-                home_bytes: 512 * MIB,
-                max_output_bytes: MIB,
-                open_files: 1024,
-                file_size_bytes: 512 * MIB,
-            },
-            maxima: Limits {
-                cpu_millis: 4000,
-                memory_bytes: 4096 * MIB,
-                pids: 4096,
-                tmp_bytes: 4096 * MIB,
-                home_bytes: 4096 * MIB,
-                max_output_bytes: 64 * MIB,
-                open_files: 65536,
-                file_size_bytes: 4096 * MIB,
-            },
-            max_timeout: Duration::from_secs(3600),
+            defaults: Limits::from_bounds(|b| b.default),
+            minima: Limits::from_bounds(|b| b.min),
+            maxima: Limits::from_bounds(|b| b.max),
+            max_timeout: Duration::from_secs(bounds::TIMEOUT_SECS.max.into()),
         }
     }
 }
@@ -236,17 +242,23 @@ fn validate_code(code: &str) -> Result<(), SpecError> {
 }
 
 fn validate_id(id: String) -> Result<String, SpecError> {
-    let ok = id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok { Ok(id) } else { Err(err("execution_id", "must match [a-zA-Z0-9_-]{1,64}")) }
+    if ids::is_execution_id(&id) { Ok(id) } else { Err(err("execution_id", "must match [a-zA-Z0-9_-]{1,64}")) }
 }
 
 /// A fresh random execution id (`exe_` + 20 base62 characters).
 pub fn new_execution_id() -> String {
-    let mut bytes = [0u8; 20];
-    fill_random(&mut bytes);
-    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let tail: String = bytes.iter().map(|b| ALPHABET[(*b as usize) % 62] as char).collect();
-    format!("exe_{tail}")
+    format!("exe_{}", random_base62(ids::ID_CHARS))
+}
+
+/// `len` random base62 characters.
+pub fn random_base62(len: usize) -> String {
+    loop {
+        let mut bytes = vec![0u8; len + len / 2 + 8];
+        fill_random(&mut bytes);
+        if let Some(s) = ids::base62(&bytes, len) {
+            return s;
+        }
+    }
 }
 
 fn fill_random(buf: &mut [u8]) {
@@ -263,9 +275,9 @@ fn fill_random(buf: &mut [u8]) {
 }
 
 /// True when `name` may not be set by a request (the shared list in
-/// `warren_config::env`, checked here again as defence in depth).
+/// `warren_core::env`, checked here again as defence in depth).
 pub fn is_reserved_env(name: &str) -> bool {
-    warren_config::env::is_reserved(name)
+    env::is_reserved(name)
 }
 
 /// Checks the environment handed to a sandbox (Sandbox, ApiKey and request
@@ -275,24 +287,23 @@ pub fn validate_env(env: &[(String, String)]) -> Result<(), SpecError> {
         return Err(err("env_vars", format!("at most {MAX_ENV_VARS} variables")));
     }
     for (name, value) in env {
-        warren_config::env::check_var(name, value)
-            .map_err(|e| err(format!("env_vars.{}", warren_config::env::printable(name)), e.to_string()))?;
+        env::check_var(name, value).map_err(|e| err(format!("env_vars.{}", env::printable(name)), e.to_string()))?;
     }
     Ok(())
 }
 
 
 fn resolve_limits(req: &LimitRequest, policy: &NodePolicy) -> Result<Limits, SpecError> {
-    let (d, m) = (&policy.defaults, &policy.maxima);
+    let (d, lo, hi) = (&policy.defaults, &policy.minima, &policy.maxima);
     Ok(Limits {
-        cpu_millis: pick("limits.cpu_millis", req.cpu_millis, d.cpu_millis, m.cpu_millis, 100)?,
-        memory_bytes: pick("limits.memory_bytes", req.memory_bytes, d.memory_bytes, m.memory_bytes, 16 << 20)?,
-        pids: pick("limits.pids", req.pids, d.pids, m.pids, 8)?,
-        tmp_bytes: pick("limits.tmp_bytes", req.tmp_bytes, d.tmp_bytes, m.tmp_bytes, 1 << 20)?,
-        home_bytes: pick("limits.home_bytes", req.home_bytes, d.home_bytes, m.home_bytes, 1 << 20)?,
-        max_output_bytes: pick("limits.max_output_bytes", req.max_output_bytes, d.max_output_bytes, m.max_output_bytes, 1024)?,
-        open_files: pick("limits.open_files", req.open_files, d.open_files, m.open_files, 32)?,
-        file_size_bytes: pick("limits.file_size_bytes", req.file_size_bytes, d.file_size_bytes, m.file_size_bytes, 1 << 20)?,
+        cpu_millis: pick("limits.cpu_millis", req.cpu_millis, d.cpu_millis, hi.cpu_millis, lo.cpu_millis)?,
+        memory_bytes: pick("limits.memory_bytes", req.memory_bytes, d.memory_bytes, hi.memory_bytes, lo.memory_bytes)?,
+        pids: pick("limits.pids", req.pids, d.pids, hi.pids, lo.pids)?,
+        tmp_bytes: pick("limits.tmp_bytes", req.tmp_bytes, d.tmp_bytes, hi.tmp_bytes, lo.tmp_bytes)?,
+        home_bytes: pick("limits.home_bytes", req.home_bytes, d.home_bytes, hi.home_bytes, lo.home_bytes)?,
+        max_output_bytes: pick("limits.max_output_bytes", req.max_output_bytes, d.max_output_bytes, hi.max_output_bytes, lo.max_output_bytes)?,
+        open_files: pick("limits.open_files", req.open_files, d.open_files, hi.open_files, lo.open_files)?,
+        file_size_bytes: pick("limits.file_size_bytes", req.file_size_bytes, d.file_size_bytes, hi.file_size_bytes, lo.file_size_bytes)?,
     })
 }
 

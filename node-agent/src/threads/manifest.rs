@@ -29,20 +29,7 @@ pub struct KeyError {
     pub message: &'static str,
 }
 
-fn dns_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 253
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && !s.contains("..")
-}
-
-fn thread_id(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty() && b.len() <= 128 && b[0].is_ascii_alphanumeric() && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
-}
+use warren_core::ids::{is_object_name as dns_name, is_thread_id as thread_id};
 
 impl ThreadKey {
     /// Validates the parts: they become path segments and object keys.

@@ -8,27 +8,17 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 
+use warren_core::bounds::{self, Bound};
+use warren_core::{env, ids, path, quantity};
+
 use crate::effective::{EffectiveKey, Limits};
-use crate::env;
 use crate::error::ConfigError;
 use crate::key::{self, KeyHash};
 use crate::manifest::{self, Kind, Object, Source};
 use crate::narrowing;
-use crate::quantity;
 use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
 
-const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-/// Bounds of Sandbox and ApiKey fields (kept equal to the node-agent's maxima).
-const CPU_MILLIS: (u64, u64) = (500, 4000);
-const MEMORY: (u64, u64) = (32 * MIB, 4 * GIB);
-const PIDS: (u32, u32) = (8, 4096);
-const DISK: (u64, u64) = (MIB, 4 * GIB);
-const OUTPUT: (u64, u64) = (1024, 64 * MIB);
-const THREAD_SIZE: (u64, u64) = (MIB, 100 * GIB);
-const TIMEOUT: (u32, u32) = (1, 3600);
-const CONCURRENCY: (u32, u32) = (1, 1024);
-const DEFAULT_CONCURRENCY: u32 = 10;
 
 /// Result of compiling a set of manifests.
 #[derive(Debug, Default)]
@@ -209,10 +199,14 @@ impl Checker<'_> {
         Ok(v)
     }
 
-    fn bytes(&self, field: &str, q: Option<&crate::types::Quantity>, default: u64, bounds: (u64, u64)) -> Result<u64, ConfigError> {
+    fn bound<T: PartialOrd + std::fmt::Display + Copy>(&self, field: &str, v: Option<T>, b: Bound<T>) -> Result<T, ConfigError> {
+        self.range(field, v.unwrap_or(b.default), (b.min, b.max))
+    }
+
+    fn bytes(&self, field: &str, q: Option<&crate::types::Quantity>, default: u64, b: Bound<u64>) -> Result<u64, ConfigError> {
         let Some(q) = q else { return Ok(default) };
         let v = quantity::bytes(&q.text()).ok_or_else(|| self.err(field, "not a byte quantity (e.g. 512Mi, 1Gi)"))?;
-        self.range(field, v, bounds)
+        self.range(field, v, (b.min, b.max))
     }
 
     fn env(&self, field: &str, vars: &[EnvVar]) -> Result<(), ConfigError> {
@@ -258,21 +252,25 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
     };
     let r = &s.resources;
     let cpu = match &r.cpu {
-        None => 1000,
-        Some(q) => quantity::cpu_millis(&q.text()).ok_or_else(|| c.err("spec.resources.cpu", "not a CPU quantity (e.g. 500m, 2)"))?,
+        None => None,
+        Some(q) => Some(quantity::cpu_millis(&q.text()).ok_or_else(|| c.err("spec.resources.cpu", "not a CPU quantity (e.g. 500m, 2)"))?),
     };
-    let cpu = c.range("spec.resources.cpu (millicores)", cpu, CPU_MILLIS)?;
+    let cpu_bound = Bound { min: bounds::CPU_MILLIS.min.into(), max: bounds::CPU_MILLIS.max.into(), default: bounds::CPU_MILLIS.default.into() };
+    let cpu = c.bound("spec.resources.cpu (millicores)", cpu, cpu_bound)?;
     // Memory scales with CPU (1 GiB per core) unless set.
-    let memory = c.bytes("spec.resources.memory", r.memory.as_ref(), cpu * GIB / 1000, MEMORY)?;
+    let memory = c.bytes("spec.resources.memory", r.memory.as_ref(), cpu * GIB / 1000, bounds::MEMORY_BYTES)?;
+    let disk = bounds::DISK_BYTES;
     let limits = Limits {
         cpu_millis: cpu as u32,
         memory_bytes: memory,
-        pids: c.range("spec.resources.pids", r.pids.unwrap_or(256), PIDS)?,
-        tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), 512 * MIB, DISK)?,
-        home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), 512 * MIB, DISK)?,
-        max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), MIB, OUTPUT)?,
+        pids: c.bound("spec.resources.pids", r.pids, bounds::PIDS)?,
+        tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), disk.default, disk)?,
+        home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), disk.default, disk)?,
+        max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), bounds::OUTPUT_BYTES.default, bounds::OUTPUT_BYTES)?,
     };
-    let max_timeout_seconds = c.range("spec.maxTimeoutSeconds", s.max_timeout_seconds.unwrap_or(3600), TIMEOUT)?;
+    // A Sandbox's own maximum defaults to the largest a request may ask for.
+    let timeout = Bound { default: bounds::TIMEOUT_SECS.max, ..bounds::TIMEOUT_SECS };
+    let max_timeout_seconds = c.bound("spec.maxTimeoutSeconds", s.max_timeout_seconds, timeout)?;
     c.env("spec.env", &s.env)?;
     Ok(SandboxConfig {
         image: s.image.clone(),
@@ -282,7 +280,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         network: s.network,
         env: s.env.clone(),
         thread_retention: s.thread_retention,
-        thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), GIB, THREAD_SIZE)?,
+        thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), bounds::THREAD_BYTES.default, bounds::THREAD_BYTES)?,
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
     })
@@ -291,10 +289,10 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
 fn check_mounts(c: &Checker<'_>, mounts: &[crate::types::StorageMount]) -> Result<Vec<crate::types::StorageMount>, ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for (i, m) in mounts.iter().enumerate() {
-        if !manifest::is_dns_label(&m.name) || !seen.insert(m.name.as_str()) {
+        if !ids::is_dns_label(&m.name) || !seen.insert(m.name.as_str()) {
             return Err(c.err(&format!("spec.storage[{i}].name"), "must be a unique lower-case name (letters, digits, '-')"));
         }
-        if m.prefix.as_deref().is_some_and(|p| narrowing::segments(p).is_none()) {
+        if m.prefix.as_deref().is_some_and(|p| path::segments(p).is_none()) {
             return Err(c.err(&format!("spec.storage[{i}].prefix"), "must be whole path segments without '.', '..', empty segments or encoding"));
         }
     }
@@ -339,9 +337,9 @@ pub fn effective_key(
     check_storage_and_connectors(&c, k, sb, connection_prefix)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
-        Some(t) => c.range("spec.maxTimeoutSeconds", t, (TIMEOUT.0, sb.max_timeout_seconds))?,
+        Some(t) => c.range("spec.maxTimeoutSeconds", t, (bounds::TIMEOUT_SECS.min, sb.max_timeout_seconds))?,
     };
-    let max_concurrency = c.range("spec.maxConcurrency", k.max_concurrency.unwrap_or(DEFAULT_CONCURRENCY), CONCURRENCY)?;
+    let max_concurrency = c.bound("spec.maxConcurrency", k.max_concurrency, bounds::CONCURRENCY)?;
     // Narrowing only: Unrestricted may become Blocked, never the reverse.
     let network = match (sb.network, k.network) {
         (n, None) | (Network::Unrestricted, Some(n)) => n,
@@ -392,7 +390,7 @@ fn check_storage_and_connectors(
         if mount.is_some() && base.is_none() {
             return Err(c.err(&field, format!("StorageConnection {conn:?} of mount {:?} was not found", n.name)));
         }
-        let full = |m: &crate::types::StorageMount| narrowing::join(base.as_deref().unwrap_or(""), m.prefix.as_deref().unwrap_or(""));
+        let full = |m: &crate::types::StorageMount| path::join(base.as_deref().unwrap_or(""), m.prefix.as_deref().unwrap_or(""));
         narrowing::narrow_mount(&sb.storage, full, n).map_err(|e| c.err(&field, e))?;
     }
     if let Some(chosen) = &k.connectors {

@@ -77,14 +77,7 @@ pub fn display_prefix(key: &str) -> String {
 /// rejection-sampled so every character is uniform). `None` when `random`
 /// did not hold enough usable bytes.
 pub fn from_random_bytes(random: &[u8]) -> Option<String> {
-    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let chars: String = random
-        .iter()
-        .filter(|&&b| b < 248) // 248 = 62 * 4: keeps the modulo unbiased
-        .take(40)
-        .map(|&b| ALPHABET[(b % 62) as usize] as char)
-        .collect();
-    (chars.len() == 40).then(|| format!("{PREFIX}{chars}"))
+    warren_core::ids::base62(random, 40).map(|chars| format!("{PREFIX}{chars}"))
 }
 
 #[cfg(test)]

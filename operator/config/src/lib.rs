@@ -4,25 +4,24 @@
 //! and produces the effective configuration of each API key, enforcing that
 //! an ApiKey may only narrow its Sandbox. Pure: the gateway feeds it files from
 //! a directory (single-machine mode), the operator feeds it objects from the
-//! API server. Also home of the rules shared by every layer (environment
-//! variables, key format).
+//! API server. The rules every layer shares (environment variables, bounds,
+//! ids, path scoping) live in `warren-core`.
 
 pub mod compile;
 pub mod effective;
-pub mod env;
 mod error;
 pub mod key;
 pub mod manifest;
 pub mod narrowing;
 pub mod published;
-pub mod quantity;
 pub mod types;
 
 pub use compile::{check_sandbox, compile, effective_key, secret_ref, Compiled, SandboxConfig, Where};
 pub use effective::{EffectiveKey, Limits};
 pub use error::ConfigError;
 pub use manifest::Source;
-pub use types::{Language, Network, SecretBody};
+pub use types::{Network, SecretBody};
+pub use warren_core::{env, quantity, Language};
 
 #[cfg(test)]
 mod tests;

@@ -132,11 +132,11 @@ fn envelope(file: &str, doc: Value) -> Result<Object, ConfigError> {
     let meta_value = map.remove("metadata").unwrap_or(Value::Null);
     let meta: Metadata = serde_path_to_error::deserialize(meta_value)
         .map_err(|e| ConfigError::invalid(file, None, &format!("metadata.{}", e.path()), e.inner().to_string()))?;
-    let name = meta.name.filter(|n| is_dns_label(n)).ok_or_else(|| {
+    let name = meta.name.filter(|n| warren_core::ids::is_dns_label(n)).ok_or_else(|| {
         ConfigError::invalid(file, None, "metadata.name", "required; lower-case letters, digits and '-', at most 63")
     })?;
     let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
-    if !is_dns_label(&namespace) {
+    if !warren_core::ids::is_dns_label(&namespace) {
         return Err(ConfigError::invalid(file, None, "metadata.namespace", "not a valid namespace name"));
     }
     map.remove("status");
@@ -148,14 +148,4 @@ fn take_str(map: &mut serde_yaml::Mapping, key: &str) -> Option<String> {
         Some(Value::String(s)) => Some(s),
         _ => None,
     }
-}
-
-/// RFC 1123 label: what Kubernetes accepts as a name here.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }

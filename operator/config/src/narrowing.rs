@@ -1,42 +1,11 @@
 //! Narrowing rules for storage and connectors (pure). An ApiKey may only
 //! confine its Sandbox further: deeper prefixes matched by whole path
-//! segments, ReadOnly over ReadWrite, a subset of connectors.
+//! segments (`warren_core::path`), ReadOnly over ReadWrite, a subset of
+//! connectors.
+
+use warren_core::path::within;
 
 use crate::types::{MountMode, StorageMount, StorageNarrowing};
-
-/// Splits a prefix into segments; `None` when it holds an empty, `.` or `..`
-/// segment, a backslash, a NUL or percent-encoding.
-pub fn segments(prefix: &str) -> Option<Vec<&str>> {
-    let p = prefix.strip_suffix('/').unwrap_or(prefix);
-    if p.is_empty() {
-        return Some(Vec::new());
-    }
-    if p.starts_with('/') || p.contains(['\\', '\0', '%']) {
-        return None;
-    }
-    let segs: Vec<&str> = p.split('/').collect();
-    segs.iter().all(|s| !s.is_empty() && *s != "." && *s != "..").then_some(segs)
-}
-
-/// True when `child` is `parent` or below it, by whole segments
-/// (`tenants/a` covers `tenants/a/x`, not `tenants/ab`).
-pub fn within(parent: &str, child: &str) -> bool {
-    match (segments(parent), segments(child)) {
-        (Some(p), Some(c)) => c.len() >= p.len() && p.iter().zip(&c).all(|(a, b)| a == b),
-        _ => false,
-    }
-}
-
-/// Joins prefixes (each already validated).
-pub fn join(a: &str, b: &str) -> String {
-    let a = a.trim_end_matches('/');
-    let b = b.trim_end_matches('/');
-    match (a.is_empty(), b.is_empty()) {
-        (true, _) => b.to_string(),
-        (_, true) => a.to_string(),
-        _ => format!("{a}/{b}"),
-    }
-}
 
 /// Checks one ApiKey storage narrowing against the Sandbox's mounts, given
 /// the mount's full prefix (connection prefix joined with the mount's).
@@ -73,21 +42,7 @@ pub fn narrow_connectors<'a>(offered: &[&'a str], chosen: Option<&[&'a str]>) ->
 mod tests {
     use super::*;
     use crate::types::LocalRef;
-
-    #[test]
-    fn prefixes_match_by_whole_segments() {
-        assert!(within("tenants/a", "tenants/a"));
-        assert!(within("tenants/a", "tenants/a/x"));
-        assert!(within("tenants/a/", "tenants/a/x/"));
-        assert!(!within("tenants/a", "tenants/ab"));
-        assert!(!within("tenants/a", "tenants"));
-        assert!(within("", "anything/below"));
-        for bad in ["tenants/a/../b", "tenants/a/./x", "tenants//a", "/tenants/a", "tenants/a%2f..", "a\\b"] {
-            assert!(!within("tenants/a", bad), "{bad}");
-        }
-        assert_eq!(join("shared/acme/", "tenant-a"), "shared/acme/tenant-a");
-        assert_eq!(join("", "x"), "x");
-    }
+    use warren_core::path::join;
 
     fn mount(mode: MountMode) -> StorageMount {
         StorageMount { name: "data".into(), connection_ref: LocalRef { name: "c".into() }, mode, prefix: Some("acme".into()) }

@@ -17,36 +17,7 @@ use serde::{Deserialize, Serialize};
 /// API group and version of Warren's kinds.
 pub const API_VERSION: &str = "warren.dev/v1alpha1";
 
-/// Interpreters a sandbox can offer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    /// `python3`.
-    Python,
-    /// `node`.
-    Node,
-    /// `bash`.
-    Bash,
-}
-
-impl Language {
-    /// All languages, in API order.
-    pub const ALL: [Language; 3] = [Language::Python, Language::Node, Language::Bash];
-
-    /// Lower-case name used on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::Node => "node",
-            Language::Bash => "bash",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Language> {
-        Language::ALL.into_iter().find(|l| l.as_str() == s)
-    }
-}
+pub use warren_core::Language;
 
 /// Outbound network policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
