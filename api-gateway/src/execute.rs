@@ -79,7 +79,7 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     let trace = HeaderValue::from_str(&admitted.trace_id).ok();
     let mut resp = match start(admitted).await {
         Err(e) => return e.into_response(),
-        Ok((a, events)) if stream => streamed(a, events, st.settings.keepalive),
+        Ok((a, events)) if stream => streamed(a, events, &st.settings),
         Ok((a, events)) => collected(a, events).await,
     };
     if let Some(t) = trace {
@@ -273,69 +273,21 @@ fn line(ev: &StreamEvent) -> bytes::Bytes {
     v.into()
 }
 
-/// NDJSON response. Dropping the body (client gone) drops the agent stream,
-/// and the agent kills the sandbox.
-fn streamed(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, keepalive: Duration) -> Response {
+/// Lines buffered between the relay task and the HTTP body.
+const STREAM_LINES: usize = 16;
+
+/// NDJSON response. The agent stream is relayed by a task of its own into a
+/// small channel the body drains, so a client that stops reading cannot
+/// hold the execution: after `stall` without taking a line, or as soon as
+/// it disconnects, the task ends, which drops the agent stream (the agent
+/// kills the sandbox) and releases the key slot, thread and node lease.
+fn streamed(a: Admitted, events: Streaming<pb::ExecuteEvent>, settings: &crate::state::Settings) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(STREAM_LINES);
+    tokio::spawn(relay(a, events, tx, settings.keepalive, settings.stream_stall));
     let body = async_stream::stream! {
-        let mut seq = 0u64;
-        let mut next = || { seq += 1; seq };
-        let (mut out, mut err) = (Utf8Chunks::default(), Utf8Chunks::default());
-        // The final result repeats the output, so `until_done()` callers get it.
-        let (mut all_out, mut all_err) = (String::new(), String::new());
-        loop {
-            let ev = tokio::select! {
-                ev = next_event(&mut events) => ev,
-                _ = tokio::time::sleep(keepalive) => {
-                    yield Ok::<_, std::convert::Infallible>(line(&StreamEvent::Keepalive { seq: next() }));
-                    continue;
-                }
-            };
-            match ev {
-                Ok(Some(Event::Started(_))) => {
-                    yield Ok(line(&StreamEvent::Status { trace_id: a.trace_id.clone(), status: "running".into(), seq: next() }));
-                }
-                Ok(Some(Event::Stdout(c))) => {
-                    let data = out.push(&c.data);
-                    if !data.is_empty() {
-                        all_out.push_str(&data);
-                        yield Ok(line(&StreamEvent::Output { stream: "stdout".into(), data, seq: next() }));
-                    }
-                }
-                Ok(Some(Event::Stderr(c))) => {
-                    let data = err.push(&c.data);
-                    if !data.is_empty() {
-                        all_err.push_str(&data);
-                        yield Ok(line(&StreamEvent::Output { stream: "stderr".into(), data, seq: next() }));
-                    }
-                }
-                Ok(Some(Event::Exited(x))) => {
-                    for (name, dec, all) in [("stdout", &mut out, &mut all_out), ("stderr", &mut err, &mut all_err)] {
-                        let data = dec.finish();
-                        if !data.is_empty() {
-                            all.push_str(&data);
-                            yield Ok(line(&StreamEvent::Output { stream: name.into(), data, seq: next() }));
-                        }
-                    }
-                    let outcome = Outcome::of(&x);
-                    a.audit.finish(outcome, Some(x.exit_code));
-                    let result = ExecuteResult::new(&a.trace_id, &x, std::mem::take(&mut all_out), std::mem::take(&mut all_err));
-                    let truncated = x.stdout_truncated || x.stderr_truncated;
-                    yield Ok(line(&StreamEvent::Result { trace_id: a.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq: next() }));
-                    break;
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    // Headers are sent: the failure goes in the last line.
-                    let e = lost(&mut a);
-                    let x = pb::Exited { exit_code: -1, ..Default::default() };
-                    let mut result = ExecuteResult::new(&a.trace_id, &x, String::new(), String::new());
-                    result.error = Some(e.body.error.clone());
-                    yield Ok(line(&StreamEvent::Result { trace_id: a.trace_id.clone(), status: Outcome::NodeLost.as_str().into(), result, output_truncated: false, seq: next() }));
-                    break;
-                }
-            }
+        while let Some(line) = rx.recv().await {
+            yield Ok::<_, std::convert::Infallible>(line);
         }
-        drop(a);
     };
     Response::builder()
         .status(StatusCode::OK)
@@ -343,4 +295,120 @@ fn streamed(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, keepalive:
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| ApiError::unavailable("could not start the stream").into_response())
+}
+
+/// Hands one line to the body; false when the client left or took nothing
+/// for `stall`.
+async fn deliver(tx: &tokio::sync::mpsc::Sender<bytes::Bytes>, ev: &StreamEvent, stall: Duration) -> bool {
+    matches!(tokio::time::timeout(stall, tx.send(line(ev))).await, Ok(Ok(())))
+}
+
+async fn relay(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, tx: tokio::sync::mpsc::Sender<bytes::Bytes>, keepalive: Duration, stall: Duration) {
+    let mut lines = Lines::new(a.trace_id.clone());
+    loop {
+        let ev = tokio::select! {
+            ev = next_event(&mut events) => ev,
+            _ = tokio::time::sleep(keepalive) => {
+                if !deliver(&tx, &lines.keepalive(), stall).await { break; }
+                continue;
+            }
+            // The client left: dropping the agent stream kills the sandbox.
+            _ = tx.closed() => break,
+        };
+        let (out, done) = match ev {
+            Ok(Some(Event::Exited(x))) => {
+                let outcome = Outcome::of(&x);
+                a.audit.finish(outcome, Some(x.exit_code));
+                (lines.exited(&x, outcome), true)
+            }
+            Ok(Some(ev)) => (lines.event(ev), false),
+            Ok(None) => continue,
+            Err(Lost) => {
+                // Headers are sent: the failure goes in the last line.
+                let e = lost(&mut a);
+                (vec![lines.lost(e.body.error)], true)
+            }
+        };
+        for ev in &out {
+            if !deliver(&tx, ev, stall).await {
+                if !done {
+                    tracing::warn!(execution_id = %a.trace_id, "the client stopped reading the stream; the execution is cancelled");
+                }
+                return;
+            }
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+/// Turns agent events into NDJSON events: sequence numbers, whole UTF-8
+/// characters, and the output again in the final result.
+struct Lines {
+    trace_id: String,
+    seq: u64,
+    out: Utf8Chunks,
+    err: Utf8Chunks,
+    all_out: String,
+    all_err: String,
+}
+
+impl Lines {
+    fn new(trace_id: String) -> Lines {
+        Lines { trace_id, seq: 0, out: Utf8Chunks::default(), err: Utf8Chunks::default(), all_out: String::new(), all_err: String::new() }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn keepalive(&mut self) -> StreamEvent {
+        StreamEvent::Keepalive { seq: self.next() }
+    }
+
+    fn output(&mut self, stream: &'static str, data: String) -> StreamEvent {
+        let all = if stream == "stdout" { &mut self.all_out } else { &mut self.all_err };
+        all.push_str(&data);
+        StreamEvent::Output { stream: stream.into(), data, seq: self.next() }
+    }
+
+    fn event(&mut self, ev: Event) -> Vec<StreamEvent> {
+        match ev {
+            Event::Started(_) => vec![StreamEvent::Status { trace_id: self.trace_id.clone(), status: "running".into(), seq: self.next() }],
+            Event::Stdout(c) => {
+                let data = self.out.push(&c.data);
+                if data.is_empty() { vec![] } else { vec![self.output("stdout", data)] }
+            }
+            Event::Stderr(c) => {
+                let data = self.err.push(&c.data);
+                if data.is_empty() { vec![] } else { vec![self.output("stderr", data)] }
+            }
+            Event::Exited(_) => vec![],
+        }
+    }
+
+    /// The last output (an incomplete character at the end) and the result.
+    fn exited(&mut self, x: &pb::Exited, outcome: Outcome) -> Vec<StreamEvent> {
+        let mut lines = Vec::new();
+        for name in ["stdout", "stderr"] {
+            let data = if name == "stdout" { self.out.finish() } else { self.err.finish() };
+            if !data.is_empty() {
+                lines.push(self.output(name, data));
+            }
+        }
+        let result = ExecuteResult::new(&self.trace_id, x, std::mem::take(&mut self.all_out), std::mem::take(&mut self.all_err));
+        let truncated = x.stdout_truncated || x.stderr_truncated;
+        let seq = self.next();
+        lines.push(StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq });
+        lines
+    }
+
+    fn lost(&mut self, error: String) -> StreamEvent {
+        let x = pb::Exited { exit_code: -1, ..Default::default() };
+        let mut result = ExecuteResult::new(&self.trace_id, &x, String::new(), String::new());
+        result.error = Some(error);
+        StreamEvent::Result { trace_id: self.trace_id.clone(), status: Outcome::NodeLost.as_str().into(), result, output_truncated: false, seq: self.next() }
+    }
 }

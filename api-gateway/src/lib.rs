@@ -76,6 +76,10 @@ pub struct Args {
     /// Silence after which a stream gets a keepalive line, milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub keepalive_ms: u64,
+    /// How long a streaming client may read nothing before its execution is
+    /// cancelled (its slot, thread and node lease released), milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub stream_stall_ms: u64,
     /// Longest wait for in-flight requests at shutdown, seconds.
     #[arg(long, default_value_t = 3600)]
     pub shutdown_timeout_secs: u64,
@@ -132,6 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         settings: state::Settings {
             queue_wait: Duration::from_millis(args.queue_wait_ms),
             keepalive: Duration::from_millis(args.keepalive_ms),
+            stream_stall: Duration::from_millis(args.stream_stall_ms),
         },
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

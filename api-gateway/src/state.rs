@@ -17,6 +17,9 @@ pub struct Settings {
     pub queue_wait: Duration,
     /// Silence after which a stream gets a keepalive line.
     pub keepalive: Duration,
+    /// How long a streaming client may take no line before its execution
+    /// is cancelled.
+    pub stream_stall: Duration,
 }
 
 /// Everything a handler needs; cheap to clone.

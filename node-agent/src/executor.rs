@@ -113,6 +113,11 @@ impl Executor {
         &self.threads
     }
 
+    /// How long a caller may take none of an execution's output.
+    pub fn output_stall(&self) -> std::time::Duration {
+        self.env.output_stall
+    }
+
     /// Node name.
     pub fn node_name(&self) -> &str {
         &self.node_name

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod convert;
 pub mod executor;
 pub mod frames;
+pub mod output;
 pub mod pool;
 pub mod sandbox;
 pub mod service;
@@ -84,6 +85,10 @@ pub struct Args {
     /// Warm thread copies unused this long are dropped from this node (the store keeps the thread).
     #[arg(long, env = "WARREN_THREAD_WARM_IDLE_SECS", default_value_t = 86400)]
     pub thread_warm_idle_secs: u64,
+    /// Seconds a caller may take none of an execution's output before the
+    /// execution is killed (its deadline never waits for the caller).
+    #[arg(long, env = "WARREN_OUTPUT_STALL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub output_stall_secs: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json")]
     pub log_format: String,
@@ -114,6 +119,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         s3_pool_max_idle,
         thread_gc_interval_secs,
         thread_warm_idle_secs,
+        output_stall_secs,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -153,6 +159,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         seccomp_bpf,
         slots,
         idle_limits: policy.defaults,
+        output_stall: Duration::from_secs(output_stall_secs),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone() };

@@ -16,6 +16,7 @@ use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
 
 use crate::frames::Channel;
+use crate::output::Queue;
 use crate::slots::{Slot, Slots};
 
 /// How long preparing a sandbox may take before it is abandoned.
@@ -79,6 +80,9 @@ pub struct SandboxEnv {
     pub slots: Slots,
     /// Limits a prepared (not yet claimed) sandbox runs under.
     pub idle_limits: Limits,
+    /// How long a caller may take none of an execution's output before the
+    /// execution is killed (see [`crate::output`]).
+    pub output_stall: Duration,
 }
 
 /// What must match between a prepared sandbox and a request: the mounts'
@@ -110,6 +114,7 @@ pub struct Prepared {
     /// the request path, and before its pid could ever be reused).
     userns: Option<OwnedFd>,
     slot: Slot,
+    output_stall: Duration,
 }
 
 /// Output and progress of a running execution.
@@ -215,7 +220,8 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         home_dir: home_dir.clone(),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
-    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot };
+    let output_stall = env.output_stall;
+    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
         prepared.wait_ready().await
@@ -313,8 +319,14 @@ impl Prepared {
             return (out, Teardown(self));
         }
         let started = Instant::now();
-        let _ = events.send(Event::Started { setup: started - received }).await;
-        let (ended, reported) = self.drive(spec, events, &mut out, started).await;
+        let mut queue = Queue::new(self.output_stall);
+        queue.push(events, Event::Started { setup: started - received });
+        let (ended, reported) = self.drive(spec, events, &mut queue, &mut out, started).await;
+        // The sandbox is gone; what it printed still goes out, unless the
+        // caller takes nothing for the stall time.
+        if !queue.flush(events).await {
+            out.cancelled = true;
+        }
         out.wall = ended.duration_since(started);
         if !reported && out.error.is_none() {
             if out.timed_out || out.cancelled {
@@ -333,7 +345,10 @@ impl Prepared {
 
     /// Pumps output and control messages until the sandbox is gone. Returns
     /// when the program ended and whether init reported its exit status.
-    async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, out: &mut Outcome, started: Instant) -> (Instant, bool) {
+    ///
+    /// No branch awaits the caller: output goes through `queue`, so the
+    /// deadline and the cancel branches are polled whatever the caller does.
+    async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, queue: &mut Queue, out: &mut Outcome, started: Instant) -> (Instant, bool) {
         let cap = spec.limits.max_output_bytes;
         let deadline = tokio::time::Instant::from_std(started + spec.timeout);
         let (mut out_open, mut err_open, mut sandbox_alive, mut init_open) = (true, true, true, true);
@@ -347,20 +362,37 @@ impl Prepared {
         // so init's final report can still be buffered when the supervisor has
         // already said init is gone (init's socket reaches EOF right after).
         while out_open || err_open || sandbox_alive || init_open {
+            // Once the kill is sent the pipes are read to their end whatever
+            // the caller does (what does not fit is dropped), so a caller
+            // that reads nothing cannot keep this loop from ending.
+            let read = queue.has_room() || killed;
             tokio::select! {
-                n = self.stdout.read(&mut out_buf), if out_open => {
+                n = self.stdout.read(&mut out_buf), if out_open && read => {
                     match forward(n, &out_buf, cap, &mut out_seen, &mut out.stdout_truncated) {
-                        Some(chunk) if !chunk.is_empty() => { let _ = events.send(Event::Stdout(chunk)).await; }
+                        Some(chunk) if !chunk.is_empty() => queue.push_or_drop(events, Event::Stdout(chunk), &mut out.stdout_truncated),
                         Some(_) => {}
                         None => out_open = false,
                     }
                 }
-                n = self.stderr.read(&mut err_buf), if err_open => {
+                n = self.stderr.read(&mut err_buf), if err_open && read => {
                     match forward(n, &err_buf, cap, &mut err_seen, &mut out.stderr_truncated) {
-                        Some(chunk) if !chunk.is_empty() => { let _ = events.send(Event::Stderr(chunk)).await; }
+                        Some(chunk) if !chunk.is_empty() => queue.push_or_drop(events, Event::Stderr(chunk), &mut out.stderr_truncated),
                         Some(_) => {}
                         None => err_open = false,
                     }
+                }
+                permit = events.reserve(), if queue.is_waiting() => match permit {
+                    Ok(permit) => queue.send_one(permit),
+                    // The caller left; the `closed` branch kills (if nothing did yet).
+                    Err(_) => queue.clear(),
+                },
+                // The caller took nothing for too long: it will not read the
+                // rest either, so the execution stops holding its slot.
+                _ = tokio::time::sleep_until(queue.stall_deadline()), if queue.is_waiting() && !killed => {
+                    killed = true;
+                    out.cancelled = true;
+                    warn!(sandbox = %self.id, "the caller stopped reading the output; killing the execution");
+                    let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
                 }
                 ev = self.init.recv::<InitEvent>(), if init_open => {
                     match ev {

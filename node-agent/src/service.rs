@@ -41,12 +41,13 @@ impl NodeAgent for AgentService {
         let thread = convert::thread_options(req.thread.take())?;
         let admission = self.exec.admit(convert::exec_request(req), thread).await.map_err(|e| convert::to_status(&e))?;
         let id = Executor::admission_id(&admission).to_string();
-        let (tx, rx) = mpsc::channel::<EventResult>(64);
+        let (tx, rx) = mpsc::channel::<EventResult>(16);
         let exec = self.exec.clone();
         tokio::spawn(async move {
             let (ev_tx, ev_rx) = mpsc::channel::<Event>(16);
             let node = exec.node_name().to_string();
-            let fwd = forward(ev_rx, tx.clone(), id.clone(), node);
+            let stall = exec.output_stall();
+            let fwd = forward(ev_rx, tx.clone(), id.clone(), node, stall);
             let (result, ()) = tokio::join!(exec.execute(admission, received, ev_tx), fwd);
             let last = match result {
                 Ok(outcome) => {
@@ -58,7 +59,8 @@ impl NodeAgent for AgentService {
                     Err(convert::to_status(&e))
                 }
             };
-            let _ = tx.send(last).await;
+            // A caller that reads nothing does not keep this task forever.
+            let _ = tokio::time::timeout(stall, tx.send(last)).await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -82,8 +84,9 @@ impl NodeAgent for AgentService {
 }
 
 /// Moves sandbox events to the gRPC stream; returns (dropping `events`, which
-/// kills the execution) as soon as the caller goes away.
-async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String) {
+/// kills the execution) as soon as the caller goes away or takes nothing
+/// for `stall`.
+async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: std::time::Duration) {
     loop {
         let ev = tokio::select! {
             ev = events.recv() => ev,
@@ -99,7 +102,7 @@ async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult
             Event::Stdout(data) => PbEvent::Stdout(pb::OutputChunk { data }),
             Event::Stderr(data) => PbEvent::Stderr(pb::OutputChunk { data }),
         };
-        if tx.send(Ok(event(msg))).await.is_err() {
+        if !matches!(tokio::time::timeout(stall, tx.send(Ok(event(msg)))).await, Ok(Ok(()))) {
             return;
         }
     }

@@ -100,9 +100,19 @@ kind: ApiKey
 metadata: {name: tiny}
 spec: {sandboxRef: {name: tiny-threads}}
 ---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: loud}
+spec: {image: host, languages: [python], maxTimeoutSeconds: 120, maxOutputBytes: 64Mi}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: loud}
+spec: {sandboxRef: {name: loud}}
+---
 ",
     );
-    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny"] {
+    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "loud"] {
         s.push_str(&secret(k));
     }
     s

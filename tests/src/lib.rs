@@ -46,11 +46,14 @@ pub fn is_root() -> bool {
     }
 }
 
-/// Prints a skip reason and returns true when not root.
+/// Prints a skip reason and returns true when not root. With
+/// `WARREN_REQUIRE_ROOT=1` (set by CI, which runs as root) skipping is a
+/// failure: a root-only test can never pass there by not running.
 pub fn skip_unless_root(test: &str) -> bool {
     if is_root() {
         return false;
     }
+    assert!(std::env::var("WARREN_REQUIRE_ROOT").as_deref() != Ok("1"), "{test} needs root and WARREN_REQUIRE_ROOT=1 forbids skipping it");
     eprintln!("SKIPPED {test}: needs root (creates namespaces and cgroups); CI runs as root");
     true
 }

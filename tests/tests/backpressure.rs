@@ -1,0 +1,103 @@
+//! A caller that stops reading output never keeps a sandbox alive: the
+//! deadline fires whatever the output path does, and a caller that takes
+//! nothing for the stall time gets its execution killed. Each test runs a
+//! program that prints without end to a client that never reads.
+
+use std::time::Duration;
+
+use serde_json::json;
+use warren_e2e::gateway::{key, wait_agent_running, wait_for, Gateway};
+use warren_e2e::{http, request, skip_unless_root, Agent};
+use warren_proto::agent::{execute_event::Event, Language};
+
+/// Prints 100-byte lines as fast as it can, forever.
+const ENDLESS: &str = "import sys\nline = 'x' * 99 + '\\n'\nwhile True:\n    sys.stdout.write(line)\n";
+
+/// Bounded wait for something that happens seconds after a deadline.
+const SETTLE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_fires_while_the_caller_reads_nothing() {
+    if skip_unless_root("the_deadline_fires_while_the_caller_reads_nothing") {
+        return;
+    }
+    // A stall timeout far beyond the test: only the deadline can end it.
+    let agent = Agent::start(&["--output-stall-secs", "300", "--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut req = request(Language::Python, ENDLESS, Duration::from_secs(3));
+    req.limits = Some(warren_proto::agent::Limits { max_output_bytes: 64 << 20, ..Default::default() });
+    let mut stream = client.execute(req).await.unwrap().into_inner();
+    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    // Read nothing: the gRPC window, the agent's channels and its output
+    // queue fill, and the program blocks on its pipe with its timer running.
+    assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "the program outlived its 3 s deadline: {:?}", agent.sandbox_processes());
+    // Reading now still gets the verdict.
+    let mut exited = None;
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(Event::Exited(x)) = ev.event {
+            exited = Some(x);
+        }
+    }
+    let x = exited.expect("an Exited event");
+    assert!(x.timed_out, "{x:?}");
+    assert!(wait_agent_running(&agent, 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_reads_nothing_for_the_stall_time_is_cut_off() {
+    if skip_unless_root("a_caller_that_reads_nothing_for_the_stall_time_is_cut_off") {
+        return;
+    }
+    let agent = Agent::start(&["--output-stall-secs", "2", "--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut req = request(Language::Python, ENDLESS, Duration::from_secs(600));
+    req.limits = Some(warren_proto::agent::Limits { max_output_bytes: 64 << 20, ..Default::default() });
+    let stream = client.execute(req).await.unwrap().into_inner();
+    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    // The deadline is 10 minutes away; only the stall ends the execution,
+    // with the stream still open.
+    assert!(wait_agent_running(&agent, 1).await);
+    assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "a stalled caller kept the program alive");
+    assert!(wait_agent_running(&agent, 0).await, "the execution still holds its slot");
+    drop(stream);
+}
+
+async fn gateway_setup(test: &str, gateway_args: &[&str]) -> Option<(Agent, Gateway)> {
+    if skip_unless_root(test) {
+        return None;
+    }
+    // The agent would wait 300 s: what ends these executions is the gateway.
+    let agent = Agent::start(&["--output-stall-secs", "300", "--pool-size", "0"]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], gateway_args, true).await.unwrap();
+    Some((agent, gw))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ndjson_client_that_stops_reading_gets_its_execution_killed() {
+    let test = "an_ndjson_client_that_stops_reading_gets_its_execution_killed";
+    let Some((agent, gw)) = gateway_setup(test, &["--stream-stall-ms", "2000"]).await else { return };
+    let body = json!({"code": ENDLESS, "language": "python", "timeout": 120});
+    // Read up to the first output, then nothing more while holding the
+    // connection open: 64 MiB of output cannot fit the socket buffers.
+    let (conn, _) = http::open_until(gw.addr, &http::execute_request(gw.addr, &key("loud"), &body, true), "xxxx").unwrap();
+    assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "a client that reads nothing kept the program alive");
+    assert!(wait_agent_running(&agent, 0).await);
+    assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|a| a["outcome"] == "cancelled")), "{:?}", gw.audit_records());
+    drop(conn);
+    // The key's slot is free again.
+    assert_eq!(gw.execute(&key("loud"), &json!({"code": "print(1)"})).status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_client_that_never_reads_still_ends_at_the_deadline() {
+    let test = "a_plain_client_that_never_reads_still_ends_at_the_deadline";
+    let Some((agent, gw)) = gateway_setup(test, &[]).await else { return };
+    let body = json!({"code": ENDLESS, "language": "python", "timeout": 3});
+    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+    std::io::Write::write_all(&mut conn, &http::execute_request(gw.addr, &key("loud"), &body, false)).unwrap();
+    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "the program outlived its 3 s deadline");
+    assert!(wait_agent_running(&agent, 0).await);
+    assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|a| a["outcome"] == "timeout")), "{:?}", gw.audit_records());
+    drop(conn);
+}
