@@ -152,6 +152,19 @@ async fn over_the_size_cap_the_call_fails_and_the_previous_state_stays() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_symlink_replaced_by_a_directory_cannot_hide_the_size() {
+    let test = "a_saved_symlink_replaced_by_a_directory_cannot_hide_the_size";
+    let Some((_agent, gw)) = setup(test, &[]).await else { return };
+    // The saved home links to a big host directory (the agent sees the host's /usr).
+    assert_eq!(ok(&run(&gw, "tiny", "bash", "ln -s /usr ~/x; echo ok", Some("sym"))), "ok\n");
+    // Replacing the link by a directory with the same names must not charge
+    // the host's /usr/lib off: 2 MiB stays over the 1 MiB cap.
+    let v = run(&gw, "tiny", "bash", "rm ~/x; mkdir -p ~/x/lib; head -c 2097152 /dev/zero > ~/x/lib/big; echo wrote", Some("sym"));
+    assert_eq!((v["success"].as_bool(), v["error"].as_str()), (Some(false), Some("thread_state_too_large")), "{v}");
+    assert_eq!(ok(&run(&gw, "tiny", "bash", "readlink ~/x", Some("sym"))), "/usr\n", "the previous state stays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_collector_removes_threads_past_their_retention() {
     let Some((agent, gw)) = setup("the_collector_removes_threads_past_their_retention", &["--thread-gc-interval-secs", "1"]).await else { return };
     assert_eq!(ok(&run(&gw, "thr", "bash", "echo old > ~/f; echo ok", Some("aging"))), "ok\n");

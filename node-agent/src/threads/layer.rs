@@ -9,16 +9,25 @@
 //! its home. [`write_full`] writes a whole state as one layer (compaction).
 //!
 //! Layers are read back by the agent as root, so [`apply`] trusts nothing in
-//! them: paths must be plain relative paths, no entry is written through a
-//! symlink, set-id bits and special files never come out.
+//! them: paths must be plain relative paths, every operation is relative to
+//! a directory descriptor reached without symlinks (see [`super::beneath`]),
+//! set-id bits and special files never come out. Sizes of the lower state
+//! are read the same way.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{lchown, symlink, DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{fchmod, mkdirat, Mode};
+use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
+
+use super::beneath::{self, Kind, Tree};
 
 /// Charged per entry on top of its size: keeps a thread of millions of empty
 /// files from being "free".
@@ -62,28 +71,11 @@ pub struct Delta {
     pub skipped: u64,
 }
 
-/// Charged size of whatever is at `path` (0 when nothing is).
-pub fn charge(path: &Path) -> io::Result<u64> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        // Absent, or a parent is not a directory: nothing there to charge.
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let mut total = ENTRY_CHARGE + if meta.is_dir() { 0 } else { meta.len() };
-    if meta.is_dir() {
-        for entry in fs::read_dir(path)? {
-            total += charge(&entry?.path())?;
-        }
-    }
-    Ok(total)
-}
-
-struct Writer<'a, W: Write> {
+struct Writer<W: Write> {
     tar: tar::Builder<W>,
     ids: IdMap,
     /// The state the diff applies to (`None` when writing a full state).
-    lower: Option<&'a Path>,
+    lower: Option<Tree>,
     links: HashMap<(u64, u64), PathBuf>,
     delta: Delta,
 }
@@ -101,17 +93,27 @@ pub fn write_full<W: Write>(state: &Path, out: W) -> io::Result<Delta> {
 fn write<W: Write>(root: &Path, lower: Option<&Path>, ids: IdMap, out: W) -> io::Result<Delta> {
     let mut tar = tar::Builder::new(out);
     tar.mode(tar::HeaderMode::Complete);
+    let lower = lower.map(Tree::open).transpose()?;
     let mut w = Writer { tar, ids, lower, links: HashMap::new(), delta: Delta::default() };
-    w.dir(root, Path::new(""))?;
+    w.dir(root, Path::new(""), true)?;
     w.tar.into_inner()?.flush()?;
     Ok(w.delta)
 }
 
-impl<W: Write> Writer<'_, W> {
-    fn lower_charge(&self, rel: &Path) -> io::Result<u64> {
-        match self.lower {
-            Some(l) => charge(&l.join(rel)),
-            None => Ok(0),
+impl<W: Write> Writer<W> {
+    /// What the lower state holds at `rel`, when the upper layer's parents
+    /// still show it (`visible`): never through a symlink, never outside.
+    fn lower_charge(&self, rel: &Path, visible: bool) -> io::Result<u64> {
+        match &self.lower {
+            Some(l) if visible => l.charge(rel, ENTRY_CHARGE),
+            _ => Ok(0),
+        }
+    }
+
+    fn lower_is_dir(&self, rel: &Path, visible: bool) -> io::Result<bool> {
+        match &self.lower {
+            Some(l) if visible => Ok(l.stat(rel)?.is_some_and(|s| s.kind == Kind::Dir)),
+            _ => Ok(false),
         }
     }
 
@@ -127,21 +129,23 @@ impl<W: Write> Writer<'_, W> {
     }
 
     /// Children of the directory `abs` (relative path `rel`), sorted.
-    fn dir(&mut self, abs: &Path, rel: &Path) -> io::Result<()> {
+    /// `visible`: whether the lower state's entries below `rel` still show
+    /// through (false below a directory that replaced what was there).
+    fn dir(&mut self, abs: &Path, rel: &Path, visible: bool) -> io::Result<()> {
         let mut names: Vec<OsString> = fs::read_dir(abs)?.map(|e| e.map(|e| e.file_name())).collect::<io::Result<_>>()?;
         names.sort();
         for name in names {
-            self.entry(&abs.join(&name), &rel.join(&name), &name)?;
+            self.entry(&abs.join(&name), &rel.join(&name), &name, visible)?;
         }
         Ok(())
     }
 
-    fn entry(&mut self, abs: &Path, rel: &Path, name: &OsStr) -> io::Result<()> {
+    fn entry(&mut self, abs: &Path, rel: &Path, name: &OsStr, visible: bool) -> io::Result<()> {
         let meta = fs::symlink_metadata(abs)?;
         let ft = meta.file_type();
         if ft.is_char_device() && meta.rdev() == 0 {
             // Overlay whiteout: the name was deleted.
-            self.delta.bytes -= self.lower_charge(rel)? as i64;
+            self.delta.bytes -= self.lower_charge(rel, visible)? as i64;
             let mut marker = OsString::from(WHITEOUT);
             marker.push(name);
             return self.marker(&rel.with_file_name(marker));
@@ -151,10 +155,13 @@ impl<W: Write> Writer<'_, W> {
             return Ok(());
         }
         if ft.is_dir() {
-            let lower_is_dir = self.lower.is_some_and(|l| fs::symlink_metadata(l.join(rel)).is_ok_and(|m| m.is_dir()));
+            let lower_is_dir = self.lower_is_dir(rel, visible)?;
             let opaque = xattr::get(abs, OPAQUE_XATTR).ok().flatten().is_some_and(|v| v == b"y");
-            if !lower_is_dir || opaque {
-                self.delta.bytes += ENTRY_CHARGE as i64 - self.lower_charge(rel)? as i64;
+            // A new or opaque directory replaces the whole lower subtree
+            // (charged off here, once); a merged one only adds to it.
+            let replaces = !lower_is_dir || opaque;
+            if replaces {
+                self.delta.bytes += ENTRY_CHARGE as i64 - self.lower_charge(rel, visible)? as i64;
             }
             let mut h = self.header(&meta, tar::EntryType::Directory);
             self.tar.append_data(&mut h, rel, io::empty())?;
@@ -162,13 +169,13 @@ impl<W: Write> Writer<'_, W> {
             if opaque && lower_is_dir {
                 self.marker(&rel.join(OPAQUE))?;
             }
-            return self.dir(abs, rel);
+            return self.dir(abs, rel, visible && !replaces);
         }
         if !(ft.is_file() || ft.is_symlink()) {
             self.delta.skipped += 1;
             return Ok(());
         }
-        self.delta.bytes += (ENTRY_CHARGE + meta.len()) as i64 - self.lower_charge(rel)? as i64;
+        self.delta.bytes += (ENTRY_CHARGE + meta.len()) as i64 - self.lower_charge(rel, visible)? as i64;
         self.delta.entries += 1;
         if ft.is_symlink() {
             let mut h = self.header(&meta, tar::EntryType::Symlink);
@@ -184,7 +191,7 @@ impl<W: Write> Writer<'_, W> {
         }
         let mut h = self.header(&meta, tar::EntryType::Regular);
         h.set_size(meta.len());
-        let file = fs::File::open(abs)?;
+        let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(abs)?;
         // A file that changed size since stat would corrupt the archive; the
         // sandbox is gone, so nothing writes here any more.
         self.tar.append_data(&mut h, rel, file.take(meta.len()))
@@ -220,113 +227,106 @@ fn clean(path: &Path) -> io::Result<PathBuf> {
     Ok(out)
 }
 
-/// Removes whatever is at `path` (recursively), if anything.
-fn remove(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-struct Applier<'a> {
-    state: &'a Path,
-    /// Directories (relative) known to be real directories, not symlinks.
-    dirs: HashSet<PathBuf>,
+struct Applier {
+    state: Tree,
+    /// Directories whose times are set last (writing children changes them).
     dir_times: Vec<(PathBuf, u64)>,
 }
 
-impl Applier<'_> {
-    /// Refuses to write below anything that is not a real directory of the state.
-    fn check_parents(&mut self, rel: &Path) -> io::Result<()> {
-        let mut at = PathBuf::new();
-        for c in rel.parent().into_iter().flat_map(Path::components) {
-            at.push(c);
-            if self.dirs.contains(&at) {
-                continue;
-            }
-            match fs::symlink_metadata(self.state.join(&at)) {
-                Ok(m) if m.is_dir() => {
-                    self.dirs.insert(at.clone());
-                }
-                _ => return Err(bad(format!("layer writes below {}, which is not a directory", at.display()))),
-            }
-        }
-        Ok(())
+/// An error for a layer that tries to write where it may not.
+fn below_non_dir(rel: &Path) -> io::Error {
+    bad(format!("layer writes below {}, which is not a directory of the state", rel.display()))
+}
+
+fn times(secs: u64) -> fs::FileTimes {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    fs::FileTimes::new().set_modified(t).set_accessed(t)
+}
+
+impl Applier {
+    /// The directory holding `rel` (a real directory of the state, reached
+    /// without any symlink) and `rel`'s name in it.
+    fn parent<'p>(&self, rel: &'p Path) -> io::Result<(OwnedFd, &'p OsStr)> {
+        self.state.parent(rel).map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidInput => bad(e.to_string()),
+            _ => below_non_dir(rel),
+        })
     }
 
     fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> io::Result<()> {
         let rel = clean(&entry.path()?)?;
-        self.check_parents(&rel)?;
-        let abs = self.state.join(&rel);
-        let name = rel.file_name().map(|n| n.as_bytes()).unwrap_or_default();
-        if name == OPAQUE.as_bytes() {
-            let dir = abs.parent().unwrap_or(self.state);
-            for child in fs::read_dir(dir)? {
-                remove(&child?.path())?;
+        let (dir, name) = self.parent(&rel)?;
+        let dir = dir.as_fd();
+        if name.as_bytes() == OPAQUE.as_bytes() {
+            let dir_fd = dir.try_clone_to_owned()?;
+            for child in beneath::names(dir_fd)? {
+                beneath::remove_at(dir, &child)?;
             }
             return Ok(());
         }
-        if let Some(hidden) = name.strip_prefix(WHITEOUT.as_bytes()) {
-            let target = clean(&rel.with_file_name(OsStr::from_bytes(hidden)))?;
-            self.dirs.retain(|d| !d.starts_with(&target));
-            return remove(&self.state.join(target));
+        if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT.as_bytes()) {
+            let hidden = OsStr::from_bytes(hidden);
+            if !beneath::is_plain_name(hidden) {
+                return Err(bad(format!("whiteout {} names no entry", rel.display())));
+            }
+            return beneath::remove_at(dir, hidden);
         }
         let h = entry.header();
         let (mode, uid, gid, mtime) = (h.mode()? & MODE_MASK, h.uid()? as u32, h.gid()? as u32, h.mtime()?);
+        let (owner, group) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+        let mode = Mode::from_bits_truncate(mode as libc::mode_t);
         let kind = h.entry_type();
         if kind.is_dir() {
-            if !fs::symlink_metadata(&abs).is_ok_and(|m| m.is_dir()) {
-                remove(&abs)?;
-                fs::DirBuilder::new().mode(0o700).create(&abs)?;
+            if beneath::stat_at(dir, name)?.is_none_or(|s| s.kind != Kind::Dir) {
+                beneath::remove_at(dir, name)?;
+                mkdirat(dir, name, Mode::from_bits_truncate(0o700))?;
             }
-            lchown(&abs, Some(uid), Some(gid))?;
-            fs::set_permissions(&abs, fs::Permissions::from_mode(mode))?;
-            self.dirs.insert(rel.clone());
-            self.dir_times.push((abs, mtime));
+            let fd = beneath::open_dir_at(dir, name)?;
+            fchown(&fd, owner, group)?;
+            fchmod(&fd, mode)?;
+            self.dir_times.push((rel, mtime));
             return Ok(());
         }
-        self.dirs.retain(|d| !d.starts_with(&rel));
-        remove(&abs)?;
+        beneath::remove_at(dir, name)?;
         if kind.is_symlink() {
             let target = entry.link_name()?.ok_or_else(|| bad(format!("symlink {} has no target", rel.display())))?;
-            symlink(&*target, &abs)?;
-            return lchown(&abs, Some(uid), Some(gid));
+            symlinkat(&*target, dir, name)?;
+            return Ok(fchownat(dir, name, owner, group, AtFlags::AT_SYMLINK_NOFOLLOW)?);
         }
         if kind.is_hard_link() {
             let target = entry.link_name()?.ok_or_else(|| bad(format!("hard link {} has no target", rel.display())))?;
-            let target = self.state.join(clean(&target)?);
-            if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
+            let target = clean(&target)?;
+            let (tdir, tname) = self.parent(&target)?;
+            if beneath::stat_at(tdir.as_fd(), tname)?.is_none_or(|s| s.kind != Kind::File) {
                 return Err(bad(format!("hard link {} points at no regular file", rel.display())));
             }
-            return fs::hard_link(target, &abs);
+            // No AT_SYMLINK_FOLLOW: links the name itself, a regular file.
+            return Ok(linkat(tdir.as_fd(), tname, dir, name, AtFlags::empty())?);
         }
         if !kind.is_file() {
             return Ok(()); // never written by Warren; ignored if present
         }
-        let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&abs)?;
+        let mut file = beneath::create_at(dir, name)?;
         io::copy(&mut entry, &mut file)?;
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
-        file.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))?;
-        drop(file);
-        lchown(&abs, Some(uid), Some(gid))?;
-        fs::set_permissions(&abs, fs::Permissions::from_mode(mode))
+        file.set_times(times(mtime))?;
+        fchown(&file, owner, group)?;
+        fchmod(&file, mode)?;
+        Ok(())
     }
 }
 
 /// Replays one layer onto `state` (an existing directory).
 pub fn apply<R: Read>(layer: R, state: &Path) -> io::Result<()> {
     let mut archive = tar::Archive::new(layer);
-    let mut applier = Applier { state, dirs: HashSet::new(), dir_times: Vec::new() };
+    let mut applier = Applier { state: Tree::open(state)?, dir_times: Vec::new() };
     for entry in archive.entries()? {
         applier.entry(entry?)?;
     }
-    // Directory times last: writing children changes them.
-    for (dir, mtime) in applier.dir_times {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
-        if let Ok(d) = fs::File::open(&dir) {
-            let _ = d.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t));
+    // Directory times last: writing children changes them. A directory a
+    // later entry replaced (by a symlink, say) is skipped, not followed.
+    for (rel, mtime) in applier.dir_times {
+        if let Ok(fd) = applier.state.dir(&rel) {
+            let _ = fs::File::from(fd).set_times(times(mtime));
         }
     }
     Ok(())
@@ -335,6 +335,13 @@ pub fn apply<R: Read>(layer: R, state: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{lchown, symlink, PermissionsExt};
+
+    /// Charged size of a whole state (its root counts as one entry).
+    fn state_charge(state: &Path) -> u64 {
+        let t = Tree::open(state).unwrap();
+        ENTRY_CHARGE + fs::read_dir(state).unwrap().map(|e| t.charge(Path::new(&e.unwrap().file_name()), ENTRY_CHARGE).unwrap()).sum::<u64>()
+    }
 
     fn root_or_skip(test: &str) -> bool {
         if nix::unistd::geteuid().is_root() {
@@ -447,7 +454,7 @@ mod tests {
                 "replaced/new 644 0:0 nn".into(),
             ]
         );
-        assert_eq!(charge(l).unwrap() as i64, (4 + 3 * e) + (6 + e) + (e + 1 + e) + e + delta.bytes, "the delta matches the state's real change");
+        assert_eq!(state_charge(l) as i64, (4 + 3 * e) + (6 + e) + (e + 1 + e) + e + delta.bytes, "the delta matches the state's real change");
     }
 
     fn hostile(entries: &[(&str, tar::EntryType, Option<&str>)]) -> Vec<u8> {
@@ -495,5 +502,72 @@ mod tests {
         let dev = hostile(&[("dev", tar::EntryType::Char, None), ("fifo", tar::EntryType::Fifo, None)]);
         apply(&dev[..], state.path()).unwrap();
         assert!(!state.path().join("dev").exists() && !state.path().join("fifo").exists());
+    }
+
+    #[test]
+    fn a_diff_never_charges_through_symlinks_or_twice() {
+        if !root_or_skip("a_diff_never_charges_through_symlinks_or_twice") {
+            return;
+        }
+        let host = tempfile::tempdir().unwrap();
+        fs::create_dir(host.path().join("etc")).unwrap();
+        fs::write(host.path().join("etc/big"), vec![0u8; 100_000]).unwrap();
+        let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (l, u) = (lower.path(), upper.path());
+        // The saved home had `ln -s <host> x`; this call replaced it by a
+        // directory whose names match the host's.
+        symlink(host.path(), l.join("x")).unwrap();
+        fs::create_dir_all(u.join("x/etc")).unwrap();
+        fs::write(u.join("x/etc/big"), "1").unwrap();
+        // And emptied a directory, then wrote one of its names again.
+        fs::create_dir(l.join("d")).unwrap();
+        fs::write(l.join("d/a"), "0123456789").unwrap();
+        fs::create_dir(u.join("d")).unwrap();
+        xattr::set(u.join("d"), OPAQUE_XATTR, b"y").unwrap();
+        fs::write(u.join("d/a"), "abc").unwrap();
+        let before = state_charge(l) as i64;
+        let (tar, delta) = layer_of(|b| write_diff(u, l, IdMap::CANONICAL, b));
+        apply(&tar[..], l).unwrap();
+        assert_eq!(before + delta.bytes, state_charge(l) as i64, "the delta is the state's real change");
+        let e = ENTRY_CHARGE as i64;
+        let link = host.path().as_os_str().len() as i64;
+        // x: -(link) +dir +etc +big(1); d: -(dir + a(10)) +dir +a(3).
+        assert_eq!(delta.bytes, -(e + link) + e + e + (e + 1) - (e + e + 10) + e + (e + 3));
+        assert_eq!(fs::read(host.path().join("etc/big")).unwrap().len(), 100_000, "the host file is untouched");
+    }
+
+    #[test]
+    fn hostile_layers_with_linked_parents_cannot_reach_the_host() {
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("secret"), "host").unwrap();
+        let epoch = std::time::UNIX_EPOCH;
+        let target = outside.path().display().to_string();
+        let state = tempfile::tempdir().unwrap();
+        // A hard link whose target path passes through a symlink.
+        let layer = hostile(&[("ln", tar::EntryType::Symlink, Some(&target)), ("h", tar::EntryType::Link, Some("ln/secret"))]);
+        let err = apply(&layer[..], state.path()).expect_err("a link through a symlink was accepted");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(!state.path().join("h").exists());
+        assert_eq!(fs::metadata(outside.path().join("secret")).unwrap().nlink(), 1, "no link to the host file exists");
+        // A directory, then the same name as a symlink: its time is not set through it.
+        let state = tempfile::tempdir().unwrap();
+        let layer = hostile(&[("d", tar::EntryType::Directory, None), ("d", tar::EntryType::Symlink, Some(&target))]);
+        apply(&layer[..], state.path()).unwrap();
+        assert_ne!(fs::metadata(outside.path()).unwrap().modified().unwrap(), epoch, "a host directory's time was set through a symlink");
+        // A symlinked parent replaced by a real directory is written into, not through.
+        let layer = hostile(&[("d", tar::EntryType::Directory, None), ("d/f", tar::EntryType::Regular, None)]);
+        apply(&layer[..], state.path()).unwrap();
+        assert!(fs::symlink_metadata(state.path().join("d")).unwrap().is_dir() && state.path().join("d/f").exists());
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1, "nothing was written outside");
+        // A whiteout or an opaque marker below a symlink.
+        let state = tempfile::tempdir().unwrap();
+        for entries in [
+            &[("ln", tar::EntryType::Symlink, Some(target.as_str())), ("ln/.wh.secret", tar::EntryType::Regular, None)][..],
+            &[("ln", tar::EntryType::Symlink, Some(target.as_str())), ("ln/.wh..wh..opq", tar::EntryType::Regular, None)][..],
+        ] {
+            let err = apply(&hostile(entries)[..], state.path()).expect_err("a marker below a symlink was accepted");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        }
+        assert_eq!(fs::read(outside.path().join("secret")).unwrap(), b"host");
     }
 }

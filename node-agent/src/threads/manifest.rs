@@ -60,6 +60,15 @@ impl ThreadKey {
     pub fn layer_key(&self, id: &str) -> String {
         format!("threads/{}/layers/{id}.tar", self.rel())
     }
+
+    /// True when `key` is one of this thread's layer keys (as
+    /// [`ThreadKey::layer_key`] makes them, from a [`new_id`]).
+    pub fn owns_layer(&self, key: &str) -> bool {
+        let prefix = format!("threads/{}/layers/", self.rel());
+        key.strip_prefix(&prefix)
+            .and_then(|k| k.strip_suffix(".tar"))
+            .is_some_and(|id| id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    }
 }
 
 /// How one call may use a thread.
@@ -120,11 +129,17 @@ impl Manifest {
         self.layers.is_empty() && self.retention_secs == Some(0)
     }
 
-    /// Parses a stored manifest.
-    pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
+    /// Parses the stored manifest of thread `owner`. Every layer it names
+    /// must be one of that thread's own: the agent reads (and at deletion
+    /// removes) them, so a manifest naming another thread's objects would
+    /// hand them over.
+    pub fn parse(bytes: &[u8], owner: &ThreadKey) -> Result<Manifest, String> {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if m.version != 1 {
             return Err(format!("manifest version {} is not supported", m.version));
+        }
+        if let Some(l) = m.layers.iter().find(|l| !owner.owns_layer(&l.key)) {
+            return Err(format!("the manifest names layer {:?}, which is not this thread's", l.key));
         }
         Ok(m)
     }
@@ -162,11 +177,35 @@ mod tests {
         assert!(m.expired(1000 + 86400));
         let forever = Manifest { retention_secs: None, ..m.clone() };
         assert!(!forever.expired(u64::MAX));
+        let k = ThreadKey::new("a", "k", "t").unwrap();
         let text = serde_json::to_vec(&m).unwrap();
-        assert_eq!(Manifest::parse(&text).unwrap(), m);
+        assert_eq!(Manifest::parse(&text, &k).unwrap(), m);
         let tomb = Manifest::tombstone(5);
         assert!(tomb.is_tombstone() && tomb.expired(5), "a tombstone is a thread that does not exist");
         assert!(!m.is_tombstone());
-        assert!(Manifest::parse(br#"{"version":2,"id":"x","layers":[],"bytes":0,"updatedAt":0,"retentionSecs":null}"#).is_err());
+        assert!(Manifest::parse(br#"{"version":2,"id":"x","layers":[],"bytes":0,"updatedAt":0,"retentionSecs":null}"#, &k).is_err());
+    }
+
+    #[test]
+    fn a_manifest_may_name_only_its_own_thread_s_layers() {
+        let k = ThreadKey::new("a", "k", "t").unwrap();
+        let own = k.layer_key(&new_id());
+        let with = |key: &str| {
+            let m = Manifest { version: 1, id: new_id(), layers: vec![LayerRef { key: own.clone(), size: 1 }, LayerRef { key: key.into(), size: 1 }], bytes: 0, updated_at: 0, retention_secs: None };
+            Manifest::parse(&serde_json::to_vec(&m).unwrap(), &k)
+        };
+        assert!(with(&k.layer_key(&new_id())).is_ok());
+        let other = ThreadKey::new("a", "k", "t2").unwrap();
+        for foreign in [
+            other.layer_key(&new_id()),
+            "threads/a/k/t/manifest.json".to_string(),
+            format!("threads/a/k/t/layers/../../t2/layers/{}.tar", new_id()),
+            "threads/a/k/t/layers/ab.tar".to_string(),
+            format!("threads/a/k/t/layers/{}.tar", new_id().to_uppercase()),
+            format!("threads/a/k/t/layers/{}.tar.x", new_id()),
+        ] {
+            let err = with(&foreign).expect_err(&foreign);
+            assert!(err.contains("not this thread's"), "{err}");
+        }
     }
 }

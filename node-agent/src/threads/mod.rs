@@ -14,6 +14,7 @@
 //! <cache>/<ns>/<key>/<thread>/warm.json   {manifestId, bootId, usedAt}; absent = rebuild
 //! ```
 
+mod beneath;
 pub mod layer;
 pub mod manifest;
 pub mod store;
@@ -211,7 +212,7 @@ impl Threads {
         let Some((bytes, version)) = self.store.get_versioned(&key.manifest_key()).await.map_err(io_err("reading the thread manifest"))? else {
             return Ok((None, None));
         };
-        let m = Manifest::parse(&bytes).map_err(|e| ThreadError::Io { step: "parsing the thread manifest", source: io::Error::other(e) })?;
+        let m = Manifest::parse(&bytes, key).map_err(|e| ThreadError::Io { step: "parsing the thread manifest", source: io::Error::other(e) })?;
         // Past its retention the thread is gone, whether or not the collector ran.
         Ok(((!m.expired(unix_now())).then_some(m), Some(version)))
     }
@@ -334,7 +335,13 @@ impl Threads {
         };
         let t_diff = t0.elapsed();
         let old_bytes = prev.map_or(0, |m| m.bytes);
-        let bytes = (old_bytes as i64 + delta.bytes).max(0) as u64;
+        // The delta is measured against the state the manifest describes;
+        // a home charged below zero means the two disagree, and guessing
+        // (clamping to 0) would let the thread outgrow its limit.
+        let bytes = u64::try_from(old_bytes as i64 + delta.bytes).map_err(|_| ThreadError::Io {
+            step: "accounting the thread's size",
+            source: io::Error::other(format!("a charge of {old_bytes} bytes changed by {} is negative", delta.bytes)),
+        })?;
         if bytes > restored.options.max_bytes {
             return Err(ThreadError::TooLarge { bytes, limit: restored.options.max_bytes });
         }
@@ -447,8 +454,12 @@ impl Threads {
         let mut report = CollectReport::default();
         for (rel, objects) in by_thread {
             let manifest_key = format!("threads/{rel}/manifest.json");
+            let owner = match rel.split('/').collect::<Vec<_>>()[..] {
+                [ns, name, id] => ThreadKey::new(ns, name, id).ok(),
+                _ => None,
+            };
             let current = match self.store.get_versioned(&manifest_key).await {
-                Ok(Some((b, v))) => Manifest::parse(&b).ok().map(|m| (m, v)),
+                Ok(Some((b, v))) => owner.as_ref().and_then(|k| Manifest::parse(&b, k).ok()).map(|m| (m, v)),
                 Ok(None) => None,
                 Err(_) => continue, // the store is unwell: try again next pass
             };
