@@ -57,8 +57,8 @@ pub const ALLOWED: &[&str] = &[
     "set_thread_area", "set_tid_address", "setfsgid", "setfsuid", "setgid", "setgroups", "setitimer",
     "setpgid", "setpriority", "setregid", "setresgid", "setresuid", "setreuid", "setrlimit", "setsid",
     "setsockopt", "setuid", "setxattr", "shmat", "shmctl", "shmdt", "shmget", "shutdown", "sigaltstack",
-    "signalfd", "signalfd4", "splice", "stat", "statfs", "statx", "symlink", "symlinkat", "sync",
-    "sync_file_range", "syncfs", "sysinfo", "tee", "tgkill", "time", "timer_create", "timer_delete",
+    "signalfd", "signalfd4", "splice", "stat", "statfs", "statx", "symlink", "symlinkat",
+    "sync_file_range", "sysinfo", "tee", "tgkill", "time", "timer_create", "timer_delete",
     "timer_getoverrun", "timer_gettime", "timer_settime", "timerfd_create", "timerfd_gettime",
     "timerfd_settime", "times", "tkill", "truncate", "umask", "uname", "unlink", "unlinkat", "utime",
     "utimensat", "utimes", "vfork", "wait4", "waitid", "write", "writev",
@@ -91,11 +91,34 @@ pub const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
 /// `personality(2)` values a program may set (Linux defaults and queries only).
 pub const PERSONALITIES: &[u64] = &[0x0, 0x0008, 0x20000, 0x20008, 0xffff_ffff];
 
-/// Socket domains a program may open.
-pub const SOCKET_DOMAINS: &[u64] = &[libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_INET6 as u64];
-/// Socket types a program may open (raw and packet sockets are refused).
-pub const SOCKET_TYPES: &[u64] = &[libc::SOCK_STREAM as u64, libc::SOCK_DGRAM as u64, libc::SOCK_SEQPACKET as u64];
+/// Sockets a program may open, as (domain, type, protocol); `SOCK_NONBLOCK`
+/// and `SOCK_CLOEXEC` may be added to the type. Anything else (raw and
+/// packet sockets, ICMP, SCTP, vsock, other netlink families) is refused.
+/// `NETLINK_ROUTE` is there so interface listings work (Node's
+/// `os.networkInterfaces()`, Python's `socket.if_nameindex()`); without
+/// `CAP_NET_ADMIN` it can only read the sandbox's own network namespace.
+pub const SOCKETS: &[(i32, i32, i32)] = &[
+    (libc::AF_UNIX, libc::SOCK_STREAM, 0),
+    (libc::AF_UNIX, libc::SOCK_DGRAM, 0),
+    (libc::AF_UNIX, libc::SOCK_SEQPACKET, 0),
+    (libc::AF_INET, libc::SOCK_STREAM, 0),
+    (libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+    (libc::AF_INET, libc::SOCK_DGRAM, 0),
+    (libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+    (libc::AF_INET6, libc::SOCK_STREAM, 0),
+    (libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+    (libc::AF_INET6, libc::SOCK_DGRAM, 0),
+    (libc::AF_INET6, libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+    (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+    (libc::AF_NETLINK, libc::SOCK_DGRAM, libc::NETLINK_ROUTE),
+];
 const SOCK_TYPE_MASK: u64 = 0xf;
+
+/// Syscalls that succeed without doing anything: `sync(2)` and `syncfs(2)`
+/// would make one sandbox flush every dirty page of the host's filesystems
+/// (a cheap way to stall its neighbours); a program's own files are made
+/// durable by `fsync`, which stays.
+pub const NO_OPS: &[&str] = &["sync", "syncfs"];
 
 fn lib(step: impl Into<String>) -> impl FnOnce(libseccomp::error::SeccompError) -> SeccompError {
     let step = step.into();
@@ -132,12 +155,14 @@ fn add_conditional_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError
         let cmp = ScmpArgCompare::new(0, ScmpCompareOp::Equal, *p);
         ctx.add_rule_conditional(ScmpAction::Allow, sys("personality")?, &[cmp]).map_err(lib("personality"))?;
     }
-    for domain in SOCKET_DOMAINS {
-        for ty in SOCKET_TYPES {
-            let d = ScmpArgCompare::new(0, ScmpCompareOp::Equal, *domain);
-            let t = ScmpArgCompare::new(1, ScmpCompareOp::MaskedEqual(SOCK_TYPE_MASK), *ty);
-            ctx.add_rule_conditional(ScmpAction::Allow, sys("socket")?, &[d, t]).map_err(lib("socket"))?;
-        }
+    for &(domain, ty, protocol) in SOCKETS {
+        let d = ScmpArgCompare::new(0, ScmpCompareOp::Equal, domain as u64);
+        let t = ScmpArgCompare::new(1, ScmpCompareOp::MaskedEqual(SOCK_TYPE_MASK), ty as u64);
+        let p = ScmpArgCompare::new(2, ScmpCompareOp::Equal, protocol as u64);
+        ctx.add_rule_conditional(ScmpAction::Allow, sys("socket")?, &[d, t, p]).map_err(lib("socket"))?;
+    }
+    for name in NO_OPS {
+        ctx.add_rule(ScmpAction::Errno(0), sys(name)?).map_err(lib(format!("no-op {name}")))?;
     }
     let unix = ScmpArgCompare::new(0, ScmpCompareOp::Equal, libc::AF_UNIX as u64);
     ctx.add_rule_conditional(ScmpAction::Allow, sys("socketpair")?, &[unix]).map_err(lib("socketpair"))?;
@@ -193,11 +218,14 @@ mod tests {
     }
 
     #[test]
-    fn socket_policy_refuses_raw_packet_netlink_and_vsock() {
-        assert!(!SOCKET_DOMAINS.contains(&(libc::AF_PACKET as u64)));
-        assert!(!SOCKET_DOMAINS.contains(&(libc::AF_NETLINK as u64)));
-        assert!(!SOCKET_DOMAINS.contains(&(libc::AF_VSOCK as u64)));
-        assert!(!SOCKET_TYPES.contains(&(libc::SOCK_RAW as u64)));
+    fn socket_policy_refuses_raw_packet_and_vsock() {
+        for &(domain, ty, protocol) in SOCKETS {
+            assert!(![libc::AF_PACKET, libc::AF_VSOCK].contains(&domain));
+            assert!(ty != libc::SOCK_RAW || (domain == libc::AF_NETLINK && protocol == libc::NETLINK_ROUTE));
+        }
+        for name in NO_OPS {
+            assert!(!ALLOWED.contains(name), "{name} is a no-op, not allowed");
+        }
     }
 
     #[test]
@@ -205,5 +233,90 @@ mod tests {
         let bpf = compile().expect("policy compiles");
         assert!(!bpf.is_empty());
         assert_eq!(bpf.len() % 8, 0, "sock_filter is 8 bytes");
+    }
+
+    /// Runs in a forked child of the (multi-threaded) test process: raw
+    /// syscalls only, no allocation. Returns 0, or the number of the first
+    /// probe that did not behave.
+    fn probe_filter(filters: &[libc::sock_filter]) -> i32 {
+        fn errno() -> i32 {
+            // SAFETY: reads this thread's errno.
+            unsafe { *libc::__errno_location() }
+        }
+        fn refused(ret: libc::c_long, err: i32) -> bool {
+            ret == -1 && errno() == err
+        }
+        // SAFETY: each call is a plain syscall with integer or null arguments;
+        // a clone that unexpectedly succeeds exits at once in the new child.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || crate::sandbox::sys::install_seccomp(filters).is_err() {
+                return 100;
+            }
+            let sock = |d: i32, t: i32, p: i32| libc::syscall(libc::SYS_socket, d, t, p);
+            let probes: [bool; 14] = [
+                refused(libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER), libc::EPERM),
+                refused(libc::syscall(libc::SYS_mount, 0usize, 0usize, 0usize, 0usize, 0usize), libc::EPERM),
+                refused(libc::syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME, 0, 0, 0), libc::EPERM),
+                {
+                    let r = libc::syscall(libc::SYS_clone, (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+                    if r == 0 {
+                        libc::_exit(0);
+                    }
+                    refused(r, libc::EPERM)
+                },
+                refused(libc::syscall(libc::SYS_clone3, 0usize, 0usize), libc::ENOSYS),
+                refused(libc::syscall(libc::SYS_personality, 0x0040000), libc::EPERM),
+                refused(sock(libc::AF_PACKET, libc::SOCK_RAW, 0), libc::EPERM),
+                refused(sock(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP), libc::EPERM),
+                refused(sock(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP), libc::EPERM),
+                refused(sock(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT), libc::EPERM),
+                sock(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) >= 0,
+                sock(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) >= 0,
+                // A no-op: even a bad descriptor "succeeds" (the kernel says EBADF).
+                libc::syscall(libc::SYS_syncfs, -1) == 0,
+                libc::syscall(libc::SYS_getpid) > 0,
+            ];
+            match probes.iter().position(|ok| !ok) {
+                Some(i) => i as i32 + 1,
+                None => 0,
+            }
+        }
+    }
+
+    #[test]
+    fn the_loaded_filter_refuses_what_it_must_and_allows_what_it_may() {
+        let filters = crate::sandbox::sys::seccomp_filters(&compile().unwrap()).unwrap();
+        // SAFETY: the child makes raw syscalls only and leaves with _exit, so
+        // no lock another test thread held at fork time is ever needed.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = probe_filter(&filters);
+            // SAFETY: ends the forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the probe child died: status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "probe #{} behaved wrongly under the filter", libc::WEXITSTATUS(status));
+    }
+
+    #[test]
+    fn an_allow_all_filter_fails_the_probes() {
+        // The probes above would catch a filter that lets everything through.
+        let allow_all = [libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW }];
+        // SAFETY: as in the test above.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = probe_filter(&allow_all);
+            // SAFETY: ends the forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0, "status {status:#x}");
     }
 }

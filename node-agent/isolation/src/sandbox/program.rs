@@ -63,6 +63,9 @@ fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
     }
 }
 
+/// `RLIMIT_MEMLOCK` of every program.
+const MEMLOCK_BYTES: u64 = 64 * 1024;
+
 fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     use nix::unistd::{dup2_stdin, dup2_stdout, dup2_stderr};
     let devnull = std::fs::File::open("/dev/null")?;
@@ -76,6 +79,13 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     setrlimit(Resource::RLIMIT_FSIZE, l.file_size, l.file_size)?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     setrlimit(Resource::RLIMIT_NPROC, l.max_processes, l.max_processes)?;
+    // No real-time scheduling and no raised priority, whatever the host's
+    // defaults: a sandbox must not starve its neighbours' CPU.
+    setrlimit(Resource::RLIMIT_RTPRIO, 0, 0)?;
+    setrlimit(Resource::RLIMIT_NICE, 0, 0)?;
+    // Locked memory is unswappable host memory: the classic 64 KiB (enough
+    // for crypto libraries that lock a key page), not the host's default.
+    setrlimit(Resource::RLIMIT_MEMLOCK, MEMLOCK_BYTES, MEMLOCK_BYTES)?;
     // Init is non-dumpable (its /proc files are root's); the program needs its
     // own /proc files to reset the OOM score it inherited from init, which may
     // be shielded. execve recomputes dumpability anyway.

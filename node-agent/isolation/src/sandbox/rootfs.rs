@@ -47,9 +47,15 @@ const ETC_BINDS: &[&str] = &[
     "mime.types", "gai.conf", "host.conf", "localtime", "timezone", "bash.bashrc", "inputrc", "magic",
 ];
 
-/// procfs files that leak host information or accept dangerous writes.
-const PROC_MASKED_FILES: &[&str] =
-    &["kcore", "keys", "key-users", "timer_list", "sched_debug", "sysrq-trigger", "latency_stats", "kpagecount", "kpageflags", "kpagecgroup", "config.gz"];
+/// procfs files that leak host information or accept dangerous writes
+/// (runc's default masked paths, and more).
+const PROC_MASKED_FILES: &[&str] = &[
+    "kcore", "keys", "key-users", "timer_list", "timer_stats", "sched_debug", "sysrq-trigger", "latency_stats", "kpagecount",
+    "kpageflags", "kpagecgroup", "config.gz", "kallsyms", "modules", "interrupts", "softirqs", "vmallocinfo", "slabinfo",
+    "pagetypeinfo", "buddyinfo", "zoneinfo", "iomem", "ioports", "dma", "mtrr", "partitions", "diskstats", "swaps",
+];
+/// procfs directories hidden behind an empty read-only tmpfs (runc masks these too).
+const PROC_MASKED_DIRS: &[&str] = &["acpi", "asound", "scsi", "driver", "tty"];
 /// procfs directories made read-only.
 const PROC_READONLY_DIRS: &[&str] = &["sys", "irq", "bus", "fs"];
 
@@ -267,6 +273,12 @@ fn mount_proc(root: &Path) -> Result<()> {
             mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
                 .map_err(nix_io)
                 .map_err(ctx("mask", &path))?;
+        }
+    }
+    for name in PROC_MASKED_DIRS {
+        let path = proc_dir.join(name);
+        if path.is_dir() {
+            tmpfs(&path, "size=0,mode=555", MsFlags::MS_RDONLY)?;
         }
     }
     for name in PROC_READONLY_DIRS {

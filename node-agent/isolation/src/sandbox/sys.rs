@@ -40,11 +40,16 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
 /// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
 /// `no_new_privs` must already be set.
 pub fn load_seccomp(bpf: &[u8]) -> io::Result<()> {
+    install_seccomp(&seccomp_filters(bpf)?)
+}
+
+/// `bpf` (`struct sock_filter[]` bytes) as aligned filter instructions.
+pub fn seccomp_filters(bpf: &[u8]) -> io::Result<Vec<libc::sock_filter>> {
     if bpf.is_empty() || !bpf.len().is_multiple_of(std::mem::size_of::<libc::sock_filter>()) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "malformed BPF program"));
     }
     // Copy into properly aligned storage: the byte buffer has alignment 1.
-    let filters: Vec<libc::sock_filter> = bpf
+    Ok(bpf
         .chunks_exact(8)
         .map(|c| libc::sock_filter {
             code: u16::from_ne_bytes([c[0], c[1]]),
@@ -52,8 +57,13 @@ pub fn load_seccomp(bpf: &[u8]) -> io::Result<()> {
             jf: c[3],
             k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
         })
-        .collect();
-    let len = u16::try_from(filters.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF too long"))?;
+        .collect())
+}
+
+/// Installs filter instructions; allocates nothing (callable after fork in a
+/// multi-threaded process). `no_new_privs` must already be set.
+pub fn install_seccomp(filters: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(filters.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
     let prog = libc::sock_fprog { len, filter: filters.as_ptr() as *mut libc::sock_filter };
     const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
     // SAFETY: `prog` points at `filters`, which lives until after the call; the
