@@ -162,7 +162,7 @@ async fn tcp_requires_the_bearer_token() {
     let addr = format!("127.0.0.1:{port}");
     let channel = tonic::transport::Endpoint::try_from(format!("http://{addr}")).unwrap();
     let mut ok = None;
-    let agent = Agent::start_no_wait(&["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap()]).unwrap();
+    let agent = Agent::start_no_wait(&["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap(), "--pool-size", "0"]).unwrap();
     for _ in 0..500 {
         if let Ok(ch) = channel.connect().await {
             ok = Some(ch);
@@ -174,12 +174,49 @@ async fn tcp_requires_the_bearer_token() {
     let mut anon = warren_proto::agent::node_agent_client::NodeAgentClient::new(ch.clone());
     assert_eq!(anon.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
     let token: tonic::metadata::MetadataValue<_> = "Bearer test-token-0123456789abcdef".parse().unwrap();
-    let mut authed = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+    let mut authed = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch.clone(), move |mut r: tonic::Request<()>| {
         r.metadata_mut().insert("authorization", token.clone());
         Ok(r)
     });
     assert!(authed.status(StatusRequest {}).await.is_ok());
+    // A wrong token of the right length is refused the same way, for every call.
+    let wrong: tonic::metadata::MetadataValue<_> = "Bearer test-token-0123456789abcdeX".parse().unwrap();
+    let mut forged = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", wrong.clone());
+        Ok(r)
+    });
+    assert_eq!(forged.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
+    let err = forged.execute(request(Language::Bash, "touch /tmp/ran", T)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    // No pool: any sandbox on this agent would be this call's.
+    assert!(agent.sandbox_processes().is_empty() && agent.leftover_cgroups().is_empty(), "nothing ran");
     drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_never_serves_tcp_without_a_token_and_keeps_its_socket_private() {
+    if skip_unless_root("the_agent_never_serves_tcp_without_a_token_and_keeps_its_socket_private") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short");
+    std::fs::write(&short, "too-short\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    for extra in [vec!["--listen-tcp", addr.as_str()], vec!["--listen-tcp", addr.as_str(), "--token-file", short.to_str().unwrap()]] {
+        let out = std::process::Command::new(warren_e2e::bin("warren-node-agent"))
+            .args(["--state-dir", dir.path().join("state").to_str().unwrap(), "--cgroup-name", "warren-e2e-refused"])
+            .args(&extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        assert!(stderr.contains("token"), "the refusal says why: {stderr}");
+        assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens on {addr}");
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let socket = agent.address().trim_start_matches("unix:").to_string();
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "only root may talk to the agent's socket");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

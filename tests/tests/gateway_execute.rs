@@ -213,6 +213,30 @@ async fn without_a_reachable_agent_requests_get_503() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_the_wrong_agent_token_runs_nothing() {
+    if skip_unless_root("a_gateway_with_the_wrong_agent_token_runs_nothing") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, "right-token-0123456789abcdef").unwrap();
+    std::fs::write(&wrong, "wrong-token-0123456789abcdef").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    // No pool: any sandbox on this agent would be a call's.
+    let agent = Agent::start_no_wait(&["--listen-tcp", &listen, "--token-file", right.to_str().unwrap(), "--pool-size", "0"]).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
+    let gw = Gateway::start(&[format!("http://{listen}")], &["--agent-token-file", wrong.to_str().unwrap()], false).await.unwrap();
+    let r = gw.execute(&key("main"), &json!({"code": "open('/tmp/ran', 'w')"}));
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("unavailable")), "{}", r.text());
+    assert_eq!(http::get(gw.addr, "/readyz").status, 503, "a node that refuses the gateway's token is not ready");
+    assert!(agent.sandbox_processes().is_empty() && agent.leftover_cgroups().is_empty(), "nothing ran");
+    // The same gateway setup with the right token works: the refusal was the token.
+    let gw = Gateway::start(&[format!("http://{listen}")], &["--agent-token-file", right.to_str().unwrap()], true).await.unwrap();
+    assert_eq!(gw.execute(&key("main"), &json!({"code": "print(1)"})).status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_execution_has_exactly_one_audit_record_without_secrets() {
     let Some((_agent, gw)) = setup("every_execution_has_exactly_one_audit_record_without_secrets", &[]).await else { return };
     let mut ids = Vec::new();
