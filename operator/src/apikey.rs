@@ -39,6 +39,12 @@ pub async fn reconcile(key: Arc<ApiKey>, ctx: Arc<Context>) -> Result<Action, Er
 
 async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let name = key.name_any();
+    if let Some(holder) = secret_holder(key, ns, ctx).await? {
+        // Someone else's key: refused, and the holder keeps working.
+        withdraw(ctx, ns, &name).await?;
+        let message = warren_config::shared_key_message(&format!("{ns}/{holder}"));
+        return set_status(key, ns, ctx, false, "SecretInUse", message, None).await;
+    }
     let secret = ensure_secret(key, ns, ctx).await?;
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
     let connections: HashMap<String, String> = if sandbox.as_ref().is_some_and(|s| !s.spec.storage.is_empty()) {
@@ -63,6 +69,22 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
             (false, reason_of(e), e.to_string(), None)
         }
     };
+    set_status(key, ns, ctx, ok, reason, message, prefix).await
+}
+
+/// An older ApiKey of the namespace naming the same Secret entry, if any.
+async fn secret_holder(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<String>, Error> {
+    let all = Api::<ApiKey>::namespaced(ctx.client.clone(), ns).list(&Default::default()).await?.items;
+    let created = |k: &ApiKey| k.meta().creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second());
+    let claims: Vec<warren_config::SecretClaim<'_>> =
+        all.iter().map(|k| warren_config::SecretClaim { name: k.meta().name.as_deref().unwrap_or_default(), spec: &k.spec, created: created(k) }).collect();
+    let name = key.name_any();
+    let me = warren_config::SecretClaim { name: &name, spec: &key.spec, created: created(key) };
+    Ok(warren_config::secret_holder(&me, &claims).map(str::to_string))
+}
+
+async fn set_status(key: &ApiKey, ns: &str, ctx: &Context, ok: bool, reason: &str, message: String, prefix: Option<String>) -> Result<Action, Error> {
+    let name = key.name_any();
     let old = key.status.clone().unwrap_or_default();
     let conditions = status::ready(ok, reason, &message, key.meta().generation, &old.conditions, now());
     let new = ApiKeyStatus { conditions, observed_generation: key.meta().generation, key_prefix: prefix };

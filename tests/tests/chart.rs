@@ -31,7 +31,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     k.kubectl_ok(&["create", "namespace", "warren-system"]);
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=true,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -39,8 +39,8 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains(&format!("kind: {kind}\n")), "{name}: no {kind}");
         }
         assert!(!rendered.contains("kind: ServiceMonitor"), "{name}: ServiceMonitor rendered without its CRD");
+        assert_eq!(rendered.contains("kind: NetworkPolicy"), name == "default", "{name}: NetworkPolicy is on by default, off when disabled");
         if name == "toggles" {
-            assert!(rendered.contains("kind: NetworkPolicy"));
             assert!(rendered.contains("--thread-store=s3://warren-threads") && rendered.contains("http://minio.storage:9000"), "{rendered}");
             assert!(rendered.contains("secretRef: {name: s3-creds}"), "credentials come from the named Secret");
         } else {

@@ -132,6 +132,16 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     k.kubectl_ok(&["patch", "secret", "rotating", "--type", "merge", "-p", &patch]);
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &k2) == 200), "rotation not applied");
     assert_eq!(status(&gw, &k1), 401);
+    // Another ApiKey pointing at the same Secret is refused, with the reason;
+    // the key that holds it keeps working.
+    let thief = dir.path().join("thief.yaml");
+    std::fs::write(&thief, "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: thief}\nspec: {sandboxRef: {name: default}, secretRef: {name: rotating}}\n").unwrap();
+    k.kubectl_ok(&["apply", "-f", thief.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "apikey", "thief") == ("False".into(), "SecretInUse".into())));
+    let msg = k.kubectl_ok(&["get", "apikey", "thief", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].message}"#]);
+    assert!(msg.contains("ApiKey default/rot already holds this key value"), "{msg}");
+    assert_eq!(ready(&k, "apikey", "rot"), ("True".into(), "Published".into()));
+    assert_eq!(status(&gw, &k2), 200);
 
     // A Connector is Ready once its Secret holds the entries its type needs.
     let cn = dir.path().join("cn.yaml");

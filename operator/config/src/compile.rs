@@ -130,22 +130,52 @@ fn dedupe(objects: Vec<Object>, errors: &mut Vec<ConfigError>) -> Vec<Object> {
     out
 }
 
-/// Two ApiKeys holding the same secret would make the binding ambiguous:
-/// neither is usable until one changes.
+/// Two ApiKeys holding the same key value would make the binding
+/// ambiguous. The first one (in manifest order) keeps it; every later one is
+/// refused with the name of the key that holds it. Refusing both would let
+/// anyone who can write an ApiKey switch off someone else's key by pointing
+/// `secretRef` at its Secret.
 fn refuse_shared_secrets(keys: Vec<(&Object, EffectiveKey)>, errors: &mut Vec<ConfigError>) -> Vec<EffectiveKey> {
-    let mut count: HashMap<KeyHash, usize> = HashMap::new();
-    for (_, k) in &keys {
-        *count.entry(k.hash).or_default() += 1;
-    }
+    let mut holders: HashMap<KeyHash, String> = HashMap::new();
     let mut out = Vec::new();
     for (o, k) in keys {
-        if count[&k.hash] > 1 {
-            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "spec.secretRef", "another ApiKey uses the same key value; every key must be unique"));
+        if let Some(holder) = holders.get(&k.hash) {
+            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "spec.secretRef", shared_key_message(holder)));
         } else {
+            holders.insert(k.hash, k.qualified_name());
             out.push(k);
         }
     }
     out
+}
+
+/// Why an ApiKey whose key another ApiKey already holds is refused.
+pub fn shared_key_message(holder: &str) -> String {
+    format!("ApiKey {holder} already holds this key value (the same Secret, or a copy of it); give every ApiKey its own Secret")
+}
+
+/// One ApiKey's claim on a key Secret, for [`secret_holder`].
+#[derive(Debug, Clone, Copy)]
+pub struct SecretClaim<'a> {
+    /// The ApiKey's name.
+    pub name: &'a str,
+    /// Its spec.
+    pub spec: &'a ApiKeySpec,
+    /// Creation time (Unix seconds); the oldest claim wins, then the lowest name.
+    pub created: i64,
+}
+
+/// The ApiKey (other than `me`) that holds the Secret entry `me` names, when
+/// an older one names it too: then `me` is refused and the holder keeps
+/// working. All claims are from one namespace.
+pub fn secret_holder<'a>(me: &SecretClaim<'a>, others: &[SecretClaim<'a>]) -> Option<&'a str> {
+    let mine = secret_ref(me.name, me.spec);
+    others
+        .iter()
+        .filter(|o| o.name != me.name && secret_ref(o.name, o.spec) == mine)
+        .filter(|o| (o.created, o.name) < (me.created, me.name))
+        .min_by_key(|o| (o.created, o.name))
+        .map(|o| o.name)
 }
 
 fn typed<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ConfigError> {

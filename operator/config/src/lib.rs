@@ -16,7 +16,7 @@ pub mod narrowing;
 pub mod published;
 pub mod types;
 
-pub use compile::{check_sandbox, compile, effective_key, secret_ref, Compiled, SandboxConfig, Where};
+pub use compile::{check_sandbox, compile, effective_key, secret_holder, secret_ref, shared_key_message, Compiled, SandboxConfig, SecretClaim, Where};
 pub use effective::{EffectiveKey, Limits};
 pub use error::ConfigError;
 pub use manifest::Source;

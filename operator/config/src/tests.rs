@@ -121,13 +121,36 @@ fn base64_data_and_explicit_secret_ref() {
 }
 
 #[test]
-fn keys_sharing_a_secret_are_both_refused() {
-    let s2 = secret("k2-key", KEY_A);
-    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}---\n{}---\n{s2}", sandbox(""), api_key("k1", ""), api_key("k2", ""), secret("k1-key", KEY_A)))]);
-    assert!(c.keys.is_empty());
-    assert_eq!(c.errors.len(), 2);
+fn a_key_pointing_at_another_key_s_secret_is_refused_and_the_first_keeps_working() {
+    // k2 names k1's Secret; k1 (first in the manifests) keeps its key.
+    let k2 = api_key("k2", "  secretRef: {name: k1-key, key: key}\n");
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{k2}---\n{}", sandbox(""), api_key("k1", ""), secret("k1-key", KEY_A)))]);
+    assert_eq!(c.keys.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["k1"]);
+    let e = c.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert_eq!(c.errors.len(), 1, "{e}");
+    assert!(e.contains("ApiKey default/k2: spec.secretRef") && e.contains("ApiKey default/k1 already holds this key value"), "{e}");
+    // A copied value in a Secret of its own: the same.
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}---\n{}---\n{}", sandbox(""), api_key("k1", ""), api_key("k2", ""), secret("k1-key", KEY_A), secret("k2-key", KEY_A)))]);
+    assert_eq!((c.keys.len(), c.errors.len()), (1, 1));
     let c = run(&[("a.yaml", format!("{}---\n{}---\n{}---\n{}---\n{}", sandbox(""), api_key("k1", ""), api_key("k2", ""), secret("k1-key", KEY_A), secret("k2-key", KEY_B)))]);
     assert_eq!(c.keys.len(), 2);
+}
+
+#[test]
+fn the_oldest_claim_on_a_secret_holds_it() {
+    let own: crate::types::ApiKeySpec = serde_yaml::from_str("sandboxRef: {name: sb}").unwrap();
+    let theirs: crate::types::ApiKeySpec = serde_yaml::from_str("sandboxRef: {name: sb}\nsecretRef: {name: a-key, key: key}").unwrap();
+    let a = crate::SecretClaim { name: "a", spec: &own, created: 100 };
+    let b = crate::SecretClaim { name: "b", spec: &theirs, created: 200 };
+    let all = [a, b];
+    assert_eq!(crate::secret_holder(&b, &all), Some("a"), "the later claim is refused");
+    assert_eq!(crate::secret_holder(&a, &all), None, "the first keeps its key");
+    // Created in the same second: the lower name wins, deterministically.
+    let b_same = crate::SecretClaim { created: 100, ..b };
+    assert_eq!(crate::secret_holder(&b_same, &[a, b_same]), Some("a"));
+    let other: crate::types::ApiKeySpec = serde_yaml::from_str("sandboxRef: {name: sb}\nsecretRef: {name: a-key, key: other}").unwrap();
+    let c = crate::SecretClaim { name: "c", spec: &other, created: 300 };
+    assert_eq!(crate::secret_holder(&c, &[a, c]), None, "another entry of the Secret is another key");
 }
 
 #[test]

@@ -332,7 +332,7 @@ pub struct ApiKeySpec {
 pub struct ApiKeyStatus {
     /// `Ready`: True when the key is valid, narrows its Sandbox and is
     /// published to the gateways. Reasons: `Published`, `Disabled`,
-    /// `SandboxNotFound`, `InvalidNarrowing`, `SecretInvalid`.
+    /// `SandboxNotFound`, `InvalidNarrowing`, `SecretInvalid`, `SecretInUse` (an older ApiKey holds the Secret).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
