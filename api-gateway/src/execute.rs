@@ -42,6 +42,7 @@ struct Admitted {
     _in_flight: InFlight,
     _thread: Option<ThreadLock>,
     _slot: KeySlot,
+    _output: crate::budget::Reservation,
 }
 
 /// Run code in a fresh sandbox.
@@ -132,12 +133,13 @@ async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitte
     let qualified = key.qualified_name();
     let slot = st.admission.key_slot(&qualified, key.max_concurrency)?;
     let thread = req.thread_id.as_deref().map(|t| st.admission.thread(&qualified, t)).transpose()?;
+    let output = st.budget.reserve(&qualified, crate::budget::worst_case(key.limits.max_output_bytes), st.settings.queue_wait).await?;
     let home = req.thread_id.as_deref().map(|t| crate::threads::placement_key(&key, t));
     let lease = st.nodes.lease_for(home.as_deref(), st.settings.queue_wait).await?;
     let trace_id = new_trace_id();
     let mut audit = Audit::start(&trace_id, &key, req.language.as_str(), req.thread_id.as_deref(), &req.metadata, st.metrics.clone());
     audit.node(lease.node.name());
-    Ok(Admitted { trace_id, req, plan, key, lease, audit, _in_flight: st.metrics.in_flight(), _thread: thread, _slot: slot })
+    Ok(Admitted { trace_id, req, plan, key, lease, audit, _in_flight: st.metrics.in_flight(), _thread: thread, _slot: slot, _output: output })
 }
 
 /// `trc_` + 20 random base62 characters.

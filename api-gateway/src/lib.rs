@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod budget;
 pub mod cluster_config;
 pub mod discovery;
 pub mod error;
@@ -80,6 +81,12 @@ pub struct Args {
     /// cancelled (its slot, thread and node lease released), milliseconds.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub stream_stall_ms: u64,
+    /// Gateway memory for execution output, MiB: each execution reserves
+    /// 4 × its key's maxOutputBytes (stdout and stderr, as text and encoded)
+    /// before it runs; one key may hold half. Keep it well under the
+    /// gateway's memory limit.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    pub output_budget_mib: u64,
     /// Longest wait for in-flight requests at shutdown, seconds.
     #[arg(long, default_value_t = 3600)]
     pub shutdown_timeout_secs: u64,
@@ -132,6 +139,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         keys: rx,
         nodes,
         admission: Default::default(),
+        budget: budget::OutputBudget::new(args.output_budget_mib << 20),
         metrics: Default::default(),
         settings: state::Settings {
             queue_wait: Duration::from_millis(args.queue_wait_ms),

@@ -31,6 +31,8 @@ pub struct AppState {
     pub nodes: Arc<Nodes>,
     /// Per-key and per-thread admission.
     pub admission: Arc<Admission>,
+    /// Gateway memory for execution output.
+    pub budget: Arc<crate::budget::OutputBudget>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Tunables.

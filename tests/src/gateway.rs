@@ -110,9 +110,14 @@ kind: ApiKey
 metadata: {name: loud}
 spec: {sandboxRef: {name: loud}}
 ---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: loud2}
+spec: {sandboxRef: {name: loud}}
+---
 ",
     );
-    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "loud"] {
+    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "loud", "loud2"] {
         s.push_str(&secret(k));
     }
     s
@@ -185,6 +190,13 @@ impl Gateway {
             std::thread::sleep(Duration::from_millis(50));
         }
         bail!("gateway not ready after {limit:?}: {}", http::get(self.addr, "/readyz").text())
+    }
+
+    /// Peak resident memory of the gateway process so far, bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let pid = self.child.as_ref().map_or(0, std::process::Child::id);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |kb| kb * 1024)
     }
 
     /// The manifest directory (tests add or change files to exercise reload).

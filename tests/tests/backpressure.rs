@@ -75,7 +75,7 @@ async fn gateway_setup(test: &str, gateway_args: &[&str]) -> Option<(Agent, Gate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ndjson_client_that_stops_reading_gets_its_execution_killed() {
     let test = "an_ndjson_client_that_stops_reading_gets_its_execution_killed";
-    let Some((agent, gw)) = gateway_setup(test, &["--stream-stall-ms", "2000"]).await else { return };
+    let Some((agent, gw)) = gateway_setup(test, &["--stream-stall-ms", "2000", "--output-budget-mib", "2048"]).await else { return };
     let body = json!({"code": ENDLESS, "language": "python", "timeout": 120});
     // Read up to the first output, then nothing more while holding the
     // connection open: 64 MiB of output cannot fit the socket buffers.
@@ -91,7 +91,7 @@ async fn an_ndjson_client_that_stops_reading_gets_its_execution_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_client_that_never_reads_still_ends_at_the_deadline() {
     let test = "a_plain_client_that_never_reads_still_ends_at_the_deadline";
-    let Some((agent, gw)) = gateway_setup(test, &[]).await else { return };
+    let Some((agent, gw)) = gateway_setup(test, &["--output-budget-mib", "2048"]).await else { return };
     let body = json!({"code": ENDLESS, "language": "python", "timeout": 3});
     let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
     std::io::Write::write_all(&mut conn, &http::execute_request(gw.addr, &key("loud"), &body, false)).unwrap();
@@ -100,4 +100,46 @@ async fn a_plain_client_that_never_reads_still_ends_at_the_deadline() {
     assert!(wait_agent_running(&agent, 0).await);
     assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|a| a["outcome"] == "timeout")), "{:?}", gw.audit_records());
     drop(conn);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
+    let test = "large_outputs_at_once_stay_within_the_gateway_output_budget";
+    const MIB: u64 = 1 << 20;
+    // 4 × 64 MiB per execution = 256 MiB; one key may hold half of 600.
+    let Some((agent, gw)) = gateway_setup(test, &["--output-budget-mib", "600"]).await else { return };
+    let code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(64): sys.stdout.write(chunk)\n";
+    let body = json!({"code": code, "language": "python", "timeout": 60});
+    let calls: Vec<_> = ["loud", "loud", "loud2", "loud2", "loud"]
+        .into_iter()
+        .map(|k| {
+            let (addr, body, k) = (gw.addr, body.clone(), key(k));
+            std::thread::spawn(move || http::raw(addr, &http::execute_request(addr, &k, &body, false)).expect("HTTP request"))
+        })
+        .collect();
+    let results: Vec<_> = calls.into_iter().map(|t| t.join().unwrap()).collect();
+    let peak = gw.peak_rss();
+    eprintln!("gateway peak RSS with 5 concurrent 64 MiB outputs and a 600 MiB budget: {} MiB", peak / MIB);
+    let mut ok = 0;
+    for r in &results {
+        match r.status {
+            200 => {
+                assert_eq!(r.json()["stdout"].as_str().map(str::len), Some(64 << 20));
+                ok += 1;
+            }
+            503 => {
+                let v = r.json();
+                assert_eq!((v["error"].as_str(), r.header("retry-after")), (Some("unavailable"), Some("1")), "{v}");
+                assert!(v["message"].as_str().unwrap().contains("output memory"), "{v}");
+            }
+            s => panic!("unexpected status {s}: {}", &r.text()[..r.text().len().min(300)]),
+        }
+    }
+    assert!(ok >= 1, "at least one execution ran");
+    assert!(ok < results.len(), "the budget refused some: 5 at once need 1280 MiB");
+    assert!(peak < 700 * MIB, "the gateway's memory stayed near its budget: peak {} MiB", peak / MIB);
+    assert_eq!(http::get(gw.addr, "/healthz").status, 200, "the gateway is alive");
+    assert!(wait_agent_running(&agent, 0).await);
+    // Budget comes back: the next one runs.
+    assert_eq!(gw.execute(&key("loud"), &body).status, 200);
 }

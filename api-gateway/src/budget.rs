@@ -1,0 +1,152 @@
+//! The gateway's memory for execution output.
+//!
+//! A result holds the program's output until it is sent: as text, and again
+//! JSON-encoded (the streamed final line repeats it too). One execution may
+//! print up to its key's `maxOutputBytes` on each of stdout and stderr, so a
+//! few large outputs at once could exhaust a shared gateway. Each admitted
+//! execution therefore reserves its worst case from a global budget before
+//! it runs; one key may hold at most half of it, so a single tenant cannot
+//! take all of it. Reservations are released when the response is done.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::ApiError;
+
+/// Reserved bytes are counted in units of this many bytes.
+const UNIT: u64 = 1024;
+
+/// Bytes one execution may hold: stdout and stderr, each as text and encoded.
+pub fn worst_case(max_output_bytes: u64) -> u64 {
+    max_output_bytes.saturating_mul(4)
+}
+
+/// The global budget and what each key holds of it.
+#[derive(Debug)]
+pub struct OutputBudget {
+    units: Arc<Semaphore>,
+    total_units: u64,
+    per_key: Mutex<HashMap<String, u64>>,
+}
+
+/// One execution's reservation; released on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<OutputBudget>,
+    key: String,
+    units: u64,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+fn units_of(bytes: u64) -> u64 {
+    bytes.div_ceil(UNIT)
+}
+
+impl OutputBudget {
+    /// A budget of `bytes` in total.
+    pub fn new(bytes: u64) -> Arc<OutputBudget> {
+        // A semaphore holds at most usize::MAX >> 3 permits; budgets are far below.
+        let total_units = units_of(bytes).min(u64::from(u32::MAX));
+        Arc::new(OutputBudget { units: Arc::new(Semaphore::new(total_units as usize)), total_units, per_key: Mutex::default() })
+    }
+
+    /// Most one key may hold.
+    fn key_units(&self) -> u64 {
+        self.total_units / 2
+    }
+
+    /// Reserves `bytes` for an execution of `key`, waiting up to `wait` for
+    /// other executions to give budget back. A reservation that could never
+    /// fit, or a key already holding its share, is refused at once.
+    pub async fn reserve(self: &Arc<Self>, key: &str, bytes: u64, wait: Duration) -> Result<Reservation, ApiError> {
+        let units = units_of(bytes);
+        if units > self.key_units() {
+            return Err(ApiError::unavailable(format!(
+                "this key's output limit needs {} MiB of gateway memory, more than one key may hold ({} MiB); lower maxOutputBytes",
+                bytes >> 20,
+                (self.key_units() * UNIT) >> 20
+            )));
+        }
+        {
+            let mut held = self.lock();
+            let mine = held.entry(key.to_string()).or_default();
+            if *mine + units > self.key_units() {
+                return Err(ApiError::unavailable("this key's executions hold its share of the gateway's output memory; retry after one finishes"));
+            }
+            *mine += units;
+        }
+        // From here the key's count includes this reservation; dropping it undoes that.
+        let mut r = Reservation { budget: self.clone(), key: key.to_string(), units, _permit: None };
+        let acquire = self.units.clone().acquire_many_owned(units as u32);
+        match tokio::time::timeout(wait, acquire).await {
+            Ok(Ok(permit)) => {
+                r._permit = Some(permit);
+                Ok(r)
+            }
+            _ => Err(ApiError::unavailable("the gateway's output memory is in use by other executions; retry shortly")),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.per_key.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes reserved now (for metrics and tests).
+    pub fn reserved_bytes(&self) -> u64 {
+        (self.total_units - self.units.available_permits() as u64) * UNIT
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut held = self.budget.lock();
+        if let Some(n) = held.get_mut(&self.key) {
+            *n = n.saturating_sub(self.units);
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const NOW: Duration = Duration::ZERO;
+
+    #[tokio::test]
+    async fn reservations_are_bounded_globally_and_per_key_and_returned() {
+        let b = OutputBudget::new(100 * MIB);
+        let a1 = b.reserve("a", 30 * MIB, NOW).await.unwrap();
+        assert_eq!(b.reserved_bytes(), 30 * MIB);
+        let e = b.reserve("a", 30 * MIB, NOW).await.unwrap_err();
+        assert!(e.body.error == "unavailable" && e.body.message.contains("its share"), "{e:?}");
+        let b1 = b.reserve("b", 50 * MIB, NOW).await.unwrap();
+        let e = b.reserve("c", 40 * MIB, NOW).await.unwrap_err();
+        assert!(e.body.message.contains("in use by other executions"), "{e:?}");
+        assert_eq!(b.reserved_bytes(), 80 * MIB, "a refused reservation holds nothing");
+        assert!(b.reserve("c", 51 * MIB, NOW).await.unwrap_err().body.message.contains("lower maxOutputBytes"));
+        drop(a1);
+        drop(b1);
+        assert_eq!(b.reserved_bytes(), 0);
+        let _c = b.reserve("c", 40 * MIB, NOW).await.unwrap();
+        let _a = b.reserve("a", 50 * MIB, NOW).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_waits_for_budget_to_come_back() {
+        let b = OutputBudget::new(100 * MIB);
+        let first = b.reserve("a", 50 * MIB, NOW).await.unwrap();
+        let _second = b.reserve("b", 40 * MIB, NOW).await.unwrap();
+        let b2 = b.clone();
+        let waiting = tokio::spawn(async move { b2.reserve("c", 20 * MIB, Duration::from_secs(5)).await.map(drop) });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(first);
+        assert!(waiting.await.unwrap().is_ok());
+    }
+}
