@@ -80,6 +80,11 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request body exceeds {limit} bytes"))
     }
 
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("the request body did not arrive within {} seconds", limit.as_secs_f64()))
+    }
+
     /// 415.
     pub fn unsupported_media_type() -> Self {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "send the request body as Content-Type: application/json")

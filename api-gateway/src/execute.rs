@@ -62,6 +62,7 @@ struct Admitted {
         (status = 401, description = "Missing or unknown API key", body = crate::error::ErrorBody),
         (status = 403, description = "API key disabled", body = crate::error::ErrorBody),
         (status = 409, description = "The thread is running another execution", body = crate::error::ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = crate::error::ErrorBody),
         (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
         (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
         (status = 429, description = "The key is at its concurrency limit; see Retry-After", body = crate::error::ErrorBody),
@@ -104,12 +105,14 @@ fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<bytes::Bytes, ApiError> {
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(ApiError::too_large(MAX_BODY_BYTES));
     }
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+    // A client trickling its body must not hold the connection for ever.
+    let read = tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES)).await.map_err(|_| ApiError::body_timeout(limit))?;
+    read.map_err(|e| {
         let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
         if too_large { ApiError::too_large(MAX_BODY_BYTES) } else { ApiError::invalid_json("the request body could not be read") }
     })
@@ -120,7 +123,7 @@ async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitte
     if !is_json(headers) {
         return Err(ApiError::unsupported_media_type());
     }
-    let bytes = read_body(headers, body).await?;
+    let bytes = read_body(headers, body, st.settings.body_timeout).await?;
     let req = request::parse(&bytes)?;
     let asynchronous = headers.get_all("prefer").iter().any(|v| v.to_str().is_ok_and(|s| s.contains("respond-async")));
     if asynchronous {

@@ -21,6 +21,7 @@ pub mod openapi;
 pub mod request;
 pub mod result;
 pub mod router;
+pub mod serve;
 pub mod state;
 pub mod threads;
 
@@ -87,6 +88,16 @@ pub struct Args {
     /// gateway's memory limit.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
     pub output_budget_mib: u64,
+    /// Most HTTP connections open at once; more clients wait to be accepted.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// Longest wait for a request's headers (and between requests on an idle
+    /// kept-alive connection), milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub header_timeout_ms: u64,
+    /// Longest wait for a request's body once its headers arrived, milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub body_timeout_ms: u64,
     /// Longest wait for in-flight requests at shutdown, seconds.
     #[arg(long, default_value_t = 3600)]
     pub shutdown_timeout_secs: u64,
@@ -145,25 +156,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             queue_wait: Duration::from_millis(args.queue_wait_ms),
             keepalive: Duration::from_millis(args.keepalive_ms),
             stream_stall: Duration::from_millis(args.stream_stall_ms),
+            body_timeout: Duration::from_millis(args.body_timeout_ms),
         },
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     info!(addr = %listener.local_addr()?, agents = args.agents.len(), "gateway listening");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router::app(state)).with_graceful_shutdown(async move {
-        let _ = stop_rx.await;
-    });
-    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
-    tokio::select! {
-        r = &mut server => r?,
-        _ = shutdown_signal() => {
-            info!("shutting down: draining in-flight requests");
-            let _ = stop_tx.send(());
-            if tokio::time::timeout(Duration::from_secs(args.shutdown_timeout_secs), &mut server).await.is_err() {
-                tracing::warn!("in-flight requests did not finish in time; exiting");
-            }
-        }
-    }
+    let limits = serve::HttpLimits { max_connections: args.max_connections as usize, header_timeout: Duration::from_millis(args.header_timeout_ms) };
+    let stop = async {
+        shutdown_signal().await;
+        info!("shutting down: draining in-flight requests");
+    };
+    serve::serve(listener, router::app(state), limits, stop, Duration::from_secs(args.shutdown_timeout_secs)).await;
     health.abort();
     reload.abort();
     if let Some(d) = discovery {

@@ -20,6 +20,8 @@ pub struct Settings {
     /// How long a streaming client may take no line before its execution
     /// is cancelled.
     pub stream_stall: Duration,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
 }
 
 /// Everything a handler needs; cheap to clone.

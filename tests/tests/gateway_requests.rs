@@ -185,3 +185,59 @@ async fn malformed_and_hostile_requests_get_their_documented_error() {
     let r = gw.execute(&key("main"), &serde_json::json!({"code": "print('still here')"}));
     assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("still here\n")));
 }
+
+/// Reads until the peer closes; returns what arrived.
+fn read_to_close(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_connections_are_capped() {
+    if skip_unless_root("slow_clients_are_cut_off_and_connections_are_capped") {
+        return;
+    }
+    use std::io::Write;
+    let agent = Agent::start(&[]).await.unwrap();
+    let args = ["--header-timeout-ms", "1000", "--body-timeout-ms", "1000", "--max-connections", "1"];
+    let gw = Gateway::start(&[agent.address()], &args, false).await.unwrap();
+    // Only one connection is served at a time: a second client waits until
+    // the first one (sending nothing, slow-loris style) is cut off.
+    let mut idle = std::net::TcpStream::connect(gw.addr).unwrap();
+    let waiting = std::thread::spawn({
+        let addr = gw.addr;
+        move || {
+            let r = http::get(addr, "/healthz");
+            (r.status, std::time::Instant::now())
+        }
+    });
+    let idle_said = read_to_close(&mut idle);
+    let closed_at = std::time::Instant::now();
+    assert!(!idle_said.contains("200 OK"), "the idle connection got nothing but a close: {idle_said:?}");
+    let (status, served_at) = waiting.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(served_at >= closed_at, "the second client was served only once the first was gone");
+    // Headers that never finish: the connection is closed.
+    let mut slow = std::net::TcpStream::connect(gw.addr).unwrap();
+    slow.write_all(b"POST /v1/sandbox/execute HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let said = read_to_close(&mut slow);
+    assert!(!said.contains("HTTP/1.1 2"), "{said:?}");
+    // A body that never finishes: 408 with the documented error, nothing ran.
+    let mut trickle = std::net::TcpStream::connect(gw.addr).unwrap();
+    let head = format!(
+        "POST /v1/sandbox/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"code\":",
+        key("main")
+    );
+    trickle.write_all(head.as_bytes()).unwrap();
+    let said = read_to_close(&mut trickle);
+    assert!(said.starts_with("HTTP/1.1 408") && said.contains("\"error\":\"request_timeout\""), "{said:?}");
+    assert!(gw.audit_records().is_empty());
+    // A kept-alive connection left idle is closed too, after its response.
+    let mut kept = std::net::TcpStream::connect(gw.addr).unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let said = read_to_close(&mut kept);
+    assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
+}
