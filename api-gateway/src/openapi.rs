@@ -16,7 +16,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 #[schema(as = ExecuteRequest)]
 pub struct ExecuteRequestDoc {
     /// Program text, 1 byte to 1 MiB of UTF-8.
-    #[schema(min_length = 1)]
+    #[schema(min_length = 1, max_length = 1048576)]
     pub code: String,
     /// Interpreter; must be offered by the key's Sandbox.
     #[schema(value_type = Option<String>, pattern = "^(python|node|bash)$", default = "python")]
@@ -32,8 +32,10 @@ pub struct ExecuteRequestDoc {
     /// Request-scope environment (wins over ApiKey and Sandbox): at most 50, names `^[A-Z][A-Z0-9_]*$`, reserved names refused.
     pub env_vars: Option<BTreeMap<String, String>>,
     /// At most 10 paths under `/data/<mount>/`, each narrowing its mount for this call.
+    #[schema(max_items = 10)]
     pub sub_paths: Option<Vec<String>>,
     /// https URL for asynchronous delivery; needs `Prefer: respond-async` (not offered yet: 501).
+    #[schema(pattern = "^https://", max_length = 2048)]
     pub webhook_url: Option<String>,
 }
 

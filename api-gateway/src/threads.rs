@@ -28,7 +28,7 @@ pub fn thread_ref(key: &EffectiveKey, thread_id: &str) -> pb::ThreadRef {
     delete,
     path = "/v1/threads/{thread_id}",
     tag = "threads",
-    params(("thread_id" = String, Path, description = "The thread id used with execute")),
+    params(("thread_id" = String, Path, description = "The thread id used with execute", pattern = "^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$")),
     security(("bearer" = [])),
     responses(
         (status = 204, description = "Deleted: the next call with this thread_id starts with a fresh home"),

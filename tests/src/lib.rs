@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod helm;
 pub mod http;
 pub mod kube;
+pub mod python;
 pub mod s3;
 
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};

@@ -3,7 +3,7 @@
 //! and its Anthropic tool integration (tests/sdk/check_sdk.py). The
 //! virtualenv is made by this test with `pip install baponi[anthropic]==0.5.1`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use warren_e2e::gateway::{key, Gateway};
@@ -13,37 +13,12 @@ use warren_e2e::{skip_unless_root, Agent};
 /// of that module; no model is called: the test drives its tool handler).
 const SDK: &str = "baponi[anthropic]==0.5.1";
 
-/// `target/sdk-venv`, made once (atomically, so parallel runs never see a
-/// half-built one).
-fn venv() -> PathBuf {
-    let target = warren_e2e::bin_dir().parent().expect("target dir").to_path_buf();
-    let dir = target.join("sdk-venv");
-    if std::fs::read_to_string(dir.join("ok")).is_ok_and(|v| v == SDK) {
-        return dir;
-    }
-    let _ = std::fs::remove_dir_all(&dir); // made for another SDK spec
-    let tmp = target.join(format!("sdk-venv.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    run(Command::new("python3").args(["-m", "venv"]).arg(&tmp));
-    run(Command::new(tmp.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check", SDK]));
-    std::fs::write(tmp.join("ok"), SDK).unwrap();
-    if std::fs::rename(&tmp, &dir).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp); // another run finished first
-    }
-    dir
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_baponi_sdk_works_against_warren() {
     if skip_unless_root("the_baponi_sdk_works_against_warren") {
         return;
     }
-    let venv = venv();
+    let venv = warren_e2e::python::venv("sdk-venv", SDK);
     let agent = Agent::start(&[]).await.unwrap();
     let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/check_sdk.py");
