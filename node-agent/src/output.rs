@@ -45,18 +45,16 @@ impl Queue {
 
     /// Hands `ev` to the caller now if it has room, else queues it.
     pub fn push(&mut self, tx: &mpsc::Sender<Event>, ev: Event) {
-        if self.pending.is_empty() {
-            match tx.try_send(ev) {
-                Ok(()) => return,
-                // Gone: the caller's own branch notices; nothing to deliver to.
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
-                Err(mpsc::error::TrySendError::Full(ev)) => {
-                    self.waiting_since = Some(Instant::now());
-                    self.queue(ev);
-                }
+        if !self.pending.is_empty() {
+            return self.queue(ev);
+        }
+        match tx.try_send(ev) {
+            // Gone: the caller's own branch notices; nothing to deliver to.
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(ev)) => {
+                self.waiting_since = Some(Instant::now());
+                self.queue(ev);
             }
-        } else {
-            self.queue(ev);
         }
     }
 

@@ -173,18 +173,16 @@ async fn tcp_requires_the_bearer_token() {
     let ch = ok.expect("agent listens on tcp");
     let mut anon = warren_proto::agent::node_agent_client::NodeAgentClient::new(ch.clone());
     assert_eq!(anon.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
-    let token: tonic::metadata::MetadataValue<_> = "Bearer test-token-0123456789abcdef".parse().unwrap();
-    let mut authed = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch.clone(), move |mut r: tonic::Request<()>| {
-        r.metadata_mut().insert("authorization", token.clone());
-        Ok(r)
-    });
-    assert!(authed.status(StatusRequest {}).await.is_ok());
+    let with_token = |token: &str| {
+        let value: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+        warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch.clone(), move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", value.clone());
+            Ok(r)
+        })
+    };
+    assert!(with_token("test-token-0123456789abcdef").status(StatusRequest {}).await.is_ok());
     // A wrong token of the right length is refused the same way, for every call.
-    let wrong: tonic::metadata::MetadataValue<_> = "Bearer test-token-0123456789abcdeX".parse().unwrap();
-    let mut forged = warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch, move |mut r: tonic::Request<()>| {
-        r.metadata_mut().insert("authorization", wrong.clone());
-        Ok(r)
-    });
+    let mut forged = with_token("test-token-0123456789abcdeX");
     assert_eq!(forged.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
     let err = forged.execute(request(Language::Bash, "touch /tmp/ran", T)).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);

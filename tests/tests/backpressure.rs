@@ -16,18 +16,25 @@ const ENDLESS: &str = "import sys\nline = 'x' * 99 + '\\n'\nwhile True:\n    sys
 /// Bounded wait for something that happens seconds after a deadline.
 const SETTLE: Duration = Duration::from_secs(20);
 
+/// An agent with `--output-stall-secs stall` running [`ENDLESS`] (64 MiB
+/// output cap) for a gRPC caller that has not read anything yet.
+async fn endless_unread(stall: &str, timeout: Duration) -> (Agent, tonic::Streaming<warren_proto::agent::ExecuteEvent>) {
+    let agent = Agent::start(&["--output-stall-secs", stall, "--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut req = request(Language::Python, ENDLESS, timeout);
+    req.limits = Some(warren_proto::agent::Limits { max_output_bytes: 64 << 20, ..Default::default() });
+    let stream = client.execute(req).await.unwrap().into_inner();
+    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    (agent, stream)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_fires_while_the_caller_reads_nothing() {
     if skip_unless_root("the_deadline_fires_while_the_caller_reads_nothing") {
         return;
     }
     // A stall timeout far beyond the test: only the deadline can end it.
-    let agent = Agent::start(&["--output-stall-secs", "300", "--pool-size", "0"]).await.unwrap();
-    let mut client = agent.client().await.unwrap();
-    let mut req = request(Language::Python, ENDLESS, Duration::from_secs(3));
-    req.limits = Some(warren_proto::agent::Limits { max_output_bytes: 64 << 20, ..Default::default() });
-    let mut stream = client.execute(req).await.unwrap().into_inner();
-    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    let (agent, mut stream) = endless_unread("300", Duration::from_secs(3)).await;
     // Read nothing: the gRPC window, the agent's channels and its output
     // queue fill, and the program blocks on its pipe with its timer running.
     assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "the program outlived its 3 s deadline: {:?}", agent.sandbox_processes());
@@ -48,12 +55,7 @@ async fn a_caller_that_reads_nothing_for_the_stall_time_is_cut_off() {
     if skip_unless_root("a_caller_that_reads_nothing_for_the_stall_time_is_cut_off") {
         return;
     }
-    let agent = Agent::start(&["--output-stall-secs", "2", "--pool-size", "0"]).await.unwrap();
-    let mut client = agent.client().await.unwrap();
-    let mut req = request(Language::Python, ENDLESS, Duration::from_secs(600));
-    req.limits = Some(warren_proto::agent::Limits { max_output_bytes: 64 << 20, ..Default::default() });
-    let stream = client.execute(req).await.unwrap().into_inner();
-    assert!(wait_for(SETTLE, || !agent.sandbox_processes().is_empty()), "the program never started");
+    let (agent, stream) = endless_unread("2", Duration::from_secs(600)).await;
     // The deadline is 10 minutes away; only the stall ends the execution,
     // with the stream still open.
     assert!(wait_agent_running(&agent, 1).await);

@@ -86,7 +86,7 @@ impl Tree {
     /// not a real directory of the tree.
     pub fn dir(&self, rel: &Path) -> io::Result<OwnedFd> {
         if rel.as_os_str().is_empty() {
-            return Ok(self.root.try_clone()?);
+            return self.root.try_clone();
         }
         if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a plain relative path", rel.display())));
