@@ -353,15 +353,17 @@ async fn relay(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, tx: tok
 struct Lines {
     trace_id: String,
     seq: u64,
-    out: Utf8Chunks,
-    err: Utf8Chunks,
-    all_out: String,
-    all_err: String,
+    /// Per stream, in [`STREAMS`] order: the decoder and everything decoded.
+    decoders: [Utf8Chunks; 2],
+    all: [String; 2],
 }
+
+/// Stream names, indexing [`Lines`]' per-stream state.
+const STREAMS: [&str; 2] = ["stdout", "stderr"];
 
 impl Lines {
     fn new(trace_id: String) -> Lines {
-        Lines { trace_id, seq: 0, out: Utf8Chunks::default(), err: Utf8Chunks::default(), all_out: String::new(), all_err: String::new() }
+        Lines { trace_id, seq: 0, decoders: Default::default(), all: Default::default() }
     }
 
     fn next(&mut self) -> u64 {
@@ -373,37 +375,35 @@ impl Lines {
         StreamEvent::Keepalive { seq: self.next() }
     }
 
-    fn output(&mut self, stream: &'static str, data: String) -> StreamEvent {
-        let all = if stream == "stdout" { &mut self.all_out } else { &mut self.all_err };
-        all.push_str(&data);
-        StreamEvent::Output { stream: stream.into(), data, seq: self.next() }
+    /// An output line for stream `i`, unless `data` is empty.
+    fn output(&mut self, i: usize, data: String) -> Option<StreamEvent> {
+        if data.is_empty() {
+            return None;
+        }
+        self.all[i].push_str(&data);
+        Some(StreamEvent::Output { stream: STREAMS[i].into(), data, seq: self.next() })
     }
 
     fn event(&mut self, ev: Event) -> Vec<StreamEvent> {
-        match ev {
-            Event::Started(_) => vec![StreamEvent::Status { trace_id: self.trace_id.clone(), status: "running".into(), seq: self.next() }],
-            Event::Stdout(c) => {
-                let data = self.out.push(&c.data);
-                if data.is_empty() { vec![] } else { vec![self.output("stdout", data)] }
-            }
-            Event::Stderr(c) => {
-                let data = self.err.push(&c.data);
-                if data.is_empty() { vec![] } else { vec![self.output("stderr", data)] }
-            }
-            Event::Exited(_) => vec![],
-        }
+        let (i, bytes) = match ev {
+            Event::Started(_) => return vec![StreamEvent::Status { trace_id: self.trace_id.clone(), status: "running".into(), seq: self.next() }],
+            Event::Stdout(c) => (0, c.data),
+            Event::Stderr(c) => (1, c.data),
+            Event::Exited(_) => return vec![],
+        };
+        let data = self.decoders[i].push(&bytes);
+        self.output(i, data).into_iter().collect()
     }
 
     /// The last output (an incomplete character at the end) and the result.
     fn exited(&mut self, x: &pb::Exited, outcome: Outcome) -> Vec<StreamEvent> {
         let mut lines = Vec::new();
-        for name in ["stdout", "stderr"] {
-            let data = if name == "stdout" { self.out.finish() } else { self.err.finish() };
-            if !data.is_empty() {
-                lines.push(self.output(name, data));
-            }
+        for i in 0..STREAMS.len() {
+            let data = self.decoders[i].finish();
+            lines.extend(self.output(i, data));
         }
-        let result = ExecuteResult::new(&self.trace_id, x, std::mem::take(&mut self.all_out), std::mem::take(&mut self.all_err));
+        let [out, err] = std::mem::take(&mut self.all);
+        let result = ExecuteResult::new(&self.trace_id, x, out, err);
         let truncated = x.stdout_truncated || x.stderr_truncated;
         let seq = self.next();
         lines.push(StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq });

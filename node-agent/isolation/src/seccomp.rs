@@ -283,21 +283,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_loaded_filter_refuses_what_it_must_and_allows_what_it_may() {
-        let filters = crate::sandbox::sys::seccomp_filters(&compile().unwrap()).unwrap();
+    /// Runs [`probe_filter`] under `filters` in a forked child; its wait status.
+    fn probe_in_child(filters: &[libc::sock_filter]) -> i32 {
         // SAFETY: the child makes raw syscalls only and leaves with _exit, so
         // no lock another test thread held at fork time is ever needed.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            let code = probe_filter(&filters);
+            let code = probe_filter(filters);
             // SAFETY: ends the forked child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
         let mut status = 0;
         // SAFETY: waits for the child forked above.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    #[test]
+    fn the_loaded_filter_refuses_what_it_must_and_allows_what_it_may() {
+        let filters = crate::sandbox::sys::seccomp_filters(&compile().unwrap()).unwrap();
+        let status = probe_in_child(&filters);
         assert!(libc::WIFEXITED(status), "the probe child died: status {status:#x}");
         assert_eq!(libc::WEXITSTATUS(status), 0, "probe #{} behaved wrongly under the filter", libc::WEXITSTATUS(status));
     }
@@ -306,17 +312,7 @@ mod tests {
     fn an_allow_all_filter_fails_the_probes() {
         // The probes above would catch a filter that lets everything through.
         let allow_all = [libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW }];
-        // SAFETY: as in the test above.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let code = probe_filter(&allow_all);
-            // SAFETY: ends the forked child.
-            unsafe { libc::_exit(code) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let status = probe_in_child(&allow_all);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0, "status {status:#x}");
     }
 }

@@ -474,14 +474,12 @@ impl Threads {
                     }
                 }
                 Some((m, v)) if m.expired(now) => {
-                    let parts: Vec<&str> = rel.split('/').collect();
-                    if let [ns, name, id] = parts[..] {
-                        if let Ok(key) = ThreadKey::new(ns, name, id) {
-                            if let Ok(_lock) = self.lock(&key) {
-                                if self.bury(&key, m, Some(v.clone())).await.unwrap_or(false) {
-                                    report.expired += 1;
-                                    info!(thread = %rel, "thread expired and was deleted");
-                                }
+                    // A manifest was parsed, so its owner is known.
+                    if let Some(key) = &owner {
+                        if let Ok(_lock) = self.lock(key) {
+                            if self.bury(key, m, Some(v.clone())).await.unwrap_or(false) {
+                                report.expired += 1;
+                                info!(thread = %rel, "thread expired and was deleted");
                             }
                         }
                     }
