@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::error::ApiError;
+use crate::exec::ExecError;
 
 /// Counters and locks shared by all requests of this gateway.
 #[derive(Debug, Default)]
@@ -38,11 +38,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Admission {
     /// Takes a slot for `key` (its `namespace/name`), or 429 at `limit`.
-    pub fn key_slot(self: &Arc<Self>, key: &str, limit: u32) -> Result<KeySlot, ApiError> {
+    pub fn key_slot(self: &Arc<Self>, key: &str, limit: u32) -> Result<KeySlot, ExecError> {
         let mut running = lock(&self.running);
         let n = running.entry(key.to_string()).or_default();
         if *n >= limit {
-            return Err(ApiError::concurrency_limit(limit));
+            return Err(ExecError::KeyConcurrency(limit));
         }
         *n += 1;
         Ok(KeySlot { admission: self.clone(), key: key.to_string() })
@@ -50,10 +50,10 @@ impl Admission {
 
     /// Locks `thread_id` of `key`, or 409 when another execution holds it.
     /// Threads are scoped to their key: two keys never share one.
-    pub fn thread(self: &Arc<Self>, key: &str, thread_id: &str) -> Result<ThreadLock, ApiError> {
+    pub fn thread(self: &Arc<Self>, key: &str, thread_id: &str) -> Result<ThreadLock, ExecError> {
         let id = (key.to_string(), thread_id.to_string());
         if !lock(&self.threads).insert(id.clone()) {
-            return Err(ApiError::thread_busy(thread_id));
+            return Err(ExecError::ThreadBusy(thread_id.to_string()));
         }
         Ok(ThreadLock { admission: self.clone(), id })
     }
@@ -86,7 +86,7 @@ mod tests {
         let a = Arc::new(Admission::default());
         let s1 = a.key_slot("ns/k", 2).unwrap();
         let _s2 = a.key_slot("ns/k", 2).unwrap();
-        assert_eq!(a.key_slot("ns/k", 2).unwrap_err().status.as_u16(), 429);
+        assert_eq!(a.key_slot("ns/k", 2).unwrap_err(), ExecError::KeyConcurrency(2));
         assert!(a.key_slot("ns/other", 2).is_ok(), "keys are counted separately");
         drop(s1);
         assert!(a.key_slot("ns/k", 2).is_ok());
@@ -96,7 +96,7 @@ mod tests {
     fn threads_are_exclusive_per_key() {
         let a = Arc::new(Admission::default());
         let t = a.thread("ns/k", "t1").unwrap();
-        assert_eq!(a.thread("ns/k", "t1").unwrap_err().status.as_u16(), 409);
+        assert_eq!(a.thread("ns/k", "t1").unwrap_err(), ExecError::ThreadBusy("t1".into()));
         assert!(a.thread("ns/k2", "t1").is_ok(), "another key's thread of the same name is separate");
         drop(t);
         assert!(a.thread("ns/k", "t1").is_ok());

@@ -6,7 +6,7 @@ use axum::http::HeaderMap;
 use warren_config::key::{self, KeyHash};
 use warren_config::EffectiveKey;
 
-use crate::error::ApiError;
+use crate::exec::ExecError;
 
 /// The keys of one configuration generation. Swapped whole on reload;
 /// requests keep the generation they started with.
@@ -54,7 +54,7 @@ impl KeyStore {
     ///
     /// Every stored hash is compared, in constant time and without stopping at
     /// a match, so response time says nothing about which keys exist.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, ApiError> {
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, ExecError> {
         let presented = bearer(headers)?;
         let hash = KeyHash::of(presented);
         let mut found = None;
@@ -63,20 +63,20 @@ impl KeyStore {
                 found = Some(k);
             }
         }
-        let k = found.ok_or_else(|| ApiError::unauthenticated("invalid_api_key", "the API key is not valid"))?;
+        let k = found.ok_or_else(|| ExecError::InvalidKey("the API key is not valid"))?;
         if k.disabled {
-            return Err(ApiError::forbidden("api_key_disabled", "this API key is disabled"));
+            return Err(ExecError::KeyDisabled);
         }
         Ok(k.clone())
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+fn bearer(headers: &HeaderMap) -> Result<&str, ExecError> {
     let mut values = headers.get_all(axum::http::header::AUTHORIZATION).iter();
     let (Some(v), None) = (values.next(), values.next()) else {
-        return Err(ApiError::unauthenticated("missing_api_key", "send the API key as Authorization: Bearer sk-wrn-…"));
+        return Err(ExecError::MissingKey);
     };
-    let malformed = || ApiError::unauthenticated("invalid_api_key", "the Authorization header must be Bearer followed by a Warren API key");
+    let malformed = || ExecError::InvalidKey("the Authorization header must be Bearer followed by a Warren API key");
     let v = v.to_str().map_err(|_| malformed())?;
     let (scheme, token) = v.split_once(' ').ok_or_else(malformed)?;
     if !scheme.eq_ignore_ascii_case("bearer") || !key::is_well_formed(token) {
@@ -110,7 +110,7 @@ mod tests {
         if let Some(v) = value {
             h.insert("authorization", HeaderValue::from_str(v).unwrap());
         }
-        s.authenticate(&h).map(|k| k.name.clone()).map_err(|e| (e.status.as_u16(), e.body.error))
+        s.authenticate(&h).map(|k| k.name.clone()).map_err(|e| { let e = crate::error::ApiError::from(e); (e.status.as_u16(), e.body.error) })
     }
 
     #[test]

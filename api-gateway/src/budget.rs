@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
+use crate::exec::ExecError;
 
 /// Reserved bytes are counted in units of this many bytes.
 const UNIT: u64 = 1024;
@@ -61,10 +61,10 @@ impl OutputBudget {
     /// Reserves `bytes` for an execution of `key`, waiting up to `wait` for
     /// other executions to give budget back. A reservation that could never
     /// fit, or a key already holding its share, is refused at once.
-    pub async fn reserve(self: &Arc<Self>, key: &str, bytes: u64, wait: Duration) -> Result<Reservation, ApiError> {
+    pub async fn reserve(self: &Arc<Self>, key: &str, bytes: u64, wait: Duration) -> Result<Reservation, ExecError> {
         let units = units_of(bytes);
         if units > self.key_units() {
-            return Err(ApiError::unavailable(format!(
+            return Err(ExecError::OutputBudget(format!(
                 "this key's output limit needs {} MiB of gateway memory, more than one key may hold ({} MiB); lower maxOutputBytes",
                 bytes >> 20,
                 (self.key_units() * UNIT) >> 20
@@ -74,7 +74,7 @@ impl OutputBudget {
             let mut held = self.lock();
             let mine = held.entry(key.to_string()).or_default();
             if *mine + units > self.key_units() {
-                return Err(ApiError::unavailable("this key's executions hold its share of the gateway's output memory; retry after one finishes"));
+                return Err(ExecError::OutputBudget("this key's executions hold its share of the gateway's output memory; retry after one finishes".into()));
             }
             *mine += units;
         }
@@ -86,7 +86,7 @@ impl OutputBudget {
                 r._permit = Some(permit);
                 Ok(r)
             }
-            _ => Err(ApiError::unavailable("the gateway's output memory is in use by other executions; retry shortly")),
+            _ => Err(ExecError::OutputBudget("the gateway's output memory is in use by other executions; retry shortly".into())),
         }
     }
 
@@ -125,12 +125,12 @@ mod tests {
         let a1 = b.reserve("a", 30 * MIB, NOW).await.unwrap();
         assert_eq!(b.reserved_bytes(), 30 * MIB);
         let e = b.reserve("a", 30 * MIB, NOW).await.unwrap_err();
-        assert!(e.body.error == "unavailable" && e.body.message.contains("its share"), "{e:?}");
+        assert!(matches!(&e, ExecError::OutputBudget(m) if m.contains("its share")), "{e:?}");
         let b1 = b.reserve("b", 50 * MIB, NOW).await.unwrap();
         let e = b.reserve("c", 40 * MIB, NOW).await.unwrap_err();
-        assert!(e.body.message.contains("in use by other executions"), "{e:?}");
+        assert!(e.to_string().contains("in use by other executions"), "{e:?}");
         assert_eq!(b.reserved_bytes(), 80 * MIB, "a refused reservation holds nothing");
-        assert!(b.reserve("c", 51 * MIB, NOW).await.unwrap_err().body.message.contains("lower maxOutputBytes"));
+        assert!(b.reserve("c", 51 * MIB, NOW).await.unwrap_err().to_string().contains("lower maxOutputBytes"));
         drop(a1);
         drop(b1);
         assert_eq!(b.reserved_bytes(), 0);

@@ -9,6 +9,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::exec::ExecError;
+
 /// Error body of every non-2xx response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ErrorBody {
@@ -70,11 +72,6 @@ impl ApiError {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this path does not accept that method")
     }
 
-    /// 409: another execution holds the thread.
-    pub fn thread_busy(thread_id: &str) -> Self {
-        Self::new(StatusCode::CONFLICT, "thread_busy", format!("thread {thread_id:?} is running another execution; retry when it finishes"))
-    }
-
     /// 413.
     pub fn too_large(limit: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request body exceeds {limit} bytes"))
@@ -90,30 +87,9 @@ impl ApiError {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "send the request body as Content-Type: application/json")
     }
 
-    /// 429: the key is at its concurrency limit.
-    pub fn concurrency_limit(limit: u32) -> Self {
-        let mut e = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "concurrency_limit",
-            format!("this API key already runs {limit} executions, its limit; retry after one finishes"),
-        );
-        e.retry_after = Some(1);
-        e
-    }
-
     /// 501: a documented option this server does not offer yet.
     pub fn not_implemented(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
-    }
-
-    /// 502: the node died while running the code; it may have partly run, so
-    /// this is deliberately not 503 (which clients retry automatically).
-    pub fn node_lost() -> Self {
-        Self::new(
-            StatusCode::BAD_GATEWAY,
-            "node_lost",
-            "the node running this execution stopped before it finished; the code may have partly run",
-        )
     }
 
     /// 503: nothing ran; safe to retry.
@@ -121,6 +97,39 @@ impl ApiError {
         let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
         e.retry_after = Some(1);
         e
+    }
+}
+
+/// The one place an execution-service error becomes an HTTP status.
+impl From<ExecError> for ApiError {
+    fn from(e: ExecError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            ExecError::MissingKey => Self::unauthenticated("missing_api_key", &message),
+            ExecError::InvalidKey(_) => Self::unauthenticated("invalid_api_key", &message),
+            ExecError::KeyDisabled => Self::forbidden("api_key_disabled", message),
+            ExecError::Invalid { field, message } => Self::invalid(field, message),
+            ExecError::KeyConcurrency(_) => {
+                let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "concurrency_limit", message);
+                e.retry_after = Some(1);
+                e
+            }
+            ExecError::ThreadBusy(_) => Self::new(StatusCode::CONFLICT, "thread_busy", message),
+            ExecError::ThreadNotFound(_) => Self::not_found(message),
+            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodesBusy | ExecError::NodeRefused(_) | ExecError::ThreadStore => {
+                Self::unavailable(message)
+            }
+            // Deliberately not 503 (which clients retry automatically): the
+            // code may have partly run.
+            ExecError::NodeLost => Self::new(StatusCode::BAD_GATEWAY, "node_lost", message),
+            ExecError::NotImplemented(_) => Self::not_implemented(message),
+        }
+    }
+}
+
+impl IntoResponse for ExecError {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
     }
 }
 

@@ -4,24 +4,16 @@
 //! fields (400), options against the key (400/501), key concurrency (429),
 //! thread (409), node capacity (503). Nothing reaches a node before all pass.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tonic::Streaming;
-use warren_config::EffectiveKey;
-use warren_core::Language;
-use warren_proto::agent::{self as pb, execute_event::Event};
 
-use crate::admission::{KeySlot, ThreadLock};
-use crate::audit::Audit;
 use crate::error::ApiError;
-use crate::metrics::InFlight;
-use crate::nodes::Lease;
-use crate::request::{self, ExecuteRequest, Plan};
+use crate::exec::{Delivery, ExecError, Exit, Lost, Run, RunEvent};
+use crate::request::{self, ExecuteRequest};
 use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
 use crate::state::AppState;
 
@@ -29,21 +21,6 @@ use crate::state::AppState;
 /// it; env_vars add up to 64 KiB.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 const NDJSON: &str = "application/x-ndjson";
-
-/// Everything held for one admitted execution; dropping it releases the
-/// key slot, the thread and the node slot, and writes the audit record.
-struct Admitted {
-    trace_id: String,
-    req: ExecuteRequest,
-    plan: Plan,
-    key: std::sync::Arc<EffectiveKey>,
-    lease: Lease,
-    audit: Audit,
-    _in_flight: InFlight,
-    _thread: Option<ThreadLock>,
-    _slot: KeySlot,
-    _output: crate::budget::Reservation,
-}
 
 /// Run code in a fresh sandbox.
 ///
@@ -73,21 +50,45 @@ struct Admitted {
     security(("bearer" = []))
 )]
 pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let stream = wants_stream(&headers);
-    let admitted = match admit(&st, &headers, body).await {
-        Ok(a) => a,
+    let delivery = if wants_stream(&headers) { Delivery::Streamed } else { Delivery::Collected };
+    let run = match admit_and_start(&st, &headers, body, delivery).await {
+        Ok(run) => run,
         Err(e) => return e.into_response(),
     };
-    let trace = HeaderValue::from_str(&admitted.trace_id).ok();
-    let mut resp = match start(admitted).await {
-        Err(e) => return e.into_response(),
-        Ok((a, events)) if stream => streamed(a, events, &st.settings),
-        Ok((a, events)) => collected(a, events).await,
+    let trace = HeaderValue::from_str(&run.id).ok();
+    let mut resp = match delivery {
+        Delivery::Streamed => streamed(run, &st.settings),
+        Delivery::Collected => collected(run).await,
     };
     if let Some(t) = trace {
         resp.headers_mut().insert("x-trace-id", t);
     }
     resp
+}
+
+/// Everything before the program runs: the key, the body, the service.
+async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<Run, ApiError> {
+    let key = st.keys().authenticate(headers)?;
+    let req = read_request(st, headers, body).await?;
+    let admitted = st.service.admit(&key, req, delivery).await?;
+    Ok(st.service.start(admitted).await?)
+}
+
+/// The body as a request; options this server does not offer are refused.
+async fn read_request(st: &AppState, headers: &HeaderMap, body: Body) -> Result<ExecuteRequest, ApiError> {
+    if !is_json(headers) {
+        return Err(ApiError::unsupported_media_type());
+    }
+    let bytes = read_body(headers, body, st.settings.body_timeout).await?;
+    let req = request::parse(&bytes)?;
+    let asynchronous = headers.get_all("prefer").iter().any(|v| v.to_str().is_ok_and(|s| s.contains("respond-async")));
+    if asynchronous {
+        return Err(ExecError::NotImplemented("asynchronous execution (Prefer: respond-async, webhooks) is not offered by this server yet; call without it").into());
+    }
+    if req.webhook_url.is_some() {
+        return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
+    }
+    Ok(req)
 }
 
 fn wants_stream(headers: &HeaderMap) -> bool {
@@ -118,158 +119,25 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<b
     })
 }
 
-async fn admit(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Admitted, ApiError> {
-    let key = st.keys().authenticate(headers)?;
-    if !is_json(headers) {
-        return Err(ApiError::unsupported_media_type());
-    }
-    let bytes = read_body(headers, body, st.settings.body_timeout).await?;
-    let req = request::parse(&bytes)?;
-    let asynchronous = headers.get_all("prefer").iter().any(|v| v.to_str().is_ok_and(|s| s.contains("respond-async")));
-    if asynchronous {
-        return Err(ApiError::not_implemented("asynchronous execution (Prefer: respond-async, webhooks) is not offered by this server yet; call without it"));
-    }
-    if req.webhook_url.is_some() {
-        return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
-    }
-    let plan = request::plan(&req, &key)?;
-    let qualified = key.qualified_name();
-    let slot = st.admission.key_slot(&qualified, key.max_concurrency)?;
-    let thread = req.thread_id.as_deref().map(|t| st.admission.thread(&qualified, t)).transpose()?;
-    let output = st.budget.reserve(&qualified, crate::budget::worst_case(key.limits.max_output_bytes), st.settings.queue_wait).await?;
-    let home = req.thread_id.as_deref().map(|t| crate::threads::placement_key(&key, t));
-    let lease = st.nodes.lease_for(home.as_deref(), st.settings.queue_wait).await?;
-    let trace_id = new_trace_id();
-    let mut audit = Audit::start(&trace_id, &key, req.language.as_str(), req.thread_id.as_deref(), &req.metadata, st.metrics.clone());
-    audit.node(lease.node.name());
-    Ok(Admitted { trace_id, req, plan, key, lease, audit, _in_flight: st.metrics.in_flight(), _thread: thread, _slot: slot, _output: output })
-}
-
-/// `trc_` + 20 random base62 characters.
-pub fn new_trace_id() -> String {
-    loop {
-        if let Some(id) = warren_core::ids::trace_id(&rand::random::<[u8; 40]>()) {
-            return id;
-        }
-    }
-}
-
-/// The agent call; moves the code and env out of the request (up to 1 MiB
-/// not copied on the hot path).
-fn agent_request(a: &mut Admitted) -> pb::ExecuteRequest {
-    let l = &a.key.limits;
-    pb::ExecuteRequest {
-        execution_id: a.trace_id.clone(),
-        language: match a.req.language {
-            Language::Python => pb::Language::Python,
-            Language::Node => pb::Language::Node,
-            Language::Bash => pb::Language::Bash,
-        } as i32,
-        code: std::mem::take(&mut a.req.code),
-        env: std::mem::take(&mut a.plan.env).into_iter().collect::<HashMap<_, _>>(),
-        timeout_ms: a.plan.timeout.saturating_mul(1000),
-        limits: Some(pb::Limits {
-            cpu_millis: l.cpu_millis,
-            memory_bytes: l.memory_bytes,
-            pids: l.pids,
-            tmp_bytes: l.tmp_bytes,
-            home_bytes: l.home_bytes,
-            max_output_bytes: l.max_output_bytes,
-            ..Default::default()
-        }),
-        image: a.key.image.clone(),
-        network: pb::NetworkPolicy::Blocked as i32,
-        thread: a.req.thread_id.as_deref().map(|t| pb::ThreadOptions {
-            r#ref: Some(crate::threads::thread_ref(&a.key, t)),
-            retention_seconds: a.key.thread_retention.duration().map_or(0, |d| d.as_secs()),
-            max_bytes: a.key.thread_max_bytes,
-        }),
-    }
-}
-
-/// Sends the call; errors here mean nothing ran.
-async fn start(mut a: Admitted) -> Result<(Admitted, Streaming<pb::ExecuteEvent>), ApiError> {
-    let msg = agent_request(&mut a);
-    let mut client = a.lease.node.client();
-    match client.execute(a.lease.node.request(msg)).await {
-        Ok(resp) => Ok((a, resp.into_inner())),
-        Err(status) => {
-            a.audit.finish(Outcome::SandboxError, None);
-            Err(refused(&a, &status))
-        }
-    }
-}
-
-/// Maps an agent's refusal before anything ran.
-fn refused(a: &Admitted, status: &tonic::Status) -> ApiError {
-    use tonic::Code;
-    match status.code() {
-        // The gateway validated first, so this means gateway and agent
-        // disagree on a limit: the agent's message names the field.
-        Code::InvalidArgument => {
-            let msg = status.message();
-            let (field, text) = msg.split_once(": ").unwrap_or(("request", msg));
-            ApiError::invalid(field, text)
-        }
-        Code::ResourceExhausted => ApiError::unavailable("the node is at capacity; nothing ran, retry shortly"),
-        // Another gateway replica runs this thread on the same node.
-        Code::Aborted => ApiError::thread_busy(a.req.thread_id.as_deref().unwrap_or_default()),
-        Code::FailedPrecondition => {
-            tracing::warn!(node = %a.lease.node.address, reason = status.message(), "node cannot provide isolation");
-            ApiError::unavailable("the node cannot provide the required isolation; nothing ran")
-        }
-        _ => {
-            tracing::warn!(node = %a.lease.node.address, code = ?status.code(), "node-agent call failed before start");
-            a.lease.node.mark_unhealthy();
-            ApiError::unavailable("the node-agent could not be reached; nothing ran, retry shortly")
-        }
-    }
-}
-
-/// The agent stream ended without `Exited`. Once the agent accepted the
-/// call the program may have started (its `Started` can be in flight), so
-/// this is never reported as "nothing ran".
-struct Lost;
-
-/// Next agent event; `Ok(None)` for an empty message.
-async fn next_event(events: &mut Streaming<pb::ExecuteEvent>) -> Result<Option<Event>, Lost> {
-    match events.message().await {
-        Ok(Some(pb::ExecuteEvent { event })) => Ok(event),
-        Ok(None) | Err(_) => Err(Lost),
-    }
-}
-
-async fn collected(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>) -> Response {
+async fn collected(mut run: Run) -> Response {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let end = loop {
-        match next_event(&mut events).await {
-            Ok(Some(Event::Stdout(c))) => out.extend_from_slice(&c.data),
-            Ok(Some(Event::Stderr(c))) => err.extend_from_slice(&c.data),
-            Ok(Some(Event::Exited(x))) => break Ok(x),
-            Ok(_) => {}
+        match run.next().await {
+            Ok(RunEvent::Stdout(c)) => out.extend_from_slice(&c),
+            Ok(RunEvent::Stderr(c)) => err.extend_from_slice(&c),
+            Ok(RunEvent::Exited(x)) => break Ok(x),
+            Ok(RunEvent::Started) => {}
             Err(lost) => break Err(lost),
         }
     };
     match end {
         Ok(x) => {
-            let result = ExecuteResult::new(
-                &a.trace_id,
-                &x,
-                String::from_utf8_lossy(&out).into_owned(),
-                String::from_utf8_lossy(&err).into_owned(),
-            );
-            a.audit.finish(Outcome::of(&x), Some(x.exit_code));
+            let result = ExecuteResult::new(&run.id, &x, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
+            run.finish(Outcome::of(&x), Some(x.exit_code));
             (StatusCode::OK, axum::Json(result)).into_response()
         }
-        Err(Lost) => lost(&mut a).into_response(),
+        Err(Lost) => run.lost().into_response(),
     }
-}
-
-fn lost(a: &mut Admitted) -> ApiError {
-    tracing::warn!(execution_id = %a.trace_id, node = %a.lease.node.address, "node-agent stream broke mid-execution");
-    a.audit.finish(Outcome::NodeLost, None);
-    a.lease.node.mark_unhealthy();
-    ApiError::node_lost()
 }
 
 fn line(ev: &StreamEvent) -> bytes::Bytes {
@@ -286,9 +154,9 @@ const STREAM_LINES: usize = 16;
 /// hold the execution: after `stall` without taking a line, or as soon as
 /// it disconnects, the task ends, which drops the agent stream (the agent
 /// kills the sandbox) and releases the key slot, thread and node lease.
-fn streamed(a: Admitted, events: Streaming<pb::ExecuteEvent>, settings: &crate::state::Settings) -> Response {
+fn streamed(run: Run, settings: &crate::state::Settings) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(STREAM_LINES);
-    tokio::spawn(relay(a, events, tx, settings.keepalive, settings.stream_stall));
+    tokio::spawn(relay(run, tx, settings.keepalive, settings.stream_stall));
     let body = async_stream::stream! {
         while let Some(line) = rx.recv().await {
             yield Ok::<_, std::convert::Infallible>(line);
@@ -308,11 +176,11 @@ async fn deliver(tx: &tokio::sync::mpsc::Sender<bytes::Bytes>, ev: &StreamEvent,
     matches!(tokio::time::timeout(stall, tx.send(line(ev))).await, Ok(Ok(())))
 }
 
-async fn relay(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, tx: tokio::sync::mpsc::Sender<bytes::Bytes>, keepalive: Duration, stall: Duration) {
-    let mut lines = Lines::new(a.trace_id.clone());
+async fn relay(mut run: Run, tx: tokio::sync::mpsc::Sender<bytes::Bytes>, keepalive: Duration, stall: Duration) {
+    let mut lines = Lines::new(run.id.clone());
     loop {
         let ev = tokio::select! {
-            ev = next_event(&mut events) => ev,
+            ev = run.next() => ev,
             _ = tokio::time::sleep(keepalive) => {
                 if !deliver(&tx, &lines.keepalive(), stall).await { break; }
                 continue;
@@ -321,23 +189,22 @@ async fn relay(mut a: Admitted, mut events: Streaming<pb::ExecuteEvent>, tx: tok
             _ = tx.closed() => break,
         };
         let (out, done) = match ev {
-            Ok(Some(Event::Exited(x))) => {
+            Ok(RunEvent::Exited(x)) => {
                 let outcome = Outcome::of(&x);
-                a.audit.finish(outcome, Some(x.exit_code));
+                run.finish(outcome, Some(x.exit_code));
                 (lines.exited(&x, outcome), true)
             }
-            Ok(Some(ev)) => (lines.event(ev), false),
-            Ok(None) => continue,
+            Ok(ev) => (lines.event(ev), false),
             Err(Lost) => {
                 // Headers are sent: the failure goes in the last line.
-                let e = lost(&mut a);
+                let e = ApiError::from(run.lost());
                 (vec![lines.lost(e.body.error)], true)
             }
         };
         for ev in &out {
             if !deliver(&tx, ev, stall).await {
                 if !done {
-                    tracing::warn!(execution_id = %a.trace_id, "the client stopped reading the stream; the execution is cancelled");
+                    tracing::warn!(execution_id = %run.id, "the client stopped reading the stream; the execution is cancelled");
                 }
                 return;
             }
@@ -384,19 +251,19 @@ impl Lines {
         Some(StreamEvent::Output { stream: STREAMS[i].into(), data, seq: self.next() })
     }
 
-    fn event(&mut self, ev: Event) -> Vec<StreamEvent> {
+    fn event(&mut self, ev: RunEvent) -> Vec<StreamEvent> {
         let (i, bytes) = match ev {
-            Event::Started(_) => return vec![StreamEvent::Status { trace_id: self.trace_id.clone(), status: "running".into(), seq: self.next() }],
-            Event::Stdout(c) => (0, c.data),
-            Event::Stderr(c) => (1, c.data),
-            Event::Exited(_) => return vec![],
+            RunEvent::Started => return vec![StreamEvent::Status { trace_id: self.trace_id.clone(), status: "running".into(), seq: self.next() }],
+            RunEvent::Stdout(c) => (0, c),
+            RunEvent::Stderr(c) => (1, c),
+            RunEvent::Exited(_) => return vec![],
         };
         let data = self.decoders[i].push(&bytes);
         self.output(i, data).into_iter().collect()
     }
 
     /// The last output (an incomplete character at the end) and the result.
-    fn exited(&mut self, x: &pb::Exited, outcome: Outcome) -> Vec<StreamEvent> {
+    fn exited(&mut self, x: &Exit, outcome: Outcome) -> Vec<StreamEvent> {
         let mut lines = Vec::new();
         for i in 0..STREAMS.len() {
             let data = self.decoders[i].finish();
@@ -411,7 +278,7 @@ impl Lines {
     }
 
     fn lost(&mut self, error: String) -> StreamEvent {
-        let x = pb::Exited { exit_code: -1, ..Default::default() };
+        let x = Exit { exit_code: -1, ..Default::default() };
         let mut result = ExecuteResult::new(&self.trace_id, &x, String::new(), String::new());
         result.error = Some(error);
         StreamEvent::Result { trace_id: self.trace_id.clone(), status: Outcome::NodeLost.as_str().into(), result, output_truncated: false, seq: self.next() }

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod cluster_config;
 pub mod discovery;
 pub mod error;
+pub mod exec;
 pub mod execute;
 mod json;
 pub mod local_config;
@@ -148,12 +149,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let state = state::AppState {
         keys: rx,
-        nodes,
-        admission: Default::default(),
-        budget: budget::OutputBudget::new(args.output_budget_mib << 20),
-        metrics: Default::default(),
-        settings: state::Settings {
+        service: exec::ExecutionService {
+            nodes,
+            admission: Default::default(),
+            budget: budget::OutputBudget::new(args.output_budget_mib << 20),
+            metrics: Default::default(),
             queue_wait: Duration::from_millis(args.queue_wait_ms),
+        },
+        settings: state::Settings {
             keepalive: Duration::from_millis(args.keepalive_ms),
             stream_stall: Duration::from_millis(args.stream_stall_ms),
             body_timeout: Duration::from_millis(args.body_timeout_ms),

@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tonic::transport::Channel;
 use tracing::{info, warn};
-use warren_proto::agent::node_agent_client::NodeAgentClient;
-use warren_proto::agent::StatusRequest;
 use warren_proto::client::AgentAddress;
 
-use crate::error::ApiError;
+use crate::exec::agent::{Agent, GrpcAgent};
+
+use crate::exec::ExecError;
 
 /// One node-agent.
 #[derive(Debug)]
@@ -25,28 +24,27 @@ pub struct Node {
     pub address: AgentAddress,
     /// Node name it reported.
     name: std::sync::Mutex<String>,
-    client: NodeAgentClient<Channel>,
-    token: Option<Arc<str>>,
+    agent: Arc<dyn Agent>,
     healthy: AtomicBool,
     capacity: AtomicU32,
     in_flight: AtomicU32,
 }
 
 impl Node {
-    /// A client for one call.
-    pub fn client(&self) -> NodeAgentClient<Channel> {
-        self.client.clone()
+    fn new(address: AgentAddress, agent: Arc<dyn Agent>) -> Arc<Node> {
+        Arc::new(Node {
+            name: std::sync::Mutex::new(address.to_string()),
+            address,
+            agent,
+            healthy: AtomicBool::new(false),
+            capacity: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+        })
     }
 
-    /// Wraps a message, adding the bearer token for TCP agents.
-    pub fn request<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut req = tonic::Request::new(msg);
-        if let Some(t) = &self.token {
-            if let Ok(v) = format!("Bearer {t}").parse() {
-                req.metadata_mut().insert("authorization", v);
-            }
-        }
-        req
+    /// The agent's client.
+    pub fn agent(&self) -> &dyn Agent {
+        &*self.agent
     }
 
     /// Name the agent reported (its address until it answered once).
@@ -107,16 +105,13 @@ impl Nodes {
     }
 
     fn node(&self, a: &AgentAddress) -> anyhow::Result<Arc<Node>> {
-        let channel = warren_proto::client::lazy_channel(a)?;
-        Ok(Arc::new(Node {
-            address: a.clone(),
-            name: std::sync::Mutex::new(a.to_string()),
-            client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
-            token: matches!(a, AgentAddress::Tcp(_)).then(|| self.token.clone()).flatten(),
-            healthy: AtomicBool::new(false),
-            capacity: AtomicU32::new(0),
-            in_flight: AtomicU32::new(0),
-        }))
+        Ok(Node::new(a.clone(), Arc::new(GrpcAgent::new(a, self.token.clone())?)))
+    }
+
+    /// A fixed set of agents (tests use doubles; nothing is discovered).
+    pub fn from_agents(agents: Vec<(AgentAddress, Arc<dyn Agent>)>) -> Arc<Nodes> {
+        let nodes = agents.into_iter().map(|(a, agent)| Node::new(a, agent)).collect();
+        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, freed: Notify::new(), turn: Default::default() })
     }
 
     /// Replaces the set (discovery). Nodes that stay keep their state and
@@ -163,7 +158,7 @@ impl Nodes {
 
     /// Takes a slot on the healthy node with the most free slots, waiting up
     /// to `wait` for one to free up. 503 when none can take the request.
-    pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ApiError> {
+    pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ExecError> {
         self.lease_for(None, wait).await
     }
 
@@ -176,7 +171,7 @@ impl Nodes {
     }
 
     /// Like [`Nodes::lease`]; with a thread, only on the thread's node.
-    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, wait: Duration) -> Result<Lease, ApiError> {
+    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, wait: Duration) -> Result<Lease, ExecError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.freed.notified();
@@ -190,10 +185,10 @@ impl Nodes {
                 return Ok(lease);
             }
             if self.healthy() == 0 {
-                return Err(ApiError::unavailable("no node-agent is reachable right now; nothing ran, retry shortly"));
+                return Err(ExecError::NoNode);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(ApiError::unavailable("every node is at capacity; nothing ran, retry shortly"));
+                return Err(ExecError::NodesBusy);
             }
         }
     }
@@ -235,11 +230,9 @@ fn rendezvous(node: &str, thread: &str) -> u64 {
 }
 
 async fn check(node: &Node) {
-    let mut client = node.client();
-    let result = tokio::time::timeout(Duration::from_secs(2), client.status(node.request(StatusRequest {}))).await;
+    let result = tokio::time::timeout(Duration::from_secs(2), node.agent.status()).await;
     match result {
-        Ok(Ok(resp)) => {
-            let s = resp.into_inner();
+        Ok(Ok(s)) => {
             node.capacity.store(s.max_executions, Ordering::Release);
             if let Ok(mut n) = node.name.lock() {
                 n.clone_from(&s.node_name);

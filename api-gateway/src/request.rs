@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
-use warren_config::EffectiveKey;
 use warren_core::bounds::{MAX_CODE_BYTES, TIMEOUT_SECS};
 use warren_core::{env, ids, path, Language};
 
@@ -225,37 +224,6 @@ fn webhook_url(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError>
         return Err(ApiError::invalid("webhook_url", "must be an https:// URL of at most 2048 characters"));
     }
     Ok(Some(u))
-}
-
-/// What to run, once the request is checked against the key's configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
-    /// Wall-clock limit in seconds.
-    pub timeout: u32,
-    /// Sandbox < ApiKey < request, most specific last-wins, sorted by name.
-    pub env: Vec<(String, String)>,
-}
-
-/// Checks `req` against what `key` allows and merges the environment.
-pub fn plan(req: &ExecuteRequest, key: &EffectiveKey) -> Result<Plan, ApiError> {
-    if !key.languages.contains(&req.language) {
-        let offered: Vec<&str> = key.languages.iter().map(|l| l.as_str()).collect();
-        return Err(ApiError::invalid("language", format!("this sandbox offers {}", offered.join(", "))));
-    }
-    let timeout = match req.timeout {
-        Some(t) if t > key.max_timeout_seconds => {
-            return Err(ApiError::invalid("timeout", format!("at most {} seconds for this API key", key.max_timeout_seconds)))
-        }
-        Some(t) => t,
-        None => TIMEOUT_SECS.default.min(key.max_timeout_seconds),
-    };
-    if let Some(p) = req.sub_paths.first() {
-        let mount = path::data_sub_path(p).map_or("", |(m, _)| m);
-        return Err(ApiError::invalid("sub_paths[0]", format!("this API key has no storage mount named {:?}", shown(mount))));
-    }
-    let mut env: BTreeMap<&str, &str> = key.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    env.extend(req.env_vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    Ok(Plan { timeout, env: env.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 use super::*;
 use warren_config::key::KeyHash;
+use warren_config::EffectiveKey;
+use crate::exec::{Delivery, ExecError, ExecutionSpec};
 
 fn field_of(body: &str) -> Option<String> {
     parse(body.as_bytes()).err().and_then(|e| e.body.field)
@@ -24,6 +26,7 @@ fn key() -> EffectiveKey {
             tmp_bytes: 1 << 20,
             home_bytes: 1 << 20,
             max_output_bytes: 1 << 20,
+            ..Default::default()
         },
         network: warren_config::Network::Blocked,
         env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
@@ -36,8 +39,8 @@ fn key() -> EffectiveKey {
 fn minimal_request_gets_defaults() {
     let r = parse(br#"{"code":"print(1)"}"#).unwrap();
     assert_eq!((r.language, r.timeout), (Language::Python, None));
-    let p = plan(&r, &key()).unwrap();
-    assert_eq!(p.timeout, 30, "the default is capped by the key's maximum");
+    let p = plan(r, &key()).unwrap();
+    assert_eq!(p.timeout.as_secs(), 30, "the default is capped by the key's maximum");
 }
 
 #[test]
@@ -69,18 +72,43 @@ fn fields_are_named() {
 fn plan_enforces_the_key() {
     let k = key();
     let r = parse(br#"{"code":"x","language":"node"}"#).unwrap();
-    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("language"));
+    assert_eq!(field_of_refusal(plan(r, &k)).as_deref(), Some("language"));
     let r = parse(br#"{"code":"x","timeout":31}"#).unwrap();
-    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("timeout"));
+    assert_eq!(field_of_refusal(plan(r, &k)).as_deref(), Some("timeout"));
     let r = parse(br#"{"code":"x","sub_paths":["/data/m/x"]}"#).unwrap();
-    assert_eq!(plan(&r, &k).unwrap_err().body.field.as_deref(), Some("sub_paths[0]"));
+    assert_eq!(field_of_refusal(plan(r, &k)).as_deref(), Some("sub_paths[0]"));
 }
 
 #[test]
 fn request_env_wins_over_key_env() {
     let r = parse(br#"{"code":"x","env_vars":{"B":"request","C":"request"}}"#).unwrap();
-    let env = plan(&r, &key()).unwrap().env;
+    let env = plan(r, &key()).unwrap().env;
     let want: Vec<(String, String)> =
         [("A", "key"), ("B", "request"), ("C", "request")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
     assert_eq!(env, want);
+}
+
+fn plan(mut r: ExecuteRequest, key: &EffectiveKey) -> Result<ExecutionSpec, ExecError> {
+    ExecutionSpec::new("trc_test".into(), key, &mut r, Delivery::Collected)
+}
+
+fn field_of_refusal(r: Result<ExecutionSpec, ExecError>) -> Option<String> {
+    match r {
+        Err(ExecError::Invalid { field, .. }) => Some(field),
+        other => panic!("expected an invalid field, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_spec_carries_the_keys_network_limits_and_thread() {
+    let mut k = key();
+    k.network = warren_core::Network::Unrestricted;
+    let r = parse(br#"{"code":"x","thread_id":"t-1"}"#).unwrap();
+    let s = plan(r, &k).unwrap();
+    assert_eq!(s.network, warren_core::Network::Unrestricted, "the key's network is not dropped on the way");
+    assert_eq!(s.limits, k.limits);
+    let t = s.thread.as_ref().unwrap();
+    assert_eq!((t.id.as_str(), t.max_bytes), ("t-1", k.thread_max_bytes));
+    assert_eq!(s.placement().as_deref(), Some("default/k/t-1"));
+    assert_eq!(s.code, "x");
 }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use warren_proto::agent::Exited;
+use crate::exec::{Exit as Exited, Failure};
 
 /// SIGSYS: what a seccomp kill looks like from outside.
 const SIGSYS: i32 = 31;
@@ -46,16 +46,6 @@ pub enum ThreadFailure {
 }
 
 impl ThreadFailure {
-    fn of(error: &str) -> Option<ThreadFailure> {
-        match error {
-            "thread_mount_error" => Some(ThreadFailure::Mount),
-            "thread_state_too_large" => Some(ThreadFailure::TooLarge),
-            "thread_save_error" => Some(ThreadFailure::Save),
-            "thread_conflict" => Some(ThreadFailure::Conflict),
-            _ => None,
-        }
-    }
-
     fn code(self) -> &'static str {
         match self {
             ThreadFailure::Mount => "thread_mount_error",
@@ -84,11 +74,16 @@ impl Outcome {
 
     /// Classifies an agent's final event.
     pub fn of(e: &Exited) -> Outcome {
-        if let Some(t) = ThreadFailure::of(&e.error) {
-            Outcome::ThreadError(t)
-        } else if !e.error.is_empty() {
-            Outcome::SandboxError
-        } else if e.timed_out {
+        let thread = |t| Outcome::ThreadError(t);
+        match e.failure {
+            Some(Failure::Sandbox) => return Outcome::SandboxError,
+            Some(Failure::ThreadMount) => return thread(ThreadFailure::Mount),
+            Some(Failure::ThreadTooLarge) => return thread(ThreadFailure::TooLarge),
+            Some(Failure::ThreadSave) => return thread(ThreadFailure::Save),
+            Some(Failure::ThreadConflict) => return thread(ThreadFailure::Conflict),
+            None => {}
+        }
+        if e.timed_out {
             Outcome::Timeout
         } else if e.oom_killed {
             Outcome::Oom
@@ -277,16 +272,22 @@ mod tests {
         assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.timed_out = true }), Outcome::Timeout);
         assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.oom_killed = true }), Outcome::Oom);
         assert_eq!(e(&|x| { x.exit_code = 159; x.signal = 31 }), Outcome::Seccomp);
-        assert_eq!(e(&|x| { x.exit_code = -1; x.error = "exec_failed".into() }), Outcome::SandboxError);
-        assert_eq!(e(&|x| { x.exit_code = -1; x.error = "thread_mount_error".into() }), Outcome::ThreadError(ThreadFailure::Mount));
-        assert_eq!(e(&|x| x.error = "thread_state_too_large".into()), Outcome::ThreadError(ThreadFailure::TooLarge));
-        assert_eq!(e(&|x| x.error = "thread_save_error".into()), Outcome::ThreadError(ThreadFailure::Save));
+        assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::Sandbox) }), Outcome::SandboxError);
+        assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::ThreadMount) }), Outcome::ThreadError(ThreadFailure::Mount));
+        assert_eq!(e(&|x| x.failure = Some(Failure::ThreadTooLarge)), Outcome::ThreadError(ThreadFailure::TooLarge));
+        assert_eq!(e(&|x| x.failure = Some(Failure::ThreadSave)), Outcome::ThreadError(ThreadFailure::Save));
     }
 
     #[test]
     fn thread_failures_are_named_in_the_result() {
-        for code in ["thread_mount_error", "thread_state_too_large", "thread_save_error", "thread_conflict"] {
-            let x = Exited { exit_code: 0, error: code.into(), ..Default::default() };
+        let cases = [
+            (Failure::ThreadMount, "thread_mount_error"),
+            (Failure::ThreadTooLarge, "thread_state_too_large"),
+            (Failure::ThreadSave, "thread_save_error"),
+            (Failure::ThreadConflict, "thread_conflict"),
+        ];
+        for (failure, code) in cases {
+            let x = Exited { exit_code: 0, failure: Some(failure), ..Default::default() };
             let r = ExecuteResult::new("trc_x", &x, "out".into(), String::new());
             assert_eq!((r.success, r.error.as_deref(), r.stdout.as_str()), (false, Some(code), "out"));
         }

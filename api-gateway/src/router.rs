@@ -34,7 +34,7 @@ async fn healthz() -> axum::Json<Health> {
 async fn readyz(State(st): State<AppState>) -> Response {
     let reason = if !st.keys().is_loaded() {
         Some("the key configuration has not been read yet")
-    } else if st.nodes.healthy() == 0 {
+    } else if st.service.nodes.healthy() == 0 {
         Some("no node-agent is reachable")
     } else {
         None
@@ -47,7 +47,7 @@ async fn readyz(State(st): State<AppState>) -> Response {
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 async fn metrics(State(st): State<AppState>) -> Response {
-    let text = st.metrics.render(st.nodes.healthy());
+    let text = st.service.metrics.render(st.service.nodes.healthy());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
@@ -85,6 +85,6 @@ pub fn app(state: AppState) -> Router {
 async fn count(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
     let resp = next.run(req).await;
-    st.metrics.request(&route, resp.status().as_u16());
+    st.service.metrics.request(&route, resp.status().as_u16());
     resp
 }

@@ -5,16 +5,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::admission::Admission;
 use crate::auth::KeyStore;
-use crate::metrics::Metrics;
-use crate::nodes::Nodes;
+use crate::exec::ExecutionService;
 
 /// Tunables of the request path.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long a request waits for a free node slot before 503.
-    pub queue_wait: Duration,
     /// Silence after which a stream gets a keepalive line.
     pub keepalive: Duration,
     /// How long a streaming client may take no line before its execution
@@ -29,14 +25,8 @@ pub struct Settings {
 pub struct AppState {
     /// Current key configuration (swapped whole on reload).
     pub keys: watch::Receiver<Arc<KeyStore>>,
-    /// Node-agents.
-    pub nodes: Arc<Nodes>,
-    /// Per-key and per-thread admission.
-    pub admission: Arc<Admission>,
-    /// Gateway memory for execution output.
-    pub budget: Arc<crate::budget::OutputBudget>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
+    /// The execution service the adapters call.
+    pub service: ExecutionService,
     /// Tunables.
     pub settings: Settings,
 }

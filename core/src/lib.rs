@@ -18,7 +18,11 @@ pub mod bounds;
 pub mod env;
 pub mod ids;
 pub mod language;
+pub mod limits;
+pub mod network;
 pub mod path;
 pub mod quantity;
 
 pub use language::Language;
+pub use limits::Limits;
+pub use network::Network;

@@ -2,29 +2,31 @@
 
 use std::time::Duration;
 
-use tonic::Status;
+use tonic::{Code, Status};
 use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, Language, LimitRequest};
-use warren_proto::agent as pb;
+use warren_proto::agent::{self as pb, RefusalReason as Reason};
+use warren_proto::refusal::refuse;
 
 use crate::executor::ExecError;
+use crate::sandbox::{Failure, Outcome};
 use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
-use crate::sandbox::Outcome;
 
 /// Request → domain request (validation happens in `ExecRequest::validate`).
-pub fn exec_request(req: pb::ExecuteRequest) -> ExecRequest {
-    let language = match pb::Language::try_from(req.language) {
-        Ok(pb::Language::Python) => Some(Language::Python),
-        Ok(pb::Language::Node) => Some(Language::Node),
-        Ok(pb::Language::Bash) => Some(Language::Bash),
-        _ => None,
-    };
+/// Parts of the contract this agent does not offer yet are refused here,
+/// never silently dropped.
+pub fn exec_request(req: pb::ExecuteRequest) -> Result<ExecRequest, Status> {
+    if let Some(field) = unsupported(&req) {
+        let msg = format!("{field}: not offered by this node-agent");
+        return Err(refuse(Code::FailedPrecondition, Reason::Unsupported, field, msg));
+    }
+    let language = pb::Language::try_from(req.language).ok().and_then(|l| Language::try_from(l).ok());
     let mut env: Vec<(String, String)> = req.env.into_iter().collect();
     env.sort();
     let l = req.limits.unwrap_or_default();
     let nz32 = |v: u32| (v != 0).then_some(v);
     let nz64 = |v: u64| (v != 0).then_some(v);
-    ExecRequest {
+    Ok(ExecRequest {
         id: req.execution_id,
         language,
         code: req.code,
@@ -41,6 +43,24 @@ pub fn exec_request(req: pb::ExecuteRequest) -> ExecRequest {
             file_size_bytes: nz64(l.file_size_bytes),
         },
         image: req.image,
+    })
+}
+
+/// The first requested capability this agent cannot provide.
+fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
+    let network = pb::NetworkPolicy::try_from(req.network).unwrap_or(pb::NetworkPolicy::Unspecified);
+    if !matches!(network, pb::NetworkPolicy::Unspecified | pb::NetworkPolicy::Blocked) {
+        Some("network")
+    } else if !req.egress.is_empty() {
+        Some("egress")
+    } else if !req.mounts.is_empty() {
+        Some("mounts")
+    } else if !req.connectors.is_empty() {
+        Some("connectors")
+    } else if !req.image_digest.is_empty() {
+        Some("image_digest")
+    } else {
+        None
     }
 }
 
@@ -49,7 +69,7 @@ pub fn thread_options(t: Option<pb::ThreadOptions>) -> Result<Option<ThreadOptio
     let Some(t) = t else { return Ok(None) };
     let key = thread_key(t.r#ref)?;
     if t.max_bytes == 0 {
-        return Err(Status::invalid_argument("thread.max_bytes: must be > 0"));
+        return Err(invalid("thread.max_bytes", "must be > 0"));
     }
     let retention = (t.retention_seconds > 0).then(|| Duration::from_secs(t.retention_seconds));
     Ok(Some(ThreadOptions { key, retention, max_bytes: t.max_bytes }))
@@ -57,44 +77,55 @@ pub fn thread_options(t: Option<pb::ThreadOptions>) -> Result<Option<ThreadOptio
 
 /// A thread reference, validated.
 pub fn thread_key(r: Option<pb::ThreadRef>) -> Result<ThreadKey, Status> {
-    let r = r.ok_or_else(|| Status::invalid_argument("thread.ref: required"))?;
-    ThreadKey::new(&r.namespace, &r.key_name, &r.thread_id).map_err(|e| Status::invalid_argument(e.to_string()))
+    let r = r.ok_or_else(|| invalid("thread.ref", "required"))?;
+    ThreadKey::new(&r.namespace, &r.key_name, &r.thread_id).map_err(|e| invalid("thread.ref", &e.to_string()))
+}
+
+fn invalid(field: &str, why: &str) -> Status {
+    refuse(Code::InvalidArgument, Reason::InvalidField, field, format!("{field}: {why}"))
 }
 
 /// The thread errors of `DeleteThread` as statuses.
 pub fn thread_status(e: &ThreadError) -> Status {
-    match e {
-        ThreadError::Busy | ThreadError::Conflict => Status::aborted(e.to_string()),
-        ThreadError::NotFound => Status::not_found(e.to_string()),
-        ThreadError::TooLarge { .. } => Status::failed_precondition(e.to_string()),
-        ThreadError::Io { .. } => Status::unavailable("the thread store failed; retry shortly"),
-    }
-}
-
-/// Domain language → proto.
-pub fn language(l: Language) -> pb::Language {
-    match l {
-        Language::Python => pb::Language::Python,
-        Language::Node => pb::Language::Node,
-        Language::Bash => pb::Language::Bash,
-    }
+    let (code, reason) = match e {
+        ThreadError::Busy | ThreadError::Conflict => (Code::Aborted, Reason::ThreadBusy),
+        ThreadError::NotFound => (Code::NotFound, Reason::ThreadNotFound),
+        ThreadError::TooLarge { .. } => (Code::FailedPrecondition, Reason::ThreadStore),
+        ThreadError::Io { .. } => return refuse(Code::Unavailable, Reason::ThreadStore, "", "the thread store failed; retry shortly"),
+    };
+    refuse(code, reason, "", e.to_string())
 }
 
 /// The single error → status mapping of the agent (codes documented in agent.proto).
 pub fn to_status(e: &ExecError) -> Status {
-    match e {
-        ExecError::Invalid(_) | ExecError::LanguageUnavailable(_) => Status::invalid_argument(e.to_string()),
-        ExecError::MissingFeature(_) => Status::failed_precondition(e.to_string()),
-        ExecError::Busy(_) => Status::resource_exhausted(e.to_string()),
-        ExecError::Sandbox(crate::sandbox::SandboxError::NoSlot) => Status::resource_exhausted(e.to_string()),
+    let (code, reason, field) = match e {
+        ExecError::Invalid(s) => (Code::InvalidArgument, Reason::InvalidField, s.field.as_str()),
+        ExecError::LanguageUnavailable(_) => (Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
+        ExecError::MissingFeature(_) => (Code::FailedPrecondition, Reason::MissingFeature, ""),
+        ExecError::Busy(_) | ExecError::Sandbox(crate::sandbox::SandboxError::NoSlot) => (Code::ResourceExhausted, Reason::NodeBusy, ""),
         // Details go to the agent's log; the caller gets a short message.
-        ExecError::Sandbox(_) => Status::internal("sandbox setup failed on this node"),
-        ExecError::ThreadBusy => Status::aborted(e.to_string()),
+        ExecError::Sandbox(_) => return refuse(Code::Internal, Reason::SandboxSetup, "", "sandbox setup failed on this node"),
+        ExecError::ThreadBusy => (Code::Aborted, Reason::ThreadBusy, ""),
+    };
+    refuse(code, reason, field, e.to_string())
+}
+
+/// Domain failure → wire failure and its detail.
+fn failure(f: Option<&Failure>) -> (pb::Failure, String) {
+    match f {
+        None => (pb::Failure::Unspecified, String::new()),
+        Some(Failure::Start(stage)) => (pb::Failure::Start, stage.clone()),
+        Some(Failure::Sandbox(what)) => (pb::Failure::Sandbox, (*what).to_string()),
+        Some(Failure::ThreadMount) => (pb::Failure::ThreadMount, String::new()),
+        Some(Failure::ThreadTooLarge) => (pb::Failure::ThreadTooLarge, String::new()),
+        Some(Failure::ThreadSave) => (pb::Failure::ThreadSave, String::new()),
+        Some(Failure::ThreadConflict) => (pb::Failure::ThreadConflict, String::new()),
     }
 }
 
 /// Outcome → final event.
 pub fn exited(o: &Outcome) -> pb::Exited {
+    let (failure, failure_detail) = failure(o.failure.as_ref());
     pb::Exited {
         exit_code: o.exit_code,
         signal: o.signal,
@@ -105,7 +136,8 @@ pub fn exited(o: &Outcome) -> pb::Exited {
         peak_memory_bytes: o.peak_memory_bytes,
         stdout_truncated: o.stdout_truncated,
         stderr_truncated: o.stderr_truncated,
-        error: o.error.clone().unwrap_or_default(),
+        failure: failure as i32,
+        failure_detail,
     }
 }
 
@@ -128,17 +160,57 @@ mod tests {
     #[test]
     fn zero_limits_mean_node_defaults_and_unknown_language_is_none() {
         let req = pb::ExecuteRequest { language: 42, code: "x".into(), timeout_ms: 1500, ..Default::default() };
-        let r = exec_request(req);
+        let r = exec_request(req).unwrap();
         assert_eq!(r.language, None);
         assert_eq!(r.limits, LimitRequest::default());
         assert_eq!(r.timeout, Duration::from_millis(1500));
     }
 
     #[test]
+    fn capabilities_this_agent_lacks_are_refused_not_dropped() {
+        let base = || pb::ExecuteRequest { language: 1, code: "x".into(), timeout_ms: 1000, ..Default::default() };
+        let cases: Vec<(pb::ExecuteRequest, &str)> = vec![
+            (pb::ExecuteRequest { network: pb::NetworkPolicy::Unrestricted as i32, ..base() }, "network"),
+            (pb::ExecuteRequest { network: 99, ..base() }, "network"),
+            (pb::ExecuteRequest { egress: vec![pb::EgressRule::default()], ..base() }, "egress"),
+            (pb::ExecuteRequest { mounts: vec![pb::StorageMount::default()], ..base() }, "mounts"),
+            (pb::ExecuteRequest { connectors: vec![pb::ConnectorGrant::default()], ..base() }, "connectors"),
+            (pb::ExecuteRequest { image_digest: "sha256:00".into(), ..base() }, "image_digest"),
+        ];
+        for (req, field) in cases {
+            let s = exec_request(req).unwrap_err();
+            assert_eq!(s.code(), Code::FailedPrecondition);
+            assert_eq!(warren_proto::refusal::refusal_of(&s), (Reason::Unsupported, field.to_string()));
+        }
+        assert!(exec_request(pb::ExecuteRequest { network: pb::NetworkPolicy::Blocked as i32, ..base() }).is_ok());
+    }
+
+    #[test]
+    fn failures_cross_the_wire_as_enums() {
+        let cases = [
+            (Failure::Start("exec".into()), pb::Failure::Start, "exec"),
+            (Failure::Sandbox("supervisor lost"), pb::Failure::Sandbox, "supervisor lost"),
+            (Failure::ThreadMount, pb::Failure::ThreadMount, ""),
+            (Failure::ThreadTooLarge, pb::Failure::ThreadTooLarge, ""),
+            (Failure::ThreadSave, pb::Failure::ThreadSave, ""),
+            (Failure::ThreadConflict, pb::Failure::ThreadConflict, ""),
+        ];
+        for (f, wire, detail) in cases {
+            let x = exited(&Outcome::never_ran(f));
+            assert_eq!((x.failure(), x.failure_detail.as_str(), x.exit_code), (wire, detail, -1));
+        }
+        assert_eq!(exited(&Outcome::default()).failure(), pb::Failure::Unspecified);
+    }
+
+    #[test]
     fn statuses_follow_the_contract() {
-        use tonic::Code;
-        let invalid = ExecError::Invalid(warren_isolation::spec::SpecError { field: "code".into(), message: "empty".into() });
+        use warren_proto::refusal::refusal_of;
+        let invalid = ExecError::Invalid(warren_isolation::spec::SpecError { field: "limits.pids".into(), message: "too many".into() });
         assert_eq!(to_status(&invalid).code(), Code::InvalidArgument);
+        assert_eq!(refusal_of(&to_status(&invalid)), (Reason::InvalidField, "limits.pids".to_string()));
+        assert_eq!(refusal_of(&to_status(&ExecError::Busy(4))).0, Reason::NodeBusy);
+        assert_eq!(refusal_of(&to_status(&ExecError::ThreadBusy)).0, Reason::ThreadBusy);
+        assert_eq!(refusal_of(&to_status(&ExecError::MissingFeature("seccomp".into()))).0, Reason::MissingFeature);
         assert_eq!(to_status(&ExecError::MissingFeature("seccomp".into())).code(), Code::FailedPrecondition);
         assert!(to_status(&ExecError::MissingFeature("seccomp".into())).message().contains("seccomp"));
         assert_eq!(to_status(&ExecError::Busy(4)).code(), Code::ResourceExhausted);
@@ -160,7 +232,9 @@ mod tests {
             pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0 },
             pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1 },
         ] {
-            assert_eq!(thread_options(Some(bad)).unwrap_err().code(), tonic::Code::InvalidArgument);
+            let s = thread_options(Some(bad)).unwrap_err();
+            assert_eq!(s.code(), tonic::Code::InvalidArgument);
+            assert_eq!(warren_proto::refusal::refusal_of(&s).0, Reason::InvalidField);
         }
     }
 }

@@ -13,7 +13,7 @@ use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodeP
 use warren_isolation::wire::{Go, Home};
 
 use crate::pool::Pool;
-use crate::sandbox::{Event, Outcome, Prepared, SandboxEnv, SandboxError, Shape};
+use crate::sandbox::{Event, Failure, Outcome, Prepared, SandboxEnv, SandboxError, Shape};
 use crate::threads::layer::IdMap;
 use crate::threads::{Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
 
@@ -186,7 +186,7 @@ impl Executor {
                 Ok(r) => Some(r),
                 Err(e) => {
                     warn!(execution_id = %admission.spec.id, error = %e, "restoring the thread failed; nothing ran");
-                    return Ok(Outcome::never_ran("thread_mount_error"));
+                    return Ok(Outcome::never_ran(Failure::ThreadMount));
                 }
             },
             None => None,
@@ -200,7 +200,7 @@ impl Executor {
                 Err(e) => {
                     warn!(execution_id = %spec.id, error = %e, "mounting the thread home failed; nothing ran");
                     tokio::spawn(sandbox.discard());
-                    return Ok(Outcome::never_ran("thread_mount_error"));
+                    return Ok(Outcome::never_ran(Failure::ThreadMount));
                 }
             },
             None => None,
@@ -258,7 +258,7 @@ impl Executor {
     /// stays mounted (released after the answer) unless the diff has to be
     /// applied to the warm copy under it.
     async fn save_home(&self, r: &Restored, home: &mut ThreadHome, ids: IdMap, outcome: &mut Outcome) {
-        if outcome.exit_code == -1 && outcome.error.is_some() {
+        if outcome.exit_code == -1 && outcome.failure.is_some() {
             return; // the program never ran
         }
         let upper = home.upper();
@@ -272,10 +272,10 @@ impl Executor {
             Ok(s) => debug!(thread = %r.options.key.rel(), layer_bytes = s.layer_bytes, home_bytes = s.home_bytes, skipped = s.skipped, "thread saved"),
             Err(e) => {
                 warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
-                outcome.error = Some(match e {
-                    ThreadError::TooLarge { .. } => "thread_state_too_large".into(),
-                    ThreadError::Conflict => "thread_conflict".into(),
-                    _ => "thread_save_error".into(),
+                outcome.failure = Some(match e {
+                    ThreadError::TooLarge { .. } => Failure::ThreadTooLarge,
+                    ThreadError::Conflict => Failure::ThreadConflict,
+                    _ => Failure::ThreadSave,
                 });
             }
         }

@@ -154,14 +154,31 @@ pub struct Outcome {
     pub stdout_truncated: bool,
     /// stderr went past the cap.
     pub stderr_truncated: bool,
-    /// Short machine-readable failure, e.g. `exec_failed`.
-    pub error: Option<String>,
+    /// What went wrong besides the program itself.
+    pub failure: Option<Failure>,
+}
+
+/// A failure of the sandbox or the thread home (never of the program).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The program could not be started; the init's failing step.
+    Start(String),
+    /// The sandbox broke while the program ran; what broke.
+    Sandbox(&'static str),
+    /// The thread's home could not be restored; nothing ran.
+    ThreadMount,
+    /// Saving the home would exceed the thread's size limit.
+    ThreadTooLarge,
+    /// The store failed while saving.
+    ThreadSave,
+    /// Another execution saved the thread meanwhile.
+    ThreadConflict,
 }
 
 impl Outcome {
-    /// The program never ran, for `error` (e.g. `thread_mount_error`).
-    pub fn never_ran(error: &str) -> Outcome {
-        Outcome { exit_code: -1, error: Some(error.into()), ..Outcome::default() }
+    /// The program never ran because of `failure`.
+    pub fn never_ran(failure: Failure) -> Outcome {
+        Outcome { exit_code: -1, failure: Some(failure), ..Outcome::default() }
     }
 }
 
@@ -314,7 +331,7 @@ impl Prepared {
         if let Err(e) = sent {
             warn!(sandbox = %self.id, error = %e, "handing the program to the sandbox failed");
             out.exit_code = -1;
-            out.error = Some("sandbox_error".into());
+            out.failure = Some(Failure::Sandbox("handing over the program"));
             let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
             return (out, Teardown(self));
         }
@@ -328,14 +345,14 @@ impl Prepared {
             out.cancelled = true;
         }
         out.wall = ended.duration_since(started);
-        if !reported && out.error.is_none() {
+        if !reported && out.failure.is_none() {
             if out.timed_out || out.cancelled {
                 // init was killed before it could report; so was the program.
                 out.exit_code = 128 + libc::SIGKILL;
                 out.signal = libc::SIGKILL;
             } else {
                 out.exit_code = -1;
-                out.error = Some("sandbox_lost".into());
+                out.failure = Some(Failure::Sandbox("supervisor lost"));
             }
         }
         self.account(&mut out);
@@ -405,7 +422,7 @@ impl Prepared {
                         Ok(Some(InitEvent::Failed { stage, message })) => {
                             debug!(sandbox = %self.id, %stage, %message, "program did not start");
                             out.exit_code = -1;
-                            out.error = Some(format!("{stage}_failed"));
+                            out.failure = Some(Failure::Start(stage));
                         }
                         _ => init_open = false,
                     }

@@ -39,7 +39,7 @@ impl NodeAgent for AgentService {
         let received = Instant::now();
         let mut req = req.into_inner();
         let thread = convert::thread_options(req.thread.take())?;
-        let admission = self.exec.admit(convert::exec_request(req), thread).await.map_err(|e| convert::to_status(&e))?;
+        let admission = self.exec.admit(convert::exec_request(req)?, thread).await.map_err(|e| convert::to_status(&e))?;
         let id = Executor::admission_id(&admission).to_string();
         let (tx, rx) = mpsc::channel::<EventResult>(16);
         let exec = self.exec.clone();
@@ -77,7 +77,7 @@ impl NodeAgent for AgentService {
             features: Some(convert::features(self.exec.features())),
             running_executions: self.exec.running(),
             max_executions: self.exec.max_executions(),
-            languages: self.exec.languages().into_iter().map(|l| convert::language(l) as i32).collect(),
+            languages: self.exec.languages().into_iter().map(|l| pb::Language::from(l) as i32).collect(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
         }))
     }

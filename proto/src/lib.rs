@@ -11,3 +11,5 @@ pub mod agent {
 }
 
 pub mod client;
+mod language;
+pub mod refusal;

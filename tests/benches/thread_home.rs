@@ -15,6 +15,7 @@
 //!
 //! `cargo bench -p warren-e2e --bench thread_home` (WARREN_BENCH_RUNS: warm runs, default 200).
 
+use warren_proto::agent::Failure;
 use std::time::{Duration, Instant};
 
 use warren_e2e::bench::{ms, percentile};
@@ -37,7 +38,7 @@ async fn timed(agent: &Agent, req: pb::ExecuteRequest) -> Duration {
     let t = Instant::now();
     let run = agent.run_request(req).await.unwrap();
     let took = t.elapsed();
-    assert_eq!((run.exited.exit_code, run.exited.error.as_str()), (0, ""), "{run:?}");
+    assert_eq!((run.exited.exit_code, run.exited.failure()), (0, Failure::Unspecified), "{run:?}");
     took
 }
 

@@ -1,6 +1,7 @@
 //! The node-agent's Execute/Status contract against the real agent binary:
 //! languages, streaming, status codes, concurrency, auth, crash recovery.
 
+use warren_proto::agent::Failure;
 use std::time::Duration;
 
 use tonic::Code;
@@ -23,7 +24,7 @@ async fn runs_python_node_and_bash_with_accounting() {
     for (lang, code, out, err, exit) in cases {
         let r = agent.run(lang, code, T).await.unwrap();
         assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.exited.exit_code), (out, err, exit), "{lang:?}");
-        assert!(!r.exited.timed_out && !r.exited.oom_killed && r.exited.error.is_empty());
+        assert!(!r.exited.timed_out && !r.exited.oom_killed && r.exited.failure() == Failure::Unspecified);
         assert!(r.exited.wall_micros > 0 && r.exited.cpu_micros > 0 && r.exited.peak_memory_bytes > 0, "{:?}", r.exited);
         let started = r.started.expect("Started event");
         assert!(started.execution_id.starts_with("exe_") && !started.node_name.is_empty());
@@ -264,6 +265,6 @@ async fn exit_status_is_reported_on_every_run() {
     let agent = Agent::start(&[]).await.unwrap();
     for i in 0..40 {
         let r = agent.run(Language::Bash, "echo x; exit 7", T).await.unwrap();
-        assert_eq!((r.exited.exit_code, r.exited.error.as_str(), r.stdout.as_str()), (7, "", "x\n"), "run {i}");
+        assert_eq!((r.exited.exit_code, r.exited.failure(), r.stdout.as_str()), (7, Failure::Unspecified, "x\n"), "run {i}");
     }
 }

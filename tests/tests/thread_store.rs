@@ -2,6 +2,7 @@
 //! the agent is SIGKILLed at either step of publishing it, and the S3 store
 //! (a real S3 server, s3s-fs) lets another node restore a thread.
 
+use warren_proto::agent::Failure;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ fn on_thread(code: &str, id: &str) -> pb::ExecuteRequest {
 }
 
 fn ok(run: &Run) -> &str {
-    assert_eq!((run.exited.exit_code, run.exited.error.as_str()), (0, ""), "{run:?}");
+    assert_eq!((run.exited.exit_code, run.exited.failure()), (0, Failure::Unspecified), "{run:?}");
     &run.stdout
 }
 
@@ -197,7 +198,7 @@ async fn an_unreachable_store_fails_thread_calls_fast_and_nothing_else() {
     let agent = Agent::start_with(&["--thread-store", "s3://warren-threads"], &env, None).await.unwrap();
     let t = Instant::now();
     let run = agent.run_request(on_thread("echo ran > /tmp/x; echo ran", "down")).await.unwrap();
-    assert_eq!((run.exited.exit_code, run.exited.error.as_str(), run.stdout.as_str()), (-1, "thread_mount_error", ""), "{run:?}");
+    assert_eq!((run.exited.exit_code, run.exited.failure(), run.stdout.as_str()), (-1, Failure::ThreadMount, ""), "{run:?}");
     assert!(run.started.is_none(), "nothing started");
     assert!(t.elapsed() < Duration::from_secs(30), "bounded retries, took {:?}", t.elapsed());
     let plain = agent.run(pb::Language::Bash, "echo fine", Duration::from_secs(10)).await.unwrap();

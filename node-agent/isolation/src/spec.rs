@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use warren_core::bounds::{self, Bound};
+use warren_core::bounds;
 use warren_core::{env, ids};
 
 pub use warren_core::bounds::MAX_CODE_BYTES;
@@ -53,34 +53,7 @@ impl LanguageExt for Language {
     }
 }
 
-/// Outbound network access.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
-pub enum Network {
-    /// Only loopback exists in the sandbox.
-    #[default]
-    Blocked,
-}
-
-/// Resolved resource limits for one execution (every field set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Limits {
-    /// CPU quota in thousandths of a core.
-    pub cpu_millis: u32,
-    /// Memory limit in bytes (swap off).
-    pub memory_bytes: u64,
-    /// Maximum tasks (processes and threads).
-    pub pids: u32,
-    /// Size of `/tmp`.
-    pub tmp_bytes: u64,
-    /// Size of `/home/sandbox`.
-    pub home_bytes: u64,
-    /// Per-stream output cap.
-    pub max_output_bytes: u64,
-    /// RLIMIT_NOFILE.
-    pub open_files: u32,
-    /// RLIMIT_FSIZE.
-    pub file_size_bytes: u64,
-}
+pub use warren_core::{Limits, Network};
 
 /// Limits as requested: `None` takes the node's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -114,24 +87,6 @@ pub struct NodePolicy {
     pub maxima: Limits,
     /// Longest wall-clock timeout accepted.
     pub max_timeout: Duration,
-}
-
-impl Limits {
-    fn from_bounds(pick: impl Fn(Bound<u64>) -> u64) -> Limits {
-        let wide = |b: Bound<u32>| Bound { min: u64::from(b.min), max: u64::from(b.max), default: u64::from(b.default) };
-        // The u32 bounds were widened, so narrowing back cannot truncate.
-        let narrow = |b: Bound<u32>| pick(wide(b)) as u32;
-        Limits {
-            cpu_millis: narrow(bounds::CPU_MILLIS),
-            memory_bytes: pick(bounds::MEMORY_BYTES),
-            pids: narrow(bounds::PIDS),
-            tmp_bytes: pick(bounds::DISK_BYTES),
-            home_bytes: pick(bounds::DISK_BYTES),
-            max_output_bytes: pick(bounds::OUTPUT_BYTES),
-            open_files: narrow(bounds::OPEN_FILES),
-            file_size_bytes: pick(bounds::FILE_SIZE_BYTES),
-        }
-    }
 }
 
 impl Default for NodePolicy {

@@ -297,6 +297,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), disk.default, disk)?,
         home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), disk.default, disk)?,
         max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), bounds::OUTPUT_BYTES.default, bounds::OUTPUT_BYTES)?,
+        ..Limits::default()
     };
     // A Sandbox's own maximum defaults to the largest a request may ask for.
     let timeout = Bound { default: bounds::TIMEOUT_SECS.max, ..bounds::TIMEOUT_SECS };
@@ -371,13 +372,10 @@ pub fn effective_key(
     };
     let max_concurrency = c.bound("spec.maxConcurrency", k.max_concurrency, bounds::CONCURRENCY)?;
     // Narrowing only: Unrestricted may become Blocked, never the reverse.
-    let network = match (sb.network, k.network) {
-        (n, None) | (Network::Unrestricted, Some(n)) => n,
-        (Network::Blocked, Some(Network::Blocked)) => Network::Blocked,
-        (Network::Blocked, Some(Network::Unrestricted)) => {
-            return Err(c.err("spec.network", "Unrestricted would widen the Sandbox's Blocked network; a key may only narrow it"))
-        }
-    };
+    let network = sb
+        .network
+        .narrowed(k.network)
+        .ok_or_else(|| c.err("spec.network", "Unrestricted would widen the Sandbox's Blocked network; a key may only narrow it"))?;
     c.env("spec.env", &k.env)?;
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));

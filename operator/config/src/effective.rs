@@ -5,24 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::KeyHash;
 use crate::types::{Language, Network, ThreadRetention};
-
-/// Resolved per-execution limits (every field set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Limits {
-    /// CPU quota in thousandths of a core.
-    pub cpu_millis: u32,
-    /// Memory limit in bytes (swap off).
-    pub memory_bytes: u64,
-    /// Most tasks.
-    pub pids: u32,
-    /// Size of `/tmp`.
-    pub tmp_bytes: u64,
-    /// Size of the home directory.
-    pub home_bytes: u64,
-    /// Per-stream output cap.
-    pub max_output_bytes: u64,
-}
+pub use warren_core::Limits;
 
 /// What one API key may do, with every narrowing applied. This is what the
 /// operator publishes for the gateways (it holds the key's hash, never the key).

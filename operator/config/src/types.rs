@@ -19,17 +19,7 @@ pub const API_VERSION: &str = "warren.dev/v1alpha1";
 
 pub use warren_core::Language;
 
-/// Outbound network policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-pub enum Network {
-    /// Only loopback inside the sandbox: no DNS, no outbound connections.
-    #[default]
-    Blocked,
-    /// Outbound access through the node; private, link-local, metadata and
-    /// loopback ranges of the host stay unreachable. Not offered by this
-    /// release's node-agent yet: a Sandbox asking for it is not Ready.
-    Unrestricted,
-}
+pub use warren_core::Network;
 
 /// How long a thread's saved home directory is kept after its last use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

@@ -25,20 +25,102 @@ pub struct ExecuteRequest {
     /// Resource limits; zero fields take the node's defaults.
     #[prost(message, optional, tag = "6")]
     pub limits: ::core::option::Option<Limits>,
-    /// Root filesystem: only "host" (the node's own /usr, read-only) for now.
-    /// Empty means "host".
+    /// Root filesystem reference: "host" (the node's own /usr, read-only) or an
+    /// OCI reference. Empty means "host".
     #[prost(string, tag = "7")]
     pub image: ::prost::alloc::string::String,
     #[prost(enumeration = "NetworkPolicy", tag = "8")]
     pub network: i32,
     /// When set, /home/sandbox is the thread's saved home, restored before the
     /// program and saved (durably) before `Exited` is sent. Saving failures are
-    /// reported in `Exited.error`: "thread_state_too_large", "thread_save_error",
-    /// "thread_conflict" (another execution saved the thread meanwhile);
-    /// a home that could not be restored ends the stream with an `Exited` whose
-    /// error is "thread_mount_error" and no `Started` (nothing ran).
+    /// reported in `Exited.failure` (THREAD_TOO_LARGE, THREAD_SAVE,
+    /// THREAD_CONFLICT: another execution saved the thread meanwhile); a home
+    /// that could not be restored ends the stream with an `Exited` whose failure
+    /// is THREAD_MOUNT and no `Started` (nothing ran).
     #[prost(message, optional, tag = "9")]
     pub thread: ::core::option::Option<ThreadOptions>,
+    /// Content digest the image reference was pinned to ("sha256:…"); empty for
+    /// "host". The agent runs exactly this digest or refuses.
+    #[prost(string, tag = "10")]
+    pub image_digest: ::prost::alloc::string::String,
+    /// Storage mounted into the sandbox, resolved by the control plane.
+    /// Agents that cannot mount refuse with FAILED_PRECONDITION
+    /// (REFUSAL_REASON_UNSUPPORTED): nothing is silently left out.
+    #[prost(message, repeated, tag = "11")]
+    pub mounts: ::prost::alloc::vec::Vec<StorageMount>,
+    /// With NETWORK_POLICY_UNRESTRICTED: when non-empty, the only destinations
+    /// allowed.
+    #[prost(message, repeated, tag = "12")]
+    pub egress: ::prost::alloc::vec::Vec<EgressRule>,
+    /// Credentials injected for outbound calls (connectors).
+    #[prost(message, repeated, tag = "13")]
+    pub connectors: ::prost::alloc::vec::Vec<ConnectorGrant>,
+}
+/// One storage mount: where it appears and what backs it.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct StorageMount {
+    /// Absolute path inside the sandbox.
+    #[prost(string, tag = "1")]
+    pub mount_path: ::prost::alloc::string::String,
+    /// "s3", "gcs", "azure", "local".
+    #[prost(string, tag = "2")]
+    pub provider: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub bucket: ::prost::alloc::string::String,
+    /// Object prefix the mount is scoped to (narrowed by sub_paths).
+    #[prost(string, tag = "4")]
+    pub prefix: ::prost::alloc::string::String,
+    #[prost(enumeration = "MountMode", tag = "5")]
+    pub mode: i32,
+    /// Provider endpoint and region when not the default.
+    #[prost(string, tag = "6")]
+    pub endpoint: ::prost::alloc::string::String,
+    #[prost(string, tag = "7")]
+    pub region: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "8")]
+    pub credentials: ::core::option::Option<Credentials>,
+}
+/// Secret material. Its Rust type prints as "Credentials(<redacted>)" so it
+/// never reaches a log through `{:?}`.
+#[derive(Clone, PartialEq, ::prost::Message)]
+#[prost(skip_debug)]
+pub struct Credentials {
+    #[prost(map = "string, string", tag = "1")]
+    pub values: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
+}
+/// One allowed outbound destination.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct EgressRule {
+    /// DNS name (exact or "\*.suffix") or CIDR.
+    #[prost(string, tag = "1")]
+    pub host: ::prost::alloc::string::String,
+    /// Allowed TCP ports; empty means 443.
+    #[prost(uint32, repeated, tag = "2")]
+    pub ports: ::prost::alloc::vec::Vec<u32>,
+}
+/// A connector whose credentials the sandbox may use for one host.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ConnectorGrant {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub host: ::prost::alloc::string::String,
+    /// Header name and value injected by the agent's egress proxy.
+    #[prost(string, tag = "3")]
+    pub header: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "4")]
+    pub credentials: ::core::option::Option<Credentials>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Refusal {
+    #[prost(enumeration = "RefusalReason", tag = "1")]
+    pub reason: i32,
+    /// The offending request field (`code`, `limits.pids`, `env.PATH`), if any.
+    #[prost(string, tag = "2")]
+    pub field: ::prost::alloc::string::String,
 }
 /// Identifies a thread: threads belong to the ApiKey that created them.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -163,10 +245,14 @@ pub struct Exited {
     pub stdout_truncated: bool,
     #[prost(bool, tag = "9")]
     pub stderr_truncated: bool,
-    /// Set when the process never ran or the sandbox failed mid-way; a short
-    /// machine-readable reason such as "exec_failed".
-    #[prost(string, tag = "10")]
-    pub error: ::prost::alloc::string::String,
+    /// Set when the program never ran, the sandbox failed mid-way, or its
+    /// thread home could not be restored or saved.
+    #[prost(enumeration = "Failure", tag = "11")]
+    pub failure: i32,
+    /// For the agent's and the caller's logs: the failing step
+    /// ("exec", "mount_home"); never shown to the program's caller as output.
+    #[prost(string, tag = "12")]
+    pub failure_detail: ::prost::alloc::string::String,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusRequest {}
@@ -247,6 +333,10 @@ pub enum NetworkPolicy {
     Unspecified = 0,
     /// A network namespace holding only loopback.
     Blocked = 1,
+    /// Outbound access through the node, private and metadata ranges refused;
+    /// `egress` narrows it further. Agents that cannot provide it refuse with
+    /// FAILED_PRECONDITION (REFUSAL_REASON_UNSUPPORTED).
+    Unrestricted = 2,
 }
 impl NetworkPolicy {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -257,6 +347,7 @@ impl NetworkPolicy {
         match self {
             Self::Unspecified => "NETWORK_POLICY_UNSPECIFIED",
             Self::Blocked => "NETWORK_POLICY_BLOCKED",
+            Self::Unrestricted => "NETWORK_POLICY_UNRESTRICTED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -264,6 +355,151 @@ impl NetworkPolicy {
         match value {
             "NETWORK_POLICY_UNSPECIFIED" => Some(Self::Unspecified),
             "NETWORK_POLICY_BLOCKED" => Some(Self::Blocked),
+            "NETWORK_POLICY_UNRESTRICTED" => Some(Self::Unrestricted),
+            _ => None,
+        }
+    }
+}
+/// Read-only or read-write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum MountMode {
+    Unspecified = 0,
+    ReadOnly = 1,
+    ReadWrite = 2,
+}
+impl MountMode {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "MOUNT_MODE_UNSPECIFIED",
+            Self::ReadOnly => "MOUNT_MODE_READ_ONLY",
+            Self::ReadWrite => "MOUNT_MODE_READ_WRITE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "MOUNT_MODE_UNSPECIFIED" => Some(Self::Unspecified),
+            "MOUNT_MODE_READ_ONLY" => Some(Self::ReadOnly),
+            "MOUNT_MODE_READ_WRITE" => Some(Self::ReadWrite),
+            _ => None,
+        }
+    }
+}
+/// Why a call was refused (status details of every non-OK status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum RefusalReason {
+    Unspecified = 0,
+    /// A request field is invalid; `Refusal.field` names it.
+    InvalidField = 1,
+    /// The language is not in this node's image.
+    LanguageUnavailable = 2,
+    /// The node lacks an isolation feature.
+    MissingFeature = 3,
+    /// The node is at its concurrent-execution limit.
+    NodeBusy = 4,
+    /// Another execution holds the thread.
+    ThreadBusy = 5,
+    /// The agent is shutting down.
+    ShuttingDown = 6,
+    /// The sandbox could not be set up.
+    SandboxSetup = 7,
+    /// DeleteThread: no such thread.
+    ThreadNotFound = 8,
+    /// The thread store failed.
+    ThreadStore = 9,
+    /// The request asks for something this agent does not offer (a network
+    /// policy, mounts, an image kind); `field` names it.
+    Unsupported = 10,
+}
+impl RefusalReason {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "REFUSAL_REASON_UNSPECIFIED",
+            Self::InvalidField => "REFUSAL_REASON_INVALID_FIELD",
+            Self::LanguageUnavailable => "REFUSAL_REASON_LANGUAGE_UNAVAILABLE",
+            Self::MissingFeature => "REFUSAL_REASON_MISSING_FEATURE",
+            Self::NodeBusy => "REFUSAL_REASON_NODE_BUSY",
+            Self::ThreadBusy => "REFUSAL_REASON_THREAD_BUSY",
+            Self::ShuttingDown => "REFUSAL_REASON_SHUTTING_DOWN",
+            Self::SandboxSetup => "REFUSAL_REASON_SANDBOX_SETUP",
+            Self::ThreadNotFound => "REFUSAL_REASON_THREAD_NOT_FOUND",
+            Self::ThreadStore => "REFUSAL_REASON_THREAD_STORE",
+            Self::Unsupported => "REFUSAL_REASON_UNSUPPORTED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "REFUSAL_REASON_UNSPECIFIED" => Some(Self::Unspecified),
+            "REFUSAL_REASON_INVALID_FIELD" => Some(Self::InvalidField),
+            "REFUSAL_REASON_LANGUAGE_UNAVAILABLE" => Some(Self::LanguageUnavailable),
+            "REFUSAL_REASON_MISSING_FEATURE" => Some(Self::MissingFeature),
+            "REFUSAL_REASON_NODE_BUSY" => Some(Self::NodeBusy),
+            "REFUSAL_REASON_THREAD_BUSY" => Some(Self::ThreadBusy),
+            "REFUSAL_REASON_SHUTTING_DOWN" => Some(Self::ShuttingDown),
+            "REFUSAL_REASON_SANDBOX_SETUP" => Some(Self::SandboxSetup),
+            "REFUSAL_REASON_THREAD_NOT_FOUND" => Some(Self::ThreadNotFound),
+            "REFUSAL_REASON_THREAD_STORE" => Some(Self::ThreadStore),
+            "REFUSAL_REASON_UNSUPPORTED" => Some(Self::Unsupported),
+            _ => None,
+        }
+    }
+}
+/// What went wrong besides the program itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum Failure {
+    Unspecified = 0,
+    /// The sandbox could not start the program (exec, chdir, rlimits).
+    Start = 1,
+    /// The sandbox failed while the program ran (lost supervisor).
+    Sandbox = 2,
+    /// The thread's home could not be restored; nothing ran.
+    ThreadMount = 3,
+    /// Saving the home would exceed the thread's max_bytes; the previous state
+    /// is kept.
+    ThreadTooLarge = 4,
+    /// The thread store failed while saving; the previous state is kept.
+    ThreadSave = 5,
+    /// Another execution saved the thread meanwhile; this save was discarded.
+    ThreadConflict = 6,
+}
+impl Failure {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "FAILURE_UNSPECIFIED",
+            Self::Start => "FAILURE_START",
+            Self::Sandbox => "FAILURE_SANDBOX",
+            Self::ThreadMount => "FAILURE_THREAD_MOUNT",
+            Self::ThreadTooLarge => "FAILURE_THREAD_TOO_LARGE",
+            Self::ThreadSave => "FAILURE_THREAD_SAVE",
+            Self::ThreadConflict => "FAILURE_THREAD_CONFLICT",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "FAILURE_UNSPECIFIED" => Some(Self::Unspecified),
+            "FAILURE_START" => Some(Self::Start),
+            "FAILURE_SANDBOX" => Some(Self::Sandbox),
+            "FAILURE_THREAD_MOUNT" => Some(Self::ThreadMount),
+            "FAILURE_THREAD_TOO_LARGE" => Some(Self::ThreadTooLarge),
+            "FAILURE_THREAD_SAVE" => Some(Self::ThreadSave),
+            "FAILURE_THREAD_CONFLICT" => Some(Self::ThreadConflict),
             _ => None,
         }
     }

@@ -1,0 +1,69 @@
+//! The edge to a node-agent: a trait the execution service calls, the gRPC
+//! implementation, and (in tests) doubles that need neither root nor sockets.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt};
+use tonic::transport::Channel;
+use tonic::Status;
+use warren_proto::agent::node_agent_client::NodeAgentClient;
+use warren_proto::agent::{self as pb};
+use warren_proto::client::AgentAddress;
+
+/// The events of one execution, as the agent sends them.
+pub type EventStream = BoxStream<'static, Result<pb::ExecuteEvent, Status>>;
+
+/// What the gateway asks of a node-agent.
+pub trait Agent: Send + Sync + std::fmt::Debug {
+    /// Starts an execution; a status means nothing ran.
+    fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>>;
+    /// Deletes a thread's saved home.
+    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>>;
+    /// Identity, features and capacity.
+    fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>>;
+}
+
+/// A node-agent reached over gRPC (Unix socket or TCP with a bearer token).
+#[derive(Debug, Clone)]
+pub struct GrpcAgent {
+    client: NodeAgentClient<Channel>,
+    token: Option<Arc<str>>,
+}
+
+impl GrpcAgent {
+    /// A lazily connecting client; TCP agents get the bearer token.
+    pub fn new(address: &AgentAddress, token: Option<Arc<str>>) -> anyhow::Result<GrpcAgent> {
+        let channel = warren_proto::client::lazy_channel(address)?;
+        Ok(GrpcAgent {
+            client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
+            token: matches!(address, AgentAddress::Tcp(_)).then_some(token).flatten(),
+        })
+    }
+
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(v) = self.token.as_ref().and_then(|t| format!("Bearer {t}").parse().ok()) {
+            req.metadata_mut().insert("authorization", v);
+        }
+        req
+    }
+}
+
+impl Agent for GrpcAgent {
+    fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req));
+        async move { Ok(client.execute(req).await?.into_inner().boxed()) }.boxed()
+    }
+
+    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req));
+        async move { client.delete_thread(req).await.map(|_| ()) }.boxed()
+    }
+
+    fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(pb::StatusRequest {}));
+        async move { Ok(client.status(req).await?.into_inner()) }.boxed()
+    }
+}

@@ -1,0 +1,175 @@
+//! The gateway side of the agent contract: spec → wire request, wire
+//! events → domain events, wire refusals → domain errors. One module, so the
+//! contract is converted exactly once on this edge.
+
+use warren_proto::agent::{self as pb, execute_event::Event as Wire, RefusalReason as Reason};
+use warren_proto::refusal::refusal_of;
+
+use super::spec::{ExecutionSpec, Tenant};
+use super::ExecError;
+
+impl From<ExecutionSpec> for pb::ExecuteRequest {
+    fn from(s: ExecutionSpec) -> pb::ExecuteRequest {
+        let l = s.limits;
+        let network = match s.network {
+            warren_core::Network::Blocked => pb::NetworkPolicy::Blocked,
+            warren_core::Network::Unrestricted => pb::NetworkPolicy::Unrestricted,
+        };
+        pb::ExecuteRequest {
+            thread: s.thread.map(|t| pb::ThreadOptions {
+                r#ref: Some(thread_ref(&s.tenant, &t.id)),
+                retention_seconds: t.retention.map_or(0, |d| d.as_secs()),
+                max_bytes: t.max_bytes,
+            }),
+            execution_id: s.id,
+            language: pb::Language::from(s.language) as i32,
+            code: s.code,
+            env: s.env.into_iter().collect(),
+            timeout_ms: u32::try_from(s.timeout.as_millis()).unwrap_or(u32::MAX),
+            limits: Some(pb::Limits {
+                cpu_millis: l.cpu_millis,
+                memory_bytes: l.memory_bytes,
+                pids: l.pids,
+                tmp_bytes: l.tmp_bytes,
+                home_bytes: l.home_bytes,
+                max_output_bytes: l.max_output_bytes,
+                open_files: l.open_files,
+                file_size_bytes: l.file_size_bytes,
+            }),
+            image: s.image.reference,
+            image_digest: s.image.digest.unwrap_or_default(),
+            network: network as i32,
+            mounts: Vec::new(),
+            egress: Vec::new(),
+            connectors: Vec::new(),
+        }
+    }
+}
+
+/// The agent's reference to thread `id` of `tenant`.
+pub fn thread_ref(tenant: &Tenant, id: &str) -> pb::ThreadRef {
+    pb::ThreadRef { namespace: tenant.namespace.clone(), key_name: tenant.key_name.clone(), thread_id: id.to_string() }
+}
+
+/// What went wrong besides the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The sandbox could not start or keep the program.
+    Sandbox,
+    /// The thread's home could not be restored; nothing ran.
+    ThreadMount,
+    /// Saving would exceed the thread's size limit.
+    ThreadTooLarge,
+    /// The store failed while saving.
+    ThreadSave,
+    /// Another execution saved the thread meanwhile.
+    ThreadConflict,
+}
+
+/// How the program ended and what it used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exit {
+    /// Exit status; 128 + signal when killed; -1 if it never ran.
+    pub exit_code: i32,
+    /// Signal that killed the main process, 0 if none.
+    pub signal: i32,
+    /// Killed at the wall-clock limit.
+    pub timed_out: bool,
+    /// The memory limit killed a process.
+    pub oom_killed: bool,
+    /// Program wall time, microseconds.
+    pub wall_micros: u64,
+    /// CPU time of all its processes, microseconds.
+    pub cpu_micros: u64,
+    /// Peak memory, bytes.
+    pub peak_memory_bytes: u64,
+    /// stdout hit the cap.
+    pub stdout_truncated: bool,
+    /// stderr hit the cap.
+    pub stderr_truncated: bool,
+    /// A failure of the sandbox or the thread home.
+    pub failure: Option<Failure>,
+}
+
+impl From<pb::Exited> for Exit {
+    fn from(x: pb::Exited) -> Exit {
+        let failure = match x.failure() {
+            pb::Failure::Unspecified => None,
+            pb::Failure::Start | pb::Failure::Sandbox => Some(Failure::Sandbox),
+            pb::Failure::ThreadMount => Some(Failure::ThreadMount),
+            pb::Failure::ThreadTooLarge => Some(Failure::ThreadTooLarge),
+            pb::Failure::ThreadSave => Some(Failure::ThreadSave),
+            pb::Failure::ThreadConflict => Some(Failure::ThreadConflict),
+        };
+        Exit {
+            exit_code: x.exit_code,
+            signal: x.signal,
+            timed_out: x.timed_out,
+            oom_killed: x.oom_killed,
+            wall_micros: x.wall_micros,
+            cpu_micros: x.cpu_micros,
+            peak_memory_bytes: x.peak_memory_bytes,
+            stdout_truncated: x.stdout_truncated,
+            stderr_truncated: x.stderr_truncated,
+            failure,
+        }
+    }
+}
+
+/// One thing that happened to a running execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEvent {
+    /// The sandbox is ready and the program starts.
+    Started,
+    /// Output on stdout.
+    Stdout(Vec<u8>),
+    /// Output on stderr.
+    Stderr(Vec<u8>),
+    /// The end.
+    Exited(Exit),
+}
+
+/// A wire event as a domain event; `None` for an empty message.
+pub fn run_event(e: pb::ExecuteEvent) -> Option<RunEvent> {
+    Some(match e.event? {
+        Wire::Started(_) => RunEvent::Started,
+        Wire::Stdout(c) => RunEvent::Stdout(c.data),
+        Wire::Stderr(c) => RunEvent::Stderr(c.data),
+        Wire::Exited(x) => RunEvent::Exited(x.into()),
+    })
+}
+
+/// How an agent's refusal of `Execute` reads (nothing ran). The second
+/// value is true when the node itself looks broken.
+pub fn refused(status: &tonic::Status, thread_id: Option<&str>) -> (ExecError, bool) {
+    let (reason, field) = refusal_of(status);
+    let e = match reason {
+        // The gateway validated first, so gateway and agent disagree on a
+        // limit: the agent names the field.
+        Reason::InvalidField | Reason::LanguageUnavailable => {
+            let text = status.message().strip_prefix(&format!("{field}: ")).unwrap_or(status.message());
+            ExecError::invalid(if field.is_empty() { "request".into() } else { field }, text)
+        }
+        Reason::NodeBusy => ExecError::NodeRefused("the node is at capacity"),
+        // Another gateway replica runs this thread on the same node.
+        Reason::ThreadBusy => ExecError::ThreadBusy(thread_id.unwrap_or_default().to_string()),
+        Reason::MissingFeature => ExecError::NodeRefused("the node cannot provide the required isolation"),
+        Reason::Unsupported => ExecError::NodeRefused("the node does not offer a capability this sandbox needs"),
+        Reason::ShuttingDown => return (ExecError::NodeRefused("the node is shutting down"), true),
+        Reason::SandboxSetup => return (ExecError::NodeRefused("the node could not set up a sandbox"), true),
+        Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => {
+            return (ExecError::NodeRefused("the node-agent could not be reached"), true)
+        }
+    };
+    (e, false)
+}
+
+/// How an agent's answer to `DeleteThread` reads.
+pub fn delete_refused(status: &tonic::Status, thread_id: &str) -> ExecError {
+    match refusal_of(status).0 {
+        Reason::ThreadNotFound => ExecError::ThreadNotFound(thread_id.to_string()),
+        Reason::ThreadBusy => ExecError::ThreadBusy(thread_id.to_string()),
+        Reason::ThreadStore => ExecError::ThreadStore,
+        _ => ExecError::NodeRefused("the thread could not be deleted right now"),
+    }
+}

@@ -1,0 +1,63 @@
+//! Why an execution (or a thread operation) was refused or failed, as domain
+//! values. The HTTP adapter maps them to status codes in one place
+//! (`crate::error`); later adapters (async, MCP) map the same values.
+
+/// A refusal or failure of the execution service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// No `Authorization: Bearer` key was sent.
+    #[error("send the API key as Authorization: Bearer sk-wrn-…")]
+    MissingKey,
+    /// The header is malformed or names no key.
+    #[error("{0}")]
+    InvalidKey(&'static str),
+    /// The key exists but is disabled.
+    #[error("this API key is disabled")]
+    KeyDisabled,
+    /// A request field is invalid; nothing ran.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Offending field, e.g. `timeout` or `env_vars.PATH`.
+        field: String,
+        /// What to fix.
+        message: String,
+    },
+    /// The key runs as many executions as it may.
+    #[error("this API key already runs {0} executions, its limit; retry after one finishes")]
+    KeyConcurrency(u32),
+    /// Another execution holds the thread.
+    #[error("thread {0:?} is running another execution; retry when it finishes")]
+    ThreadBusy(String),
+    /// No such thread for this key.
+    #[error("thread {0:?} does not exist for this key")]
+    ThreadNotFound(String),
+    /// The gateway's output memory cannot take this execution now.
+    #[error("{0}")]
+    OutputBudget(String),
+    /// No node-agent answers.
+    #[error("no node-agent is reachable right now; nothing ran, retry shortly")]
+    NoNode,
+    /// Every node is at capacity.
+    #[error("every node is at capacity; nothing ran, retry shortly")]
+    NodesBusy,
+    /// The chosen node cannot run it (capacity, isolation, a capability it
+    /// lacks, unreachable); nothing ran.
+    #[error("{0}; nothing ran, retry shortly")]
+    NodeRefused(&'static str),
+    /// The thread store could not be reached.
+    #[error("the thread store is unavailable; retry shortly")]
+    ThreadStore,
+    /// The node died mid-execution; the code may have partly run.
+    #[error("the node running this execution stopped before it finished; the code may have partly run")]
+    NodeLost,
+    /// A documented option this server does not offer yet.
+    #[error("{0}")]
+    NotImplemented(&'static str),
+}
+
+impl ExecError {
+    /// An invalid field.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ExecError::Invalid { field: field.into(), message: message.into() }
+    }
+}

@@ -1,0 +1,29 @@
+//! The execution path of the gateway, independent of HTTP.
+//!
+//! ```text
+//! adapter (HTTP JSON, NDJSON, later async/MCP)
+//!    └─ ExecutionService::admit   key + request → ExecutionSpec, slots, lease
+//!    └─ ExecutionService::start   spec → agent (wire form in `convert`)
+//!    └─ Run::next                 wire events → RunEvent
+//! errors: ExecError → HTTP status in `crate::error` (one place)
+//! ```
+
+pub mod agent;
+pub mod convert;
+mod error;
+pub mod service;
+pub mod spec;
+
+pub use convert::{Exit, Failure, RunEvent};
+pub use error::ExecError;
+pub use service::{Admitted, ExecutionService, Lost, Run};
+pub use spec::{Delivery, ExecutionSpec};
+
+/// `trc_` + 20 random base62 characters.
+pub fn new_trace_id() -> String {
+    loop {
+        if let Some(id) = warren_core::ids::trace_id(&rand::random::<[u8; 40]>()) {
+            return id;
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The execution service: admission, node selection and the agent call,
+//! shared by every adapter (HTTP JSON, NDJSON stream, later async and MCP).
+//! It speaks domain values only: a key and a request in, [`RunEvent`]s and
+//! [`ExecError`]s out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use warren_config::EffectiveKey;
+
+use super::agent::EventStream;
+use super::convert::{self, run_event, RunEvent};
+use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
+use super::ExecError;
+use crate::admission::{Admission, KeySlot, ThreadLock};
+use crate::audit::Audit;
+use crate::budget::{OutputBudget, Reservation};
+use crate::metrics::{InFlight, Metrics};
+use crate::nodes::{Lease, Nodes};
+use crate::request::ExecuteRequest;
+use crate::result::Outcome;
+
+/// The gateway's execution service; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ExecutionService {
+    /// Node-agents.
+    pub nodes: Arc<Nodes>,
+    /// Per-key and per-thread admission.
+    pub admission: Arc<Admission>,
+    /// Gateway memory for execution output.
+    pub budget: Arc<OutputBudget>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// How long a request waits for a node slot or output budget.
+    pub queue_wait: Duration,
+}
+
+/// An admitted execution, not sent yet.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The resolved execution.
+    pub spec: ExecutionSpec,
+    held: Held,
+}
+
+/// Everything one execution holds; dropping it releases the key slot, the
+/// thread, the output memory and the node slot, and writes the audit record.
+#[derive(Debug)]
+struct Held {
+    lease: Lease,
+    audit: Audit,
+    _in_flight: InFlight,
+    _thread: Option<ThreadLock>,
+    _slot: KeySlot,
+    _output: Reservation,
+}
+
+/// A started execution: its events, and what it holds until it ends.
+pub struct Run {
+    /// Execution id (`trc_…`).
+    pub id: String,
+    held: Held,
+    events: EventStream,
+}
+
+/// The agent stream ended without `Exited`. Once the agent accepted the call
+/// the program may have started, so this is never "nothing ran".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lost;
+
+impl ExecutionService {
+    /// Checks `req` against `key` and takes everything the execution holds:
+    /// a key slot, the thread, output memory and a node slot. Nothing has
+    /// reached a node when this returns.
+    pub async fn admit(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
+        let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
+        let qualified = key.qualified_name();
+        let slot = self.admission.key_slot(&qualified, key.max_concurrency)?;
+        let thread = spec.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
+        let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
+        let lease = self.nodes.lease_for(spec.placement().as_deref(), self.queue_wait).await?;
+        let mut audit = Audit::start(&spec.id, key, spec.language.as_str(), req.thread_id.as_deref(), &req.metadata, self.metrics.clone());
+        audit.node(lease.node.name());
+        let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, _slot: slot, _output: output };
+        Ok(Admitted { spec, held })
+    }
+
+    /// Sends the execution to its node; an error means nothing ran.
+    pub async fn start(&self, a: Admitted) -> Result<Run, ExecError> {
+        let Admitted { spec, mut held } = a;
+        let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
+        // The code moves into the wire request (up to 1 MiB not copied).
+        match held.lease.node.agent().execute(spec.into()).await {
+            Ok(events) => Ok(Run { id, held, events }),
+            Err(status) => {
+                held.audit.finish(Outcome::SandboxError, None);
+                let (e, broken) = convert::refused(&status, thread_id.as_deref());
+                tracing::warn!(execution_id = %id, node = %held.lease.node.address, code = ?status.code(), reason = status.message(), "node-agent refused the execution");
+                if broken {
+                    held.lease.node.mark_unhealthy();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes a thread of `key` on the node that holds it.
+    pub async fn delete_thread(&self, key: &EffectiveKey, thread_id: &str) -> Result<(), ExecError> {
+        if !warren_core::ids::is_thread_id(thread_id) {
+            return Err(ExecError::invalid("thread_id", warren_core::ids::THREAD_ID_RULE));
+        }
+        // Held for the call: an execute through this gateway cannot start meanwhile.
+        let _lock = self.admission.thread(&key.qualified_name(), thread_id)?;
+        let tenant = Tenant::of(key);
+        let node = self.nodes.home_of(&placement_key(&tenant, thread_id)).ok_or(ExecError::NoNode)?;
+        let msg = warren_proto::agent::DeleteThreadRequest { thread: Some(convert::thread_ref(&tenant, thread_id)) };
+        node.agent().delete_thread(msg).await.map_err(|s| {
+            tracing::warn!(node = %node.address, code = ?s.code(), "deleting a thread failed");
+            convert::delete_refused(&s, thread_id)
+        })?;
+        tracing::info!(key = %key.qualified_name(), thread_id, "thread deleted");
+        Ok(())
+    }
+}
+
+impl Run {
+    /// The next event; `Err(Lost)` when the stream broke before `Exited`.
+    pub async fn next(&mut self) -> Result<RunEvent, Lost> {
+        loop {
+            match self.events.next().await {
+                Some(Ok(e)) => match run_event(e) {
+                    Some(ev) => return Ok(ev),
+                    None => continue,
+                },
+                Some(Err(_)) | None => return Err(Lost),
+            }
+        }
+    }
+
+    /// Records how it ended.
+    pub fn finish(&mut self, outcome: Outcome, exit_code: Option<i32>) {
+        self.held.audit.finish(outcome, exit_code);
+    }
+
+    /// Records a broken stream and marks the node down until its next check.
+    pub fn lost(&mut self) -> ExecError {
+        tracing::warn!(execution_id = %self.id, node = %self.held.lease.node.address, "node-agent stream broke mid-execution");
+        self.held.audit.finish(Outcome::NodeLost, None);
+        self.held.lease.node.mark_unhealthy();
+        ExecError::NodeLost
+    }
+}

@@ -1,0 +1,138 @@
+//! The execution spec: everything one execution may do, built once from the
+//! caller's key and request. The agent call is its wire form
+//! (`exec::convert`); nothing downstream copies fields by hand.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use warren_config::EffectiveKey;
+use warren_core::bounds::TIMEOUT_SECS;
+use warren_core::{path, Language, Limits, Network};
+
+use super::ExecError;
+use crate::request::ExecuteRequest;
+
+/// The tenant an execution runs for: the ApiKey that authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Namespace of the ApiKey.
+    pub namespace: String,
+    /// Name of the ApiKey.
+    pub key_name: String,
+}
+
+/// A thread's saved home for this execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadSpec {
+    /// The caller's thread id (scoped to the tenant).
+    pub id: String,
+    /// How long it is kept after its last save; `None` forever.
+    pub retention: Option<Duration>,
+    /// Largest charged size of the saved home.
+    pub max_bytes: u64,
+}
+
+/// The root filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// `host` or an OCI reference.
+    pub reference: String,
+    /// The digest the reference was pinned to; `None` for `host`.
+    pub digest: Option<String>,
+}
+
+/// How the caller receives the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// One JSON result when it ends.
+    Collected,
+    /// NDJSON events as they happen.
+    Streamed,
+}
+
+/// One execution, fully resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionSpec {
+    /// Execution id (`trc_…`): the trace id in logs, headers and the agent.
+    pub id: String,
+    /// Who runs it.
+    pub tenant: Tenant,
+    /// Interpreter.
+    pub language: Language,
+    /// Program text.
+    pub code: String,
+    /// Sandbox < ApiKey < request, most specific last-wins, sorted by name.
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Root filesystem.
+    pub image: ImageRef,
+    /// Outbound network policy (the key's, after narrowing).
+    pub network: Network,
+    /// The saved home, when the request names a thread.
+    pub thread: Option<ThreadSpec>,
+    /// How the result is delivered.
+    pub delivery: Delivery,
+}
+
+impl ExecutionSpec {
+    /// Checks `req` against what `key` allows and resolves everything; the
+    /// request's code and env move into the spec (up to 1 MiB not copied).
+    pub fn new(id: String, key: &EffectiveKey, req: &mut ExecuteRequest, delivery: Delivery) -> Result<ExecutionSpec, ExecError> {
+        if !key.languages.contains(&req.language) {
+            let offered: Vec<&str> = key.languages.iter().map(|l| l.as_str()).collect();
+            return Err(ExecError::invalid("language", format!("this sandbox offers {}", offered.join(", "))));
+        }
+        let timeout = match req.timeout {
+            Some(t) if t > key.max_timeout_seconds => {
+                return Err(ExecError::invalid("timeout", format!("at most {} seconds for this API key", key.max_timeout_seconds)))
+            }
+            Some(t) => t,
+            None => TIMEOUT_SECS.default.min(key.max_timeout_seconds),
+        };
+        if let Some(p) = req.sub_paths.first() {
+            let mount = path::data_sub_path(p).map_or("", |(m, _)| m);
+            let shown: String = mount.chars().take(64).collect();
+            return Err(ExecError::invalid("sub_paths[0]", format!("this API key has no storage mount named {shown:?}")));
+        }
+        let mut env: BTreeMap<String, String> = key.env.iter().cloned().collect();
+        env.extend(std::mem::take(&mut req.env_vars));
+        Ok(ExecutionSpec {
+            id,
+            tenant: Tenant { namespace: key.namespace.clone(), key_name: key.name.clone() },
+            language: req.language,
+            code: std::mem::take(&mut req.code),
+            env: env.into_iter().collect(),
+            timeout: Duration::from_secs(timeout.into()),
+            limits: key.limits,
+            image: ImageRef { reference: key.image.clone(), digest: None },
+            network: key.network,
+            thread: req.thread_id.clone().map(|id| ThreadSpec {
+                id,
+                retention: key.thread_retention.duration(),
+                max_bytes: key.thread_max_bytes,
+            }),
+            delivery,
+        })
+    }
+
+    /// What rendezvous placement hashes: threads of different keys are
+    /// different threads, even with the same id.
+    pub fn placement(&self) -> Option<String> {
+        self.thread.as_ref().map(|t| placement_key(&self.tenant, &t.id))
+    }
+}
+
+/// The placement key of thread `id` of `tenant`.
+pub fn placement_key(tenant: &Tenant, id: &str) -> String {
+    format!("{}/{}/{id}", tenant.namespace, tenant.key_name)
+}
+
+impl Tenant {
+    /// The tenant `key` authenticates.
+    pub fn of(key: &EffectiveKey) -> Tenant {
+        Tenant { namespace: key.namespace.clone(), key_name: key.name.clone() }
+    }
+}
