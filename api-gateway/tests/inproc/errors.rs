@@ -1,0 +1,221 @@
+//! The error table of `POST /v1/sandbox/execute`: every refusal, its
+//! status and code, and that nothing reached the node when nothing may run.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::json;
+
+use super::*;
+
+fn code(body: &str) -> serde_json::Value {
+    json!({"code": body})
+}
+
+async fn refused(g: &Gateway, req: Request<Body>, status: u16, error: &str) -> Answer {
+    let a = g.send(req).await;
+    assert_eq!((a.status.as_u16(), a.error().as_str()), (status, error), "{:?}", String::from_utf8_lossy(&a.body));
+    assert_eq!(g.agent_calls(), 0, "nothing may reach the node");
+    a
+}
+
+#[tokio::test]
+async fn missing_key_is_401() {
+    let g = gateway().await;
+    let req = Request::post("/v1/sandbox/execute").header("content-type", "application/json").body(Body::from("{}")).unwrap();
+    refused(&g, req, 401, "missing_api_key").await;
+}
+
+#[tokio::test]
+async fn unknown_key_is_401() {
+    let g = gateway().await;
+    refused(&g, execute_request("sk-wrn-ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ", r#"{"code":"x"}"#), 401, "invalid_api_key").await;
+}
+
+#[tokio::test]
+async fn malformed_authorization_is_401() {
+    let g = gateway().await;
+    let req = Request::post("/v1/sandbox/execute").header("authorization", GOOD).header("content-type", "application/json").body(Body::from("{}")).unwrap();
+    refused(&g, req, 401, "invalid_api_key").await;
+}
+
+#[tokio::test]
+async fn disabled_key_is_403() {
+    let g = gateway().await;
+    refused(&g, execute_request(OFF, r#"{"code":"x"}"#), 403, "api_key_disabled").await;
+}
+
+#[tokio::test]
+async fn wrong_content_type_is_415() {
+    let g = gateway().await;
+    let req = Request::post("/v1/sandbox/execute").header("authorization", format!("Bearer {GOOD}")).header("content-type", "text/plain").body(Body::from("{}")).unwrap();
+    refused(&g, req, 415, "unsupported_media_type").await;
+}
+
+#[tokio::test]
+async fn oversize_body_is_413() {
+    let g = gateway().await;
+    let big = format!(r#"{{"code":"{}"}}"#, "x".repeat(5 << 20));
+    refused(&g, execute_request(GOOD, &big), 413, "payload_too_large").await;
+}
+
+#[tokio::test]
+async fn broken_json_is_400_invalid_json() {
+    let g = gateway().await;
+    refused(&g, execute_request(GOOD, r#"{"code": "#), 400, "invalid_json").await;
+}
+
+#[tokio::test]
+async fn unknown_field_is_named() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","timout":3}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "timout");
+}
+
+#[tokio::test]
+async fn language_the_sandbox_lacks_is_400() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","language":"node"}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "language");
+}
+
+#[tokio::test]
+async fn timeout_beyond_the_key_is_400() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","timeout":31}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "timeout");
+}
+
+#[tokio::test]
+async fn sub_path_without_a_mount_is_400() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","sub_paths":["/data/m/x"]}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "sub_paths[0]");
+}
+
+#[tokio::test]
+async fn respond_async_is_501() {
+    let g = gateway().await;
+    let mut req = execute_request(GOOD, r#"{"code":"x"}"#);
+    req.headers_mut().insert("prefer", "respond-async".parse().unwrap());
+    refused(&g, req, 501, "not_implemented").await;
+}
+
+#[tokio::test]
+async fn webhook_without_async_is_400() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","webhook_url":"https://example.invalid/h"}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "webhook_url");
+}
+
+#[tokio::test]
+async fn key_concurrency_is_429_with_retry_after_and_frees_when_the_run_ends() {
+    let g = gateway().await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(SOLO, r#"{"code":"hang"}"#)).await });
+    eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
+    let a = g.execute(SOLO, code("x")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"));
+    assert_eq!(a.headers["retry-after"], "1");
+    assert_eq!(g.agent_calls(), 1, "the refused one never reached the node");
+    hold.abort();
+    let _ = hold.await;
+    // The aborted request dropped its slot: the key may run again.
+    assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_busy_thread_is_409() {
+    let g = gateway().await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(GOOD, r#"{"code":"hang","thread_id":"t1"}"#)).await });
+    eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
+    let a = g.execute(GOOD, json!({"code": "x", "thread_id": "t1"})).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::CONFLICT, "thread_busy"));
+    assert_eq!(g.execute(GOOD, json!({"code": "x", "thread_id": "t2"})).await.status, StatusCode::OK, "other threads run");
+    hold.abort();
+}
+
+#[tokio::test]
+async fn no_healthy_node_is_503() {
+    let g = gateway_with(FakeAgent { down: true, capacity: 8, ..Default::default() }).await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x"}"#), 503, "unavailable").await;
+    assert_eq!(a.headers["retry-after"], "1");
+}
+
+#[tokio::test]
+async fn a_full_node_is_503_after_the_queue_wait() {
+    let g = gateway_with(FakeAgent { capacity: 1, ..Default::default() }).await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(GOOD, r#"{"code":"hang"}"#)).await });
+    eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
+    let a = g.execute(GOOD, code("x")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert!(a.json()["message"].as_str().unwrap().contains("capacity"));
+    hold.abort();
+}
+
+#[tokio::test]
+async fn output_memory_the_gateway_cannot_hold_is_503() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(BIG, r#"{"code":"x"}"#), 503, "unavailable").await;
+    assert!(a.json()["message"].as_str().unwrap().contains("maxOutputBytes"), "{:?}", a.json());
+}
+
+#[tokio::test]
+async fn agent_busy_is_503_and_the_node_stays_healthy() {
+    let g = gateway().await;
+    let a = g.execute(GOOD, code("refuse:busy")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!(g.state.service.nodes.healthy(), 1);
+}
+
+#[tokio::test]
+async fn agent_field_refusal_names_the_agents_field() {
+    let g = gateway().await;
+    let a = g.execute(GOOD, code("refuse:field")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::BAD_REQUEST, "invalid_request"));
+    assert_eq!(a.json()["field"], "limits.pids");
+}
+
+#[tokio::test]
+async fn agent_thread_busy_is_409() {
+    let g = gateway().await;
+    let a = g.execute(GOOD, json!({"code": "refuse:thread", "thread_id": "t"})).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::CONFLICT, "thread_busy"));
+}
+
+#[tokio::test]
+async fn agent_lacking_a_capability_is_503() {
+    let g = gateway().await;
+    let a = g.execute(GOOD, code("refuse:unsupported")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!(g.state.service.nodes.healthy(), 1, "a capability refusal is not a broken node");
+}
+
+#[tokio::test]
+async fn unreachable_agent_is_503_and_marks_the_node_down() {
+    let g = gateway().await;
+    let a = g.execute(GOOD, code("refuse:transport")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!(g.state.service.nodes.healthy(), 0);
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_is_502_node_lost_never_503() {
+    for script in ["lost", "lost:error"] {
+        let g = gateway().await;
+        let a = g.execute(GOOD, code(script)).await;
+        assert_eq!((a.status, a.error().as_str()), (StatusCode::BAD_GATEWAY, "node_lost"), "{script}");
+        assert!(a.headers.get("retry-after").is_none(), "the code may have run: no automatic retry");
+        assert_eq!(g.state.service.nodes.healthy(), 0, "{script}: the node is marked down");
+    }
+}
+
+#[tokio::test]
+async fn unknown_path_is_404_and_wrong_method_405() {
+    let g = gateway().await;
+    let a = g.send(Request::get("/v1/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!((a.status.as_u16(), a.error().as_str()), (404, "not_found"));
+    let a = g.send(Request::get("/v1/sandbox/execute").body(Body::empty()).unwrap()).await;
+    assert_eq!((a.status.as_u16(), a.error().as_str()), (405, "method_not_allowed"));
+}

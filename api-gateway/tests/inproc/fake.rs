@@ -1,0 +1,121 @@
+//! A scripted node-agent: the program text says what the "agent" does, so
+//! each test reads as its own script. No sockets, no sandboxes, no root.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use tonic::{Code, Status};
+use warren_api_gateway::exec::agent::{Agent, EventStream};
+use warren_proto::agent::{self as pb, execute_event::Event, RefusalReason};
+use warren_proto::refusal::refuse;
+
+/// What the fake did and saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Every execute request, in order.
+    pub executes: Vec<pb::ExecuteRequest>,
+    /// Every delete request.
+    pub deletes: Vec<pb::DeleteThreadRequest>,
+}
+
+/// The scripted agent.
+#[derive(Debug, Clone, Default)]
+pub struct FakeAgent {
+    /// Shared record of calls.
+    pub seen: Arc<Mutex<Seen>>,
+    /// `Status` fails (the node looks down).
+    pub down: bool,
+    /// Capacity reported by `Status`.
+    pub capacity: u32,
+}
+
+fn ev(e: Event) -> Result<pb::ExecuteEvent, Status> {
+    Ok(pb::ExecuteEvent { event: Some(e) })
+}
+
+fn started() -> Result<pb::ExecuteEvent, Status> {
+    ev(Event::Started(pb::Started { execution_id: "x".into(), node_name: "fake".into(), setup_micros: 1 }))
+}
+
+fn exited(x: pb::Exited) -> Result<pb::ExecuteEvent, Status> {
+    ev(Event::Exited(x))
+}
+
+fn stdout(s: &str) -> Result<pb::ExecuteEvent, Status> {
+    ev(Event::Stdout(pb::OutputChunk { data: s.as_bytes().to_vec() }))
+}
+
+/// The script `code` names.
+fn script(code: &str) -> Result<EventStream, Status> {
+    let ok = |events: Vec<Result<pb::ExecuteEvent, Status>>| Ok(futures_util::stream::iter(events).boxed());
+    let refused = |code, reason, field: &str| Err(refuse(code, reason, field, format!("{field}: refused by the fake")));
+    match code {
+        "refuse:busy" => refused(Code::ResourceExhausted, RefusalReason::NodeBusy, ""),
+        "refuse:field" => refused(Code::InvalidArgument, RefusalReason::InvalidField, "limits.pids"),
+        "refuse:thread" => refused(Code::Aborted, RefusalReason::ThreadBusy, ""),
+        "refuse:unsupported" => refused(Code::FailedPrecondition, RefusalReason::Unsupported, "network"),
+        "refuse:transport" => Err(Status::unavailable("connection refused")),
+        "lost" => ok(vec![started(), stdout("partial")]),
+        "lost:error" => ok(vec![started(), Err(Status::internal("h2 reset"))]),
+        "timeout" => ok(vec![started(), exited(pb::Exited { exit_code: 137, signal: 9, timed_out: true, ..Default::default() })]),
+        "thread-mount" => ok(vec![exited(pb::Exited { exit_code: -1, failure: pb::Failure::ThreadMount as i32, ..Default::default() })]),
+        "start-failed" => ok(vec![started(), exited(pb::Exited { exit_code: -1, failure: pb::Failure::Start as i32, failure_detail: "exec".into(), ..Default::default() })]),
+        // Holds the execution open until the caller drops it.
+        "hang" => Ok(futures_util::stream::iter(vec![started()]).chain(futures_util::stream::pending()).boxed()),
+        "utf8-split" => {
+            let euro = "€".as_bytes();
+            let chunk = |b: &[u8]| ev(Event::Stdout(pb::OutputChunk { data: b.to_vec() }));
+            ok(vec![started(), chunk(&euro[..1]), chunk(&euro[1..]), exited(pb::Exited::default())])
+        }
+        other => {
+            let code = other.strip_prefix("exit:").and_then(|c| c.parse().ok()).unwrap_or(0);
+            let err = ev(Event::Stderr(pb::OutputChunk { data: b"err\n".to_vec() }));
+            ok(vec![started(), stdout(&format!("ran {other}\n")), err, exited(pb::Exited { exit_code: code, wall_micros: 2500, ..Default::default() })])
+        }
+    }
+}
+
+impl Agent for FakeAgent {
+    fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
+        let result = script(&req.code);
+        self.seen.lock().unwrap().executes.push(req);
+        async move { result }.boxed()
+    }
+
+    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>> {
+        let id = req.thread.as_ref().map(|t| t.thread_id.clone()).unwrap_or_default();
+        self.seen.lock().unwrap().deletes.push(req);
+        let result = match id.as_str() {
+            "missing" => Err(refuse(Code::NotFound, RefusalReason::ThreadNotFound, "", "no such thread")),
+            "running" => Err(refuse(Code::Aborted, RefusalReason::ThreadBusy, "", "busy")),
+            "store-down" => Err(refuse(Code::Unavailable, RefusalReason::ThreadStore, "", "store down")),
+            _ => Ok(()),
+        };
+        async move { result }.boxed()
+    }
+
+    fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
+        let (down, capacity) = (self.down, self.capacity);
+        async move {
+            if down {
+                return Err(Status::unavailable("down"));
+            }
+            Ok(pb::StatusResponse { node_name: "fake-node".into(), max_executions: capacity, ..Default::default() })
+        }
+        .boxed()
+    }
+}
+
+/// Waits (bounded) until `f` holds; conditions here settle within a few
+/// scheduler turns, the bound only turns a bug into a failure.
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{what} never happened");
+}

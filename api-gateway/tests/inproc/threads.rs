@@ -1,0 +1,57 @@
+//! `DELETE /v1/threads/{id}` through the service to the node.
+
+use axum::body::Body;
+use axum::http::Request;
+
+use super::*;
+
+fn delete(key: &str, id: &str) -> Request<Body> {
+    Request::delete(format!("/v1/threads/{id}")).header("authorization", format!("Bearer {key}")).body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn deleting_a_thread_reaches_its_node_with_the_tenants_reference() {
+    let g = gateway().await;
+    let a = g.send(delete(GOOD, "t-1")).await;
+    assert_eq!(a.status.as_u16(), 204);
+    let seen = g.agent.seen.lock().unwrap();
+    let r = seen.deletes[0].thread.clone().unwrap();
+    assert_eq!((r.namespace.as_str(), r.key_name.as_str(), r.thread_id.as_str()), ("default", "good", "t-1"));
+}
+
+#[tokio::test]
+async fn delete_answers_follow_the_agent() {
+    let g = gateway().await;
+    for (id, status, error) in [("missing", 404, "not_found"), ("running", 409, "thread_busy"), ("store-down", 503, "unavailable")] {
+        let a = g.send(delete(GOOD, id)).await;
+        assert_eq!((a.status.as_u16(), a.error().as_str()), (status, error), "{id}");
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_thread_id_never_reaches_the_node() {
+    let g = gateway().await;
+    let a = g.send(delete(GOOD, "-bad")).await;
+    assert_eq!((a.status.as_u16(), a.json()["field"].as_str()), (400, Some("thread_id")));
+    assert!(g.agent.seen.lock().unwrap().deletes.is_empty());
+}
+
+#[tokio::test]
+async fn delete_needs_a_key() {
+    let g = gateway().await;
+    let req = Request::delete("/v1/threads/t").body(Body::empty()).unwrap();
+    assert_eq!(g.send(req).await.status.as_u16(), 401);
+    assert_eq!(g.send(delete(OFF, "t")).await.status.as_u16(), 403);
+}
+
+#[tokio::test]
+async fn deleting_a_running_thread_through_this_gateway_is_409() {
+    let g = gateway().await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(GOOD, r#"{"code":"hang","thread_id":"t9"}"#)).await });
+    eventually("the execution reaches the node", || g.agent_calls() == 1).await;
+    let a = g.send(delete(GOOD, "t9")).await;
+    assert_eq!((a.status.as_u16(), a.error().as_str()), (409, "thread_busy"));
+    assert!(g.agent.seen.lock().unwrap().deletes.is_empty());
+    hold.abort();
+}
