@@ -63,7 +63,7 @@ impl KeyStore {
                 found = Some(k);
             }
         }
-        let k = found.ok_or_else(|| ExecError::InvalidKey("the API key is not valid"))?;
+        let k = found.ok_or(ExecError::InvalidKey("the API key is not valid"))?;
         if k.disabled {
             return Err(ExecError::KeyDisabled);
         }

@@ -57,15 +57,40 @@ pub fn base62(random: &[u8], len: usize) -> Option<String> {
 /// Length of the random part of trace and execution ids.
 pub const ID_CHARS: usize = 20;
 
+/// `prefix` + `len` random base62 characters, drawing bytes from `fill`
+/// (the caller's randomness source: the core does no I/O) until enough are
+/// usable. The one id generator every runtime uses.
+pub fn random_id(prefix: &str, len: usize, fill: &mut dyn FnMut(&mut [u8])) -> String {
+    let mut bytes = vec![0u8; len + len / 2 + 8];
+    loop {
+        fill(&mut bytes);
+        if let Some(s) = base62(&bytes, len) {
+            return format!("{prefix}{s}");
+        }
+    }
+}
+
 /// `trc_` + 20 base62 characters: the id of one execution everywhere
 /// (response, logs, cgroup name, audit record).
-pub fn trace_id(random: &[u8]) -> Option<String> {
-    base62(random, ID_CHARS).map(|s| format!("trc_{s}"))
+pub fn trace_id(fill: &mut dyn FnMut(&mut [u8])) -> String {
+    random_id("trc_", ID_CHARS, fill)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ids_retry_until_enough_bytes_are_usable() {
+        let mut calls = 0;
+        // First draw: all bytes unusable (≥ 248); second: all zero.
+        let id = random_id("exe_", 4, &mut |b: &mut [u8]| {
+            calls += 1;
+            b.fill(if calls == 1 { 255 } else { 0 });
+        });
+        assert_eq!((id.as_str(), calls), ("exe_0000", 2));
+        assert!(trace_id(&mut |b: &mut [u8]| b.fill(1)).starts_with("trc_1"));
+    }
 
     #[test]
     fn thread_ids() {
@@ -94,7 +119,7 @@ mod tests {
         assert_eq!(s.len(), 40);
         assert!(s.bytes().all(|b| b.is_ascii_alphanumeric()));
         assert_eq!(base62(&[250; 64], 1), None, "bytes that would bias the modulo are skipped");
-        let t = trace_id(&all).unwrap();
+        let t = trace_id(&mut |b: &mut [u8]| b.copy_from_slice(&all[..b.len()]));
         assert!(t.starts_with("trc_") && t.len() == 24 && is_execution_id(&t));
     }
 }

@@ -14,10 +14,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::{Resource, ResourceExt};
 use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox, StorageConnection};
+use warren_api::reasons;
 use warren_config::{key, published, ConfigError, EffectiveKey, SecretBody, Where};
 
 use crate::context::{Context, Error};
-use crate::status;
+use crate::status::{self, now};
 
 /// Removes the published key before the ApiKey goes away.
 pub const FINALIZER: &str = "warren.dev/withdraw-key";
@@ -43,7 +44,7 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
         // Someone else's key: refused, and the holder keeps working.
         withdraw(ctx, ns, &name).await?;
         let message = warren_config::shared_key_message(&format!("{ns}/{holder}"));
-        return set_status(key, ns, ctx, false, "SecretInUse", message, None).await;
+        return set_status(key, ns, ctx, false, reasons::SECRET_IN_USE, message, None).await;
     }
     let secret = ensure_secret(key, ns, ctx).await?;
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
@@ -61,12 +62,12 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     let (ok, reason, message, prefix) = match &compiled {
         Ok(eff) => {
             publish(ctx, eff).await?;
-            let reason = if eff.disabled { "Disabled" } else { "Published" };
+            let reason = if eff.disabled { reasons::DISABLED } else { reasons::PUBLISHED };
             (true, reason, format!("published for the gateways (key {})", eff.display_prefix), Some(eff.display_prefix.clone()))
         }
         Err(e) => {
             withdraw(ctx, ns, &name).await?;
-            (false, reason_of(e), e.to_string(), None)
+            (false, e.reason, e.to_string(), None)
         }
     };
     set_status(key, ns, ctx, ok, reason, message, prefix).await
@@ -97,18 +98,6 @@ async fn set_status(key: &ApiKey, ns: &str, ctx: &Context, ok: bool, reason: &st
     Ok(Action::requeue(RESYNC))
 }
 
-fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-/// Condition reason for a compile error (bounded set, documented on ApiKeyStatus).
-fn reason_of(e: &ConfigError) -> &'static str {
-    match e.field.as_str() {
-        "spec.sandboxRef.name" => "SandboxNotFound",
-        "spec.secretRef" => "SecretInvalid",
-        _ => "InvalidNarrowing",
-    }
-}
 
 fn compile(
     key: &ApiKey,
@@ -124,6 +113,7 @@ fn compile(
             let sb_at = Where { file: String::new(), object: format!("Sandbox {ns}/{}", s.name_any()) };
             Some(warren_config::check_sandbox(&sb_at, &s.spec).map_err(|e| ConfigError {
                 field: "spec.sandboxRef.name".into(),
+                reason: reasons::SANDBOX_NOT_FOUND,
                 message: format!("the Sandbox is not valid ({e})"),
                 ..e
             })?)
@@ -134,8 +124,7 @@ fn compile(
 }
 
 fn secret_body(s: &Secret) -> SecretBody {
-    use base64::Engine as _;
-    let data = s.data.iter().flatten().map(|(k, v)| (k.clone(), base64::engine::general_purpose::STANDARD.encode(&v.0))).collect();
+    let data = s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
     SecretBody { data, string_data: s.string_data.clone().unwrap_or_default() }
 }
 

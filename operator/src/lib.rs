@@ -11,7 +11,8 @@
 pub mod apikey;
 pub mod context;
 pub mod crds;
-pub mod others;
+pub mod credentials;
+pub mod sandbox;
 pub mod status;
 
 use std::collections::HashMap;
@@ -83,10 +84,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tokio::join!(
         api_keys(client.clone(), ctx.clone(), backoff.clone()),
         sandboxes(client.clone(), ctx.clone(), backoff.clone()),
-        simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), others::storage, |s| {
+        simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), credentials::storage, |s| {
             s.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone())
         }),
-        simple::<Connector, _, _>(client, ctx, backoff, others::connector, |c| Some(c.spec.credentials_secret_ref.name.clone())),
+        simple::<Connector, _, _>(client, ctx, backoff, credentials::connector, |c| Some(c.spec.credentials_secret_ref.name.clone())),
     );
     tracing::info!("operator stopped");
     Ok(())
@@ -133,7 +134,7 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
             store.state().into_iter().map(|s| ObjectRef::from_obj(s.as_ref())).collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(tracked(backoff.clone(), others::sandbox), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
+        .run(tracked(backoff.clone(), sandbox::sandbox), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
 }

@@ -13,6 +13,14 @@ use serde::Serialize;
 /// Field manager of every write the operator makes.
 pub const MANAGER: &str = "warren-operator";
 
+/// How often a Ready status is rechecked without any change.
+pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The current time, as conditions record it.
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
 /// The `Ready` condition for `generation`, keeping the transition time of
 /// `previous` when the status did not change.
 pub fn ready(ok: bool, reason: &str, message: &str, generation: Option<i64>, previous: &[Condition], now: Time) -> Vec<Condition> {

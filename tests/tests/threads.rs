@@ -213,7 +213,7 @@ async fn a_thread_stays_on_its_node_and_moves_when_the_node_is_gone() {
     }
     let store_dir = tempfile::tempdir().unwrap();
     let store = format!("dir:{}", store_dir.path().display());
-    let mut agents = vec![
+    let mut agents = [
         Agent::start(&["--node-name", "node-a", "--thread-store", &store]).await.unwrap(),
         Agent::start(&["--node-name", "node-b", "--thread-store", &store]).await.unwrap(),
     ];

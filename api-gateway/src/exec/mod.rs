@@ -21,9 +21,5 @@ pub use spec::{Delivery, ExecutionSpec};
 
 /// `trc_` + 20 random base62 characters.
 pub fn new_trace_id() -> String {
-    loop {
-        if let Some(id) = warren_core::ids::trace_id(&rand::random::<[u8; 40]>()) {
-            return id;
-        }
-    }
+    warren_core::ids::trace_id(&mut |b: &mut [u8]| rand::fill(b))
 }

@@ -202,18 +202,7 @@ fn validate_id(id: String) -> Result<String, SpecError> {
 
 /// A fresh random execution id (`exe_` + 20 base62 characters).
 pub fn new_execution_id() -> String {
-    format!("exe_{}", random_base62(ids::ID_CHARS))
-}
-
-/// `len` random base62 characters.
-pub fn random_base62(len: usize) -> String {
-    loop {
-        let mut bytes = vec![0u8; len + len / 2 + 8];
-        fill_random(&mut bytes);
-        if let Some(s) = ids::base62(&bytes, len) {
-            return s;
-        }
-    }
+    ids::random_id("exe_", ids::ID_CHARS, &mut fill_random)
 }
 
 fn fill_random(buf: &mut [u8]) {

@@ -41,7 +41,7 @@ impl ThreadKey {
             return Err(KeyError { field: "key_name", message: "must be a Kubernetes object name" });
         }
         if !thread_id(id) {
-            return Err(KeyError { field: "thread_id", message: "must match ^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$" });
+            return Err(KeyError { field: "thread_id", message: warren_core::ids::THREAD_ID_RULE });
         }
         Ok(ThreadKey { namespace: namespace.into(), key_name: key_name.into(), thread_id: id.into() })
     }

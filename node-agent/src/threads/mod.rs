@@ -466,13 +466,12 @@ impl Threads {
             let old = |o: &store::Listed| o.modified.elapsed().is_ok_and(|age| age >= ORPHAN_GRACE);
             let referenced = |o: &store::Listed| o.key == manifest_key || current.as_ref().is_some_and(|(m, _)| m.layers.iter().any(|l| l.key == o.key));
             match &current {
-                Some((m, _)) if m.is_tombstone() => {
-                    // No call restores for a day: nothing can still be about to
-                    // publish over this tombstone.
-                    if now.saturating_sub(m.updated_at) >= TOMBSTONE_KEEP.as_secs() {
-                        let _ = self.store.delete(&manifest_key).await;
-                    }
+                // No call restores for a day: nothing can still be about to
+                // publish over this tombstone.
+                Some((m, _)) if m.is_tombstone() && now.saturating_sub(m.updated_at) >= TOMBSTONE_KEEP.as_secs() => {
+                    let _ = self.store.delete(&manifest_key).await;
                 }
+                Some((m, _)) if m.is_tombstone() => {}
                 Some((m, v)) if m.expired(now) => {
                     // A manifest was parsed, so its owner is known.
                     if let Some(key) = &owner {

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use base64::Engine as _;
 
 use warren_core::bounds::{self, Bound};
 use warren_core::{env, ids, path, quantity};
@@ -16,6 +15,8 @@ use crate::error::ConfigError;
 use crate::key::{self, KeyHash};
 use crate::manifest::{self, Kind, Object, Source};
 use crate::narrowing;
+use warren_api::reasons;
+
 use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
 
 const GIB: u64 = 1 << 30;
@@ -140,7 +141,7 @@ fn refuse_shared_secrets(keys: Vec<(&Object, EffectiveKey)>, errors: &mut Vec<Co
     let mut out = Vec::new();
     for (o, k) in keys {
         if let Some(holder) = holders.get(&k.hash) {
-            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "spec.secretRef", shared_key_message(holder)));
+            errors.push(ConfigError::invalid(&o.file, Some(o.id()), "spec.secretRef", shared_key_message(holder)).because(reasons::SECRET_IN_USE));
         } else {
             holders.insert(k.hash, k.qualified_name());
             out.push(k);
@@ -215,11 +216,13 @@ impl Where {
 /// Builds field errors for one object.
 struct Checker<'a> {
     at: &'a Where,
+    /// Condition reason of this object's errors unless a check says otherwise.
+    reason: &'static str,
 }
 
 impl Checker<'_> {
     fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::invalid(&self.at.file, Some(self.at.object.clone()), field, message)
+        ConfigError::invalid(&self.at.file, Some(self.at.object.clone()), field, message).because(self.reason)
     }
 
     fn range<T: PartialOrd + std::fmt::Display + Copy>(&self, field: &str, v: T, (lo, hi): (T, T)) -> Result<T, ConfigError> {
@@ -264,7 +267,7 @@ fn sandbox(o: &Object) -> Result<SandboxConfig, ConfigError> {
 
 /// Validates a Sandbox on its own (ranges, quantities, env, offered features).
 pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, ConfigError> {
-    let c = Checker { at };
+    let c = Checker { at, reason: reasons::INVALID_SPEC };
     if s.image != "host" {
         return Err(c.err("spec.image", "only `host` (the node's own root filesystem, read-only) is supported in this release"));
     }
@@ -361,9 +364,9 @@ pub fn effective_key(
     secret: Option<&SecretBody>,
     connection_prefix: &dyn Fn(&str) -> Option<String>,
 ) -> Result<EffectiveKey, ConfigError> {
-    let c = Checker { at };
+    let c = Checker { at, reason: reasons::INVALID_NARROWING };
     let sb = sandbox.ok_or_else(|| {
-        c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name))
+        c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name)).because(reasons::SANDBOX_NOT_FOUND)
     })?;
     check_storage_and_connectors(&c, k, sb, connection_prefix)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
@@ -381,7 +384,7 @@ pub fn effective_key(
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
     let secret = secret_value(&c, namespace, name, k, secret)?;
     if let Some(why) = sb.unsupported() {
-        return Err(c.err("spec.sandboxRef.name", format!("the Sandbox cannot run code: {why}")));
+        return Err(c.err("spec.sandboxRef.name", format!("the Sandbox cannot run code: {why}")).because(reasons::SANDBOX_NOT_FOUND));
     }
     Ok(EffectiveKey {
         namespace: namespace.to_string(),
@@ -433,14 +436,11 @@ fn check_storage_and_connectors(
 fn secret_value(c: &Checker<'_>, namespace: &str, key_name: &str, k: &ApiKeySpec, s: Option<&SecretBody>) -> Result<String, ConfigError> {
     let (name, entry) = secret_ref(key_name, k);
     let field = "spec.secretRef";
+    let c = &Checker { at: c.at, reason: reasons::SECRET_INVALID };
     let s = s.ok_or_else(|| c.err(field, format!("Secret {namespace}/{name} not found")))?;
     let value = match (s.string_data.get(&entry), s.data.get(&entry)) {
         (Some(v), _) => v.clone(),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-            .ok_or_else(|| c.err(field, format!("Secret {name} entry {entry:?} is not valid base64 UTF-8")))?,
+        (None, Some(bytes)) => String::from_utf8(bytes.clone()).map_err(|_| c.err(field, format!("Secret {name} entry {entry:?} is not UTF-8")))?,
         (None, None) => return Err(c.err(field, format!("Secret {name} has no entry {entry:?}"))),
     };
     let value = value.trim().to_string();

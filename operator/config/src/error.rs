@@ -1,5 +1,7 @@
 //! Configuration errors name the file, the object and the field.
 
+use warren_api::reasons;
+
 /// One problem found while compiling manifests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -13,15 +15,22 @@ pub struct ConfigError {
     pub message: String,
     /// True for YAML syntax errors: the file could not be read at all.
     pub syntax: bool,
+    /// The `Ready` condition reason it sets (`warren_api::reasons`).
+    pub reason: &'static str,
 }
 
 impl ConfigError {
     pub(crate) fn syntax(file: &str, message: String) -> Self {
-        ConfigError { file: file.to_string(), object: None, field: String::new(), message, syntax: true }
+        ConfigError { file: file.to_string(), object: None, field: String::new(), message, syntax: true, reason: reasons::INVALID_SPEC }
     }
 
     pub(crate) fn invalid(file: &str, object: Option<String>, field: &str, message: impl Into<String>) -> Self {
-        ConfigError { file: file.to_string(), object, field: field.to_string(), message: message.into(), syntax: false }
+        ConfigError { file: file.to_string(), object, field: field.to_string(), message: message.into(), syntax: false, reason: reasons::INVALID_SPEC }
+    }
+
+    /// The same error with another condition reason.
+    pub fn because(self, reason: &'static str) -> Self {
+        ConfigError { reason, ..self }
     }
 }
 

@@ -202,3 +202,35 @@ fn storage_and_connectors_only_narrow_and_are_not_offered_yet() {
         assert!(e.contains(want), "{e:?} should contain {want:?}");
     }
 }
+
+#[test]
+fn every_error_carries_its_condition_reason() {
+    use warren_api::reasons;
+    let reason = |files: &[(&str, String)]| {
+        let c = run(files);
+        assert_eq!(c.errors.len(), 1, "{:?}", c.errors);
+        c.errors[0].reason
+    };
+    let key = |extra: &str| api_key("k", extra);
+    assert_eq!(reason(&[("a", format!("{}---\n{}", key(""), secret("k-key", KEY_A)))]), reasons::SANDBOX_NOT_FOUND);
+    assert_eq!(reason(&[("a", format!("{}---\n{}", sandbox(""), key("")))]), reasons::SECRET_INVALID);
+    assert_eq!(reason(&[("a", format!("{}---\n{}---\n{}", sandbox(""), key("  maxTimeoutSeconds: 0\n"), secret("k-key", KEY_A)))]), reasons::INVALID_NARROWING);
+    let c = run(&[("a", format!("{}---\n{}---\n{}", sandbox("  pids: 1\n"), key(""), secret("k-key", KEY_A)))]);
+    let of = |kind: &str| c.errors.iter().find(|e| e.object.as_deref().is_some_and(|o| o.starts_with(kind))).map(|e| e.reason);
+    assert_eq!((of("Sandbox"), of("ApiKey")), (Some(reasons::INVALID_SPEC), Some(reasons::SANDBOX_NOT_FOUND)));
+    let shared = format!("{}---\n{}---\n{}---\n{}", sandbox(""), key(""), api_key("k2", "  secretRef: {name: k-key}\n"), secret("k-key", KEY_A));
+    assert_eq!(reason(&[("a", shared)]), reasons::SECRET_IN_USE);
+}
+
+#[test]
+fn secret_data_is_decoded_once_and_bad_base64_names_only_the_entry() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(KEY_A);
+    let ok = format!("{}---\n{}---\napiVersion: v1\nkind: Secret\nmetadata: {{name: k-key}}\ndata:\n  key: {b64}\n", sandbox(""), api_key("k", ""));
+    assert!(run(&[("a", ok)]).errors.is_empty());
+    let bad = format!("{}---\n{}---\napiVersion: v1\nkind: Secret\nmetadata: {{name: k-key}}\ndata:\n  key: '{KEY_A}!'\n", sandbox(""), api_key("k", ""));
+    let c = run(&[("a", bad)]);
+    let shown: Vec<String> = c.errors.iter().map(|e| e.to_string()).collect();
+    assert!(shown.iter().any(|e| e.contains("data.key is not valid base64")), "{shown:?}");
+    assert!(shown.iter().all(|e| !e.contains(KEY_A)), "the value is never echoed: {shown:?}");
+}

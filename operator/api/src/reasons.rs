@@ -1,0 +1,27 @@
+//! The `reason` values of the `Ready` condition, one bounded set per kind.
+//! Status writers use these constants; users match on the strings.
+
+/// Sandbox: the spec is valid and every node can run it.
+pub const VALID: &str = "Valid";
+/// Sandbox: the spec breaks a rule (field-level message).
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// Sandbox: valid, but asks for something this release does not offer.
+pub const UNSUPPORTED: &str = "Unsupported";
+
+/// ApiKey: compiled and published for the gateways.
+pub const PUBLISHED: &str = "Published";
+/// ApiKey: published, but `spec.disabled` is set (requests get 403).
+pub const DISABLED: &str = "Disabled";
+/// ApiKey: `spec.sandboxRef` names no valid Sandbox.
+pub const SANDBOX_NOT_FOUND: &str = "SandboxNotFound";
+/// ApiKey: the key's Secret is missing or its entry is malformed.
+pub const SECRET_INVALID: &str = "SecretInvalid";
+/// ApiKey: the Secret is already used by an older ApiKey, which keeps it.
+pub const SECRET_IN_USE: &str = "SecretInUse";
+/// ApiKey: a field would widen the Sandbox.
+pub const INVALID_NARROWING: &str = "InvalidNarrowing";
+
+/// StorageConnection, Connector: the credentials Secret is missing.
+pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+/// StorageConnection, Connector: the Secret lacks required entries.
+pub const SECRET_INCOMPLETE: &str = "SecretIncomplete";

@@ -1,0 +1,134 @@
+//! `Sandbox`: the execution environment API keys run code in.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube_derive::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{EnvVar, LocalRef, Quantity, ThreadRetention};
+use crate::{Language, Network};
+
+/// Resources of each execution.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    /// CPU cores, 0.5–4 (default 1), e.g. `500m`, `2`.
+    pub cpu: Option<Quantity>,
+    /// Memory, swap off, 32Mi–4Gi (default 1 GiB per CPU).
+    pub memory: Option<Quantity>,
+    /// Most processes and threads, 8–4096 (default 256).
+    #[schemars(range(min = 8, max = 4096))]
+    pub pids: Option<u32>,
+    /// Size of `/tmp`, 1Mi–4Gi (default 512Mi).
+    pub tmp_size: Option<Quantity>,
+    /// Size of the home directory, 1Mi–4Gi (default 512Mi).
+    pub home_size: Option<Quantity>,
+}
+
+/// The execution environment API keys run code in: root filesystem,
+/// resources, limits, network policy and environment. An ApiKey may only
+/// narrow it.
+#[derive(CustomResource, Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "warren.dev",
+    version = "v1alpha1",
+    crates(kube_core = "::kube_core", k8s_openapi = "::k8s_openapi", schemars = "::schemars"),
+    kind = "Sandbox",
+    doc = "An execution environment: root filesystem, resources, limits, network policy and environment. ApiKeys bind to it and may only narrow it.",
+    namespaced,
+    status = "SandboxStatus",
+    shortname = "sbx",
+    derive = "PartialEq",
+    printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Image", "type": "string", "jsonPath": ".spec.image"}"#,
+    printcolumn = r#"{"name": "Network", "type": "string", "jsonPath": ".spec.network"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// Root filesystem: `host` (the node's own `/usr`, read-only). OCI image
+    /// references arrive with the image store.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Languages offered (default: all the image has).
+    #[schemars(length(min = 1, max = 3))]
+    pub languages: Option<Vec<Language>>,
+    /// Per-execution resources.
+    #[serde(default)]
+    pub resources: Resources,
+    /// Longest timeout a request may ask for, 1–3600 s (default 3600).
+    #[schemars(range(min = 1, max = 3600))]
+    pub max_timeout_seconds: Option<u32>,
+    /// Per-stream output cap, 1Ki–64Mi (default 1Mi).
+    pub max_output_bytes: Option<Quantity>,
+    /// Network policy (default Blocked).
+    #[serde(default)]
+    pub network: Network,
+    /// Variables for every execution (ApiKey and request values win).
+    #[serde(default)]
+    #[schemars(length(max = 50))]
+    pub env: Vec<EnvVar>,
+    /// How long thread state is kept after its last use (default Forever).
+    #[serde(default)]
+    pub thread_retention: ThreadRetention,
+    /// Largest saved home of one thread, 1Mi–100Gi (default 1Gi): file sizes
+    /// plus 512 bytes per entry. A call that would save more fails with
+    /// `thread_state_too_large` and the previous state is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_max_size: Option<Quantity>,
+    /// Buckets mounted under `/data/<name>` in every execution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub storage: Vec<StorageMount>,
+    /// Connectors (same namespace) whose credentials every execution gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub connectors: Vec<LocalRef>,
+}
+
+/// Read-only or read-write access to a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum MountMode {
+    /// Writes fail with "Read-only file system".
+    #[default]
+    ReadOnly,
+    /// Writes reach the bucket before the response returns.
+    ReadWrite,
+}
+
+/// A bucket mounted into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorageMount {
+    /// Mount name: the sandbox sees the bucket at `/data/<name>`.
+    #[schemars(regex(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
+    pub name: String,
+    /// The StorageConnection (same namespace).
+    pub connection_ref: LocalRef,
+    /// Access mode (default ReadOnly).
+    #[serde(default)]
+    pub mode: MountMode,
+    /// A prefix under the connection's prefix (whole segments).
+    #[schemars(regex(pattern = "^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*/?$"), length(max = 1024))]
+    pub prefix: Option<String>,
+}
+
+/// Observed state of a Sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// `Ready`: True when the spec is valid and can run on this release's
+    /// node-agents. Reasons: `Valid`, `InvalidSpec`, `Unsupported` (storage
+    /// mounts and connectors are not offered yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Languages found in the image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub languages: Vec<Language>,
+    /// Nodes where the image is unpacked and ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warm_nodes: Vec<String>,
+}
