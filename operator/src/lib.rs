@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use warren_config::types::{ApiKey, Connector, Sandbox, StorageConnection};
@@ -108,7 +109,7 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
                 .map(|k| ObjectRef::from_obj(k.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .watches(Api::<Secret>::all(client), wc, move |secret| {
+        .watches(secret_names(client), watcher::Config::default(), move |secret| {
             let ns = secret.namespace();
             keys2
                 .state()
@@ -137,6 +138,13 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
         .run(tracked(backoff.clone(), sandbox::sandbox), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
+}
+
+/// Changes to Secrets, metadata only: the operator learns which Secret
+/// changed, never the data of Secrets it does not use; a reconcile then
+/// `get`s only the Secret its object names.
+fn secret_names(client: Client) -> Api<PartialObjectMeta<Secret>> {
+    Api::all(client)
 }
 
 /// Wraps a reconciler so a success resets the object's backoff.
@@ -176,7 +184,7 @@ where
     let controller = Controller::new(Api::<K>::all(client.clone()), wc.clone());
     let store = controller.store();
     controller
-        .watches(Api::<Secret>::all(client), wc, move |secret| {
+        .watches(secret_names(client), watcher::Config::default(), move |secret| {
             let ns = secret.namespace();
             store
                 .state()
