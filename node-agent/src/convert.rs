@@ -48,8 +48,9 @@ pub fn exec_request(req: pb::ExecuteRequest) -> Result<ExecRequest, Status> {
 
 /// The first requested capability this agent cannot provide.
 fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
-    let network = pb::NetworkPolicy::try_from(req.network).unwrap_or(pb::NetworkPolicy::Unspecified);
-    if !matches!(network, pb::NetworkPolicy::Unspecified | pb::NetworkPolicy::Blocked) {
+    // A value this agent does not know is refused like one it cannot provide.
+    let network = pb::NetworkPolicy::try_from(req.network);
+    if !matches!(network, Ok(pb::NetworkPolicy::Unspecified | pb::NetworkPolicy::Blocked)) {
         Some("network")
     } else if !req.egress.is_empty() {
         Some("egress")
