@@ -219,3 +219,90 @@ async fn unknown_path_is_404_and_wrong_method_405() {
     let a = g.send(Request::get("/v1/sandbox/execute").body(Body::empty()).unwrap()).await;
     assert_eq!((a.status.as_u16(), a.error().as_str()), (405, "method_not_allowed"));
 }
+
+#[tokio::test]
+async fn two_authorization_headers_are_refused() {
+    let g = gateway().await;
+    let mut req = execute_request(GOOD, r#"{"code":"x"}"#);
+    req.headers_mut().append("authorization", format!("Bearer {SOLO}").parse().unwrap());
+    refused(&g, req, 401, "missing_api_key").await;
+}
+
+#[tokio::test]
+async fn json_with_a_charset_other_than_utf8_is_415() {
+    let g = gateway().await;
+    let mut req = execute_request(GOOD, r#"{"code":"x"}"#);
+    req.headers_mut().insert("content-type", "application/json; charset=latin1".parse().unwrap());
+    refused(&g, req, 415, "unsupported_media_type").await;
+}
+
+#[tokio::test]
+async fn json_with_charset_utf8_is_accepted() {
+    let g = gateway().await;
+    let mut req = execute_request(GOOD, r#"{"code":"x"}"#);
+    req.headers_mut().insert("content-type", "Application/JSON; charset=\"UTF-8\"".parse().unwrap());
+    assert_eq!(g.send(req).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_declared_oversize_body_is_413_before_it_is_read() {
+    let g = gateway().await;
+    // The body stream never yields: only the declared length can refuse it.
+    let body = Body::from_stream(futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>());
+    let req = Request::post("/v1/sandbox/execute")
+        .header("authorization", format!("Bearer {GOOD}"))
+        .header("content-type", "application/json")
+        .header("content-length", (5u64 << 20).to_string())
+        .body(body)
+        .unwrap();
+    refused(&g, req, 413, "payload_too_large").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_arrives_is_408() {
+    let g = gateway().await;
+    let body = Body::from_stream(futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>());
+    let req = Request::post("/v1/sandbox/execute")
+        .header("authorization", format!("Bearer {GOOD}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap();
+    // Paused time: the body timeout elapses as soon as nothing else can run.
+    refused(&g, req, 408, "request_timeout").await;
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_an_object_is_invalid_json() {
+    let g = gateway().await;
+    refused(&g, execute_request(GOOD, r#"["code"]"#), 400, "invalid_json").await;
+}
+
+#[tokio::test]
+async fn reserved_env_names_are_refused_by_name() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","env_vars":{"LD_PRELOAD":"/x.so"}}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "env_vars.LD_PRELOAD");
+}
+
+#[tokio::test]
+async fn a_malformed_thread_id_is_refused() {
+    let g = gateway().await;
+    let a = refused(&g, execute_request(GOOD, r#"{"code":"x","thread_id":"../etc"}"#), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "thread_id");
+}
+
+#[tokio::test]
+async fn too_much_metadata_is_refused() {
+    let g = gateway().await;
+    let many: serde_json::Map<String, serde_json::Value> = (0..11).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let a = refused(&g, execute_request(GOOD, &json!({"code": "x", "metadata": many}).to_string()), 400, "invalid_request").await;
+    assert_eq!(a.json()["field"], "metadata");
+}
+
+#[tokio::test]
+async fn prefer_without_respond_async_runs_normally() {
+    let g = gateway().await;
+    let mut req = execute_request(GOOD, r#"{"code":"x"}"#);
+    req.headers_mut().insert("prefer", "return=minimal".parse().unwrap());
+    assert_eq!(g.send(req).await.status, StatusCode::OK);
+}

@@ -11,9 +11,22 @@ use warren_api_gateway::exec::agent::{Agent, EventStream};
 use warren_proto::agent::{self as pb, execute_event::Event, RefusalReason};
 use warren_proto::refusal::refuse;
 
+/// Marks the execution's stream as dropped.
+struct Dropped(Arc<Mutex<Seen>>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.dropped += 1;
+        }
+    }
+}
+
 /// What the fake did and saw.
 #[derive(Debug, Default)]
 pub struct Seen {
+    /// Execution streams the gateway has let go of.
+    pub dropped: usize,
     /// Every execute request, in order.
     pub executes: Vec<pb::ExecuteRequest>,
     /// Every delete request.
@@ -64,6 +77,21 @@ fn script(code: &str) -> Result<EventStream, Status> {
         "start-failed" => ok(vec![started(), exited(pb::Exited { exit_code: -1, failure: pb::Failure::Start as i32, failure_detail: "exec".into(), ..Default::default() })]),
         // Holds the execution open until the caller drops it.
         "hang" => Ok(futures_util::stream::iter(vec![started()]).chain(futures_util::stream::pending()).boxed()),
+        // Output the client never takes: more lines than any buffer holds,
+        // then silence; `dropped` turns true when the gateway lets go.
+        "flood" => {
+            let lines = (0..200).map(|i| stdout(&format!("line {i}\n")));
+            Ok(futures_util::stream::iter(std::iter::once(started()).chain(lines)).chain(futures_util::stream::pending()).boxed())
+        }
+        // Silence longer than a keepalive period, then the end.
+        "silent" => {
+            let end = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_secs(25)).await;
+                exited(pb::Exited::default())
+            });
+            Ok(futures_util::stream::iter(vec![started()]).chain(end).boxed())
+        }
+        "bad-utf8" => ok(vec![started(), ev(Event::Stdout(pb::OutputChunk { data: vec![b'a', 0xff, b'b'] })), exited(pb::Exited::default())]),
         "utf8-split" => {
             let euro = "€".as_bytes();
             let chunk = |b: &[u8]| ev(Event::Stdout(pb::OutputChunk { data: b.to_vec() }));
@@ -79,7 +107,10 @@ fn script(code: &str) -> Result<EventStream, Status> {
 
 impl Agent for FakeAgent {
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
-        let result = script(&req.code);
+        let dropped = Dropped(self.seen.clone());
+        // The stream carries a guard that records when the gateway drops it
+        // (which, on a real agent, kills the sandbox).
+        let result = script(&req.code).map(|s| s.map(move |e| { let _ = &dropped; e }).boxed());
         self.seen.lock().unwrap().executes.push(req);
         async move { result }.boxed()
     }

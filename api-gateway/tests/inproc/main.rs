@@ -6,6 +6,7 @@
 mod fake;
 mod errors;
 mod execute;
+mod stream;
 mod threads;
 
 use std::sync::Arc;
@@ -139,6 +140,13 @@ impl Answer {
 }
 
 impl Gateway {
+    /// The same gateway (same state) with other request-path settings.
+    pub fn with_settings(mut self, f: impl FnOnce(&mut state::Settings)) -> Gateway {
+        f(&mut self.state.settings);
+        self.app = router::app(self.state.clone());
+        self
+    }
+
     pub async fn send(&self, req: Request<Body>) -> Answer {
         let resp = self.app.clone().oneshot(req).await.expect("the router is infallible");
         let (parts, body) = resp.into_parts();

@@ -55,3 +55,20 @@ async fn deleting_a_running_thread_through_this_gateway_is_409() {
     assert!(g.agent.seen.lock().unwrap().deletes.is_empty());
     hold.abort();
 }
+
+#[tokio::test]
+async fn deleting_with_no_healthy_node_is_503() {
+    let g = gateway_with(FakeAgent { down: true, capacity: 1, ..Default::default() }).await;
+    let a = g.send(delete(GOOD, "t")).await;
+    assert_eq!((a.status.as_u16(), a.error().as_str()), (503, "unavailable"));
+}
+
+#[tokio::test]
+async fn the_same_thread_id_of_two_keys_is_two_threads() {
+    let g = gateway().await;
+    assert_eq!(g.send(delete(GOOD, "shared")).await.status.as_u16(), 204);
+    assert_eq!(g.send(delete(SOLO, "shared")).await.status.as_u16(), 204);
+    let seen = g.agent.seen.lock().unwrap();
+    let owners: Vec<String> = seen.deletes.iter().map(|d| d.thread.as_ref().unwrap().key_name.clone()).collect();
+    assert_eq!(owners, ["good", "solo"]);
+}
