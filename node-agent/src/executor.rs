@@ -162,7 +162,7 @@ impl Executor {
         // Last, so a refusal above never holds the thread.
         let thread = match thread {
             Some(options) => {
-                let lock = self.threads.lock(&options.key).map_err(|_| ExecError::ThreadBusy)?;
+                let lock = self.threads.lock(&options.key).await.map_err(|_| ExecError::ThreadBusy)?;
                 Some((options, lock))
             }
             None => None,

@@ -16,14 +16,14 @@
 
 mod beneath;
 pub mod layer;
+mod lock;
 pub mod manifest;
 pub mod store;
 
-use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +31,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 pub use manifest::{Manifest, ThreadKey, ThreadOptions};
+pub use lock::ThreadLock;
+use lock::Locks;
 use manifest::{new_id, unix_now, LayerRef, MAX_LAYERS};
 use store::BlobStore;
 
@@ -123,20 +125,8 @@ pub struct Threads {
     store: Arc<dyn BlobStore>,
     cache: PathBuf,
     spool: PathBuf,
-    locks: Arc<Mutex<HashSet<ThreadKey>>>,
+    locks: Locks,
     boot_id: String,
-}
-
-/// Exclusive use of one thread on this node; released on drop.
-pub struct ThreadLock {
-    key: ThreadKey,
-    locks: Arc<Mutex<HashSet<ThreadKey>>>,
-}
-
-impl Drop for ThreadLock {
-    fn drop(&mut self) {
-        self.locks.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
-    }
 }
 
 /// A thread ready to be mounted: its warm state matches the published manifest.
@@ -189,16 +179,14 @@ impl Threads {
         }
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
         info!(store = %store.describe(), cache = %cache.display(), "thread store ready");
-        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Arc::default(), boot_id })
+        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Locks::default(), boot_id })
     }
 
-    /// Takes the thread for one call, or fails at once if it is in use.
-    pub fn lock(&self, key: &ThreadKey) -> Result<ThreadLock, ThreadError> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        if !locks.insert(key.clone()) {
-            return Err(ThreadError::Busy);
-        }
-        Ok(ThreadLock { key: key.clone(), locks: self.locks.clone() })
+    /// Takes the thread for one call. Fails at once if another call holds
+    /// it; waits briefly while the collector does (housekeeping must never
+    /// show as "busy").
+    pub async fn lock(&self, key: &ThreadKey) -> Result<ThreadLock, ThreadError> {
+        self.locks.for_call(key, lock::COLLECTOR_WAIT).await.ok_or(ThreadError::Busy)
     }
 
     fn dir(&self, key: &ThreadKey) -> PathBuf {
@@ -415,7 +403,7 @@ impl Threads {
     /// (compare-and-swap, so a save racing on another node fails instead of
     /// being half-deleted); then the layers that manifest named go.
     pub async fn delete(&self, key: &ThreadKey) -> Result<(), ThreadError> {
-        let _lock = self.lock(key)?;
+        let _lock = self.lock(key).await?;
         let _ = std::fs::remove_dir_all(self.dir(key));
         let (manifest, version) = self.manifest(key).await?;
         let Some(manifest) = manifest else { return Err(ThreadError::NotFound) };
@@ -475,7 +463,7 @@ impl Threads {
                 Some((m, v)) if m.expired(now) => {
                     // A manifest was parsed, so its owner is known.
                     if let Some(key) = &owner {
-                        if let Ok(_lock) = self.lock(key) {
+                        if let Some(_lock) = self.locks.for_collector(key) {
                             if self.bury(key, m, Some(v.clone())).await.unwrap_or(false) {
                                 report.expired += 1;
                                 info!(thread = %rel, "thread expired and was deleted");
@@ -503,7 +491,7 @@ impl Threads {
                 for thread in level(&name) {
                     let (Some(n), Some(k), Some(t)) = (ns.file_name(), name.file_name(), thread.file_name()) else { continue };
                     let Ok(key) = ThreadKey::new(&n.to_string_lossy(), &k.to_string_lossy(), &t.to_string_lossy()) else { continue };
-                    let Ok(_lock) = self.lock(&key) else { continue };
+                    let Some(_lock) = self.locks.for_collector(&key) else { continue };
                     let used = self.read_warm(&key).map_or(0, |w| w.used_at);
                     if now.saturating_sub(used) >= idle.as_secs() {
                         let _ = std::fs::remove_dir_all(&thread);
