@@ -6,16 +6,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, warn};
 use warren_isolation::features::Features;
-use warren_isolation::home::{ThreadHome, ThreadHomeSpec};
 use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::{Go, Home};
 
+use crate::lifecycle::thread_home::ThreadHomeResource;
+use crate::lifecycle::{Resources, SandboxView};
 use crate::pool::Pool;
-use crate::sandbox::{Event, Failure, Outcome, Prepared, SandboxEnv, SandboxError, Shape};
-use crate::threads::layer::IdMap;
-use crate::threads::{Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
+use crate::sandbox::{Event, Outcome, SandboxEnv, SandboxError, Shape};
+use crate::threads::{ThreadLock, ThreadOptions, Threads};
 
 /// Longest wait for a free slot before RESOURCE_EXHAUSTED.
 const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
@@ -172,116 +171,41 @@ impl Executor {
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
     ///
-    /// The outcome is returned once every process of the sandbox is gone; the
-    /// sandbox's teardown (cgroup removal, ~0.3 ms, occasionally 10 ms on v1)
-    /// then finishes in the background while the admission stays held, so
-    /// `running()` counts an execution until nothing of it is left.
-    ///
-    /// With a thread, its home is restored before and saved after the
-    /// program; the outcome is returned only once the save is durable.
+    /// The outcome is returned once every process of the sandbox is gone and
+    /// every resource finished (a thread's save is durable); then the
+    /// resources are released and the sandbox torn down (cgroup removal,
+    /// ~0.3 ms, occasionally 10 ms on v1) in the background while the
+    /// admission stays held, so `running()` counts an execution until
+    /// nothing of it is left.
     pub async fn execute(&self, mut admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
-        let t0 = Instant::now();
-        let restored = match admission.thread.take() {
-            Some((options, lock)) => match self.threads.restore(options, lock).await {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    warn!(execution_id = %admission.spec.id, error = %e, "restoring the thread failed; nothing ran");
-                    return Ok(Outcome::never_ran(Failure::ThreadMount));
-                }
-            },
-            None => None,
-        };
+        let mut resources = Resources::default();
+        if let Some((options, lock)) = admission.thread.take() {
+            resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
+        }
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
-        let ids = IdMap { root: sandbox.host_id(), user: sandbox.host_id() + 1 };
-        let mut home = match &restored {
-            Some(r) => match self.mount_home(&sandbox, r, spec) {
-                Ok(home) => Some(home),
-                Err(e) => {
-                    warn!(execution_id = %spec.id, error = %e, "mounting the thread home failed; nothing ran");
-                    tokio::spawn(sandbox.discard());
-                    return Ok(Outcome::never_ran(Failure::ThreadMount));
-                }
-            },
-            None => None,
-        };
-        let prepared = t0.elapsed();
-        let go = self.go_for(spec, home.is_some());
-        let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
-        if let (Some(r), Some(h)) = (&restored, &mut home) {
-            let t = Instant::now();
-            self.save_home(r, &mut h.0, ids, &mut outcome).await;
-            debug!(execution_id = %spec.id, restore_mount_us = prepared.as_micros() as u64, save_us = t.elapsed().as_micros() as u64, "thread home");
+        let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), spec };
+        if let Err(failure) = resources.prepare(&view).await {
+            tokio::spawn(async move {
+                resources.release().await;
+                sandbox.discard().await;
+                drop(admission);
+            });
+            return Ok(Outcome::never_ran(failure));
         }
-        // The thread is free for its next call now. Its old home is unmounted
-        // after the answer (that costs an RCU grace period or two); nothing
-        // uses it any more, so a next call changing the warm copy under it
-        // meanwhile is harmless.
-        drop(restored);
+        let mut go = self.go_for(spec);
+        resources.shape(&mut go);
+        let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
+        resources.finish(&mut outcome).await;
         tokio::spawn(async move {
-            if let Some((h, work)) = home {
-                if let Err(e) = h.release() {
-                    warn!(error = %e, "unmounting a thread home failed");
-                }
-                let _ = std::fs::remove_dir(&work);
-            }
+            resources.release().await;
             teardown.run().await;
             drop(admission);
         });
         Ok(outcome)
     }
 
-    fn mount_home(&self, sandbox: &Prepared, r: &Restored, spec: &ExecSpec) -> std::io::Result<(ThreadHome, std::path::PathBuf)> {
-        let userns = sandbox.userns().ok_or_else(|| std::io::Error::other("the sandbox's user namespace is unknown"))?;
-        let work = self.env.work_dir.join(sandbox.id());
-        std::fs::create_dir(&work)?;
-        let target = sandbox.home_target();
-        let mounted = ThreadHome::mount(&ThreadHomeSpec {
-            state: &r.state,
-            work: &work,
-            target: &target,
-            userns,
-            owner: sandbox.host_id() + 1,
-            bytes: spec.limits.home_bytes,
-        });
-        match mounted {
-            Ok(home) => Ok((home, work)),
-            Err(e) => {
-                let _ = std::fs::remove_dir(&work);
-                Err(e)
-            }
-        }
-    }
-
-    /// Saves what the program left in its home (if it ran at all). A
-    /// failed save fails the call and keeps the previous state. The home
-    /// stays mounted (released after the answer) unless the diff has to be
-    /// applied to the warm copy under it.
-    async fn save_home(&self, r: &Restored, home: &mut ThreadHome, ids: IdMap, outcome: &mut Outcome) {
-        if outcome.exit_code == -1 && outcome.failure.is_some() {
-            return; // the program never ran
-        }
-        let upper = home.upper();
-        let changed = std::fs::read_dir(&upper).map_or(true, |mut d| d.next().is_some());
-        let unmounted = if changed { home.unmount_view() } else { Ok(()) };
-        let saved = match unmounted {
-            Ok(()) => self.threads.save(r, &upper, ids).await,
-            Err(e) => Err(ThreadError::Io { step: "unmounting the thread home", source: e }),
-        };
-        match saved {
-            Ok(s) => debug!(thread = %r.options.key.rel(), layer_bytes = s.layer_bytes, home_bytes = s.home_bytes, skipped = s.skipped, "thread saved"),
-            Err(e) => {
-                warn!(thread = %r.options.key.rel(), error = %e, "saving the thread failed; its previous state is kept");
-                outcome.failure = Some(match e {
-                    ThreadError::TooLarge { .. } => Failure::ThreadTooLarge,
-                    ThreadError::Conflict => Failure::ThreadConflict,
-                    _ => Failure::ThreadSave,
-                });
-            }
-        }
-    }
-
-    fn go_for(&self, spec: &ExecSpec, home_mounted: bool) -> Go {
+    fn go_for(&self, spec: &ExecSpec) -> Go {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), PATH.into()),
             ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
@@ -297,7 +221,7 @@ impl Executor {
             open_files: spec.limits.open_files.into(),
             file_size_bytes: spec.limits.file_size_bytes,
             max_processes: spec.limits.pids.into(),
-            home: if home_mounted { Home::Mounted } else { Home::Tmpfs { bytes: spec.limits.home_bytes } },
+            home: Home::Tmpfs { bytes: spec.limits.home_bytes },
         }
     }
 

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod convert;
 pub mod executor;
 pub mod frames;
+pub mod lifecycle;
 pub mod output;
 pub mod pool;
 pub mod sandbox;
