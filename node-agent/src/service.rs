@@ -1,28 +1,110 @@
-//! The tonic adapter: proto in, executor call, events out.
+//! The tonic adapter: proto in, backend call, events out.
+//!
+//! The service talks to a [`Backend`] — the real [`Executor`] in the agent,
+//! a scripted double in tests — so the gRPC edge (refusals, status mapping,
+//! streaming, a caller that stops reading) is tested without root.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
+use warren_isolation::features::Features;
+use warren_isolation::spec::{ExecRequest, Language};
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
-use crate::executor::Executor;
+use crate::executor::{Admission, ExecError, Executor};
 use crate::sandbox::{Event, Outcome};
+use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
 
-/// gRPC service over an [`Executor`].
-pub struct AgentService {
-    exec: Arc<Executor>,
+pub use warren_proto::TRACE_HEADER;
+
+/// What the agent reports about itself in `Status`.
+#[derive(Debug, Clone)]
+pub struct NodeReport {
+    /// Node name.
+    pub node_name: String,
+    /// Isolation features found at start.
+    pub features: Features,
+    /// Executions holding a slot now.
+    pub running: u32,
+    /// Concurrency limit.
+    pub max_executions: u32,
+    /// Languages the image provides.
+    pub languages: Vec<Language>,
 }
 
-impl AgentService {
-    /// Wraps an executor.
-    pub fn new(exec: Arc<Executor>) -> AgentService {
-        AgentService { exec }
+/// What the gRPC service needs from the node: the seam between the wire and
+/// the sandboxes.
+pub trait Backend: Send + Sync + 'static {
+    /// A request that passed admission; holding it holds its slot.
+    type Admitted: Send + 'static;
+    /// Validates and admits; nothing runs yet.
+    fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
+    /// The admitted execution's id.
+    fn execution_id(a: &Self::Admitted) -> &str;
+    /// Runs an admitted execution, sending its events; errors only when nothing ran.
+    fn execute(&self, a: Self::Admitted, received: Instant, events: mpsc::Sender<Event>) -> impl Future<Output = Result<Outcome, ExecError>> + Send;
+    /// Deletes a thread held on (or through) this node.
+    fn delete_thread(&self, key: &ThreadKey) -> impl Future<Output = Result<(), ThreadError>> + Send;
+    /// The node's report.
+    fn report(&self) -> NodeReport;
+    /// How long a caller may take none of an execution's output.
+    fn output_stall(&self) -> Duration;
+}
+
+impl Backend for Executor {
+    type Admitted = Admission;
+
+    fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> impl Future<Output = Result<Admission, ExecError>> + Send {
+        Executor::admit(self, req, thread)
     }
+
+    fn execution_id(a: &Admission) -> &str {
+        Executor::admission_id(a)
+    }
+
+    fn execute(&self, a: Admission, received: Instant, events: mpsc::Sender<Event>) -> impl Future<Output = Result<Outcome, ExecError>> + Send {
+        Executor::execute(self, a, received, events)
+    }
+
+    async fn delete_thread(&self, key: &ThreadKey) -> Result<(), ThreadError> {
+        self.threads().delete(key).await
+    }
+
+    fn report(&self) -> NodeReport {
+        NodeReport {
+            node_name: self.node_name().to_string(),
+            features: self.features().clone(),
+            running: self.running(),
+            max_executions: self.max_executions(),
+            languages: self.languages(),
+        }
+    }
+
+    fn output_stall(&self) -> Duration {
+        Executor::output_stall(self)
+    }
+}
+
+/// gRPC service over a [`Backend`].
+pub struct AgentService<B = Executor> {
+    backend: Arc<B>,
+}
+
+impl<B: Backend> AgentService<B> {
+    /// Wraps a backend.
+    pub fn new(backend: Arc<B>) -> AgentService<B> {
+        AgentService { backend }
+    }
+}
+
+fn trace_of<T>(req: &Request<T>) -> String {
+    req.metadata().get(TRACE_HEADER).and_then(|v| v.to_str().ok()).filter(|t| t.len() <= 64).unwrap_or("").to_string()
 }
 
 type EventResult = Result<pb::ExecuteEvent, Status>;
@@ -32,52 +114,65 @@ fn event(e: PbEvent) -> pb::ExecuteEvent {
 }
 
 #[tonic::async_trait]
-impl NodeAgent for AgentService {
+impl<B: Backend> NodeAgent for AgentService<B> {
     type ExecuteStream = ReceiverStream<EventResult>;
 
     async fn execute(&self, req: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let received = Instant::now();
+        let span = info_span!("execute", trace_id = %trace_of(&req), execution_id = tracing::field::Empty);
         let mut req = req.into_inner();
-        let thread = convert::thread_options(req.thread.take())?;
-        let admission = self.exec.admit(convert::exec_request(req)?, thread).await.map_err(|e| convert::to_status(&e))?;
-        let id = Executor::admission_id(&admission).to_string();
+        let admitted = async {
+            let thread = convert::thread_options(req.thread.take())?;
+            self.backend.admit(convert::exec_request(req)?, thread).await.map_err(|e| convert::to_status(&e))
+        }
+        .instrument(span.clone())
+        .await?;
+        let id = B::execution_id(&admitted).to_string();
+        span.record("execution_id", id.as_str());
         let (tx, rx) = mpsc::channel::<EventResult>(16);
-        let exec = self.exec.clone();
-        tokio::spawn(async move {
+        let backend = self.backend.clone();
+        let task = async move {
             let (ev_tx, ev_rx) = mpsc::channel::<Event>(16);
-            let node = exec.node_name().to_string();
-            let stall = exec.output_stall();
-            let fwd = forward(ev_rx, tx.clone(), id.clone(), node, stall);
-            let (result, ()) = tokio::join!(exec.execute(admission, received, ev_tx), fwd);
+            let report = backend.report();
+            let stall = backend.output_stall();
+            let fwd = forward(ev_rx, tx.clone(), id.clone(), report.node_name, stall);
+            let (result, ()) = tokio::join!(backend.execute(admitted, received, ev_tx), fwd);
             let last = match result {
                 Ok(outcome) => {
-                    log_outcome(&id, &outcome);
+                    log_outcome(&outcome);
                     Ok(event(PbEvent::Exited(convert::exited(&outcome))))
                 }
                 Err(e) => {
-                    warn!(execution_id = %id, error = %e, "execution failed before it started");
+                    warn!(error = %e, "execution failed before it started");
                     Err(convert::to_status(&e))
                 }
             };
             // A caller that reads nothing does not keep this task forever.
             let _ = tokio::time::timeout(stall, tx.send(last)).await;
-        });
+        };
+        tokio::spawn(task.instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn delete_thread(&self, req: Request<pb::DeleteThreadRequest>) -> Result<Response<pb::DeleteThreadResponse>, Status> {
-        let key = convert::thread_key(req.into_inner().thread)?;
-        self.exec.threads().delete(&key).await.map_err(|e| convert::thread_status(&e))?;
-        Ok(Response::new(pb::DeleteThreadResponse {}))
+        let span = info_span!("delete_thread", trace_id = %trace_of(&req));
+        async {
+            let key = convert::thread_key(req.into_inner().thread)?;
+            self.backend.delete_thread(&key).await.map_err(|e| convert::thread_status(&e))?;
+            Ok(Response::new(pb::DeleteThreadResponse {}))
+        }
+        .instrument(span)
+        .await
     }
 
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let r = self.backend.report();
         Ok(Response::new(pb::StatusResponse {
-            node_name: self.exec.node_name().to_string(),
-            features: Some(convert::features(self.exec.features())),
-            running_executions: self.exec.running(),
-            max_executions: self.exec.max_executions(),
-            languages: self.exec.languages().into_iter().map(|l| pb::Language::from(l) as i32).collect(),
+            node_name: r.node_name,
+            features: Some(convert::features(&r.features)),
+            running_executions: r.running,
+            max_executions: r.max_executions,
+            languages: r.languages.into_iter().map(|l| pb::Language::from(l) as i32).collect(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
         }))
     }
@@ -86,7 +181,7 @@ impl NodeAgent for AgentService {
 /// Moves sandbox events to the gRPC stream; returns (dropping `events`, which
 /// kills the execution) as soon as the caller goes away or takes nothing
 /// for `stall`.
-async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: std::time::Duration) {
+async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: Duration) {
     loop {
         let ev = tokio::select! {
             ev = events.recv() => ev,
@@ -108,9 +203,8 @@ async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult
     }
 }
 
-fn log_outcome(id: &str, o: &Outcome) {
+fn log_outcome(o: &Outcome) {
     info!(
-        execution_id = %id,
         exit_code = o.exit_code,
         signal = o.signal,
         timed_out = o.timed_out,

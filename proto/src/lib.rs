@@ -13,3 +13,8 @@ pub mod agent {
 pub mod client;
 mod language;
 pub mod refusal;
+
+/// gRPC metadata key carrying the gateway's trace id (the execution id, or
+/// the HTTP request id for calls that are not executions) to the agent,
+/// which records it on its span for the call.
+pub const TRACE_HEADER: &str = "x-warren-trace-id";

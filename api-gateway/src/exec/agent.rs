@@ -19,8 +19,8 @@ pub type EventStream = BoxStream<'static, Result<pb::ExecuteEvent, Status>>;
 pub trait Agent: Send + Sync + std::fmt::Debug {
     /// Starts an execution; a status means nothing ran.
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>>;
-    /// Deletes a thread's saved home.
-    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>>;
+    /// Deletes a thread's saved home; `trace_id` names the HTTP request in the agent's log.
+    fn delete_thread(&self, req: pb::DeleteThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
     /// Identity, features and capacity.
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>>;
 }
@@ -42,10 +42,13 @@ impl GrpcAgent {
         })
     }
 
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+    fn request<T>(&self, msg: T, trace_id: &str) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         if let Some(v) = self.token.as_ref().and_then(|t| format!("Bearer {t}").parse().ok()) {
             req.metadata_mut().insert("authorization", v);
+        }
+        if let Ok(v) = trace_id.parse() {
+            req.metadata_mut().insert(warren_proto::TRACE_HEADER, v);
         }
         req
     }
@@ -53,17 +56,18 @@ impl GrpcAgent {
 
 impl Agent for GrpcAgent {
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
-        let (mut client, req) = (self.client.clone(), self.request(req));
+        let trace_id = req.execution_id.clone();
+        let (mut client, req) = (self.client.clone(), self.request(req, &trace_id));
         async move { Ok(client.execute(req).await?.into_inner().boxed()) }.boxed()
     }
 
-    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>> {
-        let (mut client, req) = (self.client.clone(), self.request(req));
+    fn delete_thread(&self, req: pb::DeleteThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
         async move { client.delete_thread(req).await.map(|_| ()) }.boxed()
     }
 
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
-        let (mut client, req) = (self.client.clone(), self.request(pb::StatusRequest {}));
+        let (mut client, req) = (self.client.clone(), self.request(pb::StatusRequest {}, ""));
         async move { Ok(client.status(req).await?.into_inner()) }.boxed()
     }
 }

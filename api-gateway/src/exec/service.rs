@@ -105,8 +105,9 @@ impl ExecutionService {
         }
     }
 
-    /// Deletes a thread of `key` on the node that holds it.
-    pub async fn delete_thread(&self, key: &EffectiveKey, thread_id: &str) -> Result<(), ExecError> {
+    /// Deletes a thread of `key` on the node that holds it; `trace_id`
+    /// names the HTTP request in the agent's log.
+    pub async fn delete_thread(&self, key: &EffectiveKey, thread_id: &str, trace_id: &str) -> Result<(), ExecError> {
         if !warren_core::ids::is_thread_id(thread_id) {
             return Err(ExecError::invalid("thread_id", warren_core::ids::THREAD_ID_RULE));
         }
@@ -115,7 +116,7 @@ impl ExecutionService {
         let tenant = Tenant::of(key);
         let node = self.nodes.home_of(&placement_key(&tenant, thread_id)).ok_or(ExecError::NoNode)?;
         let msg = warren_proto::agent::DeleteThreadRequest { thread: Some(convert::thread_ref(&tenant, thread_id)) };
-        node.agent().delete_thread(msg).await.map_err(|s| {
+        node.agent().delete_thread(msg, trace_id).await.map_err(|s| {
             tracing::warn!(node = %node.address, code = ?s.code(), "deleting a thread failed");
             convert::delete_refused(&s, thread_id)
         })?;

@@ -31,6 +31,8 @@ pub struct Seen {
     pub executes: Vec<pb::ExecuteRequest>,
     /// Every delete request.
     pub deletes: Vec<pb::DeleteThreadRequest>,
+    /// The trace id each delete carried.
+    pub delete_traces: Vec<String>,
 }
 
 /// The scripted agent.
@@ -115,9 +117,12 @@ impl Agent for FakeAgent {
         async move { result }.boxed()
     }
 
-    fn delete_thread(&self, req: pb::DeleteThreadRequest) -> BoxFuture<'static, Result<(), Status>> {
+    fn delete_thread(&self, req: pb::DeleteThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
         let id = req.thread.as_ref().map(|t| t.thread_id.clone()).unwrap_or_default();
-        self.seen.lock().unwrap().deletes.push(req);
+        let mut seen = self.seen.lock().unwrap();
+        seen.deletes.push(req);
+        seen.delete_traces.push(trace_id.to_string());
+        drop(seen);
         let result = match id.as_str() {
             "missing" => Err(refuse(Code::NotFound, RefusalReason::ThreadNotFound, "", "no such thread")),
             "running" => Err(refuse(Code::Aborted, RefusalReason::ThreadBusy, "", "busy")),

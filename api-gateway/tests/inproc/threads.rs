@@ -20,6 +20,29 @@ async fn deleting_a_thread_reaches_its_node_with_the_tenants_reference() {
 }
 
 #[tokio::test]
+async fn the_request_id_is_echoed_and_reaches_the_node() {
+    let g = gateway().await;
+    let with = |id: &str| {
+        let mut r = delete(GOOD, "t-1");
+        r.headers_mut().insert("x-request-id", id.parse().unwrap());
+        r
+    };
+    let mine = g.send(with("client-42")).await;
+    assert_eq!(mine.headers["x-request-id"], "client-42", "a caller's token is kept");
+    let none = g.send(delete(GOOD, "t-1")).await;
+    let made = none.headers["x-request-id"].to_str().unwrap().to_string();
+    assert!(made.starts_with("req_") && made.len() == 24, "{made}");
+    let hostile = g.send(with("a\"b} x=1")).await;
+    let replaced = hostile.headers["x-request-id"].to_str().unwrap().to_string();
+    assert!(replaced.starts_with("req_") && replaced != made, "a header that could forge log fields is replaced: {replaced}");
+    assert_eq!(g.agent.seen.lock().unwrap().delete_traces, ["client-42".to_string(), made, replaced]);
+    // Errors carry it too (the id ties a complaint to the log).
+    let refused = g.send(Request::delete("/v1/threads/t").body(Body::empty()).unwrap()).await;
+    assert_eq!(refused.status.as_u16(), 401);
+    assert!(refused.headers["x-request-id"].to_str().unwrap().starts_with("req_"));
+}
+
+#[tokio::test]
 async fn delete_answers_follow_the_agent() {
     let g = gateway().await;
     for (id, status, error) in [("missing", 404, "not_found"), ("running", 409, "thread_busy"), ("store-down", 503, "unavailable")] {

@@ -1,0 +1,366 @@
+//! The agent's gRPC edge against a scripted backend: no root, no sandboxes.
+//! What the wire promises (refusals with reasons and fields, the status
+//! mapping, event order, a caller that stops reading or leaves, the bearer
+//! token) is tested here; the root-only tests in `tests/` prove the real
+//! sandboxes behind it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::{Code, Request, Status};
+use warren_isolation::features::Features;
+use warren_isolation::spec::{ExecRequest, Language, SpecError};
+use warren_node_agent::executor::ExecError;
+use warren_node_agent::sandbox::{Event, Failure, Outcome};
+use warren_node_agent::service::{AgentService, Backend, NodeReport, TRACE_HEADER};
+use warren_node_agent::threads::{ThreadError, ThreadKey, ThreadOptions};
+use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent, RefusalReason as Reason};
+use warren_proto::refusal::refusal_of;
+
+/// What the double does with an admitted execution.
+#[derive(Clone)]
+enum Script {
+    /// Refuse at admission.
+    Refuse(fn() -> ExecError),
+    /// Emit these events, then end with this outcome.
+    Run(Vec<&'static str>, Outcome),
+    /// Fail after admission, before anything ran.
+    FailToStart,
+    /// Print until the caller stops taking output; report how it ended.
+    Flood,
+}
+
+#[derive(Default)]
+struct Seen {
+    admitted: Vec<ExecRequest>,
+    threads: Vec<Option<ThreadOptions>>,
+    /// Set when the flood's sender found the stream gone (the execution is killed).
+    flood_cut_off: bool,
+    deleted: Vec<ThreadKey>,
+}
+
+struct Double {
+    script: Script,
+    delete: fn() -> Result<(), ThreadError>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Double {
+    fn new(script: Script) -> (Arc<Double>, Arc<Mutex<Seen>>) {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        (Arc::new(Double { script, delete: || Ok(()), seen: seen.clone() }), seen)
+    }
+}
+
+impl Backend for Double {
+    type Admitted = ExecRequest;
+
+    async fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> Result<ExecRequest, ExecError> {
+        if let Script::Refuse(e) = &self.script {
+            return Err(e());
+        }
+        let mut seen = self.seen.lock().unwrap();
+        seen.admitted.push(req.clone());
+        seen.threads.push(thread);
+        Ok(req)
+    }
+
+    fn execution_id(a: &ExecRequest) -> &str {
+        &a.id
+    }
+
+    async fn execute(&self, _a: ExecRequest, _received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+        match &self.script {
+            Script::Refuse(_) => unreachable!("refused at admission"),
+            Script::FailToStart => Err(ExecError::Sandbox(warren_node_agent::sandbox::SandboxError::NoSlot)),
+            Script::Run(lines, outcome) => {
+                let _ = events.send(Event::Started { setup: Duration::from_micros(1500) }).await;
+                for l in lines {
+                    let ev = match l.strip_prefix("err:") {
+                        Some(e) => Event::Stderr(e.as_bytes().to_vec()),
+                        None => Event::Stdout(l.as_bytes().to_vec()),
+                    };
+                    let _ = events.send(ev).await;
+                }
+                Ok(outcome.clone())
+            }
+            Script::Flood => {
+                let _ = events.send(Event::Started { setup: Duration::ZERO }).await;
+                // Bounded: far more than the channels hold.
+                for _ in 0..100_000 {
+                    if events.send(Event::Stdout(vec![b'x'; 1024])).await.is_err() {
+                        self.seen.lock().unwrap().flood_cut_off = true;
+                        return Ok(Outcome { exit_code: 137, signal: 9, cancelled: true, ..Outcome::default() });
+                    }
+                }
+                Ok(Outcome::default())
+            }
+        }
+    }
+
+    async fn delete_thread(&self, key: &ThreadKey) -> Result<(), ThreadError> {
+        self.seen.lock().unwrap().deleted.push(key.clone());
+        (self.delete)()
+    }
+
+    fn report(&self) -> NodeReport {
+        NodeReport {
+            node_name: "node-7".into(),
+            features: Features { cgroup_version: 1, user_namespaces: true, seccomp: true, ..Features::default() },
+            running: 3,
+            max_executions: 32,
+            languages: vec![Language::Python, Language::Bash],
+        }
+    }
+
+    fn output_stall(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+fn request(code: &str) -> pb::ExecuteRequest {
+    pb::ExecuteRequest {
+        execution_id: "trc_test".into(),
+        language: pb::Language::Bash as i32,
+        code: code.into(),
+        timeout_ms: 5000,
+        ..Default::default()
+    }
+}
+
+fn thread(id: &str) -> pb::ThreadOptions {
+    pb::ThreadOptions {
+        r#ref: Some(pb::ThreadRef { namespace: "team".into(), key_name: "agent".into(), thread_id: id.into() }),
+        max_bytes: 1 << 20,
+        retention_seconds: 0,
+    }
+}
+
+async fn collect(service: &AgentService<Double>, req: pb::ExecuteRequest) -> Result<Vec<PbEvent>, Status> {
+    let mut stream = service.execute(Request::new(req)).await?.into_inner();
+    let mut events = vec![];
+    while let Some(ev) = stream.next().await {
+        events.push(ev?.event.expect("every event has a body"));
+    }
+    Ok(events)
+}
+
+fn assert_refused(status: &Status, code: Code, reason: Reason, field: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    assert_eq!(refusal_of(status), (reason, field.to_string()), "{status:?}");
+}
+
+#[tokio::test]
+async fn status_reports_the_backend() {
+    let (double, _) = Double::new(Script::FailToStart);
+    let status = AgentService::new(double).status(Request::new(pb::StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions), ("node-7", 3, 32));
+    assert_eq!(status.languages, [pb::Language::Python as i32, pb::Language::Bash as i32]);
+    let f = status.features.unwrap();
+    assert!(f.user_namespaces && f.seccomp && !f.overlayfs);
+    assert_eq!(status.agent_version, env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn what_this_agent_cannot_provide_is_refused_before_admission() {
+    type Tweak = fn(&mut pb::ExecuteRequest);
+    let cases: [(&str, Tweak); 6] = [
+        ("network", |r| r.network = pb::NetworkPolicy::Unrestricted as i32),
+        ("network", |r| r.network = 99),
+        ("egress", |r| r.egress.push(pb::EgressRule { host: "pypi.org".into(), ..Default::default() })),
+        ("mounts", |r| r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), ..Default::default() })),
+        ("connectors", |r| r.connectors.push(pb::ConnectorGrant { name: "db".into(), ..Default::default() })),
+        ("image_digest", |r| r.image_digest = "sha256:00".into()),
+    ];
+    let (double, seen) = Double::new(Script::Run(vec![], Outcome::default()));
+    let service = AgentService::new(double);
+    for (field, tweak) in cases {
+        let mut req = request("echo hi");
+        tweak(&mut req);
+        let err = collect(&service, req).await.unwrap_err();
+        assert_refused(&err, Code::FailedPrecondition, Reason::Unsupported, field);
+    }
+    assert!(seen.lock().unwrap().admitted.is_empty(), "nothing reached the backend");
+}
+
+#[tokio::test]
+async fn malformed_thread_references_are_refused_with_their_field() {
+    let (double, seen) = Double::new(Script::Run(vec![], Outcome::default()));
+    let service = AgentService::new(double);
+    let mut no_ref = request("true");
+    no_ref.thread = Some(pb::ThreadOptions { r#ref: None, ..thread("t1") });
+    assert_refused(&collect(&service, no_ref).await.unwrap_err(), Code::InvalidArgument, Reason::InvalidField, "thread.ref");
+    let mut traversal = request("true");
+    traversal.thread = Some(thread("../other"));
+    assert_refused(&collect(&service, traversal).await.unwrap_err(), Code::InvalidArgument, Reason::InvalidField, "thread.ref");
+    let mut unbounded = request("true");
+    unbounded.thread = Some(pb::ThreadOptions { max_bytes: 0, ..thread("t1") });
+    assert_refused(&collect(&service, unbounded).await.unwrap_err(), Code::InvalidArgument, Reason::InvalidField, "thread.max_bytes");
+    assert!(seen.lock().unwrap().admitted.is_empty());
+}
+
+#[tokio::test]
+async fn the_request_reaches_the_backend_as_the_domain_request() {
+    let (double, seen) = Double::new(Script::Run(vec![], Outcome::default()));
+    let service = AgentService::new(double);
+    let mut req = request("echo $B");
+    req.env = [("B".to_string(), "2".to_string()), ("A".to_string(), "1".to_string())].into();
+    req.limits = Some(pb::Limits { memory_bytes: 64 << 20, pids: 0, ..Default::default() });
+    req.thread = Some(pb::ThreadOptions { retention_seconds: 60, ..thread("t1") });
+    collect(&service, req).await.unwrap();
+    let seen = seen.lock().unwrap();
+    let r = &seen.admitted[0];
+    assert_eq!((r.id.as_str(), r.language, r.code.as_str(), r.timeout), ("trc_test", Some(Language::Bash), "echo $B", Duration::from_secs(5)));
+    assert_eq!(r.env, [("A".to_string(), "1".to_string()), ("B".into(), "2".into())], "env is sorted: maps have no order on the wire");
+    assert_eq!((r.limits.memory_bytes, r.limits.pids), (Some(64 << 20), None), "zero means 'the node's default'");
+    let t = seen.threads[0].as_ref().unwrap();
+    assert_eq!((t.key.rel(), t.retention, t.max_bytes), ("team/agent/t1".to_string(), Some(Duration::from_secs(60)), 1 << 20));
+}
+
+#[tokio::test]
+async fn admission_errors_map_to_their_codes_reasons_and_fields() {
+    let cases: [(fn() -> ExecError, Code, Reason, &str); 5] = [
+        (|| ExecError::Invalid(SpecError { field: "timeout".into(), message: "must be greater than zero".into() }), Code::InvalidArgument, Reason::InvalidField, "timeout"),
+        (|| ExecError::LanguageUnavailable("node"), Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
+        (|| ExecError::MissingFeature("no user namespaces".into()), Code::FailedPrecondition, Reason::MissingFeature, ""),
+        (|| ExecError::Busy(32), Code::ResourceExhausted, Reason::NodeBusy, ""),
+        (|| ExecError::ThreadBusy, Code::Aborted, Reason::ThreadBusy, ""),
+    ];
+    for (e, code, reason, field) in cases {
+        let (double, _) = Double::new(Script::Refuse(e));
+        let err = collect(&AgentService::new(double), request("true")).await.unwrap_err();
+        assert_refused(&err, code, reason, field);
+    }
+}
+
+#[tokio::test]
+async fn events_arrive_in_order_and_end_with_the_outcome() {
+    let outcome = Outcome {
+        exit_code: 137,
+        signal: 9,
+        timed_out: true,
+        stdout_truncated: true,
+        peak_memory_bytes: 4096,
+        wall: Duration::from_millis(1200),
+        failure: Some(Failure::ThreadTooLarge),
+        ..Outcome::default()
+    };
+    let (double, _) = Double::new(Script::Run(vec!["a", "err:b", "c"], outcome));
+    let events = collect(&AgentService::new(double), request("true")).await.unwrap();
+    let [PbEvent::Started(s), PbEvent::Stdout(a), PbEvent::Stderr(b), PbEvent::Stdout(c), PbEvent::Exited(x)] = &events[..] else {
+        panic!("unexpected sequence: {events:?}");
+    };
+    assert_eq!((s.execution_id.as_str(), s.node_name.as_str(), s.setup_micros), ("trc_test", "node-7", 1500));
+    assert_eq!((&a.data[..], &b.data[..], &c.data[..]), (&b"a"[..], &b"b"[..], &b"c"[..]));
+    assert_eq!((x.exit_code, x.signal, x.timed_out, x.stdout_truncated, x.peak_memory_bytes, x.wall_micros), (137, 9, true, true, 4096, 1_200_000));
+    assert_eq!(x.failure, pb::Failure::ThreadTooLarge as i32);
+}
+
+#[tokio::test]
+async fn a_failure_after_admission_ends_the_stream_with_a_status() {
+    let (double, _) = Double::new(Script::FailToStart);
+    let err = collect(&AgentService::new(double), request("true")).await.unwrap_err();
+    assert_refused(&err, Code::ResourceExhausted, Reason::NodeBusy, "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_stops_reading_gets_its_execution_cut_off() {
+    let (double, seen) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    assert!(matches!(stream.next().await, Some(Ok(pb::ExecuteEvent { event: Some(PbEvent::Started(_)) }))));
+    // Read nothing more; paused time runs through the stall at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !seen.lock().unwrap().flood_cut_off {
+        assert!(tokio::time::Instant::now() < deadline, "the flood was never cut off");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(stream);
+}
+
+#[tokio::test]
+async fn a_caller_that_leaves_gets_its_execution_cut_off() {
+    let (double, seen) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    stream.next().await.unwrap().unwrap();
+    drop(stream);
+    // Real time, bounded: the cut-off follows the drop without any stall wait.
+    let started = Instant::now();
+    while !seen.lock().unwrap().flood_cut_off {
+        assert!(started.elapsed() < Duration::from_secs(30), "the flood was never cut off");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn thread_deletion_maps_its_errors() {
+    let cases: [(fn() -> Result<(), ThreadError>, Option<(Code, Reason)>); 4] = [
+        (|| Ok(()), None),
+        (|| Err(ThreadError::NotFound), Some((Code::NotFound, Reason::ThreadNotFound))),
+        (|| Err(ThreadError::Busy), Some((Code::Aborted, Reason::ThreadBusy))),
+        (|| Err(ThreadError::Io { step: "listing", source: std::io::Error::other("disk on fire") }), Some((Code::Unavailable, Reason::ThreadStore))),
+    ];
+    for (result, expected) in cases {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let double = Arc::new(Double { script: Script::FailToStart, delete: result, seen: seen.clone() });
+        let mut req = Request::new(pb::DeleteThreadRequest { thread: thread("t9").r#ref });
+        req.metadata_mut().insert(TRACE_HEADER, "req_1".parse().unwrap());
+        let got = AgentService::new(double).delete_thread(req).await;
+        match expected {
+            None => assert!(got.is_ok()),
+            Some((code, reason)) => {
+                let status = got.unwrap_err();
+                assert_refused(&status, code, reason, "");
+                assert!(!status.message().contains("disk on fire"), "store details stay in the agent's log: {status:?}");
+            }
+        }
+        assert_eq!(seen.lock().unwrap().deleted[0].rel(), "team/agent/t9");
+    }
+}
+
+/// Over a real Unix socket, through the interceptor the agent installs.
+#[tokio::test]
+async fn the_bearer_token_guards_every_call_over_the_wire() {
+    use warren_node_agent::auth::BearerAuth;
+    use warren_proto::agent::node_agent_client::NodeAgentClient;
+    use warren_proto::agent::node_agent_server::NodeAgentServer;
+    use warren_proto::client::{lazy_channel, AgentAddress};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let (double, seen) = Double::new(Script::Run(vec!["hi"], Outcome::default()));
+    let server = NodeAgentServer::with_interceptor(AgentService::new(double), BearerAuth::new(Some("0123456789abcdef".into())));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(server)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async { stopped.await.unwrap_or(()) }),
+    );
+    let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path)).unwrap());
+    for token in [None, Some("Bearer 0123456789abcdeX"), Some("0123456789abcdef")] {
+        let mut req = Request::new(request("echo hi"));
+        if let Some(t) = token {
+            req.metadata_mut().insert("authorization", t.parse().unwrap());
+        }
+        assert_eq!(client.execute(req).await.unwrap_err().code(), Code::Unauthenticated, "{token:?}");
+        assert_eq!(client.status(Request::new(pb::StatusRequest {})).await.unwrap_err().code(), Code::Unauthenticated);
+    }
+    assert!(seen.lock().unwrap().admitted.is_empty(), "nothing ran without the token");
+    let mut req = Request::new(request("echo hi"));
+    req.metadata_mut().insert("authorization", "Bearer 0123456789abcdef".parse().unwrap());
+    let mut stream = client.execute(req).await.unwrap().into_inner();
+    let mut out = vec![];
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(PbEvent::Stdout(c)) = ev.event {
+            out.extend(c.data);
+        }
+    }
+    assert_eq!(out, b"hi");
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+}
