@@ -107,17 +107,6 @@ pub struct Args {
     pub log_format: String,
 }
 
-/// Sets up logging (JSON by default; `RUST_LOG` filters).
-pub fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().flatten_event(true).with_current_span(false).init();
-    } else {
-        builder.init();
-    }
-}
-
 /// Runs the gateway until SIGTERM or Ctrl-C, then drains in-flight requests.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let token = match &args.agent_token_file {

@@ -11,7 +11,7 @@ fn main() -> std::process::ExitCode {
         return if ok { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE };
     }
     let args = warren_api_gateway::Args::parse_from(argv);
-    warren_api_gateway::init_logging(&args.log_format);
+    warren_telemetry::init(&args.log_format);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

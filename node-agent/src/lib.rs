@@ -91,15 +91,8 @@ pub struct Args {
     #[arg(long, env = "WARREN_OUTPUT_STALL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub output_stall_secs: u64,
     /// Log format: `json` or `plain`.
-    #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json")]
+    #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
-}
-
-/// Sets up structured logging (`RUST_LOG` filters).
-pub fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" { builder.json().init() } else { builder.init() }
 }
 
 /// Runs the agent until SIGINT/SIGTERM.

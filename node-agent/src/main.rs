@@ -5,7 +5,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = warren_node_agent::Args::parse();
-    warren_node_agent::init_tracing(&args.log_format);
+    warren_telemetry::init(&args.log_format);
     match warren_node_agent::run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -199,13 +199,3 @@ where
         .await;
 }
 
-/// Sets up logging (JSON by default; `RUST_LOG` filters).
-pub fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}

@@ -5,7 +5,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = warren_operator::Args::parse();
-    warren_operator::init_logging(&args.log_format);
+    warren_telemetry::init(&args.log_format);
     match warren_operator::run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
