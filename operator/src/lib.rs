@@ -12,6 +12,7 @@ pub mod apikey;
 pub mod context;
 pub mod crds;
 pub mod credentials;
+pub mod ops;
 pub mod sandbox;
 pub mod status;
 
@@ -23,6 +24,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
+use tracing::Instrument;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -44,25 +46,43 @@ pub struct Args {
     /// warm on every node that runs one).
     #[arg(long, env = "WARREN_AGENT_SELECTOR", default_value = "app.kubernetes.io/component=node-agent")]
     pub agent_selector: String,
+    /// Address of the health (`/healthz`, `/readyz`) and metrics (`/metrics`) endpoint.
+    #[arg(long, env = "WARREN_OPS_LISTEN", default_value = "0.0.0.0:8081")]
+    pub ops_listen: std::net::SocketAddr,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
 }
 
-/// Per-object retry delays: 1 s doubling to 5 min, reset by a success.
+/// Per-object retry delays: 1 s doubling to 5 min, reset by a success; and
+/// the reconcile metrics, recorded where every reconcile passes.
 #[derive(Default)]
-struct Backoff(Mutex<HashMap<String, u32>>);
+struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+    ops: Arc<ops::Ops>,
+}
 
 impl Backoff {
     fn next(&self, id: String) -> Duration {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let n = m.entry(id).or_default();
         *n = (*n + 1).min(9);
         Duration::from_secs(1 << (*n - 1)).min(Duration::from_secs(300))
     }
 
     fn reset(&self, id: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
+/// The kind's name as a metric label (one of Warren's four kinds).
+fn kind<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()).as_ref() {
+        "Sandbox" => "Sandbox",
+        "ApiKey" => "ApiKey",
+        "StorageConnection" => "StorageConnection",
+        "Connector" => "Connector",
+        _ => "other",
     }
 }
 
@@ -72,6 +92,10 @@ fn id<K: Resource<DynamicType = ()>>(obj: &K) -> String {
 
 /// Runs every controller until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let ops = Arc::new(ops::Ops::default());
+    let listener = tokio::net::TcpListener::bind(args.ops_listen).await.with_context(|| format!("binding {}", args.ops_listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoint listening");
+    tokio::spawn(ops::serve(listener, ops.clone()));
     let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
     for check in [
         Api::<Sandbox>::all(client.clone()).list(&Default::default()).await.map(drop),
@@ -80,7 +104,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
     }
     let ctx = Arc::new(Context::new(client.clone(), args.namespace.clone(), args.agent_selector.clone()));
-    let backoff = Arc::new(Backoff::default());
+    let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
+    ops.set_ready();
     tracing::info!(publish_namespace = %args.namespace, "operator starting");
     tokio::join!(
         api_keys(client.clone(), ctx.clone(), backoff.clone()),
@@ -156,14 +181,20 @@ where
 {
     move |o, ctx| {
         let (b, f) = (backoff.clone(), reconcile.clone());
-        Box::pin(async move {
-            let key = id(o.as_ref());
-            let r = f(o, ctx).await;
-            if r.is_ok() {
-                b.reset(&key);
+        let key = id(o.as_ref());
+        let span = tracing::info_span!("reconcile", object = %key);
+        Box::pin(
+            async move {
+                let started = std::time::Instant::now();
+                let r = f(o, ctx).await;
+                b.ops.reconciled(kind::<K>(), r.is_ok(), started.elapsed());
+                if r.is_ok() {
+                    b.reset(&key);
+                }
+                r
             }
-            r
-        })
+            .instrument(span),
+        )
     }
 }
 

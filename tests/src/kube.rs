@@ -142,7 +142,7 @@ impl Operator {
     pub fn start(k: &EnvTest, namespace: &str) -> anyhow::Result<Operator> {
         use std::io::BufRead;
         let mut child = Command::new(crate::bin("warren-operator"))
-            .args(["--namespace", namespace, "--log-format", "json"])
+            .args(["--namespace", namespace, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
             .env("KUBECONFIG", k.kubeconfig_for_rustls())
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
@@ -164,6 +164,22 @@ impl Operator {
     /// Every log line so far.
     pub fn logs(&self) -> Vec<String> {
         self.logs.lock().unwrap().clone()
+    }
+
+    /// The address its health and metrics endpoint listens on (from its log).
+    pub fn ops_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let found = self.logs().iter().find(|l| l.contains("health and metrics endpoint listening")).and_then(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                v["addr"].as_str()?.parse().ok()
+            });
+            if let Some(addr) = found {
+                return Ok(addr);
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "the operator never logged its ops address");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 

@@ -82,6 +82,13 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     assert_eq!(r.json()["stdout"], "production\n");
     assert_eq!(ready(&k, "apikey", "agent"), ("True".into(), "Published".into()));
     assert_eq!(ready(&k, "sandbox", "default"), ("True".into(), "Valid".into()));
+    // The operator's own endpoint: ready, and the reconciles it just did are counted.
+    let ops = operator.ops_addr().unwrap();
+    assert_eq!(warren_e2e::http::get(ops, "/readyz").status, 200);
+    let metrics = warren_e2e::http::get(ops, "/metrics").text();
+    for kind in ["ApiKey", "Sandbox"] {
+        assert!(metrics.contains(&format!(r#"warren_operator_reconciles_total{{kind="{kind}",result="ok"}}"#)), "{metrics}");
+    }
     let prefix = k.kubectl_ok(&["get", "apikey", "agent", "-o", "jsonpath={.status.keyPrefix}"]);
     assert!(key.starts_with(prefix.trim_end_matches('…')) && !prefix.contains(&key), "{prefix}");
     // Both agents serve: idle capacity is spread (distinct node names in the audit log).
