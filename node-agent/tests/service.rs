@@ -221,7 +221,8 @@ async fn the_request_reaches_the_backend_as_the_domain_request() {
 
 #[tokio::test]
 async fn admission_errors_map_to_their_codes_reasons_and_fields() {
-    let cases: [(fn() -> ExecError, Code, Reason, &str); 5] = [
+    type Case = (fn() -> ExecError, Code, Reason, &'static str);
+    let cases: [Case; 5] = [
         (|| ExecError::Invalid(SpecError { field: "timeout".into(), message: "must be greater than zero".into() }), Code::InvalidArgument, Reason::InvalidField, "timeout"),
         (|| ExecError::LanguageUnavailable("node"), Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
         (|| ExecError::MissingFeature("no user namespaces".into()), Code::FailedPrecondition, Reason::MissingFeature, ""),
@@ -298,7 +299,8 @@ async fn a_caller_that_leaves_gets_its_execution_cut_off() {
 
 #[tokio::test]
 async fn thread_deletion_maps_its_errors() {
-    let cases: [(fn() -> Result<(), ThreadError>, Option<(Code, Reason)>); 4] = [
+    type Case = (fn() -> Result<(), ThreadError>, Option<(Code, Reason)>);
+    let cases: [Case; 4] = [
         (|| Ok(()), None),
         (|| Err(ThreadError::NotFound), Some((Code::NotFound, Reason::ThreadNotFound))),
         (|| Err(ThreadError::Busy), Some((Code::Aborted, Reason::ThreadBusy))),
