@@ -44,13 +44,18 @@ pub struct Args {
     /// Address to serve HTTP on.
     #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Cluster mode: read the keys the operator publishes in `--namespace`
+    /// Cluster mode: read the keys the operator publishes in `--keys-namespace`
     /// instead of manifest files.
     #[arg(long, env = "WARREN_CLUSTER")]
     pub cluster: bool,
-    /// Namespace where the operator publishes keys (cluster mode).
+    /// Warren's namespace, where the node-agent pods run (cluster mode).
     #[arg(long, env = "WARREN_NAMESPACE", default_value = "warren-system")]
     pub namespace: String,
+    /// Namespace holding only the keys the operator publishes (cluster
+    /// mode; defaults to `--namespace`). A dedicated namespace lets the
+    /// gateway's RBAC grant it these Secrets and no others.
+    #[arg(long, env = "WARREN_KEYS_NAMESPACE")]
+    pub keys_namespace: Option<String>,
     /// Directory of Sandbox, ApiKey and Secret manifests (repeatable).
     #[arg(long = "manifests", env = "WARREN_MANIFESTS", value_delimiter = ',', default_value = "examples/local")]
     pub manifests: Vec<PathBuf>,
@@ -129,7 +134,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let reload = if let (true, Some(client)) = (args.cluster, client) {
         let (tx, rx) = watch::channel(Arc::new(auth::KeyStore::default()));
-        (rx, tokio::spawn(cluster_config::watch_loop(client, args.namespace.clone(), tx)))
+        (rx, tokio::spawn(cluster_config::watch_loop(client, args.keys_namespace.clone().unwrap_or_else(|| args.namespace.clone()), tx)))
     } else {
         let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
         (rx, tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx)))

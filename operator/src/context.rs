@@ -7,9 +7,10 @@ use kube::{Client, Resource, ResourceExt};
 pub struct Context {
     /// API client.
     pub client: Client,
-    /// Namespace where effective keys are published for the gateways (and
-    /// where the node-agent pods run).
+    /// Namespace where effective keys are published for the gateways.
     pub publish_namespace: String,
+    /// Namespace where the node-agent pods run.
+    pub agent_namespace: String,
     /// Labels of the node-agent pods.
     pub agent_selector: String,
     recorder: Recorder,
@@ -17,9 +18,9 @@ pub struct Context {
 
 impl Context {
     /// Builds the context.
-    pub fn new(client: Client, publish_namespace: String, agent_selector: String) -> Context {
+    pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String) -> Context {
         let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_selector }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector }
     }
 
     /// Records an event on `obj` (best effort: a failed event never fails a reconcile).

@@ -39,9 +39,14 @@ use crate::context::{Context, Error};
 #[derive(Debug, Clone, Parser)]
 #[command(name = "warren-operator", version, about = "Warren operator")]
 pub struct Args {
-    /// Namespace where effective keys are published for the gateways.
+    /// Warren's namespace, where the node-agent pods run.
     #[arg(long, env = "WARREN_NAMESPACE", default_value = "warren-system")]
     pub namespace: String,
+    /// Namespace the effective keys are published in for the gateways
+    /// (defaults to `--namespace`); a dedicated one holds nothing else, so
+    /// the gateways' RBAC reaches no other Secret.
+    #[arg(long, env = "WARREN_PUBLISH_NAMESPACE")]
+    pub publish_namespace: Option<String>,
     /// Labels of the node-agent pods in `--namespace` (a `host` Sandbox is
     /// warm on every node that runs one).
     #[arg(long, env = "WARREN_AGENT_SELECTOR", default_value = "app.kubernetes.io/component=node-agent")]
@@ -103,10 +108,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ] {
         check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
     }
-    let ctx = Arc::new(Context::new(client.clone(), args.namespace.clone(), args.agent_selector.clone()));
+    let publish = args.publish_namespace.clone().unwrap_or_else(|| args.namespace.clone());
+    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone()));
     let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
     ops.set_ready();
-    tracing::info!(publish_namespace = %args.namespace, "operator starting");
+    tracing::info!(publish_namespace = %ctx.publish_namespace, agent_namespace = %ctx.agent_namespace, "operator starting");
     tokio::join!(
         api_keys(client.clone(), ctx.clone(), backoff.clone()),
         sandboxes(client.clone(), ctx.clone(), backoff.clone()),
@@ -154,7 +160,7 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<Sandbox>::all(client.clone()), wc);
     let store = controller.store();
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &ctx.publish_namespace);
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &ctx.agent_namespace);
     controller
         .watches(pods, watcher::Config::default().labels(&ctx.agent_selector), move |_| {
             store.state().into_iter().map(|s| ObjectRef::from_obj(s.as_ref())).collect::<Vec<_>>()

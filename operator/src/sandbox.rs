@@ -45,7 +45,7 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
 
 /// Nodes running a ready node-agent: where a `host` Sandbox is warm.
 async fn agent_nodes(ctx: &Context) -> Result<Vec<String>, Error> {
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(ctx.client.clone(), &ctx.publish_namespace)
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(ctx.client.clone(), &ctx.agent_namespace)
         .list(&kube::api::ListParams::default().labels(&ctx.agent_selector))
         .await?;
     let mut nodes: Vec<String> = pods

@@ -138,11 +138,11 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts the operator publishing keys into `namespace`.
-    pub fn start(k: &EnvTest, namespace: &str) -> anyhow::Result<Operator> {
+    /// Starts the operator for Warren's `namespace`, publishing keys into `keys`.
+    pub fn start(k: &EnvTest, namespace: &str, keys: &str) -> anyhow::Result<Operator> {
         use std::io::BufRead;
         let mut child = Command::new(crate::bin("warren-operator"))
-            .args(["--namespace", namespace, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
+            .args(["--namespace", namespace, "--publish-namespace", keys, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
             .env("KUBECONFIG", k.kubeconfig_for_rustls())
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())

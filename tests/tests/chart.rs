@@ -28,14 +28,18 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     assert!(lint.contains("0 chart(s) failed"), "{lint}");
 
     let k = EnvTest::start().unwrap();
-    k.kubectl_ok(&["create", "namespace", "warren-system"]);
+    // The keys namespace is part of the chart; server dry-run cannot create
+    // a namespace and objects in it in one apply, so it exists beforehand.
+    for ns in ["warren-system", "warren-system-keys"] {
+        k.kubectl_ok(&["create", "namespace", ns]);
+    }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
     for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
-        for kind in ["CustomResourceDefinition", "Deployment", "DaemonSet", "Service", "ClusterRole", "Role", "ServiceAccount", "Secret"] {
+        for kind in ["CustomResourceDefinition", "Deployment", "DaemonSet", "Service", "ClusterRole", "Role", "ServiceAccount", "Secret", "Namespace"] {
             assert!(rendered.contains(&format!("kind: {kind}\n")), "{name}: no {kind}");
         }
         assert!(!rendered.contains("kind: ServiceMonitor"), "{name}: ServiceMonitor rendered without its CRD");
@@ -46,6 +50,8 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         } else {
             assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");
         }
+        assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
+        assert_gateway_reads_secrets_only_in_the_keys_namespace(&rendered);
         let file = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&file, &rendered).unwrap();
         // CRDs first (dry-run cannot create them for the custom objects).
@@ -56,4 +62,20 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     // An s3 store without a bucket is refused at render time, with the reason.
     let missing = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "threads.store=s3"]).output().unwrap();
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("threads.s3.bucket is required"));
+}
+
+/// The gateway's Roles: Secrets only in the keys namespace.
+fn assert_gateway_reads_secrets_only_in_the_keys_namespace(rendered: &str) {
+    let mut seen = 0;
+    for doc in rendered.split("\n---") {
+        let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(doc) else { continue };
+        if v["kind"] != "Role" || !v["metadata"]["name"].as_str().unwrap_or("").contains("-gateway") {
+            continue;
+        }
+        seen += 1;
+        let ns = v["metadata"]["namespace"].as_str().unwrap();
+        let grants_secrets = v["rules"].as_sequence().unwrap().iter().any(|r| r["resources"].as_sequence().unwrap().iter().any(|x| x == "secrets"));
+        assert_eq!(grants_secrets, ns == "warren-system-keys", "gateway Role in {ns}: {doc}");
+    }
+    assert_eq!(seen, 2, "the gateway has a Role for pods and one for the published keys");
 }

@@ -12,6 +12,8 @@ use warren_e2e::kube::{EnvTest, Operator};
 use warren_e2e::{skip_unless_root, Agent};
 
 const NS: &str = "warren-system";
+/// Where the keys are published: a namespace of their own, as the chart sets it up.
+const KEYS: &str = "warren-system-keys";
 
 fn repo(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel).display().to_string()
@@ -38,7 +40,7 @@ fn ready(k: &EnvTest, kind: &str, name: &str) -> (String, String) {
 
 fn resource_versions(k: &EnvTest) -> String {
     let mut all = String::new();
-    for (kind, ns) in [("sandboxes", "default"), ("apikeys", "default"), ("secrets", "default"), ("secrets", NS)] {
+    for (kind, ns) in [("sandboxes", "default"), ("apikeys", "default"), ("secrets", "default"), ("secrets", KEYS)] {
         all += &k.kubectl_ok(&["get", kind, "-n", ns, "-o", r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}"#]);
         all.push('\n');
     }
@@ -50,7 +52,8 @@ fn cluster() -> (EnvTest, Operator) {
     let k = EnvTest::start().unwrap();
     k.install_crds();
     k.kubectl_ok(&["create", "namespace", NS]);
-    let operator = Operator::start(&k, NS).unwrap();
+    k.kubectl_ok(&["create", "namespace", KEYS]);
+    let operator = Operator::start(&k, NS, KEYS).unwrap();
     (k, operator)
 }
 
@@ -64,7 +67,7 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
     let env = [("KUBECONFIG", kubeconfig.as_str())];
-    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS], &env, false).await.unwrap();
+    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS], &env, false).await.unwrap();
     // Ready once the published keys were listed, even when there are none yet.
     gw.wait_ready(Duration::from_secs(20)).unwrap();
 
@@ -82,6 +85,10 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     assert_eq!(r.json()["stdout"], "production\n");
     assert_eq!(ready(&k, "apikey", "agent"), ("True".into(), "Published".into()));
     assert_eq!(ready(&k, "sandbox", "default"), ("True".into(), "Valid".into()));
+    // Published only in the keys namespace: the gateway needs no Secret anywhere else.
+    let label = format!("{}=true", warren_config::published::LABEL);
+    assert!(!k.kubectl_ok(&["get", "secrets", "-n", KEYS, "-l", &label, "-o", "name"]).trim().is_empty());
+    assert_eq!(k.kubectl_ok(&["get", "secrets", "-n", NS, "-l", &label, "-o", "name"]).trim(), "");
     // The operator's own endpoint: ready, and the reconciles it just did are counted.
     let ops = operator.ops_addr().unwrap();
     assert_eq!(warren_e2e::http::get(ops, "/readyz").status, 200);
@@ -188,6 +195,8 @@ async fn the_gateway_finds_agent_pods_by_label() {
         "--cluster",
         "--namespace",
         NS,
+        "--keys-namespace",
+        KEYS,
         "--agent-selector",
         "app.kubernetes.io/component=node-agent",
         "--agent-port",

@@ -31,3 +31,6 @@ securityContext:
   capabilities: {drop: [ALL]}
   seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{/* The namespace holding only the published keys. */}}
+{{- define "warren.keysNamespace" -}}{{ .Values.keysNamespace.name | default (printf "%s-keys" .Release.Namespace) }}{{- end -}}
