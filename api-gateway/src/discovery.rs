@@ -13,11 +13,12 @@ use warren_proto::client::AgentAddress;
 
 use crate::nodes::Nodes;
 
-/// Addresses of the ready agent pods.
-fn addresses(pods: &[Arc<Pod>], port: u16) -> Vec<AgentAddress> {
+/// Addresses of the ready agent pods (those `daemonset` controls, when set).
+fn addresses(pods: &[Arc<Pod>], port: u16, daemonset: Option<&str>) -> Vec<AgentAddress> {
     let mut out: Vec<AgentAddress> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| daemonset.is_none_or(|name| controlled_by(p, name)))
         .filter_map(|p| p.status.as_ref())
         .filter(|s| s.phase.as_deref() == Some("Running"))
         .filter_map(|s| s.pod_ip.as_ref())
@@ -28,8 +29,16 @@ fn addresses(pods: &[Arc<Pod>], port: u16) -> Vec<AgentAddress> {
     out
 }
 
-/// Keeps `nodes` equal to the agent pods selected by `selector` in `namespace`.
-pub async fn watch_loop(client: Client, namespace: String, selector: String, port: u16, nodes: Arc<Nodes>) {
+/// True when the DaemonSet `name` is `pod`'s controller: a pod that merely
+/// carries the agents' labels (anyone who may create pods in the namespace
+/// could add those) is not sent code and bearer tokens.
+fn controlled_by(pod: &Pod, name: &str) -> bool {
+    pod.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1" && o.name == name)
+}
+
+/// Keeps `nodes` equal to the agent pods selected by `selector` in
+/// `namespace` (and controlled by the DaemonSet `daemonset`, when set).
+pub async fn watch_loop(client: Client, namespace: String, selector: String, daemonset: Option<String>, port: u16, nodes: Arc<Nodes>) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).default_backoff();
@@ -39,7 +48,7 @@ pub async fn watch_loop(client: Client, namespace: String, selector: String, por
         match event {
             Ok(watcher::Event::InitApply(_)) | Ok(watcher::Event::Init) => continue,
             Ok(_) => {
-                let now = addresses(&reader.state(), port);
+                let now = addresses(&reader.state(), port, daemonset.as_deref());
                 if now != last {
                     info!(agents = now.len(), "node-agent pods changed");
                     if let Err(e) = nodes.set(&now) {
@@ -51,5 +60,35 @@ pub async fn watch_loop(client: Client, namespace: String, selector: String, por
             }
             Err(e) => warn!(error = %e, "watching node-agent pods failed; retrying"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    fn pod(ip: &str, owner: Option<(&str, &str, bool)>) -> Arc<Pod> {
+        let mut p = Pod::default();
+        p.metadata.owner_references = owner.map(|(kind, name, controller)| {
+            vec![OwnerReference { api_version: "apps/v1".into(), kind: kind.into(), name: name.into(), uid: "u".into(), controller: Some(controller), ..Default::default() }]
+        });
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Running".into()), pod_ip: Some(ip.into()), ..Default::default() });
+        Arc::new(p)
+    }
+
+    #[test]
+    fn only_pods_the_agents_daemonset_controls_are_agents() {
+        let pods = [
+            pod("10.0.0.1", Some(("DaemonSet", "warren-node-agent", true))),
+            pod("10.0.0.2", None),
+            pod("10.0.0.3", Some(("DaemonSet", "other", true))),
+            pod("10.0.0.4", Some(("ReplicaSet", "warren-node-agent", true))),
+            pod("10.0.0.5", Some(("DaemonSet", "warren-node-agent", false))),
+        ];
+        let only = addresses(&pods, 7443, Some("warren-node-agent"));
+        assert_eq!(only, [AgentAddress::Tcp("http://10.0.0.1:7443".into())]);
+        assert_eq!(addresses(&pods, 7443, None).len(), 5, "without a DaemonSet name, labels decide");
     }
 }

@@ -66,6 +66,10 @@ pub struct Args {
     /// in `--namespace` (instead of `--agent`).
     #[arg(long, env = "WARREN_AGENT_SELECTOR")]
     pub agent_selector: Option<String>,
+    /// Cluster mode: only pods this DaemonSet controls are node-agents (the
+    /// chart sets it); without it the labels alone decide.
+    #[arg(long, env = "WARREN_AGENT_DAEMONSET")]
+    pub agent_daemonset: Option<String>,
     /// gRPC port of the discovered node-agent pods.
     #[arg(long, env = "WARREN_AGENT_PORT", default_value_t = 7443)]
     pub agent_port: u16,
@@ -128,7 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     nodes.check_all().await;
     let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
     let discovery = match (&client, &args.agent_selector) {
-        (Some(c), Some(sel)) => Some(tokio::spawn(discovery::watch_loop(c.clone(), args.namespace.clone(), sel.clone(), args.agent_port, nodes.clone()))),
+        (Some(c), Some(sel)) => Some(tokio::spawn(discovery::watch_loop(c.clone(), args.namespace.clone(), sel.clone(), args.agent_daemonset.clone(), args.agent_port, nodes.clone()))),
         _ => None,
     };
 

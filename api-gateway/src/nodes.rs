@@ -139,6 +139,11 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
     }
 
+    /// The healthy agents.
+    pub fn healthy_nodes(&self) -> Vec<Arc<Node>> {
+        self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).cloned().collect()
+    }
+
 
     /// Checks every agent once.
     pub async fn check_all(&self) {

@@ -182,6 +182,13 @@ impl Executor {
         if let Some((options, lock)) = admission.thread.take() {
             resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
         }
+        if let Err(failure) = resources.acquire().await {
+            tokio::spawn(async move {
+                resources.release().await;
+                drop(admission);
+            });
+            return Ok(Outcome::never_ran(failure));
+        }
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
         let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), spec };

@@ -199,6 +199,8 @@ async fn the_gateway_finds_agent_pods_by_label() {
         KEYS,
         "--agent-selector",
         "app.kubernetes.io/component=node-agent",
+        "--agent-daemonset",
+        "warren-node-agent",
         "--agent-port",
         &port.to_string(),
         "--agent-token-file",
@@ -214,18 +216,28 @@ async fn the_gateway_finds_agent_pods_by_label() {
     let key = key.unwrap();
     // No agent pod yet: nothing can run it.
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 503));
-    // A pod of the DaemonSet appears (no kubelet here: its status is set by hand).
-    let pod = dir.path().join("pod.yaml");
-    std::fs::write(
-        &pod,
-        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: agent-1, namespace: {NS}, labels: {{app.kubernetes.io/component: node-agent}}}}\nspec: {{nodeName: node-x, automountServiceAccountToken: false, containers: [{{name: a, image: warren}}]}}\n"),
-    )
-    .unwrap();
     // No controller-manager here: the namespace's default ServiceAccount is made by hand.
     k.kubectl_ok(&["create", "serviceaccount", "default", "-n", NS]);
-    k.kubectl_ok(&["apply", "-f", pod.to_str().unwrap()]);
-    k.kubectl_ok(&["patch", "pod", "agent-1", "-n", NS, "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Running","podIP":"127.0.0.1"}}"#]);
+    // First a pod with the agents' labels that the DaemonSet does not control,
+    // then a pod of the DaemonSet (no kubelet here: statuses are set by hand).
+    let owner = "ownerReferences: [{apiVersion: apps/v1, kind: DaemonSet, name: warren-node-agent, uid: 5f0c1a2e-0000-4000-8000-000000000001, controller: true}]";
+    for (name, ip, owned) in [("impostor", "127.0.0.2", false), ("agent-1", "127.0.0.1", true)] {
+        let pod = dir.path().join(format!("{name}.yaml"));
+        let owner = if owned { format!(", {owner}") } else { String::new() };
+        std::fs::write(
+            &pod,
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {NS}, labels: {{app.kubernetes.io/component: node-agent}}{owner}}}\nspec: {{nodeName: node-x, automountServiceAccountToken: false, containers: [{{name: a, image: warren}}]}}\n"),
+        )
+        .unwrap();
+        k.kubectl_ok(&["apply", "-f", pod.to_str().unwrap()]);
+        let running = format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}"}}}}"#);
+        k.kubectl_ok(&["patch", "pod", name, "-n", NS, "--subresource=status", "--type=merge", "-p", &running]);
+    }
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "gateway:\n{}", gw.logs().join("\n"));
+    // Watch events arrive in order: the impostor was seen before the agent, and never counted.
+    let counts: Vec<u64> = gw.logs().iter().filter(|l| l.contains("node-agent pods changed")).filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["agents"].as_u64()).collect();
+    assert_eq!(counts.last(), Some(&1), "{counts:?}");
+    assert!(!counts.contains(&2), "the impostor pod was taken for an agent: {counts:?}");
     // The audit record is written as the response completes: wait for it.
     assert!(wait_for(Duration::from_secs(10), || gw.audit_records().iter().any(|r| r["node"] == "node-pod")));
     // The operator reports the `host` Sandbox warm where the agent pod runs.

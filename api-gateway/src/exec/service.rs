@@ -105,8 +105,12 @@ impl ExecutionService {
         }
     }
 
-    /// Deletes a thread of `key` on the node that holds it; `trace_id`
-    /// names the HTTP request in the agent's log.
+    /// Deletes a thread of `key`: on the node that holds it, whose answer
+    /// decides the outcome, and then on every other healthy node, which
+    /// drops its warm copy (and, with per-node stores, a copy saved while the
+    /// thread's home was elsewhere). A thread the home node does not know
+    /// but another node deleted counts as deleted. `trace_id` names the
+    /// HTTP request in the agents' logs.
     pub async fn delete_thread(&self, key: &EffectiveKey, thread_id: &str, trace_id: &str) -> Result<(), ExecError> {
         if !warren_core::ids::is_thread_id(thread_id) {
             return Err(ExecError::invalid("thread_id", warren_core::ids::THREAD_ID_RULE));
@@ -114,16 +118,51 @@ impl ExecutionService {
         // Held for the call: an execute through this gateway cannot start meanwhile.
         let _lock = self.admission.thread(&key.qualified_name(), thread_id)?;
         let tenant = Tenant::of(key);
-        let node = self.nodes.home_of(&placement_key(&tenant, thread_id)).ok_or(ExecError::NoNode)?;
+        let home = self.nodes.home_of(&placement_key(&tenant, thread_id)).ok_or(ExecError::NoNode)?;
         let msg = warren_proto::agent::DeleteThreadRequest { thread: Some(convert::thread_ref(&tenant, thread_id)) };
-        node.agent().delete_thread(msg, trace_id).await.map_err(|s| {
-            tracing::warn!(node = %node.address, code = ?s.code(), "deleting a thread failed");
+        let at_home = home.agent().delete_thread(msg.clone(), trace_id).await.map_err(|s| {
+            tracing::warn!(node = %home.address, code = ?s.code(), "deleting a thread failed");
             convert::delete_refused(&s, thread_id)
-        })?;
+        });
+        if matches!(at_home, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
+            let elsewhere = self.delete_elsewhere(&home, &msg, trace_id).await;
+            if elsewhere && at_home.is_err() {
+                tracing::info!(key = %key.qualified_name(), thread_id, "thread deleted on a node other than its home");
+                return Ok(());
+            }
+        }
+        at_home?;
         tracing::info!(key = %key.qualified_name(), thread_id, "thread deleted");
         Ok(())
     }
+
+    /// Sends the deletion to every healthy node but `home`, each bounded in
+    /// time; true when one of them had the thread.
+    async fn delete_elsewhere(&self, home: &Arc<crate::nodes::Node>, msg: &warren_proto::agent::DeleteThreadRequest, trace_id: &str) -> bool {
+        let others: Vec<_> = self.nodes.healthy_nodes().into_iter().filter(|n| !Arc::ptr_eq(n, home)).collect();
+        let calls = others.iter().map(|n| {
+            let call = n.agent().delete_thread(msg.clone(), trace_id);
+            async move {
+                match tokio::time::timeout(DELETE_ELSEWHERE_WAIT, call).await {
+                    Ok(Ok(())) => true,
+                    Ok(Err(s)) if s.code() == tonic::Code::NotFound => false,
+                    Ok(Err(s)) => {
+                        tracing::warn!(node = %n.address, code = ?s.code(), "dropping a thread's copy failed; its collector removes it later");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::warn!(node = %n.address, "dropping a thread's copy timed out; its collector removes it later");
+                        false
+                    }
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await.into_iter().any(|had| had)
+    }
 }
+
+/// How long a deletion waits for each node other than the thread's home.
+const DELETE_ELSEWHERE_WAIT: Duration = Duration::from_secs(10);
 
 impl Run {
     /// The next event; `Err(Lost)` when the stream broke before `Exited`.

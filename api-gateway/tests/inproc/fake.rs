@@ -44,6 +44,8 @@ pub struct FakeAgent {
     pub down: bool,
     /// Capacity reported by `Status`.
     pub capacity: u32,
+    /// Knows no thread: every delete answers NOT_FOUND.
+    pub forgetful: bool,
 }
 
 fn ev(e: Event) -> Result<pb::ExecuteEvent, Status> {
@@ -124,6 +126,7 @@ impl Agent for FakeAgent {
         seen.delete_traces.push(trace_id.to_string());
         drop(seen);
         let result = match id.as_str() {
+            _ if self.forgetful => Err(refuse(Code::NotFound, RefusalReason::ThreadNotFound, "", "no such thread")),
             "missing" => Err(refuse(Code::NotFound, RefusalReason::ThreadNotFound, "", "no such thread")),
             "running" => Err(refuse(Code::Aborted, RefusalReason::ThreadBusy, "", "busy")),
             "store-down" => Err(refuse(Code::Unavailable, RefusalReason::ThreadStore, "", "store down")),

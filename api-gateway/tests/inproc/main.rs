@@ -80,17 +80,26 @@ fn secrets() -> String {
 pub struct Gateway {
     pub app: axum::Router,
     pub agent: FakeAgent,
+    /// Further nodes, when the gateway has more than one.
+    pub others: Vec<FakeAgent>,
     pub state: state::AppState,
 }
 
 /// A gateway whose single node is `agent`.
 pub async fn gateway_with(agent: FakeAgent) -> Gateway {
+    gateway_of(vec![agent]).await
+}
+
+/// A gateway with these nodes (the first is `Gateway::agent`).
+pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
     let text = format!("{MANIFESTS}{}", secrets());
     let compiled = warren_config::compile(&[warren_config::Source { file: "test.yaml", text: &text }]);
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
     let (_tx, keys) = tokio::sync::watch::channel(Arc::new(KeyStore::new(compiled.keys)));
     // The sender is dropped: the receiver keeps the last value.
-    let nodes = Nodes::from_agents(vec![(AgentAddress::Unix("/fake/agent.sock".into()), Arc::new(agent.clone()))]);
+    let nodes = Nodes::from_agents(
+        agents.iter().enumerate().map(|(i, a)| (AgentAddress::Unix(format!("/fake/agent-{i}.sock").into()), Arc::new(a.clone()) as _)).collect(),
+    );
     nodes.check_all().await;
     let state = state::AppState {
         keys,
@@ -107,7 +116,8 @@ pub async fn gateway_with(agent: FakeAgent) -> Gateway {
             body_timeout: Duration::from_secs(5),
         },
     };
-    Gateway { app: router::app(state.clone()), agent, state }
+    let agent = agents.remove(0);
+    Gateway { app: router::app(state.clone()), agent, others: agents, state }
 }
 
 /// A gateway with one healthy fake node of capacity 8.

@@ -43,6 +43,37 @@ async fn the_request_id_is_echoed_and_reaches_the_node() {
 }
 
 #[tokio::test]
+async fn a_deletion_reaches_every_node() {
+    let node = || FakeAgent { capacity: 8, ..Default::default() };
+    let g = gateway_of(vec![node(), node(), node()]).await;
+    assert_eq!(g.send(delete(GOOD, "t-1")).await.status.as_u16(), 204);
+    for (i, a) in std::iter::once(&g.agent).chain(&g.others).enumerate() {
+        let seen = a.seen.lock().unwrap();
+        assert_eq!(seen.deletes.len(), 1, "node {i} dropped its copy");
+        assert_eq!(seen.deletes[0].thread.as_ref().unwrap().thread_id, "t-1");
+    }
+}
+
+#[tokio::test]
+async fn a_thread_its_home_does_not_know_is_deleted_where_it_lives() {
+    // Whichever node is a thread's home, the other one holds it: every id
+    // must be deleted (204), in both arrangements.
+    for forgetful_first in [true, false] {
+        let a = FakeAgent { capacity: 8, forgetful: forgetful_first, ..Default::default() };
+        let b = FakeAgent { capacity: 8, forgetful: !forgetful_first, ..Default::default() };
+        let g = gateway_of(vec![a, b]).await;
+        for i in 0..8 {
+            let id = format!("t-{i}");
+            assert_eq!(g.send(delete(GOOD, &id)).await.status.as_u16(), 204, "{id}");
+        }
+    }
+    // Nobody has it: 404, as before.
+    let gone = || FakeAgent { capacity: 8, forgetful: true, ..Default::default() };
+    let g = gateway_of(vec![gone(), gone()]).await;
+    assert_eq!(g.send(delete(GOOD, "t-1")).await.error(), "not_found");
+}
+
+#[tokio::test]
 async fn delete_answers_follow_the_agent() {
     let g = gateway().await;
     for (id, status, error) in [("missing", 404, "not_found"), ("running", 409, "thread_busy"), ("store-down", 503, "unavailable")] {

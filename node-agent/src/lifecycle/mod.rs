@@ -5,12 +5,17 @@
 //! [`Resource`] with three phases:
 //!
 //! ```text
+//! acquire   before a sandbox is claimed                              (may fail: nothing runs)
 //! prepare   after the sandbox is claimed, before the program runs   (may fail: nothing runs)
 //! finish    after the program, before the answer                     (save, flush; may mark the outcome)
 //! release   after the answer                                          (unmount, delete; never fails)
 //! ```
 //!
-//! [`Resources`] runs the phases in order (prepare first to last, finish and
+//! Work that needs no sandbox (restoring a thread, fetching credentials or
+//! image layers) belongs in `acquire`: claiming a warm sandbox starts its
+//! replacement, which then competes for the CPU with whatever follows.
+//!
+//! [`Resources`] runs the phases in order (acquire and prepare first to last, finish and
 //! release last to first), and guarantees release for every resource it was
 //! given on every path: success, a failed prepare, a timeout or cancel (the
 //! program ends, then finish and release run as usual), and an abandoned
@@ -47,7 +52,11 @@ pub struct SandboxView<'a> {
 /// One per-execution resource. See the module docs for the phases.
 #[async_trait]
 pub trait Resource: Send {
-    /// Makes the resource ready. An error means the program never runs.
+    /// Gets what needs no sandbox. An error means the program never runs.
+    async fn acquire(&mut self) -> Result<(), Failure> {
+        Ok(())
+    }
+    /// Makes the resource ready for this sandbox. An error means the program never runs.
     async fn prepare(&mut self, sandbox: &SandboxView<'_>) -> Result<(), Failure>;
     /// Adjusts how the program starts (called only after a successful prepare).
     fn shape(&self, _go: &mut Go) {}
@@ -68,6 +77,14 @@ impl Resources {
     /// Adds a resource; it is prepared after those added before it.
     pub fn push(&mut self, r: Box<dyn Resource>) {
         self.list.push(r);
+    }
+
+    /// Acquires every resource in order, stopping at the first failure.
+    pub async fn acquire(&mut self) -> Result<(), Failure> {
+        for r in &mut self.list {
+            r.acquire().await?;
+        }
+        Ok(())
     }
 
     /// Prepares every resource in order, stopping at the first failure.
@@ -143,6 +160,10 @@ mod tests {
 
     #[async_trait]
     impl Resource for Probe {
+        async fn acquire(&mut self) -> Result<(), Failure> {
+            self.note("acquire");
+            Ok(())
+        }
         async fn prepare(&mut self, _: &SandboxView<'_>) -> Result<(), Failure> {
             self.note("prepare");
             if self.fail_prepare {
@@ -182,6 +203,7 @@ mod tests {
         rs.push(Probe::boxed("home", false, &log));
         rs.push(Probe::boxed("mount", false, &log));
         let spec = spec();
+        rs.acquire().await.unwrap();
         rs.prepare(&view(&spec)).await.unwrap();
         let mut go = Go {
             interpreter: "/bin/sh".into(),
@@ -199,7 +221,7 @@ mod tests {
         rs.finish(&mut outcome).await;
         assert_eq!(outcome.cpu_micros, 2, "every finish saw the outcome");
         rs.release().await;
-        assert_eq!(taken(&log), ["prepare home", "prepare mount", "finish mount", "finish home", "release mount", "release home"]);
+        assert_eq!(taken(&log), ["acquire home", "acquire mount", "prepare home", "prepare mount", "finish mount", "finish home", "release mount", "release home"]);
     }
 
     #[tokio::test]

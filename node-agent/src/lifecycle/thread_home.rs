@@ -86,19 +86,27 @@ impl ThreadHomeResource {
 
 #[async_trait]
 impl Resource for ThreadHomeResource {
-    async fn prepare(&mut self, sandbox: &SandboxView<'_>) -> Result<(), Failure> {
+    /// Restores the thread into this node's warm copy (no sandbox needed).
+    async fn acquire(&mut self) -> Result<(), Failure> {
         let Some((options, lock)) = self.claim.take() else { return Err(Failure::ThreadMount) };
-        let t = Instant::now();
+        let thread = options.key.rel();
         let restored = self.threads.restore(options, lock).await.map_err(|e| {
-            warn!(execution_id = %sandbox.spec.id, error = %e, "restoring the thread failed; nothing ran");
+            warn!(thread = %thread, error = %e, "restoring the thread failed; nothing ran");
             Failure::ThreadMount
         })?;
-        let mounted = self.mount(sandbox, &restored).map_err(|e| {
+        self.restored = Some(restored);
+        Ok(())
+    }
+
+    /// Mounts the warm copy as the sandbox's home.
+    async fn prepare(&mut self, sandbox: &SandboxView<'_>) -> Result<(), Failure> {
+        let Some(restored) = &self.restored else { return Err(Failure::ThreadMount) };
+        let t = Instant::now();
+        let mounted = self.mount(sandbox, restored).map_err(|e| {
             warn!(execution_id = %sandbox.spec.id, error = %e, "mounting the thread home failed; nothing ran");
             Failure::ThreadMount
         })?;
-        debug!(execution_id = %sandbox.spec.id, restore_mount_us = t.elapsed().as_micros() as u64, "thread home ready");
-        self.restored = Some(restored);
+        debug!(execution_id = %sandbox.spec.id, mount_us = t.elapsed().as_micros() as u64, "thread home mounted");
         self.mounted = Some(mounted);
         Ok(())
     }
