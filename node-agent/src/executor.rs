@@ -191,8 +191,14 @@ impl Executor {
         }
         let spec = &admission.spec;
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
-        let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), spec };
-        if let Err(failure) = resources.prepare(&view).await {
+        let prepared = match resources.is_empty() {
+            true => Ok(()),
+            false => {
+                let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), spec };
+                resources.prepare(&view).await
+            }
+        };
+        if let Err(failure) = prepared {
             tokio::spawn(async move {
                 resources.release().await;
                 sandbox.discard().await;

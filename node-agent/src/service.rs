@@ -51,6 +51,8 @@ pub trait Backend: Send + Sync + 'static {
     fn execute(&self, a: Self::Admitted, received: Instant, events: mpsc::Sender<Event>) -> impl Future<Output = Result<Outcome, ExecError>> + Send;
     /// Deletes a thread held on (or through) this node.
     fn delete_thread(&self, key: &ThreadKey) -> impl Future<Output = Result<(), ThreadError>> + Send;
+    /// The node's name (on every `Started`; cheaper than a whole report).
+    fn node_name(&self) -> &str;
     /// The node's report.
     fn report(&self) -> NodeReport;
     /// How long a caller may take none of an execution's output.
@@ -74,6 +76,10 @@ impl Backend for Executor {
 
     async fn delete_thread(&self, key: &ThreadKey) -> Result<(), ThreadError> {
         self.threads().delete(key).await
+    }
+
+    fn node_name(&self) -> &str {
+        Executor::node_name(self)
     }
 
     fn report(&self) -> NodeReport {
@@ -133,9 +139,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let backend = self.backend.clone();
         let task = async move {
             let (ev_tx, ev_rx) = mpsc::channel::<Event>(16);
-            let report = backend.report();
             let stall = backend.output_stall();
-            let fwd = forward(ev_rx, tx.clone(), id.clone(), report.node_name, stall);
+            let fwd = forward(ev_rx, tx.clone(), id.clone(), backend.node_name().to_string(), stall);
             let (result, ()) = tokio::join!(backend.execute(admitted, received, ev_tx), fwd);
             let last = match result {
                 Ok(outcome) => {

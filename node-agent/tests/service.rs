@@ -105,6 +105,10 @@ impl Backend for Double {
         (self.delete)()
     }
 
+    fn node_name(&self) -> &str {
+        "node-7"
+    }
+
     fn report(&self) -> NodeReport {
         NodeReport {
             node_name: "node-7".into(),

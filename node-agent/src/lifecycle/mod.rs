@@ -79,6 +79,11 @@ impl Resources {
         self.list.push(r);
     }
 
+    /// True when the execution holds nothing besides its sandbox.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
     /// Acquires every resource in order, stopping at the first failure.
     pub async fn acquire(&mut self) -> Result<(), Failure> {
         for r in &mut self.list {
