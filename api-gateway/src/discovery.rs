@@ -22,7 +22,7 @@ fn addresses(pods: &[Arc<Pod>], port: u16, daemonset: Option<&str>) -> Vec<Agent
         .filter_map(|p| p.status.as_ref())
         .filter(|s| s.phase.as_deref() == Some("Running"))
         .filter_map(|s| s.pod_ip.as_ref())
-        .map(|ip| AgentAddress::Tcp(format!("http://{ip}:{port}")))
+        .map(|ip| AgentAddress::Tcp(format!("https://{ip}:{port}")))
         .collect();
     out.sort_by_key(|a| a.to_string());
     out.dedup();
@@ -88,7 +88,7 @@ mod tests {
             pod("10.0.0.5", Some(("DaemonSet", "warren-node-agent", false))),
         ];
         let only = addresses(&pods, 7443, Some("warren-node-agent"));
-        assert_eq!(only, [AgentAddress::Tcp("http://10.0.0.1:7443".into())]);
+        assert_eq!(only, [AgentAddress::Tcp("https://10.0.0.1:7443".into())]);
         assert_eq!(addresses(&pods, 7443, None).len(), 5, "without a DaemonSet name, labels decide");
     }
 }

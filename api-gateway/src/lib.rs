@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Parser;
 use tokio::sync::watch;
 use tracing::info;
@@ -59,7 +59,8 @@ pub struct Args {
     /// Directory of Sandbox, ApiKey and Secret manifests (repeatable).
     #[arg(long = "manifests", env = "WARREN_MANIFESTS", value_delimiter = ',', default_value = "examples/local")]
     pub manifests: Vec<PathBuf>,
-    /// Node-agent address, `unix:/path` or `http://host:port` (repeatable).
+    /// Node-agent address, `unix:/path` or `https://host:port` (repeatable;
+    /// TCP needs `--agent-tls-*` and the token).
     #[arg(long = "agent", env = "WARREN_AGENTS", value_delimiter = ',', default_value = "unix:/run/warren/agent.sock")]
     pub agents: Vec<AgentAddress>,
     /// Cluster mode: find node-agents as the running pods with these labels
@@ -76,6 +77,16 @@ pub struct Args {
     /// File holding the bearer token for TCP node-agents.
     #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
     pub agent_token_file: Option<PathBuf>,
+    /// The gateway's client certificate for TCP node-agents (PEM; issued by
+    /// the gateway CA, the only CA agents accept callers from).
+    #[arg(long, env = "WARREN_AGENT_TLS_CERT_FILE")]
+    pub agent_tls_cert_file: Option<PathBuf>,
+    /// The gateway's client private key (PEM).
+    #[arg(long, env = "WARREN_AGENT_TLS_KEY_FILE")]
+    pub agent_tls_key_file: Option<PathBuf>,
+    /// CA bundle (PEM) agent certificates must chain to: the agent CA.
+    #[arg(long, env = "WARREN_AGENT_TLS_CA_FILE")]
+    pub agent_tls_ca_file: Option<PathBuf>,
     /// How often manifests are checked for changes, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reload_interval_ms: u64,
@@ -128,7 +139,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let static_agents = if args.agent_selector.is_some() { Vec::new() } else { args.agents.clone() };
-    let nodes = nodes::Nodes::new(&static_agents, token)?;
+    let tls = warren_proto::tls::TlsFiles::from_flags(args.agent_tls_cert_file.clone(), args.agent_tls_key_file.clone(), args.agent_tls_ca_file.clone())
+        .map_err(anyhow::Error::msg)?
+        .map(|f| f.client_config())
+        .transpose()
+        .context("loading the gateway's agent TLS files")?;
+    if args.agent_selector.is_some() && tls.is_none() {
+        bail!("--agent-selector finds TCP node-agents, which need --agent-tls-cert-file, --agent-tls-key-file and --agent-tls-ca-file");
+    }
+    let nodes = nodes::Nodes::new(&static_agents, token, tls)?;
     nodes.check_all().await;
     let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
     let discovery = match (&client, &args.agent_selector) {

@@ -70,6 +70,7 @@ pub struct Nodes {
     /// The current set; replaced whole when discovery changes it.
     nodes: std::sync::RwLock<Arc<Vec<Arc<Node>>>>,
     token: Option<Arc<str>>,
+    tls: warren_proto::client::TcpTls,
     freed: Notify,
     /// Rotates among equally free nodes, so idle capacity is spread.
     turn: std::sync::atomic::AtomicUsize,
@@ -93,10 +94,11 @@ impl Drop for Lease {
 
 impl Nodes {
     /// Builds the set; channels connect lazily and reconnect on their own.
-    pub fn new(addresses: &[AgentAddress], token: Option<String>) -> anyhow::Result<Arc<Nodes>> {
+    pub fn new(addresses: &[AgentAddress], token: Option<String>, tls: warren_proto::client::TcpTls) -> anyhow::Result<Arc<Nodes>> {
         let nodes = Arc::new(Nodes {
             nodes: Default::default(),
             token: token.map(Into::into),
+            tls,
             freed: Notify::new(),
             turn: Default::default(),
         });
@@ -105,13 +107,13 @@ impl Nodes {
     }
 
     fn node(&self, a: &AgentAddress) -> anyhow::Result<Arc<Node>> {
-        Ok(Node::new(a.clone(), Arc::new(GrpcAgent::new(a, self.token.clone())?)))
+        Ok(Node::new(a.clone(), Arc::new(GrpcAgent::new(a, self.token.clone(), &self.tls)?)))
     }
 
     /// A fixed set of agents (tests use doubles; nothing is discovered).
     pub fn from_agents(agents: Vec<(AgentAddress, Arc<dyn Agent>)>) -> Arc<Nodes> {
         let nodes = agents.into_iter().map(|(a, agent)| Node::new(a, agent)).collect();
-        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, freed: Notify::new(), turn: Default::default() })
+        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, tls: None, freed: Notify::new(), turn: Default::default() })
     }
 
     /// Replaces the set (discovery). Nodes that stay keep their state and

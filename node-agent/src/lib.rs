@@ -44,12 +44,23 @@ pub struct Args {
     /// Unix socket to serve on (mode 0600).
     #[arg(long, env = "WARREN_AGENT_SOCKET")]
     pub listen_unix: Option<PathBuf>,
-    /// TCP address to serve on; requires a token.
+    /// TCP address to serve on; requires a token and mutual TLS.
     #[arg(long, env = "WARREN_AGENT_LISTEN")]
     pub listen_tcp: Option<std::net::SocketAddr>,
     /// File holding the shared bearer token callers must present.
     #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// The agent's TLS certificate (PEM; issued by the agent CA, naming
+    /// `warren-node-agent`).
+    #[arg(long, env = "WARREN_AGENT_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The agent's TLS private key (PEM).
+    #[arg(long, env = "WARREN_AGENT_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA bundle (PEM) a caller's client certificate must chain to: the
+    /// gateway CA, never the agent CA.
+    #[arg(long, env = "WARREN_AGENT_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
     /// Agent state (sandbox mount point; thread state later). Created 0711.
     #[arg(long, env = "WARREN_STATE_DIR", default_value = "/var/lib/warren")]
     pub state_dir: PathBuf,
@@ -102,6 +113,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         listen_unix,
         listen_tcp,
         token_file,
+        tls_cert_file,
+        tls_key_file,
+        tls_client_ca_file,
         state_dir,
         sandbox_binary,
         pool_size,
@@ -126,6 +140,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if listen_tcp.is_some() && token.is_none() {
         bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
     }
+    let tls = warren_proto::tls::TlsFiles::from_flags(tls_cert_file, tls_key_file, tls_client_ca_file).map_err(anyhow::Error::msg)?;
+    let tcp = match (listen_tcp, tls) {
+        (None, _) => None,
+        (Some(addr), Some(tls)) => Some((addr, tls.server_config().context("loading the agent's TLS files")?)),
+        (Some(_), None) => bail!(
+            "--listen-tcp requires --tls-cert-file, --tls-key-file and --tls-client-ca-file: the agent serves TCP only with mutual TLS"
+        ),
+    };
     let (layout, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone()];
@@ -160,7 +182,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));
     info!(node = %node_name, "node-agent starting");
-    let served = serve(exec.clone(), listen_unix, listen_tcp, auth::BearerAuth::new(token)).await;
+    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
     for dir in mounted_dirs {
         let _ = warren_isolation::home::unmount_below(&dir);
@@ -248,7 +270,12 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     Ok(StateDirs { mnt, etc, homes, work })
 }
 
-async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net::SocketAddr>, auth: auth::BearerAuth) -> anyhow::Result<()> {
+async fn serve(
+    exec: Arc<Executor>,
+    unix: Option<PathBuf>,
+    tcp: Option<(std::net::SocketAddr, tonic::transport::ServerTlsConfig)>,
+    auth: auth::BearerAuth,
+) -> anyhow::Result<()> {
     let socket_path = unix.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -265,10 +292,10 @@ async fn serve(exec: Arc<Executor>, unix: Option<PathBuf>, tcp: Option<std::net:
         let stop = wait_stop(stop_rx.clone());
         tasks.spawn(async move { router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop).await });
     }
-    if let Some(addr) = tcp {
+    if let Some((addr, tls)) = tcp {
         let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-        info!(addr = %listener.local_addr()?, "serving gRPC on tcp");
-        let router = tonic::transport::Server::builder().add_service(svc());
+        info!(addr = %listener.local_addr()?, "serving gRPC on tcp (mutual TLS)");
+        let router = tonic::transport::Server::builder().tls_config(tls).context("TLS configuration")?.add_service(svc());
         let stop = wait_stop(stop_rx.clone());
         tasks.spawn(async move { router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await });
     }

@@ -347,7 +347,7 @@ async fn the_bearer_token_guards_every_call_over_the_wire() {
             .add_service(server)
             .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async { stopped.await.unwrap_or(()) }),
     );
-    let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path)).unwrap());
+    let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path), &None).unwrap());
     for token in [None, Some("Bearer 0123456789abcdeX"), Some("0123456789abcdef")] {
         let mut req = Request::new(request("echo hi"));
         if let Some(t) = token {

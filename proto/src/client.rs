@@ -10,7 +10,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 pub enum AgentAddress {
     /// A Unix socket path (`unix:/run/warren/agent.sock`).
     Unix(PathBuf),
-    /// A TCP endpoint (`http://10.0.0.5:7443`); needs a bearer token.
+    /// A TCP endpoint (`https://10.0.0.5:7443`): mutual TLS and a bearer token.
     Tcp(String),
 }
 
@@ -22,12 +22,14 @@ impl std::str::FromStr for AgentAddress {
             if path.starts_with('/') {
                 return Ok(AgentAddress::Unix(PathBuf::from(path)));
             }
-        } else if s.starts_with("http://") || s.starts_with("https://") {
+        } else if s.starts_with("https://") {
             return Ok(AgentAddress::Tcp(s.to_string()));
+        } else if s.starts_with("http://") {
+            return Err(format!("{s:?}: node-agents are reached over TCP only with mutual TLS: use https://host:port"));
         } else if s.starts_with('/') {
             return Ok(AgentAddress::Unix(PathBuf::from(s)));
         }
-        Err(format!("{s:?}: expected unix:/absolute/path or http://host:port"))
+        Err(format!("{s:?}: expected unix:/absolute/path or https://host:port"))
     }
 }
 
@@ -51,24 +53,62 @@ fn unix_connector(path: PathBuf) -> UnixConnector {
     }))
 }
 
-/// A channel that connects on first use and reconnects after failures.
-pub fn lazy_channel(addr: &AgentAddress) -> Result<Channel, tonic::transport::Error> {
+/// How to reach TCP agents: mutual TLS (see [`crate::tls`]). Unix sockets
+/// need none (the socket's file mode is the access control).
+pub type TcpTls = Option<tonic::transport::ClientTlsConfig>;
+
+fn endpoint(addr: &AgentAddress, tls: &TcpTls) -> Result<Endpoint, ChannelError> {
     match addr {
-        AgentAddress::Unix(path) => {
-            Ok(Endpoint::from_static("http://agent.local").connect_with_connector_lazy(unix_connector(path.clone())))
+        AgentAddress::Unix(_) => Ok(Endpoint::from_static("http://agent.local")),
+        AgentAddress::Tcp(uri) => {
+            let tls = tls.clone().ok_or(ChannelError::NoTls)?;
+            Ok(Endpoint::from_shared(uri.clone())?.tcp_nodelay(true).tls_config(tls)?)
         }
-        AgentAddress::Tcp(uri) => Ok(Endpoint::from_shared(uri.clone())?.tcp_nodelay(true).connect_lazy()),
     }
 }
 
-/// Connects now (fails fast when the agent is not there).
-pub async fn connect(addr: &AgentAddress) -> Result<Channel, tonic::transport::Error> {
-    match addr {
-        AgentAddress::Unix(path) => {
-            Endpoint::from_static("http://agent.local").connect_with_connector(unix_connector(path.clone())).await
+/// Why a channel could not be made.
+#[derive(Debug)]
+pub enum ChannelError {
+    /// A TCP agent without TLS configured.
+    NoTls,
+    /// The transport refused the endpoint or the connection failed.
+    Transport(tonic::transport::Error),
+}
+
+impl std::fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelError::NoTls => f.write_str("a TCP node-agent needs mutual TLS: configure the agent TLS certificate, key and CA"),
+            ChannelError::Transport(e) => write!(f, "{e}"),
         }
-        AgentAddress::Tcp(uri) => Endpoint::from_shared(uri.clone())?.tcp_nodelay(true).connect().await,
     }
+}
+
+impl std::error::Error for ChannelError {}
+
+impl From<tonic::transport::Error> for ChannelError {
+    fn from(e: tonic::transport::Error) -> Self {
+        ChannelError::Transport(e)
+    }
+}
+
+/// A channel that connects on first use and reconnects after failures.
+pub fn lazy_channel(addr: &AgentAddress, tls: &TcpTls) -> Result<Channel, ChannelError> {
+    let ep = endpoint(addr, tls)?;
+    Ok(match addr {
+        AgentAddress::Unix(path) => ep.connect_with_connector_lazy(unix_connector(path.clone())),
+        AgentAddress::Tcp(_) => ep.connect_lazy(),
+    })
+}
+
+/// Connects now (fails fast when the agent is not there).
+pub async fn connect(addr: &AgentAddress, tls: &TcpTls) -> Result<Channel, ChannelError> {
+    let ep = endpoint(addr, tls)?;
+    Ok(match addr {
+        AgentAddress::Unix(path) => ep.connect_with_connector(unix_connector(path.clone())).await?,
+        AgentAddress::Tcp(_) => ep.connect().await?,
+    })
 }
 
 #[cfg(test)]
@@ -80,8 +120,16 @@ mod tests {
         assert_eq!("unix:/run/a.sock".parse(), Ok(AgentAddress::Unix("/run/a.sock".into())));
         assert_eq!("unix:///run/a.sock".parse(), Ok(AgentAddress::Unix("/run/a.sock".into())));
         assert_eq!("/run/a.sock".parse(), Ok(AgentAddress::Unix("/run/a.sock".into())));
-        assert_eq!("http://127.0.0.1:1".parse(), Ok(AgentAddress::Tcp("http://127.0.0.1:1".into())));
+        assert_eq!("https://127.0.0.1:1".parse(), Ok(AgentAddress::Tcp("https://127.0.0.1:1".into())));
+        let plain = "http://127.0.0.1:1".parse::<AgentAddress>().unwrap_err();
+        assert!(plain.contains("mutual TLS"), "{plain}");
         assert!("unix:relative".parse::<AgentAddress>().is_err());
         assert!("ftp://x".parse::<AgentAddress>().is_err());
+    }
+
+    #[test]
+    fn tcp_without_tls_is_refused_before_any_connection() {
+        let addr: AgentAddress = "https://127.0.0.1:1".parse().unwrap();
+        assert!(matches!(lazy_channel(&addr, &None), Err(ChannelError::NoTls)));
     }
 }

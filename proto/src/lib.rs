@@ -13,6 +13,7 @@ pub mod agent {
 pub mod client;
 mod language;
 pub mod refusal;
+pub mod tls;
 
 /// gRPC metadata key carrying the gateway's trace id (the execution id, or
 /// the HTTP request id for calls that are not executions) to the agent,

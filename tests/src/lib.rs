@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod helm;
 pub mod http;
 pub mod kube;
+pub mod pki;
 pub mod python;
 pub mod s3;
 
@@ -176,7 +177,7 @@ impl Agent {
 
     /// A gRPC client over the agent's Unix socket.
     pub async fn client(&self) -> anyhow::Result<NodeAgentClient<Channel>> {
-        let channel = warren_proto::client::connect(&AgentAddress::Unix(self.socket.clone())).await?;
+        let channel = warren_proto::client::connect(&AgentAddress::Unix(self.socket.clone()), &None).await?;
         Ok(NodeAgentClient::new(channel).max_decoding_message_size(64 << 20))
     }
 

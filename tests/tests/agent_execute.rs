@@ -151,29 +151,44 @@ async fn concurrency_limit_gives_resource_exhausted() {
     }
 }
 
+/// Over TCP an agent takes calls only from a caller with a gateway-CA
+/// certificate *and* the bearer token: neither alone, and not an agent's own
+/// certificate (so one compromised node opens no other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_requires_the_bearer_token() {
-    if skip_unless_root("tcp_requires_the_bearer_token") {
+async fn tcp_requires_mutual_tls_and_the_bearer_token() {
+    if skip_unless_root("tcp_requires_mutual_tls_and_the_bearer_token") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "test-token-0123456789abcdef\n").unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let channel = tonic::transport::Endpoint::try_from(format!("http://{addr}")).unwrap();
-    let mut ok = None;
-    let agent = Agent::start_no_wait(&["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap(), "--pool-size", "0"]).unwrap();
-    for _ in 0..500 {
-        if let Ok(ch) = channel.connect().await {
-            ok = Some(ch);
-            break;
+    let pki = warren_e2e::pki::Pki::new();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap(), "--pool-size", "0"];
+    let tls_args = pki.agent_args();
+    args.extend(tls_args.iter().map(String::as_str));
+    let agent = Agent::start_no_wait(&args).unwrap();
+    assert!(wait_for_port(&addr).await, "agent listens on tcp");
+
+    let endpoint = |tls: Option<tonic::transport::ClientTlsConfig>| {
+        let ep = tonic::transport::Endpoint::try_from(format!("https://{addr}")).unwrap();
+        match tls {
+            Some(t) => ep.tls_config(t).unwrap(),
+            None => tonic::transport::Endpoint::try_from(format!("http://{addr}")).unwrap(),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Plain text, TLS without a client certificate, and TLS with the agent's
+    // own certificate (agent CA, not gateway CA) never get a channel.
+    for (what, tls) in [("plain text", None), ("no client cert", Some(pki.client(None))), ("an agent's cert", Some(pki.client(Some(&pki.agent))))] {
+        let refused = match endpoint(tls).connect().await {
+            Err(_) => true,
+            Ok(ch) => warren_proto::agent::node_agent_client::NodeAgentClient::new(ch).status(StatusRequest {}).await.is_err(),
+        };
+        assert!(refused, "{what} was served");
     }
-    let ch = ok.expect("agent listens on tcp");
+    let ch = endpoint(Some(pki.client(Some(&pki.gateway)))).connect().await.expect("a gateway certificate gets a channel");
     let mut anon = warren_proto::agent::node_agent_client::NodeAgentClient::new(ch.clone());
-    assert_eq!(anon.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
+    assert_eq!(anon.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated, "the certificate alone is not enough");
     let with_token = |token: &str| {
         let value: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
         warren_proto::agent::node_agent_client::NodeAgentClient::with_interceptor(ch.clone(), move |mut r: tonic::Request<()>| {
@@ -192,16 +207,32 @@ async fn tcp_requires_the_bearer_token() {
     drop(agent);
 }
 
+async fn wait_for_port(addr: &str) -> bool {
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_agent_never_serves_tcp_without_a_token_and_keeps_its_socket_private() {
-    if skip_unless_root("the_agent_never_serves_tcp_without_a_token_and_keeps_its_socket_private") {
+async fn the_agent_never_serves_tcp_without_a_token_and_tls_and_keeps_its_socket_private() {
+    if skip_unless_root("the_agent_never_serves_tcp_without_a_token_and_tls_and_keeps_its_socket_private") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let short = dir.path().join("short");
     std::fs::write(&short, "too-short\n").unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    for extra in [vec!["--listen-tcp", addr.as_str()], vec!["--listen-tcp", addr.as_str(), "--token-file", short.to_str().unwrap()]] {
+    let token = dir.path().join("token");
+    std::fs::write(&token, "test-token-0123456789abcdef\n").unwrap();
+    for (extra, why) in [
+        (vec!["--listen-tcp", addr.as_str()], "token"),
+        (vec!["--listen-tcp", addr.as_str(), "--token-file", short.to_str().unwrap()], "token"),
+        (vec!["--listen-tcp", addr.as_str(), "--token-file", token.to_str().unwrap()], "mutual TLS"),
+    ] {
         let out = std::process::Command::new(warren_e2e::bin("warren-node-agent"))
             .args(["--state-dir", dir.path().join("state").to_str().unwrap(), "--cgroup-name", "warren-e2e-refused"])
             .args(&extra)
@@ -209,7 +240,7 @@ async fn the_agent_never_serves_tcp_without_a_token_and_keeps_its_socket_private
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{extra:?} was accepted");
-        assert!(stderr.contains("token"), "the refusal says why: {stderr}");
+        assert!(stderr.contains(why), "the refusal says why: {stderr}");
         assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens on {addr}");
     }
     let agent = Agent::start(&[]).await.unwrap();

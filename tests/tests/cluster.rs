@@ -181,17 +181,23 @@ async fn the_gateway_finds_agent_pods_by_label() {
         return;
     }
     let (k, _operator) = cluster();
-    // An agent serving TCP with a token, as the DaemonSet's pods do.
+    // An agent serving TCP with mutual TLS and a token, as the DaemonSet's pods do.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "test-token-0123456789abcdef").unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     // (Its Unix socket requires the token too, so the harness cannot probe it: wait on TCP.)
-    let _agent = Agent::start_no_wait(&["--node-name", "node-pod", "--listen-tcp", &listen, "--token-file", token.to_str().unwrap()]).unwrap();
+    let pki = warren_e2e::pki::Pki::new();
+    let mut agent_args = vec!["--node-name", "node-pod", "--listen-tcp", &listen, "--token-file", token.to_str().unwrap()];
+    let agent_tls = pki.agent_args();
+    agent_args.extend(agent_tls.iter().map(String::as_str));
+    let _agent = Agent::start_no_wait(&agent_args).unwrap();
     assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
-    let args = [
+    let gateway_tls = pki.gateway_args();
+    let port = port.to_string();
+    let mut args = vec![
         "--cluster",
         "--namespace",
         NS,
@@ -202,10 +208,11 @@ async fn the_gateway_finds_agent_pods_by_label() {
         "--agent-daemonset",
         "warren-node-agent",
         "--agent-port",
-        &port.to_string(),
+        &port,
         "--agent-token-file",
         token.to_str().unwrap(),
     ];
+    args.extend(gateway_tls.iter().map(String::as_str));
     let gw = Gateway::start_with_env(&[], &args, &[("KUBECONFIG", kubeconfig.as_str())], false).await.unwrap();
     k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
     let mut key = None;

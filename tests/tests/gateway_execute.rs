@@ -221,19 +221,58 @@ async fn a_gateway_with_the_wrong_agent_token_runs_nothing() {
     let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
     std::fs::write(&right, "right-token-0123456789abcdef").unwrap();
     std::fs::write(&wrong, "wrong-token-0123456789abcdef").unwrap();
+    let pki = warren_e2e::pki::Pki::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     // No pool: any sandbox on this agent would be a call's.
-    let agent = Agent::start_no_wait(&["--listen-tcp", &listen, "--token-file", right.to_str().unwrap(), "--pool-size", "0"]).unwrap();
+    let mut args = vec!["--listen-tcp", &listen, "--token-file", right.to_str().unwrap(), "--pool-size", "0"];
+    let tls = pki.agent_args();
+    args.extend(tls.iter().map(String::as_str));
+    let agent = Agent::start_no_wait(&args).unwrap();
     assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
-    let gw = Gateway::start(&[format!("http://{listen}")], &["--agent-token-file", wrong.to_str().unwrap()], false).await.unwrap();
+    let gateway_with = |token: &std::path::Path| {
+        let mut a = vec!["--agent-token-file".to_string(), token.display().to_string()];
+        a.extend(pki.gateway_args());
+        a
+    };
+    let wrong_args = gateway_with(&wrong);
+    let gw = Gateway::start(&[format!("https://{listen}")], &wrong_args.iter().map(String::as_str).collect::<Vec<_>>(), false).await.unwrap();
     let r = gw.execute(&key("main"), &json!({"code": "open('/tmp/ran', 'w')"}));
     assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("unavailable")), "{}", r.text());
     assert_eq!(http::get(gw.addr, "/readyz").status, 503, "a node that refuses the gateway's token is not ready");
     assert!(agent.sandbox_processes().is_empty() && agent.leftover_cgroups().is_empty(), "nothing ran");
     // The same gateway setup with the right token works: the refusal was the token.
-    let gw = Gateway::start(&[format!("http://{listen}")], &["--agent-token-file", right.to_str().unwrap()], true).await.unwrap();
+    let right_args = gateway_with(&right);
+    let gw = Gateway::start(&[format!("https://{listen}")], &right_args.iter().map(String::as_str).collect::<Vec<_>>(), true).await.unwrap();
     assert_eq!(gw.execute(&key("main"), &json!({"code": "print(1)"})).status, 200);
+}
+
+/// A gateway sends code only to a server whose certificate comes from the
+/// agent CA: a listener holding a gateway-CA certificate (anything but an
+/// agent) gets no request, even with the right token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_sends_nothing_to_a_server_without_an_agent_certificate() {
+    if skip_unless_root("a_gateway_sends_nothing_to_a_server_without_an_agent_certificate") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "right-token-0123456789abcdef").unwrap();
+    let pki = warren_e2e::pki::Pki::new();
+    let listen = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let (cert, key_file, ca) = (pki.gateway.cert.display().to_string(), pki.gateway.key.display().to_string(), pki.gateway_ca.display().to_string());
+    let impostor = Agent::start_no_wait(&[
+        "--listen-tcp", &listen, "--token-file", token.to_str().unwrap(), "--pool-size", "0",
+        "--tls-cert-file", &cert, "--tls-key-file", &key_file, "--tls-client-ca-file", &ca,
+    ])
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
+    let mut args = vec!["--agent-token-file".to_string(), token.display().to_string()];
+    args.extend(pki.gateway_args());
+    let gw = Gateway::start(&[format!("https://{listen}")], &args.iter().map(String::as_str).collect::<Vec<_>>(), false).await.unwrap();
+    let r = gw.execute(&key("main"), &json!({"code": "print(1)"}));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(impostor.sandbox_processes().is_empty() && impostor.leftover_cgroups().is_empty(), "nothing ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

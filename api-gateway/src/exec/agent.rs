@@ -25,7 +25,7 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>>;
 }
 
-/// A node-agent reached over gRPC (Unix socket or TCP with a bearer token).
+/// A node-agent reached over gRPC (Unix socket, or TCP with mutual TLS and a bearer token).
 #[derive(Debug, Clone)]
 pub struct GrpcAgent {
     client: NodeAgentClient<Channel>,
@@ -34,8 +34,8 @@ pub struct GrpcAgent {
 
 impl GrpcAgent {
     /// A lazily connecting client; TCP agents get the bearer token.
-    pub fn new(address: &AgentAddress, token: Option<Arc<str>>) -> anyhow::Result<GrpcAgent> {
-        let channel = warren_proto::client::lazy_channel(address)?;
+    pub fn new(address: &AgentAddress, token: Option<Arc<str>>, tls: &warren_proto::client::TcpTls) -> anyhow::Result<GrpcAgent> {
+        let channel = warren_proto::client::lazy_channel(address, tls)?;
         Ok(GrpcAgent {
             client: NodeAgentClient::new(channel).max_decoding_message_size(16 << 20),
             token: matches!(address, AgentAddress::Tcp(_)).then_some(token).flatten(),

@@ -40,7 +40,7 @@ enum Cmd {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let channel = warren_proto::client::connect(&AgentAddress::Unix(cli.socket.clone()))
+    let channel = warren_proto::client::connect(&AgentAddress::Unix(cli.socket.clone()), &None)
         .await
         .with_context(|| format!("connecting to {}", cli.socket.display()))?;
     let mut client = NodeAgentClient::new(channel);
