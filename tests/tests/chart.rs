@@ -79,3 +79,98 @@ fn assert_gateway_reads_secrets_only_in_the_keys_namespace(rendered: &str) {
     }
     assert_eq!(seen, 2, "the gateway has a Role for pods and one for the published keys");
 }
+
+/// One Secret's data, decoded.
+fn secret(k: &EnvTest, name: &str) -> (std::collections::BTreeMap<String, String>, serde_json::Value) {
+    let json: serde_json::Value = serde_json::from_str(&k.kubectl_ok(&["get", "secret", name, "-n", "warren-system", "-o", "json"])).unwrap();
+    let data = json["data"].as_object().unwrap().iter().map(|(key, v)| {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap();
+        (key.clone(), String::from_utf8(bytes).unwrap())
+    });
+    (data.collect(), json["metadata"]["annotations"].clone())
+}
+
+fn certs_in(pem: &str) -> usize {
+    pem.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+/// The chart's mutual TLS, installed for real: the certificates it makes
+/// connect a gateway to an agent (and nothing else: the CAs differ), a plain
+/// `helm upgrade` keeps them, an upgrade inside the renewal window renews the
+/// leaves under the same CA and rolls the pods, and a CA renewal keeps the old
+/// CA in the trust bundles so old and new pods talk during the rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_tls_connects_gateway_to_agent_and_rotates_on_upgrade() {
+    if skip_unless_root("chart_tls_connects_gateway_to_agent_and_rotates_on_upgrade") {
+        return;
+    }
+    let k = EnvTest::start().unwrap();
+    let kubeconfig = k.kubeconfig().display().to_string();
+    let chart = chart();
+    let helm_run = |verb: &str, extra: &[&str]| {
+        let mut args = vec![verb, "warren", &chart[..], "--namespace", "warren-system", "--create-namespace", "--kubeconfig", &kubeconfig];
+        args.extend(extra);
+        helm(&args);
+    };
+    let revision = |k: &EnvTest, kind: &str, name: &str| {
+        k.kubectl_ok(&["get", kind, name, "-n", "warren-system", "-o", "jsonpath={.spec.template.metadata.annotations.warren\\.dev/tls-revision}"])
+    };
+    helm_run("install", &[]);
+    let (ca, _) = secret(&k, "warren-tls-ca");
+    let (agent, agent_meta) = secret(&k, "warren-node-agent-tls");
+    let (gateway, _) = secret(&k, "warren-gateway-tls");
+    assert_eq!(agent_meta["warren.dev/revision"], "1");
+    assert_eq!(agent["peer-ca.crt"], ca["gateway-ca.crt"], "agents trust the gateway CA");
+    assert_eq!(gateway["peer-ca.crt"], ca["agent-ca.crt"], "gateways trust the agent CA");
+    assert_ne!(ca["gateway-ca.crt"], ca["agent-ca.crt"], "two CAs");
+    assert!(!agent.contains_key("gateway-ca.key") && !gateway.contains_key("agent-ca.key"), "no pod gets a CA key");
+
+    // The generated files run a real gateway against a real agent over TCP.
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let token = write("token", "chart-token-0123456789abcdef");
+    let (a_crt, a_key, a_ca) = (write("a.crt", &agent["tls.crt"]), write("a.key", &agent["tls.key"]), write("a-ca.crt", &agent["peer-ca.crt"]));
+    let (g_crt, g_key, g_ca) = (write("g.crt", &gateway["tls.crt"]), write("g.key", &gateway["tls.key"]), write("g-ca.crt", &gateway["peer-ca.crt"]));
+    let listen = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let _agent = warren_e2e::Agent::start_no_wait(&[
+        "--listen-tcp", &listen, "--token-file", &token, "--pool-size", "0",
+        "--tls-cert-file", &a_crt, "--tls-key-file", &a_key, "--tls-client-ca-file", &a_ca,
+    ])
+    .unwrap();
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()));
+    let gw_args = ["--agent-token-file", &token, "--agent-tls-cert-file", &g_crt, "--agent-tls-key-file", &g_key, "--agent-tls-ca-file", &g_ca];
+    let gw = warren_e2e::gateway::Gateway::start(&[format!("https://{listen}")], &gw_args, true).await.unwrap();
+    let r = gw.execute(&warren_e2e::gateway::key("main"), &serde_json::json!({"code": "print(6 * 7)", "language": "python"}));
+    assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("42\n")), "{}", r.text());
+
+    // A plain upgrade keeps every certificate and does not roll the pods.
+    helm_run("upgrade", &[]);
+    assert_eq!(secret(&k, "warren-node-agent-tls").0, agent);
+    assert_eq!(secret(&k, "warren-tls-ca").0, ca);
+    assert_eq!(revision(&k, "daemonset", "warren-node-agent"), "1");
+
+    // Inside the leaves' renewal window (not the CA's): new leaves, same CA, pods roll.
+    helm_run("upgrade", &["--set", "tls.rotateBeforeDays=400"]);
+    let (agent2, meta2) = secret(&k, "warren-node-agent-tls");
+    assert_ne!(agent2["tls.crt"], agent["tls.crt"], "the agent certificate was renewed");
+    assert_ne!(secret(&k, "warren-gateway-tls").0["tls.crt"], gateway["tls.crt"], "the gateway certificate was renewed");
+    assert_eq!(secret(&k, "warren-tls-ca").0, ca, "the CAs stay");
+    assert_eq!(meta2["warren.dev/revision"], "2");
+    assert_eq!(revision(&k, "daemonset", "warren-node-agent"), "2");
+    assert_eq!(revision(&k, "deployment", "warren-gateway"), "2");
+
+    // Inside the CAs' window: new CAs, and the bundles still trust the old ones.
+    helm_run("upgrade", &["--set", "tls.rotateBeforeDays=4000"]);
+    let (ca3, _) = secret(&k, "warren-tls-ca");
+    assert_ne!(ca3["gateway-ca.crt"], ca["gateway-ca.crt"]);
+    let (agent3, meta3) = secret(&k, "warren-node-agent-tls");
+    assert_eq!(certs_in(&agent3["peer-ca.crt"]), 2, "new and old gateway CA");
+    assert!(agent3["peer-ca.crt"].contains(ca["gateway-ca.crt"].trim()), "the old gateway CA is still trusted");
+    assert!(secret(&k, "warren-gateway-tls").0["peer-ca.crt"].contains(ca["agent-ca.crt"].trim()), "the old agent CA is still trusted");
+    assert_eq!(meta3["warren.dev/revision"], "3");
+}

@@ -34,3 +34,45 @@ securityContext:
 
 {{/* The namespace holding only the published keys. */}}
 {{- define "warren.keysNamespace" -}}{{ .Values.keysNamespace.name | default (printf "%s-keys" .Release.Namespace) }}{{- end -}}
+
+{{/*
+Mutual TLS between gateways and agents: what this render does with the
+certificates. Deterministic within one render (it reads only the cluster's
+current Secrets and the clock), so the Secrets and the pods' revision
+annotations agree. Output (YAML): rotateCA, rotateLeaves, revision.
+A certificate is renewed when less than rotateBeforeDays of it remain.
+*/}}
+{{- define "warren.tls.plan" -}}
+{{- $full := include "warren.fullname" . -}}
+{{- $now := now | unixEpoch | int64 -}}
+{{- $window := mul .Values.tls.rotateBeforeDays 86400 | int64 -}}
+{{- $ca := lookup "v1" "Secret" .Release.Namespace (printf "%s-tls-ca" $full) -}}
+{{- $agent := lookup "v1" "Secret" .Release.Namespace (printf "%s-node-agent-tls" $full) -}}
+{{- $gateway := lookup "v1" "Secret" .Release.Namespace (printf "%s-gateway-tls" $full) -}}
+{{- $rotateCA := true -}}
+{{- if $ca -}}
+{{- $notAfter := index ($ca.metadata.annotations | default dict) "warren.dev/not-after" | default "0" | int64 -}}
+{{- if gt (sub $notAfter $now) $window -}}{{- $rotateCA = false -}}{{- end -}}
+{{- end -}}
+{{- $rotateLeaves := true -}}
+{{- $revision := 1 -}}
+{{- if and $agent $gateway -}}
+{{- $a := $agent.metadata.annotations | default dict -}}
+{{- $g := $gateway.metadata.annotations | default dict -}}
+{{- $notAfter := min (index $a "warren.dev/not-after" | default "0" | int64) (index $g "warren.dev/not-after" | default "0" | int64) -}}
+{{- $revision = index $a "warren.dev/revision" | default "0" | int64 -}}
+{{- if and (not $rotateCA) (gt (sub $notAfter $now) $window) -}}{{- $rotateLeaves = false -}}{{- else -}}{{- $revision = add1 $revision -}}{{- end -}}
+{{- end -}}
+rotateCA: {{ $rotateCA }}
+rotateLeaves: {{ $rotateLeaves }}
+revision: {{ $revision | quote }}
+{{- end -}}
+
+{{/* The revision of the TLS material, as a pod annotation: pods roll when it changes. */}}
+{{- define "warren.tls.revision" -}}
+{{- if and .Values.tls.existingSecrets.agent .Values.tls.existingSecrets.gateway -}}external{{- else -}}{{ (include "warren.tls.plan" . | fromYaml).revision }}{{- end -}}
+{{- end -}}
+
+{{/* Secret names holding each side's TLS files. */}}
+{{- define "warren.tls.agentSecret" -}}{{ .Values.tls.existingSecrets.agent | default (printf "%s-node-agent-tls" (include "warren.fullname" .)) }}{{- end -}}
+{{- define "warren.tls.gatewaySecret" -}}{{ .Values.tls.existingSecrets.gateway | default (printf "%s-gateway-tls" (include "warren.fullname" .)) }}{{- end -}}
