@@ -252,6 +252,11 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     if std::fs::read_dir(&mnt)?.next().is_some() {
         bail!("{} must be empty", mnt.display());
     }
+    // In a non-privileged container: a clean proc the sandboxes' own proc
+    // mounts need (see warren_isolation::proc_mount).
+    if warren_isolation::proc_mount::ensure_visible_proc(&state.join("proc")).context("mounting a visible proc for sandboxes")? {
+        info!("/proc is masked (a container): mounted a clean proc for sandbox setup under the state directory");
+    }
     let etc = state.join("etc");
     warren_isolation::sandbox::rootfs::prepare_etc(&etc).with_context(|| format!("preparing {}", etc.display()))?;
     let (homes, work) = (state.join("homes"), state.join("work"));

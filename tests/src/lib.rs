@@ -126,7 +126,18 @@ impl Agent {
         let dir = tempfile::Builder::new().prefix("warren-e2e-").tempdir()?;
         let socket = dir.path().join("agent.sock");
         let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
-        let mut cmd = Command::new(bin("warren-node-agent"));
+        // WARREN_E2E_AGENT_WRAPPER runs the agent through a wrapper, e.g.
+        // tests/support/unprivileged-container.sh to run a suite as the
+        // chart's non-privileged pod would.
+        let wrapper = env.iter().find(|(k, _)| *k == "WARREN_E2E_AGENT_WRAPPER").map(|(_, v)| std::ffi::OsString::from(v));
+        let mut cmd = match wrapper.or_else(|| std::env::var_os("WARREN_E2E_AGENT_WRAPPER")) {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.arg(bin("warren-node-agent"));
+                c
+            }
+            None => Command::new(bin("warren-node-agent")),
+        };
         cmd.envs(env.iter().copied());
         cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(&state);
         cmd.arg("--cgroup-name").arg(&cgroup_name).arg("--uid-base").arg(uid_base.to_string());

@@ -177,7 +177,7 @@ impl Drop for ThreadHome {
 }
 
 /// Mount points at or below `dir` (from `/proc/self/mountinfo`), deepest first.
-fn mounts_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn mounts_below(dir: &Path) -> io::Result<Vec<PathBuf>> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
     let mut found: Vec<PathBuf> = info
         .lines()

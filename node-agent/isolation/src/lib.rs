@@ -14,6 +14,7 @@ pub mod cgroup;
 pub mod features;
 pub mod home;
 pub mod launch;
+pub mod proc_mount;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
