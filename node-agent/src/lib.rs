@@ -201,6 +201,7 @@ fn read_token(path: Option<&Path>) -> anyhow::Result<Option<String>> {
 }
 
 fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
+    refuse_private_cgroup_namespace_in_a_container(cgroup_name)?;
     match CgroupLayout::detect(cgroup_name) {
         Ok(layout) => {
             let removed = layout.collect_garbage();
@@ -212,6 +213,23 @@ fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
         }
         Err(e) => bail!("no usable cgroup hierarchy: {e}"),
     }
+}
+
+/// In a container (masked /proc) whose cgroup namespace is private, the
+/// agent's own cgroup reads as `/`: its sandbox groups would land at the root
+/// of whatever cgroupfs is mounted (the host's, with the chart's hostPath),
+/// outside the pod's limits. Refuse, naming the fix.
+fn refuse_private_cgroup_namespace_in_a_container(cgroup_name: &str) -> anyhow::Result<()> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let unified = matches!(CgroupLayout::from_proc(&mountinfo, &own, cgroup_name), Ok(CgroupLayout::V2 { .. }));
+    if unified && own.lines().any(|l| l == "0::/") && warren_isolation::proc_mount::proc_is_masked().unwrap_or(false) {
+        bail!(
+            "the agent runs in a container with a private cgroup namespace, so it cannot place sandbox cgroups under its own: \
+             run it privileged (chart: nodeAgent.privileged=true) or with the host's cgroup namespace"
+        );
+    }
+    Ok(())
 }
 
 /// Runs the thread collector every `interval`.
