@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::{Resource, ResourceExt};
 use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox, StorageConnection};
 use warren_api::reasons;
+use warren_config::ceilings::Ceilings;
 use warren_config::{key, published, ConfigError, EffectiveKey, SecretBody, Where};
 
 use crate::context::{Context, Error};
@@ -58,7 +59,9 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     } else {
         HashMap::new()
     };
-    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections);
+    let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
+    let ceilings = namespace.map_or(Ok(Ceilings::default()), |n| Ceilings::from_annotations(&n.metadata.annotations.unwrap_or_default()));
+    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections, ceilings);
     let (ok, reason, message, prefix) = match &compiled {
         Ok(eff) => {
             publish(ctx, eff).await?;
@@ -105,6 +108,7 @@ fn compile(
     sandbox: Option<&Sandbox>,
     secret: Option<&Secret>,
     connections: &HashMap<String, String>,
+    ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let at = Where { file: String::new(), object: format!("ApiKey {ns}/{}", key.name_any()) };
     let sandbox = match sandbox {
@@ -120,7 +124,7 @@ fn compile(
         }
     };
     let body = secret.map(secret_body);
-    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), &|c| connections.get(c).cloned())
+    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), &|c| connections.get(c).cloned(), ceilings)
 }
 
 fn secret_body(s: &Secret) -> SecretBody {

@@ -125,13 +125,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ApiKey controller: also woken by its Sandbox and by its Secret.
+/// The ApiKey controller: also woken by its namespace, its Sandbox and its Secret.
 async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<ApiKey>::all(client.clone()), wc.clone());
     let keys = controller.store();
     let keys2 = keys.clone();
+    let keys3 = keys.clone();
     controller
+        // A namespace's ceilings (warren.dev/max-* annotations) changed.
+        .watches(Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()), wc.clone(), move |ns| {
+            let name = ns.name_any();
+            keys3.state().into_iter().filter(|k| k.namespace().as_deref() == Some(name.as_str())).map(|k| ObjectRef::from_obj(k.as_ref())).collect::<Vec<_>>()
+        })
         .watches(Api::<Sandbox>::all(client.clone()), wc.clone(), move |sb| {
             let ns = sb.namespace();
             keys.state()

@@ -255,3 +255,26 @@ async fn the_gateway_finds_agent_pods_by_label() {
     k.kubectl_ok(&["delete", "pod", "agent-1", "-n", NS, "--grace-period=0", "--force"]);
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 503));
 }
+
+/// An admin's ceiling on the tenant's namespace: the operator refuses the
+/// key over it (status names the annotation; the published key is withdrawn)
+/// and publishes it again once the ceiling allows it — woken by the
+/// Namespace watch, not a resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the_key() {
+    if skip_unless_root("a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the_key") {
+        return;
+    }
+    let (k, _operator) = cluster();
+    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    let published = |k: &EnvTest| !k.kubectl(&["get", "secrets", "-n", KEYS, "-o", "name"]).stdout.is_empty();
+    assert!(wait_for(Duration::from_secs(30), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
+    // The example key asks for maxConcurrency 16.
+    k.kubectl_ok(&["annotate", "namespace", "default", "warren.dev/max-concurrency=4"]);
+    assert!(wait_for(Duration::from_secs(10), || ready(&k, "apikey", "agent") == ("False".into(), "CeilingExceeded".into())), "{:?}", ready(&k, "apikey", "agent"));
+    let message = k.kubectl_ok(&["get", "apikey", "agent", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].message}"#]);
+    assert!(message.contains("warren.dev/max-concurrency=4"), "{message}");
+    assert!(wait_for(Duration::from_secs(10), || !published(&k)), "the key is withdrawn from the gateways");
+    k.kubectl_ok(&["annotate", "namespace", "default", "warren.dev/max-concurrency=16", "--overwrite"]);
+    assert!(wait_for(Duration::from_secs(10), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
+}

@@ -20,6 +20,9 @@ pub const SECRET_INVALID: &str = "SecretInvalid";
 pub const SECRET_IN_USE: &str = "SecretInUse";
 /// ApiKey: a field would widen the Sandbox.
 pub const INVALID_NARROWING: &str = "InvalidNarrowing";
+/// ApiKey: the key would get more than its namespace's `warren.dev/max-*`
+/// annotations allow, or one of them is malformed.
+pub const CEILING_EXCEEDED: &str = "CeilingExceeded";
 
 /// StorageConnection, Connector: the credentials Secret is missing.
 pub const SECRET_NOT_FOUND: &str = "SecretNotFound";

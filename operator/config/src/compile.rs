@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use warren_core::bounds::{self, Bound};
 use warren_core::{env, ids, path, quantity};
 
+use crate::ceilings::Ceilings;
 use crate::effective::{EffectiveKey, Limits};
 use crate::error::ConfigError;
 use crate::key::{self, KeyHash};
@@ -77,6 +78,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let mut sandboxes = HashMap::new();
     let mut secrets = HashMap::new();
     let mut connections: Map<String> = HashMap::new();
+    let mut ceilings: HashMap<String, Result<Ceilings, String>> = HashMap::new();
     for o in objects.iter() {
         match o.kind {
             Kind::Sandbox => match sandbox(o) {
@@ -102,12 +104,16 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
                     errors.push(e);
                 }
             }
+            Kind::Namespace => {
+                ceilings.insert(o.name.clone(), Ceilings::from_annotations(&o.annotations));
+            }
             Kind::ApiKey => {}
         }
     }
     let mut keys = Vec::new();
     for o in objects.iter().filter(|o| o.kind == Kind::ApiKey) {
-        match api_key(o, &sandboxes, &secrets, &connections) {
+        let ceiling = ceilings.get(&o.namespace).cloned().unwrap_or(Ok(Ceilings::default()));
+        match api_key(o, &sandboxes, &secrets, &connections, ceiling) {
             Ok(k) => keys.push((o, k)),
             Err(e) => errors.push(e),
         }
@@ -335,13 +341,19 @@ fn check_mounts(c: &Checker<'_>, mounts: &[crate::types::StorageMount]) -> Resul
 
 type Map<T> = HashMap<(String, String), T>;
 
-fn api_key(o: &Object, sandboxes: &Map<SandboxConfig>, secrets: &Map<SecretBody>, connections: &Map<String>) -> Result<EffectiveKey, ConfigError> {
+fn api_key(
+    o: &Object,
+    sandboxes: &Map<SandboxConfig>,
+    secrets: &Map<SecretBody>,
+    connections: &Map<String>,
+    ceilings: Result<Ceilings, String>,
+) -> Result<EffectiveKey, ConfigError> {
     let k: ApiKeySpec = spec(o)?;
     let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone()));
     let (secret_name, _) = secret_ref(&o.name, &k);
     let secret = secrets.get(&(o.namespace.clone(), secret_name));
     let prefix = |c: &str| connections.get(&(o.namespace.clone(), c.to_string())).cloned();
-    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &prefix)
+    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &prefix, ceilings)
 }
 
 /// The Secret (name, entry) holding an ApiKey's key.
@@ -353,8 +365,10 @@ pub fn secret_ref(api_key_name: &str, k: &ApiKeySpec) -> (String, String) {
 }
 
 /// Compiles one ApiKey against its (validated) Sandbox and its Secret,
-/// enforcing that the key only narrows the Sandbox. The operator calls this
-/// with objects from the API server; `compile` with objects from files.
+/// enforcing that the key only narrows the Sandbox and stays under its
+/// namespace's ceilings (or their parse error). The operator calls this with
+/// objects from the API server; `compile` with objects from files.
+#[allow(clippy::too_many_arguments)]
 pub fn effective_key(
     at: &Where,
     namespace: &str,
@@ -363,6 +377,7 @@ pub fn effective_key(
     sandbox: Option<&SandboxConfig>,
     secret: Option<&SecretBody>,
     connection_prefix: &dyn Fn(&str) -> Option<String>,
+    ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let c = Checker { at, reason: reasons::INVALID_NARROWING };
     let sb = sandbox.ok_or_else(|| {
@@ -386,7 +401,7 @@ pub fn effective_key(
     if let Some(why) = sb.unsupported() {
         return Err(c.err("spec.sandboxRef.name", format!("the Sandbox cannot run code: {why}")).because(reasons::SANDBOX_NOT_FOUND));
     }
-    Ok(EffectiveKey {
+    let key = EffectiveKey {
         namespace: namespace.to_string(),
         name: name.to_string(),
         sandbox: k.sandbox_ref.name.clone(),
@@ -402,7 +417,13 @@ pub fn effective_key(
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
         thread_max_bytes: sb.thread_max_bytes,
-    })
+    };
+    let over = Checker { at, reason: reasons::CEILING_EXCEEDED };
+    match ceilings.map(|c| c.exceeded_by(&key)) {
+        Err(why) => Err(over.err("metadata.namespace", why)),
+        Ok(Some((field, why))) => Err(over.err(field, why)),
+        Ok(None) => Ok(key),
+    }
 }
 
 /// Storage prefixes only go deeper (whole segments) and mounts only become

@@ -7,6 +7,7 @@
 //! API server. The rules every layer shares (environment variables, bounds,
 //! ids, path scoping) live in `warren-core`.
 
+pub mod ceilings;
 pub mod compile;
 pub mod effective;
 mod error;

@@ -28,6 +28,8 @@ pub enum Kind {
     StorageConnection,
     /// `warren.dev/v1alpha1` Connector.
     Connector,
+    /// core/v1 Namespace (only its `warren.dev/max-*` ceilings are read).
+    Namespace,
 }
 
 impl Kind {
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::StorageConnection => "StorageConnection",
             Kind::Connector => "Connector",
+            Kind::Namespace => "Namespace",
         }
     }
 }
@@ -54,6 +57,8 @@ pub struct Object {
     pub namespace: String,
     /// Name.
     pub name: String,
+    /// Annotations.
+    pub annotations: std::collections::BTreeMap<String, String>,
     /// Everything but apiVersion, kind, metadata and status.
     pub body: serde_yaml::Mapping,
 }
@@ -73,8 +78,8 @@ struct Metadata {
     // Accepted so real manifests parse; Warren does not use them.
     #[serde(default, rename = "labels")]
     _labels: serde::de::IgnoredAny,
-    #[serde(default, rename = "annotations")]
-    _annotations: serde::de::IgnoredAny,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// Parses every document of every source. Syntax errors make the whole file
@@ -120,9 +125,10 @@ fn envelope(file: &str, doc: Value) -> Result<Object, ConfigError> {
         (Some("v1"), Some("Secret")) => Kind::Secret,
         (Some(crate::types::API_VERSION), Some("StorageConnection")) => Kind::StorageConnection,
         (Some(crate::types::API_VERSION), Some("Connector")) => Kind::Connector,
+        (Some("v1"), Some("Namespace")) => Kind::Namespace,
         (v, k) => {
             let msg = format!(
-                "unsupported apiVersion/kind {}/{} (Warren reads warren.dev/v1alpha1 Sandbox, ApiKey, StorageConnection and Connector, and v1 Secret)",
+                "unsupported apiVersion/kind {}/{} (Warren reads warren.dev/v1alpha1 Sandbox, ApiKey, StorageConnection and Connector, and v1 Secret and Namespace)",
                 v.unwrap_or("?"),
                 k.unwrap_or("?")
             );
@@ -135,12 +141,13 @@ fn envelope(file: &str, doc: Value) -> Result<Object, ConfigError> {
     let name = meta.name.filter(|n| warren_core::ids::is_dns_label(n)).ok_or_else(|| {
         ConfigError::invalid(file, None, "metadata.name", "required; lower-case letters, digits and '-', at most 63")
     })?;
-    let namespace = meta.namespace.unwrap_or_else(|| "default".to_string());
+    // A Namespace is named by its name; its ceilings apply to that namespace.
+    let namespace = if kind == Kind::Namespace { Some(name.clone()) } else { meta.namespace }.unwrap_or_else(|| "default".to_string());
     if !warren_core::ids::is_dns_label(&namespace) {
         return Err(ConfigError::invalid(file, None, "metadata.namespace", "not a valid namespace name"));
     }
     map.remove("status");
-    Ok(Object { file: file.to_string(), kind, namespace, name, body: map })
+    Ok(Object { file: file.to_string(), kind, namespace, name, annotations: meta.annotations, body: map })
 }
 
 fn take_str(map: &mut serde_yaml::Mapping, key: &str) -> Option<String> {

@@ -234,3 +234,36 @@ fn secret_data_is_decoded_once_and_bad_base64_names_only_the_entry() {
     assert!(shown.iter().any(|e| e.contains("data.key is not valid base64")), "{shown:?}");
     assert!(shown.iter().all(|e| !e.contains(KEY_A)), "the value is never echoed: {shown:?}");
 }
+
+fn namespace(name: &str, annotations: &str) -> String {
+    format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  annotations: {{{annotations}}}\n")
+}
+
+#[test]
+fn namespace_ceilings_refuse_keys_that_would_get_more() {
+    use warren_api::reasons;
+    let base = |sb_extra: &str, key_extra: &str, ns: String| {
+        run(&[("a.yaml", format!("{ns}---\n{}---\n{}---\n{}", sandbox(sb_extra), api_key("k", key_extra), secret("k-key", KEY_A)))])
+    };
+    // Under every ceiling: published as declared.
+    let ok = base("  resources: {cpu: 500m, memory: 512Mi}\n", "  maxConcurrency: 2\n", namespace("default", "warren.dev/max-cpu: '1', warren.dev/max-memory: 1Gi, warren.dev/max-concurrency: '4', warren.dev/max-thread-size: 2Gi"));
+    assert!(ok.errors.is_empty(), "{:?}", ok.errors);
+    for (sb, key, ann, named) in [
+        ("  resources: {cpu: 2}\n", "", "warren.dev/max-cpu: '1'", "warren.dev/max-cpu=1000"),
+        ("  resources: {cpu: 500m, memory: 2Gi}\n", "", "warren.dev/max-memory: 1Gi", "warren.dev/max-memory=1073741824"),
+        ("", "  maxConcurrency: 8\n", "warren.dev/max-concurrency: '4'", "warren.dev/max-concurrency=4"),
+        ("  threadMaxSize: 4Gi\n", "", "warren.dev/max-thread-size: 1Gi", "warren.dev/max-thread-size=1073741824"),
+    ] {
+        let c = base(sb, key, namespace("default", ann));
+        assert!(c.keys.is_empty(), "{ann}: published over the ceiling");
+        assert_eq!(c.errors.len(), 1, "{:?}", c.errors);
+        assert_eq!(c.errors[0].reason, reasons::CEILING_EXCEEDED);
+        assert!(c.errors[0].to_string().contains(named), "{}", c.errors[0]);
+    }
+    // A malformed ceiling refuses the namespace's keys (a typo never lifts a
+    // limit); another namespace's ceilings do not apply here.
+    let c = base("", "", namespace("default", "warren.dev/max-memory: 1 GB"));
+    assert_eq!(c.errors.iter().map(|e| e.reason).collect::<Vec<_>>(), [reasons::CEILING_EXCEEDED]);
+    let c = base("  resources: {cpu: 2}\n", "", namespace("elsewhere", "warren.dev/max-cpu: '1'"));
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+}

@@ -1,0 +1,83 @@
+//! Admin-set ceilings per namespace: the most any ApiKey in a namespace may
+//! get, whatever its Sandbox declares. They live as annotations on the
+//! Namespace object, which tenants with the usual namespace-scoped roles
+//! cannot edit. A key over a ceiling is refused (never silently clamped),
+//! with the annotation and the value in its status.
+
+use std::collections::BTreeMap;
+
+use warren_core::quantity;
+
+use crate::effective::EffectiveKey;
+
+/// CPU per execution (`500m`, `2`).
+pub const MAX_CPU: &str = "warren.dev/max-cpu";
+/// Memory per execution (`512Mi`, `4Gi`).
+pub const MAX_MEMORY: &str = "warren.dev/max-memory";
+/// Concurrent executions per key.
+pub const MAX_CONCURRENCY: &str = "warren.dev/max-concurrency";
+/// Saved home of one thread (`1Gi`).
+pub const MAX_THREAD_SIZE: &str = "warren.dev/max-thread-size";
+
+/// The ceilings of one namespace; `None` leaves a dimension to the Sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ceilings {
+    /// Thousandths of a core.
+    pub cpu_millis: Option<u64>,
+    /// Bytes.
+    pub memory_bytes: Option<u64>,
+    /// Executions at once, per key.
+    pub concurrency: Option<u64>,
+    /// Bytes of one thread's saved home.
+    pub thread_bytes: Option<u64>,
+}
+
+impl Ceilings {
+    /// Reads the `warren.dev/max-*` annotations; other annotations are
+    /// ignored, a malformed ceiling is an error naming it (keys in the
+    /// namespace are then refused: a typo must not lift a limit).
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Ceilings, String> {
+        let read = |name: &str, parse: fn(&str) -> Option<u64>, example: &str| -> Result<Option<u64>, String> {
+            annotations
+                .get(name)
+                .map(|v| parse(v).ok_or_else(|| format!("namespace annotation {name}: {v:?} is not a valid value (e.g. {example})")))
+                .transpose()
+        };
+        Ok(Ceilings {
+            cpu_millis: read(MAX_CPU, quantity::cpu_millis, "500m or 2")?,
+            memory_bytes: read(MAX_MEMORY, quantity::bytes, "512Mi")?,
+            concurrency: read(MAX_CONCURRENCY, |s| s.trim().parse().ok(), "10")?,
+            thread_bytes: read(MAX_THREAD_SIZE, quantity::bytes, "1Gi")?,
+        })
+    }
+
+    /// The first ceiling `key` exceeds: (the ApiKey or Sandbox field, message).
+    pub fn exceeded_by(&self, key: &EffectiveKey) -> Option<(&'static str, String)> {
+        let over = |ceiling: Option<u64>, value: u64, annotation: &str, field: &'static str, what: &str| {
+            ceiling.filter(|c| value > *c).map(|c| (field, format!("{what} {value} exceeds the namespace ceiling {annotation}={c}")))
+        };
+        over(self.cpu_millis, u64::from(key.limits.cpu_millis), MAX_CPU, "spec.sandboxRef.name", "the Sandbox's CPU (millicores)")
+            .or_else(|| over(self.memory_bytes, key.limits.memory_bytes, MAX_MEMORY, "spec.sandboxRef.name", "the Sandbox's memory (bytes)"))
+            .or_else(|| over(self.concurrency, u64::from(key.max_concurrency), MAX_CONCURRENCY, "spec.maxConcurrency", "maxConcurrency"))
+            .or_else(|| over(self.thread_bytes, key.thread_max_bytes, MAX_THREAD_SIZE, "spec.sandboxRef.name", "the Sandbox's threadMaxSize (bytes)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn annotations_parse_and_typos_are_errors() {
+        let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), ("other", "x")])).unwrap();
+        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30) });
+        assert_eq!(Ceilings::from_annotations(&ann(&[])).unwrap(), Ceilings::default());
+        let err = Ceilings::from_annotations(&ann(&[(MAX_MEMORY, "1 GB")])).unwrap_err();
+        assert!(err.contains(MAX_MEMORY) && err.contains("1 GB"), "{err}");
+        assert!(Ceilings::from_annotations(&ann(&[(MAX_CONCURRENCY, "-1")])).is_err());
+    }
+}
