@@ -150,7 +150,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (layout, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
-    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone()];
+    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc")];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?);
@@ -222,14 +222,22 @@ fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
 fn refuse_private_cgroup_namespace_in_a_container(cgroup_name: &str) -> anyhow::Result<()> {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let unified = matches!(CgroupLayout::from_proc(&mountinfo, &own, cgroup_name), Ok(CgroupLayout::V2 { .. }));
-    if unified && own.lines().any(|l| l == "0::/") && warren_isolation::proc_mount::proc_is_masked().unwrap_or(false) {
+    let masked = warren_isolation::proc_mount::proc_is_masked().unwrap_or(false);
+    if private_cgroup_namespace_in_a_container(&mountinfo, &own, cgroup_name, masked) {
         bail!(
             "the agent runs in a container with a private cgroup namespace, so it cannot place sandbox cgroups under its own: \
              run it privileged (chart: nodeAgent.privileged=true) or with the host's cgroup namespace"
         );
     }
     Ok(())
+}
+
+/// The decision of [`refuse_private_cgroup_namespace_in_a_container`], pure:
+/// only the unified hierarchy is placed by the agent's own path, and only a
+/// container (masked /proc) is refused, so a v1 node is never affected.
+fn private_cgroup_namespace_in_a_container(mountinfo: &str, self_cgroup: &str, cgroup_name: &str, proc_masked: bool) -> bool {
+    let unified = matches!(CgroupLayout::from_proc(mountinfo, self_cgroup, cgroup_name), Ok(CgroupLayout::V2 { .. }));
+    unified && proc_masked && self_cgroup.lines().any(|l| l == "0::/")
 }
 
 /// Runs the thread collector every `interval`.
@@ -356,5 +364,27 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::private_cgroup_namespace_in_a_container as refused;
+
+    const V2: &str = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+
+    #[test]
+    fn only_a_container_in_a_private_unified_cgroup_namespace_is_refused() {
+        assert!(refused(V2, "0::/\n", "warren", true), "container, private cgroupns");
+        assert!(!refused(V2, "0::/\n", "warren", false), "a host whose agent sits at the root");
+        assert!(!refused(V2, "0::/kubepods/pod1/c1\n", "warren", true), "container sharing the host's cgroupns");
+        let v1 = "\
+31 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+32 25 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+33 25 0:30 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+30 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+";
+        let own = "5:memory:/kubepods/c1\n4:pids:/kubepods/c1\n3:cpu,cpuacct:/kubepods/c1\n0::/\n";
+        assert!(!refused(v1, own, "warren", true), "v1 controllers are placed by their own paths");
     }
 }

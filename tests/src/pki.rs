@@ -81,6 +81,15 @@ impl Pki {
         tls_args("--tls-cert-file", "--tls-key-file", "--tls-client-ca-file", &self.agent, &self.gateway_ca)
     }
 
+    /// Flags for an agent serving `listen` over TCP with `token` and its
+    /// certificate, and no warm pool (any sandbox would be a call's).
+    pub fn tcp_agent_args(&self, listen: &str, token: &Path) -> Vec<String> {
+        let mut args: Vec<String> = ["--listen-tcp", listen, "--pool-size", "0", "--token-file"].map(String::from).into();
+        args.push(token.display().to_string());
+        args.extend(self.agent_args());
+        args
+    }
+
     /// Flags that make a gateway reach TCP agents with its client certificate.
     pub fn gateway_args(&self) -> Vec<String> {
         tls_args("--agent-tls-cert-file", "--agent-tls-key-file", "--agent-tls-ca-file", &self.gateway, &self.agent_ca)

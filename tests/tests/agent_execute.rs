@@ -164,10 +164,8 @@ async fn tcp_requires_mutual_tls_and_the_bearer_token() {
     std::fs::write(&token_file, "test-token-0123456789abcdef\n").unwrap();
     let pki = warren_e2e::pki::Pki::new();
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut args = vec!["--listen-tcp", &addr, "--token-file", token_file.to_str().unwrap(), "--pool-size", "0"];
-    let tls_args = pki.agent_args();
-    args.extend(tls_args.iter().map(String::as_str));
-    let agent = Agent::start_no_wait(&args).unwrap();
+    let args = pki.tcp_agent_args(&addr, &token_file);
+    let agent = Agent::start_no_wait(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(wait_for_port(&addr).await, "agent listens on tcp");
 
     let endpoint = |tls: Option<tonic::transport::ClientTlsConfig>| {

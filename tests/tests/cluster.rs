@@ -189,10 +189,9 @@ async fn the_gateway_finds_agent_pods_by_label() {
     let listen = format!("127.0.0.1:{port}");
     // (Its Unix socket requires the token too, so the harness cannot probe it: wait on TCP.)
     let pki = warren_e2e::pki::Pki::new();
-    let mut agent_args = vec!["--node-name", "node-pod", "--listen-tcp", &listen, "--token-file", token.to_str().unwrap()];
-    let agent_tls = pki.agent_args();
-    agent_args.extend(agent_tls.iter().map(String::as_str));
-    let _agent = Agent::start_no_wait(&agent_args).unwrap();
+    let mut agent_args = pki.tcp_agent_args(&listen, &token);
+    agent_args.extend(["--node-name".to_string(), "node-pod".to_string()]);
+    let _agent = Agent::start_no_wait(&agent_args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
     let gateway_tls = pki.gateway_args();

@@ -224,11 +224,8 @@ async fn a_gateway_with_the_wrong_agent_token_runs_nothing() {
     let pki = warren_e2e::pki::Pki::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
-    // No pool: any sandbox on this agent would be a call's.
-    let mut args = vec!["--listen-tcp", &listen, "--token-file", right.to_str().unwrap(), "--pool-size", "0"];
-    let tls = pki.agent_args();
-    args.extend(tls.iter().map(String::as_str));
-    let agent = Agent::start_no_wait(&args).unwrap();
+    let args = pki.tcp_agent_args(&listen, &right);
+    let agent = Agent::start_no_wait(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
     let gateway_with = |token: &std::path::Path| {
         let mut a = vec!["--agent-token-file".to_string(), token.display().to_string()];
