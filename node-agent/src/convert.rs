@@ -9,6 +9,7 @@ use warren_proto::agent::{self as pb, RefusalReason as Reason};
 use warren_proto::refusal::refuse;
 
 use crate::executor::ExecError;
+use crate::keyslots::KeySlotError;
 use crate::sandbox::{Failure, Outcome};
 use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
 
@@ -109,6 +110,22 @@ pub fn to_status(e: &ExecError) -> Status {
         ExecError::ThreadBusy => (Code::Aborted, Reason::ThreadBusy, ""),
     };
     refuse(code, reason, field, e.to_string())
+}
+
+/// Key-slot refusal → status.
+pub fn key_slot_status(e: &KeySlotError) -> Status {
+    let (code, reason, field) = match e {
+        KeySlotError::Key => (Code::InvalidArgument, Reason::InvalidField, "key"),
+        KeySlotError::Limit => (Code::InvalidArgument, Reason::InvalidField, "limit"),
+        KeySlotError::AtLimit(_) => (Code::ResourceExhausted, Reason::KeyConcurrency, ""),
+        KeySlotError::Full => (Code::ResourceExhausted, Reason::NodeBusy, ""),
+    };
+    refuse(code, reason, field, e.to_string())
+}
+
+/// A second execution with the id of one running here.
+pub fn id_in_use() -> Status {
+    refuse(Code::InvalidArgument, Reason::InvalidField, "execution_id", "execution_id: another execution of this id runs here")
 }
 
 /// Domain failure → wire failure and its detail.

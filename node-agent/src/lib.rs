@@ -8,9 +8,11 @@ pub mod auth;
 pub mod convert;
 pub mod executor;
 pub mod frames;
+pub mod keyslots;
 pub mod lifecycle;
 pub mod output;
 pub mod pool;
+pub mod running;
 pub mod sandbox;
 pub mod service;
 pub mod slots;
@@ -310,7 +312,8 @@ async fn serve(
     let socket_path = unix.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    let svc = || NodeAgentServer::with_interceptor(service::AgentService::new(exec.clone()), auth.clone());
+    let key_slots = Arc::new(keyslots::KeySlots::default());
+    let svc = || NodeAgentServer::with_interceptor(service::AgentService::with_key_slots(exec.clone(), key_slots.clone()), auth.clone());
     if let Some(path) = unix {
         let _ = std::fs::remove_file(&path);
         if let Some(dir) = path.parent() {
@@ -326,7 +329,15 @@ async fn serve(
     if let Some((addr, tls)) = tcp {
         let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         info!(addr = %listener.local_addr()?, "serving gRPC on tcp (mutual TLS)");
-        let router = tonic::transport::Server::builder().tls_config(tls).context("TLS configuration")?.add_service(svc());
+        // Keepalives find a gateway that vanished without closing its
+        // connection, so the key slots its streams held return.
+        let router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
+            .tls_config(tls)
+            .context("TLS configuration")?
+            .add_service(svc());
         let stop = wait_stop(stop_rx.clone());
         tasks.spawn(async move { router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await });
     }

@@ -18,6 +18,8 @@ use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agen
 
 use crate::convert;
 use crate::executor::{Admission, ExecError, Executor};
+use crate::keyslots::KeySlots;
+use crate::running::Running;
 use crate::sandbox::{Event, Outcome};
 use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
 
@@ -100,12 +102,20 @@ impl Backend for Executor {
 /// gRPC service over a [`Backend`].
 pub struct AgentService<B = Executor> {
     backend: Arc<B>,
+    running: Arc<Running>,
+    key_slots: Arc<KeySlots>,
 }
 
 impl<B: Backend> AgentService<B> {
-    /// Wraps a backend.
+    /// Wraps a backend, with fresh key slots.
     pub fn new(backend: Arc<B>) -> AgentService<B> {
-        AgentService { backend }
+        Self::with_key_slots(backend, Arc::default())
+    }
+
+    /// Wraps a backend; `key_slots` are shared by every listener of this
+    /// agent (Unix socket and TCP count one set).
+    pub fn with_key_slots(backend: Arc<B>, key_slots: Arc<KeySlots>) -> AgentService<B> {
+        AgentService { backend, running: Arc::default(), key_slots }
     }
 }
 
@@ -135,12 +145,13 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         .await?;
         let id = B::execution_id(&admitted).to_string();
         span.record("execution_id", id.as_str());
+        let registration = self.running.register(&id).map_err(|_| convert::id_in_use())?;
         let (tx, rx) = mpsc::channel::<EventResult>(16);
         let backend = self.backend.clone();
         let task = async move {
             let (ev_tx, ev_rx) = mpsc::channel::<Event>(16);
             let stall = backend.output_stall();
-            let fwd = forward(ev_rx, tx.clone(), id.clone(), backend.node_name().to_string(), stall);
+            let fwd = forward(ev_rx, tx.clone(), id.clone(), backend.node_name().to_string(), stall, registration.cancelled());
             let (result, ()) = tokio::join!(backend.execute(admitted, received, ev_tx), fwd);
             let last = match result {
                 Ok(outcome) => {
@@ -154,6 +165,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             };
             // A caller that reads nothing does not keep this task forever.
             let _ = tokio::time::timeout(stall, tx.send(last)).await;
+            // Only now has the execution ended for a waiting `Cancel`.
+            drop(registration);
         };
         tokio::spawn(task.instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -170,6 +183,30 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         .await
     }
 
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
+        let span = info_span!("cancel", trace_id = %trace_of(&req));
+        let id = req.into_inner().execution_id;
+        let was_running = self.running.cancel(&id).instrument(span.clone()).await;
+        span.in_scope(|| info!(execution_id = %id, was_running, "cancel answered"));
+        Ok(Response::new(pb::CancelResponse { was_running }))
+    }
+
+    type HoldKeySlotStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::KeySlotEvent, Status>> + Send>>;
+
+    async fn hold_key_slot(&self, req: Request<pb::KeySlotRequest>) -> Result<Response<Self::HoldKeySlotStream>, Status> {
+        use futures_util::StreamExt;
+        let req = req.into_inner();
+        let slot = self.key_slots.hold(&req.key, req.limit).map_err(|e| convert::key_slot_status(&e))?;
+        let granted = pb::KeySlotEvent { held: slot.held() };
+        // The stream owns the slot: tonic drops it when the caller cancels
+        // the call or its connection ends, and the slot returns.
+        let hold = futures_util::stream::pending().map(move |()| {
+            let _ = &slot;
+            Ok(pb::KeySlotEvent::default())
+        });
+        Ok(Response::new(futures_util::stream::once(async move { Ok(granted) }).chain(hold).boxed()))
+    }
+
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         let r = self.backend.report();
         Ok(Response::new(pb::StatusResponse {
@@ -184,9 +221,16 @@ impl<B: Backend> NodeAgent for AgentService<B> {
 }
 
 /// Moves sandbox events to the gRPC stream; returns (dropping `events`, which
-/// kills the execution) as soon as the caller goes away or takes nothing
-/// for `stall`.
-async fn forward(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: Duration) {
+/// kills the execution) as soon as the caller goes away, takes nothing for
+/// `stall`, or `Cancel` names the execution (even mid-send).
+async fn forward(events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: Duration, cancelled: impl Future<Output = ()>) {
+    tokio::select! {
+        () = pump(events, tx, id, node, stall) => {}
+        () = cancelled => {}
+    }
+}
+
+async fn pump(mut events: mpsc::Receiver<Event>, tx: mpsc::Sender<EventResult>, id: String, node: String, stall: Duration) {
     loop {
         let ev = tokio::select! {
             ev = events.recv() => ev,

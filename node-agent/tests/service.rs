@@ -370,3 +370,90 @@ async fn the_bearer_token_guards_every_call_over_the_wire() {
     stop.send(()).unwrap();
     serving.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn cancel_kills_a_running_execution_and_answers_once_it_has_ended() {
+    let (double, seen) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    // The caller keeps the stream but reads nothing more: only Cancel ends it.
+    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    stream.next().await.unwrap().unwrap();
+    let answer = service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
+    assert!(answer.was_running);
+    assert!(seen.lock().unwrap().flood_cut_off, "the execution had ended when Cancel answered");
+    let again = service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
+    assert!(!again.was_running, "an ended execution is not running");
+    drop(stream);
+}
+
+#[tokio::test]
+async fn a_second_execution_with_a_running_id_is_refused() {
+    let (double, _seen) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    let mut first = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    first.next().await.unwrap().unwrap();
+    let err = service.execute(Request::new(request("yes"))).await.unwrap_err();
+    assert_refused(&err, Code::InvalidArgument, Reason::InvalidField, "execution_id");
+    service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
+}
+
+fn key_slot(key: &str, limit: u32) -> Request<pb::KeySlotRequest> {
+    Request::new(pb::KeySlotRequest { key: key.into(), limit })
+}
+
+#[tokio::test]
+async fn a_key_slot_is_held_while_its_stream_lives() {
+    let (double, _) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    let mut first = service.hold_key_slot(key_slot("team/agent", 1)).await.unwrap().into_inner();
+    assert_eq!(first.next().await.unwrap().unwrap().held, 1, "the first event grants the slot");
+    let err = service.hold_key_slot(key_slot("team/agent", 1)).await.err().expect("the limit holds");
+    assert_refused(&err, Code::ResourceExhausted, Reason::KeyConcurrency, "");
+    assert!(service.hold_key_slot(key_slot("team/other", 1)).await.is_ok(), "another key has its own slots");
+    drop(first);
+    let mut again = service.hold_key_slot(key_slot("team/agent", 1)).await.unwrap().into_inner();
+    assert_eq!(again.next().await.unwrap().unwrap().held, 1, "a dropped stream returned its slot");
+    for (req, field) in [(key_slot("no-slash", 1), "key"), (key_slot("team/agent", 0), "limit")] {
+        let err = service.hold_key_slot(req).await.err().expect("malformed");
+        assert_refused(&err, Code::InvalidArgument, Reason::InvalidField, field);
+    }
+}
+
+/// Over a real socket: a caller that cancels the call (or loses its
+/// connection) returns the slot without saying anything else.
+#[tokio::test]
+async fn a_cancelled_key_slot_call_returns_the_slot_over_the_wire() {
+    use warren_proto::agent::node_agent_client::NodeAgentClient;
+    use warren_proto::agent::node_agent_server::NodeAgentServer;
+    use warren_proto::client::{lazy_channel, AgentAddress};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let (double, _) = Double::new(Script::Flood);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(NodeAgentServer::new(AgentService::new(double)))
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async { stopped.await.unwrap_or(()) }),
+    );
+    let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path), &None).unwrap());
+    let mut held = client.hold_key_slot(key_slot("team/agent", 1)).await.unwrap().into_inner();
+    assert_eq!(held.message().await.unwrap().unwrap().held, 1);
+    let err = client.hold_key_slot(key_slot("team/agent", 1)).await.unwrap_err();
+    assert_refused(&err, Code::ResourceExhausted, Reason::KeyConcurrency, "");
+    drop(held);
+    // The reset reaches the server asynchronously; bounded, not timed.
+    let mut regained = None;
+    for _ in 0..2000 {
+        if let Ok(r) = client.hold_key_slot(key_slot("team/agent", 1)).await {
+            regained = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(regained.is_some(), "the slot never came back after the caller cancelled");
+    drop(regained);
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+}

@@ -167,6 +167,30 @@ async fn a_key_at_its_concurrency_limit_gets_429_with_retry_after() {
     assert!(wait_for(Duration::from_secs(10), || gw.execute(&key("single"), &json!({"code": "print(1)"})).status == 200));
 }
 
+/// Two gateway replicas over two agents: the key's slots are counted on one
+/// agent both replicas pick, so a limit of 1 holds across them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_concurrency_limit_holds_across_gateway_replicas() {
+    if skip_unless_root("a_keys_concurrency_limit_holds_across_gateway_replicas") {
+        return;
+    }
+    let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
+    let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
+    let agents = [a.address(), b.address()];
+    let one = Gateway::start(&agents, &[], true).await.unwrap();
+    let two = Gateway::start(&agents, &[], true).await.unwrap();
+    assert!(wait_for(Duration::from_secs(10), || http::get(two.addr, "/readyz").status == 200));
+    let req = http::execute_request(one.addr, &key("single"), &json!({"code": "echo started; sleep 50", "language": "bash"}), true);
+    let (conn, _) = http::open_until(one.addr, &req, "started").unwrap();
+    let r = two.execute(&key("single"), &json!({"code": "print(1)"}));
+    assert_eq!((r.status, r.json()["error"].as_str()), (429, Some("concurrency_limit")), "the other replica admitted a second execution: {}", r.text());
+    assert_eq!(two.execute(&key("main"), &json!({"code": "print(1)"})).status, 200, "other keys are not affected");
+    drop(conn);
+    assert_agent_idle(&a).await;
+    assert_agent_idle(&b).await;
+    assert!(wait_for(Duration::from_secs(10), || two.execute(&key("single"), &json!({"code": "print(1)"})).status == 200), "the slot never came back");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_thread_gets_409() {
     let Some((agent, gw)) = setup("a_busy_thread_gets_409", &[]).await else { return };

@@ -23,7 +23,17 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     fn delete_thread(&self, req: pb::DeleteThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
     /// Identity, features and capacity.
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>>;
+    /// Kills execution `execution_id` if it runs there; resolves once it has
+    /// ended, true when it was running.
+    fn cancel(&self, execution_id: &str) -> BoxFuture<'static, Result<bool, Status>>;
+    /// Takes a slot of ApiKey `key` (`namespace/name`) under `limit`;
+    /// resolves once granted. The slot is held until the returned stream is
+    /// dropped.
+    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>>;
 }
+
+/// A granted key slot: the open call that holds it on the counting agent.
+pub type HeldSlot = BoxStream<'static, Result<pb::KeySlotEvent, Status>>;
 
 /// A node-agent reached over gRPC (Unix socket, or TCP with mutual TLS and a bearer token).
 #[derive(Debug, Clone)]
@@ -69,5 +79,25 @@ impl Agent for GrpcAgent {
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
         let (mut client, req) = (self.client.clone(), self.request(pb::StatusRequest {}, ""));
         async move { Ok(client.status(req).await?.into_inner()) }.boxed()
+    }
+
+    fn cancel(&self, execution_id: &str) -> BoxFuture<'static, Result<bool, Status>> {
+        let msg = pb::CancelRequest { execution_id: execution_id.to_string() };
+        let (mut client, req) = (self.client.clone(), self.request(msg, execution_id));
+        async move { Ok(client.cancel(req).await?.into_inner().was_running) }.boxed()
+    }
+
+    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
+        let msg = pb::KeySlotRequest { key: key.to_string(), limit };
+        let (mut client, req) = (self.client.clone(), self.request(msg, ""));
+        async move {
+            let mut stream = client.hold_key_slot(req).await?.into_inner();
+            // Granted with the first event; a stream that ends first granted nothing.
+            match stream.message().await? {
+                Some(_) => Ok(stream.boxed()),
+                None => Err(Status::unavailable("the key-slot call ended before a grant")),
+            }
+        }
+        .boxed()
     }
 }

@@ -157,7 +157,7 @@ pub fn refused(status: &tonic::Status, thread_id: Option<&str>) -> (ExecError, b
         Reason::Unsupported => ExecError::NodeRefused("the node does not offer a capability this sandbox needs"),
         Reason::ShuttingDown => return (ExecError::NodeRefused("the node is shutting down"), true),
         Reason::SandboxSetup => return (ExecError::NodeRefused("the node could not set up a sandbox"), true),
-        Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => {
+        Reason::ThreadStore | Reason::ThreadNotFound | Reason::KeyConcurrency | Reason::Unspecified => {
             return (ExecError::NodeRefused("the node-agent could not be reached"), true)
         }
     };

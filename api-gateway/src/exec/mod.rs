@@ -3,6 +3,7 @@
 //! ```text
 //! adapter (HTTP JSON, NDJSON, later async/MCP)
 //!    └─ ExecutionService::admit   key + request → ExecutionSpec, slots, lease
+//!         (the key's slot is counted on an agent: `keyslot`)
 //!    └─ ExecutionService::start   spec → agent (wire form in `convert`)
 //!    └─ Run::next                 wire events → RunEvent
 //! errors: ExecError → HTTP status in `crate::error` (one place)
@@ -11,6 +12,7 @@
 pub mod agent;
 pub mod convert;
 mod error;
+pub mod keyslot;
 pub mod service;
 pub mod spec;
 

@@ -13,7 +13,8 @@ use super::agent::EventStream;
 use super::convert::{self, run_event, RunEvent};
 use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
 use super::ExecError;
-use crate::admission::{Admission, KeySlot, ThreadLock};
+use super::keyslot::{self, KeySlot};
+use crate::admission::{Admission, ThreadLock};
 use crate::audit::Audit;
 use crate::budget::{OutputBudget, Reservation};
 use crate::metrics::{InFlight, Metrics};
@@ -26,7 +27,7 @@ use crate::result::Outcome;
 pub struct ExecutionService {
     /// Node-agents.
     pub nodes: Arc<Nodes>,
-    /// Per-key and per-thread admission.
+    /// Per-thread admission within this gateway.
     pub admission: Arc<Admission>,
     /// Gateway memory for execution output.
     pub budget: Arc<OutputBudget>,
@@ -57,11 +58,23 @@ struct Held {
 }
 
 /// A started execution: its events, and what it holds until it ends.
+///
+/// Dropped before its agent said `Exited` (client gone, stalled, timed
+/// out here), it asks the agent to cancel and keeps holding the key slot,
+/// node lease and output memory until the agent answers that the execution
+/// has ended, so nothing is released while the sandbox may still run.
 pub struct Run {
     /// Execution id (`trc_…`).
     pub id: String,
+    // `None` only once dropped.
+    live: Option<Live>,
+}
+
+struct Live {
     held: Held,
     events: EventStream,
+    /// The agent's stream ended (with `Exited` or broken).
+    ended: bool,
 }
 
 /// The agent stream ended without `Exited`. Once the agent accepted the call
@@ -76,8 +89,8 @@ impl ExecutionService {
     pub async fn admit(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
         let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
         let qualified = key.qualified_name();
-        let slot = self.admission.key_slot(&qualified, key.max_concurrency)?;
         let thread = spec.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
+        let slot = keyslot::hold(&self.nodes, &qualified, key.max_concurrency).await?;
         let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
         let lease = self.nodes.lease_for(spec.placement().as_deref(), self.queue_wait).await?;
         let mut audit = Audit::start(&spec.id, key, spec.language.as_str(), req.thread_id.as_deref(), &req.metadata, self.metrics.clone());
@@ -92,7 +105,7 @@ impl ExecutionService {
         let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
         // The code moves into the wire request (up to 1 MiB not copied).
         match held.lease.node.agent().execute(spec.into()).await {
-            Ok(events) => Ok(Run { id, held, events }),
+            Ok(events) => Ok(Run { id, live: Some(Live { held, events, ended: false }) }),
             Err(status) => {
                 held.audit.finish(Outcome::SandboxError, None);
                 let (e, broken) = convert::refused(&status, thread_id.as_deref());
@@ -167,27 +180,66 @@ const DELETE_ELSEWHERE_WAIT: Duration = Duration::from_secs(10);
 impl Run {
     /// The next event; `Err(Lost)` when the stream broke before `Exited`.
     pub async fn next(&mut self) -> Result<RunEvent, Lost> {
+        let Some(live) = self.live.as_mut() else { return Err(Lost) };
         loop {
-            match self.events.next().await {
+            match live.events.next().await {
                 Some(Ok(e)) => match run_event(e) {
-                    Some(ev) => return Ok(ev),
+                    Some(ev) => {
+                        live.ended |= matches!(ev, RunEvent::Exited(_));
+                        return Ok(ev);
+                    }
                     None => continue,
                 },
-                Some(Err(_)) | None => return Err(Lost),
+                Some(Err(_)) | None => {
+                    // A broken stream: the agent ended the call (or died).
+                    live.ended = true;
+                    return Err(Lost);
+                }
             }
         }
     }
 
     /// Records how it ended.
     pub fn finish(&mut self, outcome: Outcome, exit_code: Option<i32>) {
-        self.held.audit.finish(outcome, exit_code);
+        if let Some(live) = self.live.as_mut() {
+            live.held.audit.finish(outcome, exit_code);
+        }
     }
 
     /// Records a broken stream and marks the node down until its next check.
     pub fn lost(&mut self) -> ExecError {
-        tracing::warn!(execution_id = %self.id, node = %self.held.lease.node.address, "node-agent stream broke mid-execution");
-        self.held.audit.finish(Outcome::NodeLost, None);
-        self.held.lease.node.mark_unhealthy();
+        if let Some(live) = self.live.as_mut() {
+            tracing::warn!(execution_id = %self.id, node = %live.held.lease.node.address, "node-agent stream broke mid-execution");
+            live.held.audit.finish(Outcome::NodeLost, None);
+            live.held.lease.node.mark_unhealthy();
+        }
         ExecError::NodeLost
+    }
+}
+
+/// How long a released-early execution's holdings wait for its agent to
+/// confirm the end; beyond it the agent is broken and its slots are freed.
+const CANCEL_WAIT: Duration = Duration::from_secs(60);
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let Some(Live { held, events, ended }) = self.live.take() else { return };
+        if ended {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let id = std::mem::take(&mut self.id);
+        rt.spawn(async move {
+            // Letting go of the stream already tells the agent to kill the
+            // sandbox; Cancel answers once it has actually ended.
+            drop(events);
+            let node = held.lease.node.clone();
+            match tokio::time::timeout(CANCEL_WAIT, node.agent().cancel(&id)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(status)) => tracing::warn!(execution_id = %id, node = %node.address, code = ?status.code(), "cancel failed; releasing the execution's slots"),
+                Err(_) => tracing::warn!(execution_id = %id, node = %node.address, "the agent did not confirm the cancelled execution's end; releasing its slots"),
+            }
+            drop(held);
+        });
     }
 }

@@ -119,7 +119,28 @@ async fn key_concurrency_is_429_with_retry_after_and_frees_when_the_run_ends() {
     assert_eq!(g.agent_calls(), 1, "the refused one never reached the node");
     hold.abort();
     let _ = hold.await;
-    // The aborted request dropped its slot: the key may run again.
+    // The aborted request's run was cancelled at the agent, and its slot
+    // returned once the agent confirmed: the key may run again.
+    eventually("the slot returns", || g.agent.seen.lock().unwrap().key_slots.values().all(|n| *n == 0)).await;
+    assert_eq!(g.agent.seen.lock().unwrap().cancels.len(), 1);
+    assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_run_let_go_early_holds_its_key_slot_until_the_agent_confirms_its_end() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gateway_with(FakeAgent { capacity: 8, cancel_gate: Some(gate.clone()), ..Default::default() }).await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(SOLO, r#"{"code":"hang"}"#)).await });
+    eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
+    hold.abort();
+    let _ = hold.await;
+    eventually("the gateway asks the agent to cancel", || g.agent.seen.lock().unwrap().cancels.len() == 1).await;
+    // The agent has not confirmed the end: the sandbox may still run.
+    let a = g.execute(SOLO, code("x")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"), "released too early");
+    gate.add_permits(1);
+    eventually("the slot returns once the agent confirms", || g.agent.seen.lock().unwrap().key_slots.values().all(|n| *n == 0)).await;
     assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
 }
 

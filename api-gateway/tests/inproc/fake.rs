@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use tonic::{Code, Status};
-use warren_api_gateway::exec::agent::{Agent, EventStream};
+use warren_api_gateway::exec::agent::{Agent, EventStream, HeldSlot};
 use warren_proto::agent::{self as pb, execute_event::Event, RefusalReason};
 use warren_proto::refusal::refuse;
 
@@ -33,6 +33,23 @@ pub struct Seen {
     pub deletes: Vec<pb::DeleteThreadRequest>,
     /// The trace id each delete carried.
     pub delete_traces: Vec<String>,
+    /// Every cancel, by execution id.
+    pub cancels: Vec<String>,
+    /// Key slots held now, by key.
+    pub key_slots: std::collections::HashMap<String, u32>,
+}
+
+/// Returns a key slot when the gateway drops the call holding it.
+struct SlotGuard(Arc<Mutex<Seen>>, String);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            if let Some(n) = s.key_slots.get_mut(&self.1) {
+                *n -= 1;
+            }
+        }
+    }
 }
 
 /// The scripted agent.
@@ -46,6 +63,9 @@ pub struct FakeAgent {
     pub capacity: u32,
     /// Knows no thread: every delete answers NOT_FOUND.
     pub forgetful: bool,
+    /// When set, `Cancel` answers only once a permit is added: the
+    /// execution is still ending until then.
+    pub cancel_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 fn ev(e: Event) -> Result<pb::ExecuteEvent, Status> {
@@ -131,6 +151,39 @@ impl Agent for FakeAgent {
             "running" => Err(refuse(Code::Aborted, RefusalReason::ThreadBusy, "", "busy")),
             "store-down" => Err(refuse(Code::Unavailable, RefusalReason::ThreadStore, "", "store down")),
             _ => Ok(()),
+        };
+        async move { result }.boxed()
+    }
+
+    fn cancel(&self, execution_id: &str) -> BoxFuture<'static, Result<bool, Status>> {
+        self.seen.lock().unwrap().cancels.push(execution_id.to_string());
+        let gate = self.cancel_gate.clone();
+        async move {
+            if let Some(g) = gate {
+                let _ = g.acquire().await.map(|p| p.forget());
+            }
+            Ok(true)
+        }
+        .boxed()
+    }
+
+    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
+        let result = if self.down {
+            Err(Status::unavailable("down"))
+        } else {
+            let mut seen = self.seen.lock().unwrap();
+            let n = seen.key_slots.entry(key.to_string()).or_default();
+            if *n >= limit {
+                Err(refuse(Code::ResourceExhausted, RefusalReason::KeyConcurrency, "", "at limit"))
+            } else {
+                *n += 1;
+                let guard = SlotGuard(self.seen.clone(), key.to_string());
+                Ok(futures_util::stream::pending().map(move |e| {
+                    let _ = &guard;
+                    e
+                })
+                .boxed())
+            }
         };
         async move { result }.boxed()
     }

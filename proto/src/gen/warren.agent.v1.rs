@@ -153,6 +153,34 @@ pub struct DeleteThreadRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DeleteThreadResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CancelRequest {
+    /// The execution's id (`ExecuteRequest.execution_id`).
+    #[prost(string, tag = "1")]
+    pub execution_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CancelResponse {
+    /// True when the execution was running here and has now ended.
+    #[prost(bool, tag = "1")]
+    pub was_running: bool,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KeySlotRequest {
+    /// The ApiKey's `namespace/name`.
+    #[prost(string, tag = "1")]
+    pub key: ::prost::alloc::string::String,
+    /// The key's concurrency limit, 1..=100000; a lower limit than the slots
+    /// already held only refuses new holds.
+    #[prost(uint32, tag = "2")]
+    pub limit: u32,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KeySlotEvent {
+    /// Slots of this key held here, this one included.
+    #[prost(uint32, tag = "1")]
+    pub held: u32,
+}
 /// Per-execution resource limits. Zero means "node default".
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Limits {
@@ -416,6 +444,8 @@ pub enum RefusalReason {
     /// The request asks for something this agent does not offer (a network
     /// policy, mounts, an image kind); `field` names it.
     Unsupported = 10,
+    /// HoldKeySlot: the key holds its limit of slots.
+    KeyConcurrency = 11,
 }
 impl RefusalReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -435,6 +465,7 @@ impl RefusalReason {
             Self::ThreadNotFound => "REFUSAL_REASON_THREAD_NOT_FOUND",
             Self::ThreadStore => "REFUSAL_REASON_THREAD_STORE",
             Self::Unsupported => "REFUSAL_REASON_UNSUPPORTED",
+            Self::KeyConcurrency => "REFUSAL_REASON_KEY_CONCURRENCY",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -451,6 +482,7 @@ impl RefusalReason {
             "REFUSAL_REASON_THREAD_NOT_FOUND" => Some(Self::ThreadNotFound),
             "REFUSAL_REASON_THREAD_STORE" => Some(Self::ThreadStore),
             "REFUSAL_REASON_UNSUPPORTED" => Some(Self::Unsupported),
+            "REFUSAL_REASON_KEY_CONCURRENCY" => Some(Self::KeyConcurrency),
             _ => None,
         }
     }
@@ -672,6 +704,61 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "DeleteThread"));
             self.inner.unary(req, path, codec).await
         }
+        /// Cancel kills execution `execution_id` if it runs on this node and
+        /// answers once its sandbox is gone (at once when nothing by that id runs),
+        /// so a caller that let go of an execution early knows when it has ended.
+        pub async fn cancel(
+            &mut self,
+            request: impl tonic::IntoRequest<super::CancelRequest>,
+        ) -> std::result::Result<tonic::Response<super::CancelResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/Cancel",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "Cancel"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// HoldKeySlot takes one of an ApiKey's concurrent-execution slots, counted
+        /// on this agent for every gateway replica: gateways ask the same agent for
+        /// the same key (rendezvous hashing of node names), so the key's limit holds
+        /// however many gateways serve it. The first event grants the slot; the
+        /// stream then stays open and the slot is held until the caller cancels the
+        /// call or its connection ends. RESOURCE_EXHAUSTED (KEY_CONCURRENCY) when
+        /// the key already holds `limit` slots here.
+        pub async fn hold_key_slot(
+            &mut self,
+            request: impl tonic::IntoRequest<super::KeySlotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::KeySlotEvent>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/HoldKeySlot",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "HoldKeySlot"));
+            self.inner.server_streaming(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -713,6 +800,33 @@ pub mod node_agent_server {
             request: tonic::Request<super::DeleteThreadRequest>,
         ) -> std::result::Result<
             tonic::Response<super::DeleteThreadResponse>,
+            tonic::Status,
+        >;
+        /// Cancel kills execution `execution_id` if it runs on this node and
+        /// answers once its sandbox is gone (at once when nothing by that id runs),
+        /// so a caller that let go of an execution early knows when it has ended.
+        async fn cancel(
+            &self,
+            request: tonic::Request<super::CancelRequest>,
+        ) -> std::result::Result<tonic::Response<super::CancelResponse>, tonic::Status>;
+        /// Server streaming response type for the HoldKeySlot method.
+        type HoldKeySlotStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::KeySlotEvent, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// HoldKeySlot takes one of an ApiKey's concurrent-execution slots, counted
+        /// on this agent for every gateway replica: gateways ask the same agent for
+        /// the same key (rendezvous hashing of node names), so the key's limit holds
+        /// however many gateways serve it. The first event grants the slot; the
+        /// stream then stays open and the slot is held until the caller cancels the
+        /// call or its connection ends. RESOURCE_EXHAUSTED (KEY_CONCURRENCY) when
+        /// the key already holds `limit` slots here.
+        async fn hold_key_slot(
+            &self,
+            request: tonic::Request<super::KeySlotRequest>,
+        ) -> std::result::Result<
+            tonic::Response<Self::HoldKeySlotStream>,
             tonic::Status,
         >;
     }
@@ -923,6 +1037,95 @@ pub mod node_agent_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/Cancel" => {
+                    #[allow(non_camel_case_types)]
+                    struct CancelSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<T: NodeAgent> tonic::server::UnaryService<super::CancelRequest>
+                    for CancelSvc<T> {
+                        type Response = super::CancelResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::CancelRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::cancel(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CancelSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/HoldKeySlot" => {
+                    #[allow(non_camel_case_types)]
+                    struct HoldKeySlotSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::ServerStreamingService<super::KeySlotRequest>
+                    for HoldKeySlotSvc<T> {
+                        type Response = super::KeySlotEvent;
+                        type ResponseStream = T::HoldKeySlotStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::KeySlotRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::hold_key_slot(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = HoldKeySlotSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
