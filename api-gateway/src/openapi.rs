@@ -24,7 +24,7 @@ pub struct ExecuteRequestDoc {
     /// Seconds, 1–3600 and at most the key's maximum (default 60, capped by it).
     #[schema(minimum = 1, maximum = 3600, default = 60)]
     pub timeout: Option<u32>,
-    /// Persistent home directory id, `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`, scoped to the key: `/home/sandbox` is restored before the call and its changes are saved (durably) before the response. One execution per thread at a time (409). Result errors: `thread_mount_error` (nothing ran), `thread_state_too_large`, `thread_save_error`, `thread_conflict` (the previous state, or the other execution's, is kept).
+    /// Persistent home directory id, `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`, scoped to the key: `/home/sandbox` is restored before the call and its changes are saved (durably) before the response. One execution per thread at a time (409). Result errors: `thread_mount_error` and `thread_limit_reached` (the key keeps its `maxThreads`; nothing ran), `thread_state_too_large`, `thread_save_error`, `thread_conflict` (the previous state, or the other execution's, is kept).
     #[schema(pattern = "^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$")]
     pub thread_id: Option<String>,
     /// Audit-only pairs: at most 10 keys (`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`, 1–40 chars), string values ≤ 256 chars. Never reaches the sandbox.

@@ -17,6 +17,7 @@ fn key() -> EffectiveKey {
         disabled: false,
         max_timeout_seconds: 30,
         max_concurrency: 2,
+        max_threads: 1000,
         image: "host".into(),
         languages: vec![Language::Python, Language::Bash],
         limits: warren_config::Limits {

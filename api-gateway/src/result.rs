@@ -43,6 +43,8 @@ pub enum ThreadFailure {
     Save,
     /// Another execution saved the thread meanwhile (on another node).
     Conflict,
+    /// A new thread beyond the key's `maxThreads`; the program did not run.
+    Limit,
 }
 
 impl ThreadFailure {
@@ -52,6 +54,7 @@ impl ThreadFailure {
             ThreadFailure::TooLarge => "thread_state_too_large",
             ThreadFailure::Save => "thread_save_error",
             ThreadFailure::Conflict => "thread_conflict",
+            ThreadFailure::Limit => "thread_limit_reached",
         }
     }
 }
@@ -81,6 +84,7 @@ impl Outcome {
             Some(Failure::ThreadTooLarge) => return thread(ThreadFailure::TooLarge),
             Some(Failure::ThreadSave) => return thread(ThreadFailure::Save),
             Some(Failure::ThreadConflict) => return thread(ThreadFailure::Conflict),
+            Some(Failure::ThreadLimit) => return thread(ThreadFailure::Limit),
             None => {}
         }
         if e.timed_out {
@@ -121,7 +125,7 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, or null.
     pub error: Option<String>,
     /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
     pub trace_id: String,
@@ -285,6 +289,7 @@ mod tests {
             (Failure::ThreadTooLarge, "thread_state_too_large"),
             (Failure::ThreadSave, "thread_save_error"),
             (Failure::ThreadConflict, "thread_conflict"),
+            (Failure::ThreadLimit, "thread_limit_reached"),
         ];
         for (failure, code) in cases {
             let x = Exited { exit_code: 0, failure: Some(failure), ..Default::default() };

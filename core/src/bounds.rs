@@ -47,6 +47,8 @@ pub const FILE_SIZE_BYTES: Bound<u64> = Bound { min: MIB, max: 4 * GIB, default:
 pub const THREAD_BYTES: Bound<u64> = Bound { min: MIB, max: 100 * GIB, default: GIB };
 /// Executions one API key may run at once.
 pub const CONCURRENCY: Bound<u32> = Bound { min: 1, max: 1024, default: 10 };
+/// Live threads one API key keeps.
+pub const THREADS: Bound<u32> = Bound { min: 1, max: 100_000, default: 1000 };
 
 #[cfg(test)]
 mod tests {
@@ -64,6 +66,7 @@ mod tests {
         assert!(FILE_SIZE_BYTES.contains(FILE_SIZE_BYTES.default));
         assert!(THREAD_BYTES.contains(THREAD_BYTES.default));
         assert!(CONCURRENCY.contains(CONCURRENCY.default));
+        assert!(THREADS.contains(THREADS.default));
         assert!(!PIDS.contains(7) && !PIDS.contains(4097));
     }
 }

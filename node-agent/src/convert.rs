@@ -74,7 +74,8 @@ pub fn thread_options(t: Option<pb::ThreadOptions>) -> Result<Option<ThreadOptio
         return Err(invalid("thread.max_bytes", "must be > 0"));
     }
     let retention = (t.retention_seconds > 0).then(|| Duration::from_secs(t.retention_seconds));
-    Ok(Some(ThreadOptions { key, retention, max_bytes: t.max_bytes }))
+    let max_threads = (t.max_threads > 0).then_some(t.max_threads);
+    Ok(Some(ThreadOptions { key, retention, max_bytes: t.max_bytes, max_threads }))
 }
 
 /// A thread reference, validated.
@@ -92,7 +93,7 @@ pub fn thread_status(e: &ThreadError) -> Status {
     let (code, reason) = match e {
         ThreadError::Busy | ThreadError::Conflict => (Code::Aborted, Reason::ThreadBusy),
         ThreadError::NotFound => (Code::NotFound, Reason::ThreadNotFound),
-        ThreadError::TooLarge { .. } => (Code::FailedPrecondition, Reason::ThreadStore),
+        ThreadError::TooLarge { .. } | ThreadError::Limit { .. } => (Code::FailedPrecondition, Reason::ThreadStore),
         ThreadError::Io { .. } => return refuse(Code::Unavailable, Reason::ThreadStore, "", "the thread store failed; retry shortly"),
     };
     refuse(code, reason, "", e.to_string())
@@ -138,6 +139,7 @@ fn failure(f: Option<&Failure>) -> (pb::Failure, String) {
         Some(Failure::ThreadTooLarge) => (pb::Failure::ThreadTooLarge, String::new()),
         Some(Failure::ThreadSave) => (pb::Failure::ThreadSave, String::new()),
         Some(Failure::ThreadConflict) => (pb::Failure::ThreadConflict, String::new()),
+        Some(Failure::ThreadLimit) => (pb::Failure::ThreadLimit, String::new()),
     }
 }
 
@@ -240,15 +242,15 @@ mod tests {
     #[test]
     fn thread_options_are_validated() {
         let r = |ns: &str, id: &str| Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() });
-        let ok = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t-1"), retention_seconds: 0, max_bytes: 10 })).unwrap().unwrap();
-        assert_eq!((ok.retention, ok.max_bytes, ok.key.rel().as_str()), (None, 10, "default/k/t-1"));
-        let week = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 604800, max_bytes: 1 })).unwrap().unwrap();
-        assert_eq!(week.retention, Some(Duration::from_secs(604800)));
+        let ok = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t-1"), retention_seconds: 0, max_bytes: 10, max_threads: 0 })).unwrap().unwrap();
+        assert_eq!((ok.retention, ok.max_bytes, ok.max_threads, ok.key.rel().as_str()), (None, 10, None, "default/k/t-1"));
+        let week = thread_options(Some(pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 604800, max_bytes: 1, max_threads: 5 })).unwrap().unwrap();
+        assert_eq!((week.retention, week.max_threads), (Some(Duration::from_secs(604800)), Some(5)));
         for bad in [
-            pb::ThreadOptions { r#ref: r("default", "../x"), retention_seconds: 0, max_bytes: 1 },
-            pb::ThreadOptions { r#ref: r("Bad", "t"), retention_seconds: 0, max_bytes: 1 },
-            pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0 },
-            pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1 },
+            pb::ThreadOptions { r#ref: r("default", "../x"), retention_seconds: 0, max_bytes: 1, max_threads: 0 },
+            pb::ThreadOptions { r#ref: r("Bad", "t"), retention_seconds: 0, max_bytes: 1, max_threads: 0 },
+            pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0, max_threads: 0 },
+            pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1, max_threads: 0 },
         ] {
             let s = thread_options(Some(bad)).unwrap_err();
             assert_eq!(s.code(), tonic::Code::InvalidArgument);

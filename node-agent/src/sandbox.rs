@@ -173,6 +173,8 @@ pub enum Failure {
     ThreadSave,
     /// Another execution saved the thread meanwhile.
     ThreadConflict,
+    /// The call would create a thread beyond the key's limit; nothing ran.
+    ThreadLimit,
 }
 
 impl Outcome {

@@ -139,6 +139,7 @@ fn thread(id: &str) -> pb::ThreadOptions {
         r#ref: Some(pb::ThreadRef { namespace: "team".into(), key_name: "agent".into(), thread_id: id.into() }),
         max_bytes: 1 << 20,
         retention_seconds: 0,
+        max_threads: 0,
     }
 }
 

@@ -30,6 +30,7 @@ fn call(code: &str, thread: Option<&str>) -> pb::ExecuteRequest {
         r#ref: Some(pb::ThreadRef { namespace: "bench".into(), key_name: "key".into(), thread_id: t.into() }),
         retention_seconds: 0,
         max_bytes: 4 << 30,
+        max_threads: 0,
     });
     req
 }

@@ -101,6 +101,11 @@ metadata: {name: tiny}
 spec: {sandboxRef: {name: tiny-threads}}
 ---
 apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: few}
+spec: {sandboxRef: {name: threads}, maxThreads: 2}
+---
+apiVersion: warren.dev/v1alpha1
 kind: Sandbox
 metadata: {name: loud}
 spec: {image: host, languages: [python], maxTimeoutSeconds: 120, maxOutputBytes: 64Mi}
@@ -117,7 +122,7 @@ spec: {sandboxRef: {name: loud}}
 ---
 ",
     );
-    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "loud", "loud2"] {
+    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "few", "loud", "loud2"] {
         s.push_str(&secret(k));
     }
     s

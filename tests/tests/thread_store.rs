@@ -16,7 +16,7 @@ fn thread_ref(id: &str) -> pb::ThreadRef {
 
 fn on_thread(code: &str, id: &str) -> pb::ExecuteRequest {
     let mut req = request(pb::Language::Bash, code, Duration::from_secs(30));
-    req.thread = Some(pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30 });
+    req.thread = Some(pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
     req
 }
 
@@ -118,6 +118,43 @@ async fn the_s3_store_lets_another_node_restore_a_thread() {
     assert_eq!(ok(&node_a.run_request(on_thread("ls -A ~ | wc -l", "roaming")).await.unwrap()), "0\n");
 }
 
+/// A key's thread limit counts the live threads in the shared store, made
+/// by any node: a new thread over it ends before anything runs, existing
+/// threads go on, and a deleted thread frees its place at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thread_limit_counts_the_keys_live_threads_across_nodes() {
+    if skip_unless_root("the_thread_limit_counts_the_keys_live_threads_across_nodes") {
+        return;
+    }
+    let s3 = S3Server::start().unwrap();
+    let url = s3.store_url();
+    let env_owned = s3.env();
+    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = ["--thread-store", url.as_str()];
+    let node_a = Agent::start_with(&args, &env, None).await.unwrap();
+    let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+    let limited = |code: &str, id: &str| {
+        let mut req = on_thread(code, id);
+        if let Some(t) = req.thread.as_mut() {
+            t.max_threads = 2;
+        }
+        req
+    };
+    assert_eq!(ok(&node_a.run_request(limited("echo 1 > ~/f; echo ok", "one")).await.unwrap()), "ok\n");
+    assert_eq!(ok(&node_b.run_request(limited("echo 2 > ~/f; echo ok", "two")).await.unwrap()), "ok\n");
+
+    let over = node_a.run_request(limited("echo ran", "three")).await.unwrap();
+    assert_eq!((over.exited.failure(), over.exited.exit_code, over.stdout.as_str()), (Failure::ThreadLimit, -1, ""), "{over:?}");
+    assert!(s3.objects("threads/team/agent-key/three").is_empty(), "nothing was stored for the refused thread");
+    assert_eq!(ok(&node_a.run_request(limited("cat ~/f", "two")).await.unwrap()), "2\n", "existing threads go on");
+
+    let mut client = node_b.client().await.unwrap();
+    client.delete_thread(pb::DeleteThreadRequest { thread: Some(thread_ref("one")) }).await.unwrap();
+    assert_eq!(ok(&node_a.run_request(limited("echo 3 > ~/f; echo ok", "three")).await.unwrap()), "ok\n", "the deleted thread's place is free");
+    let again = node_b.run_request(limited("echo ran", "four")).await.unwrap();
+    assert_eq!(again.exited.failure(), Failure::ThreadLimit, "two and three are live: {again:?}");
+}
+
 /// Requests the agent refuses before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_thread_references_are_refused() {
@@ -127,7 +164,7 @@ async fn malformed_thread_references_are_refused() {
     let agent = Agent::start(&[]).await.unwrap();
     for (ns, id, max) in [("team", "../etc", 1u64), ("Team", "t", 1), ("team", "t", 0)] {
         let mut req = on_thread("echo x", id);
-        req.thread = Some(pb::ThreadOptions { r#ref: Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() }), retention_seconds: 0, max_bytes: max });
+        req.thread = Some(pb::ThreadOptions { r#ref: Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() }), retention_seconds: 0, max_bytes: max, max_threads: 0 });
         let err = agent.run_request(req).await.unwrap_err();
         let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{ns}/{id}/{max}");

@@ -151,6 +151,21 @@ async fn over_the_size_cap_the_call_fails_and_the_previous_state_stays() {
     assert_eq!(ok(&run(&gw, "tiny", "bash", "cat ~/keep; ls ~", Some("capped"))), "v1\nkeep\n");
 }
 
+/// The ApiKey's `maxThreads` reaches the agent: a third thread of a key
+/// allowed two is refused before it runs, until one is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_keeps_at_most_its_max_threads() {
+    let Some((_agent, gw)) = setup("a_key_keeps_at_most_its_max_threads", &[]).await else { return };
+    for t in ["t1", "t2"] {
+        assert_eq!(ok(&run(&gw, "few", "bash", "echo x > ~/f; echo ok", Some(t))), "ok\n");
+    }
+    let over = run(&gw, "few", "bash", "echo ran", Some("t3"));
+    assert_eq!((over["error"].as_str(), over["exit_code"].as_i64(), over["stdout"].as_str()), (Some("thread_limit_reached"), Some(-1), Some("")), "{over}");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "echo x > ~/f; echo ok", Some("t3"))), "ok\n", "another key has its own count");
+    assert_eq!(gw.delete(&key("few"), "/v1/threads/t1").status, 204);
+    assert_eq!(ok(&run(&gw, "few", "bash", "echo ok", Some("t3"))), "ok\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_symlink_replaced_by_a_directory_cannot_hide_the_size() {
     let test = "a_saved_symlink_replaced_by_a_directory_cannot_hide_the_size";

@@ -20,6 +20,7 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
                 r#ref: Some(thread_ref(&s.tenant, &t.id)),
                 retention_seconds: t.retention.map_or(0, |d| d.as_secs()),
                 max_bytes: t.max_bytes,
+                max_threads: t.max_threads,
             }),
             execution_id: s.id,
             language: pb::Language::from(s.language) as i32,
@@ -64,6 +65,8 @@ pub enum Failure {
     ThreadSave,
     /// Another execution saved the thread meanwhile.
     ThreadConflict,
+    /// The call would create a thread beyond the key's limit; nothing ran.
+    ThreadLimit,
 }
 
 /// How the program ended and what it used.
@@ -100,6 +103,7 @@ impl From<pb::Exited> for Exit {
             pb::Failure::ThreadTooLarge => Some(Failure::ThreadTooLarge),
             pb::Failure::ThreadSave => Some(Failure::ThreadSave),
             pb::Failure::ThreadConflict => Some(Failure::ThreadConflict),
+            pb::Failure::ThreadLimit => Some(Failure::ThreadLimit),
         };
         Exit {
             exit_code: x.exit_code,

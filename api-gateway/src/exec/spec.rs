@@ -30,6 +30,8 @@ pub struct ThreadSpec {
     pub retention: Option<Duration>,
     /// Largest charged size of the saved home.
     pub max_bytes: u64,
+    /// Most live threads of the key (0: no limit).
+    pub max_threads: u32,
 }
 
 /// The root filesystem.
@@ -113,6 +115,7 @@ impl ExecutionSpec {
                 id,
                 retention: key.thread_retention.duration(),
                 max_bytes: key.thread_max_bytes,
+                max_threads: key.max_threads,
             }),
             delivery,
         })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::async_trait;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use warren_isolation::home::{ThreadHome, ThreadHomeSpec};
 use warren_isolation::wire::{Go, Home};
 
@@ -90,9 +90,15 @@ impl Resource for ThreadHomeResource {
     async fn acquire(&mut self) -> Result<(), Failure> {
         let Some((options, lock)) = self.claim.take() else { return Err(Failure::ThreadMount) };
         let thread = options.key.rel();
-        let restored = self.threads.restore(options, lock).await.map_err(|e| {
-            warn!(thread = %thread, error = %e, "restoring the thread failed; nothing ran");
-            Failure::ThreadMount
+        let restored = self.threads.restore(options, lock).await.map_err(|e| match e {
+            ThreadError::Limit { .. } => {
+                info!(thread = %thread, error = %e, "a new thread over the key's limit; nothing ran");
+                Failure::ThreadLimit
+            }
+            e => {
+                warn!(thread = %thread, error = %e, "restoring the thread failed; nothing ran");
+                Failure::ThreadMount
+            }
         })?;
         self.restored = Some(restored);
         Ok(())

@@ -51,6 +51,11 @@ impl ThreadKey {
         format!("{}/{}/{}", self.namespace, self.key_name, self.thread_id)
     }
 
+    /// Folder holding every thread of this thread's ApiKey.
+    pub fn key_prefix(&self) -> String {
+        format!("threads/{}/{}/", self.namespace, self.key_name)
+    }
+
     /// Object key of the manifest.
     pub fn manifest_key(&self) -> String {
         format!("threads/{}/manifest.json", self.rel())
@@ -80,6 +85,8 @@ pub struct ThreadOptions {
     pub retention: Option<Duration>,
     /// Largest charged size of the saved home.
     pub max_bytes: u64,
+    /// Most live threads the key keeps; a call creating one more is refused.
+    pub max_threads: Option<u32>,
 }
 
 /// One layer of a manifest.

@@ -64,6 +64,12 @@ pub enum ThreadError {
         /// The limit.
         limit: u64,
     },
+    /// Creating this thread would give its key more than `max` threads.
+    #[error("the key keeps its maximum of {max} threads; delete one before creating another")]
+    Limit {
+        /// The key's limit.
+        max: u32,
+    },
     /// The store or the local disk failed.
     #[error("{step}: {source}")]
     Io {
@@ -205,6 +211,29 @@ impl Threads {
         Ok(((!m.expired(unix_now())).then_some(m), Some(version)))
     }
 
+    /// Refuses to create `key` when its ApiKey keeps `max` live threads.
+    /// Listing the key's thread folders is enough below the limit; at it,
+    /// deleted (tombstoned) and expired threads are told apart by reading
+    /// manifests, stopping as soon as `max` live ones are found.
+    async fn check_room(&self, key: &ThreadKey, max: u32) -> Result<(), ThreadError> {
+        let folders = self.store.list_folders(&key.key_prefix()).await.map_err(io_err("listing the key's threads"))?;
+        let others: Vec<&String> = folders.iter().filter(|f| **f != key.thread_id).collect();
+        if others.len() < max as usize {
+            return Ok(());
+        }
+        let mut live = 0u32;
+        for id in others {
+            let Ok(other) = ThreadKey::new(&key.namespace, &key.key_name, id) else { continue };
+            if self.manifest(&other).await?.0.is_some() {
+                live += 1;
+                if live >= max {
+                    return Err(ThreadError::Limit { max });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Publishes `manifest` over exactly the version the call started from.
     async fn publish(&self, restored: &Restored, manifest: &Manifest) -> Result<(), ThreadError> {
         let body = Bytes::from(serde_json::to_vec(manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
@@ -246,6 +275,9 @@ impl Threads {
     pub async fn restore(&self, options: ThreadOptions, lock: ThreadLock) -> Result<Restored, ThreadError> {
         let key = &options.key;
         let (manifest, published) = self.manifest(key).await?;
+        if let (None, Some(max)) = (&manifest, options.max_threads) {
+            self.check_room(key, max).await?;
+        }
         let dir = self.dir(key);
         let state = dir.join("state");
         let want = manifest.as_ref().map_or("", |m| m.id.as_str());
@@ -531,6 +563,30 @@ mod tests {
         assert!(touch_due(&m, Some(7 * 86_400), 10_001), "the Sandbox's retention changed");
         let forever = Manifest { retention_secs: None, ..m };
         assert!(!touch_due(&forever, None, u64::MAX), "a thread kept forever needs no last-use record");
+    }
+
+    async fn publish_raw(store: &dyn BlobStore, id: &str, m: &Manifest) {
+        let key = ThreadKey::new("team", "agent", id).unwrap();
+        assert!(store.put_if(&key.manifest_key(), serde_json::to_vec(m).unwrap().into(), None).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_new_thread_is_refused_only_when_the_key_keeps_its_limit_of_live_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn BlobStore> = Arc::new(store::DirStore::open(&dir.path().join("store")).unwrap());
+        let threads = Threads::new(store.clone(), &dir.path().join("cache")).unwrap();
+        let live = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: unix_now(), retention_secs: None };
+        publish_raw(&*store, "a", &live).await;
+        publish_raw(&*store, "b", &live).await;
+        publish_raw(&*store, "deleted", &Manifest::tombstone(unix_now())).await;
+        publish_raw(&*store, "expired", &Manifest { updated_at: 0, retention_secs: Some(60), ..live.clone() }).await;
+        let other_key = ThreadKey::new("team", "other", "x").unwrap();
+        assert!(store.put_if(&other_key.manifest_key(), serde_json::to_vec(&live).unwrap().into(), None).await.unwrap());
+        let new = ThreadKey::new("team", "agent", "new").unwrap();
+        assert!(matches!(threads.check_room(&new, 2).await, Err(ThreadError::Limit { max: 2 })), "a and b are live");
+        threads.check_room(&new, 3).await.expect("deleted, expired and another key's threads do not count");
+        threads.check_room(&ThreadKey::new("team", "agent", "a").unwrap(), 2).await.expect("a thread never counts against itself");
+        threads.check_room(&ThreadKey::new("team", "fresh", "t").unwrap(), 1).await.expect("a key without threads has room");
     }
 
     #[test]

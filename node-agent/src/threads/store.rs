@@ -47,6 +47,9 @@ pub trait BlobStore: Send + Sync {
     fn delete(&self, key: &str) -> BoxFuture<'_, io::Result<()>>;
     /// Every object whose key starts with `prefix` (a `/`-terminated folder).
     fn list(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<Listed>>>;
+    /// The names of the folders directly under `prefix` (`/`-terminated),
+    /// without listing what they hold.
+    fn list_folders(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<String>>>;
     /// A directory on the same filesystem as the store, if it is local:
     /// spooling there makes `put_file` a rename.
     fn spool_dir(&self) -> Option<PathBuf> {
@@ -192,6 +195,26 @@ impl BlobStore for DirStore {
             let mut out = Vec::new();
             let start = key_path(&root, &prefix)?;
             walk(&root, &start, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    fn list_folders(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<String>>> {
+        let (root, prefix) = (self.root.clone(), prefix.trim_end_matches('/').to_string());
+        blocking(move || {
+            let entries = match std::fs::read_dir(key_path(&root, &prefix)?) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let mut out = Vec::new();
+            for entry in entries {
+                let entry = entry?;
+                // Not following links: the store only ever makes directories.
+                if entry.file_type()?.is_dir() {
+                    out.extend(entry.file_name().to_str().map(str::to_string));
+                }
+            }
             Ok(out)
         })
     }
@@ -375,6 +398,15 @@ impl BlobStore for S3Store {
                 out.push(Listed { key: meta.location.to_string(), modified: meta.last_modified.into() });
             }
             Ok(out)
+        }
+        .boxed()
+    }
+
+    fn list_folders(&self, prefix: &str) -> BoxFuture<'_, io::Result<Vec<String>>> {
+        let prefix = object_store::path::Path::from(prefix.trim_end_matches('/'));
+        async move {
+            let listed = self.inner.list_with_delimiter(Some(&prefix)).await.map_err(os_err)?;
+            Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect())
         }
         .boxed()
     }

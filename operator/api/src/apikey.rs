@@ -58,6 +58,11 @@ pub struct ApiKeySpec {
     /// Most executions running at once for this key, 1–1024 (default 10).
     #[schemars(range(min = 1, max = 1024))]
     pub max_concurrency: Option<u32>,
+    /// Most threads (saved homes) the key keeps, 1–100000 (default 1000): a
+    /// call that would create one more ends with `thread_limit_reached`
+    /// before anything runs. Deleted and expired threads do not count.
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_threads: Option<u32>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
     /// Narrowings of the Sandbox's mounts: deeper prefixes, read-only.

@@ -18,6 +18,8 @@ pub const MAX_MEMORY: &str = "warren.dev/max-memory";
 pub const MAX_CONCURRENCY: &str = "warren.dev/max-concurrency";
 /// Saved home of one thread (`1Gi`).
 pub const MAX_THREAD_SIZE: &str = "warren.dev/max-thread-size";
+/// Live threads per key.
+pub const MAX_THREADS: &str = "warren.dev/max-threads";
 
 /// The ceilings of one namespace; `None` leaves a dimension to the Sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub struct Ceilings {
     pub concurrency: Option<u64>,
     /// Bytes of one thread's saved home.
     pub thread_bytes: Option<u64>,
+    /// Live threads per key.
+    pub threads: Option<u64>,
 }
 
 impl Ceilings {
@@ -48,6 +52,7 @@ impl Ceilings {
             memory_bytes: read(MAX_MEMORY, quantity::bytes, "512Mi")?,
             concurrency: read(MAX_CONCURRENCY, |s| s.trim().parse().ok(), "10")?,
             thread_bytes: read(MAX_THREAD_SIZE, quantity::bytes, "1Gi")?,
+            threads: read(MAX_THREADS, |s| s.trim().parse().ok(), "1000")?,
         })
     }
 
@@ -60,6 +65,7 @@ impl Ceilings {
             .or_else(|| over(self.memory_bytes, key.limits.memory_bytes, MAX_MEMORY, "spec.sandboxRef.name", "the Sandbox's memory (bytes)"))
             .or_else(|| over(self.concurrency, u64::from(key.max_concurrency), MAX_CONCURRENCY, "spec.maxConcurrency", "maxConcurrency"))
             .or_else(|| over(self.thread_bytes, key.thread_max_bytes, MAX_THREAD_SIZE, "spec.sandboxRef.name", "the Sandbox's threadMaxSize (bytes)"))
+            .or_else(|| over(self.threads, u64::from(key.max_threads), MAX_THREADS, "spec.maxThreads", "maxThreads"))
     }
 }
 
@@ -73,8 +79,8 @@ mod tests {
 
     #[test]
     fn annotations_parse_and_typos_are_errors() {
-        let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), ("other", "x")])).unwrap();
-        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30) });
+        let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), (MAX_THREADS, "50"), ("other", "x")])).unwrap();
+        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50) });
         assert_eq!(Ceilings::from_annotations(&ann(&[])).unwrap(), Ceilings::default());
         let err = Ceilings::from_annotations(&ann(&[(MAX_MEMORY, "1 GB")])).unwrap_err();
         assert!(err.contains(MAX_MEMORY) && err.contains("1 GB"), "{err}");

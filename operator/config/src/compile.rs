@@ -389,6 +389,7 @@ pub fn effective_key(
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (bounds::TIMEOUT_SECS.min, sb.max_timeout_seconds))?,
     };
     let max_concurrency = c.bound("spec.maxConcurrency", k.max_concurrency, bounds::CONCURRENCY)?;
+    let max_threads = c.bound("spec.maxThreads", k.max_threads, bounds::THREADS)?;
     // Narrowing only: Unrestricted may become Blocked, never the reverse.
     let network = sb
         .network
@@ -410,6 +411,7 @@ pub fn effective_key(
         disabled: k.disabled,
         max_timeout_seconds,
         max_concurrency,
+        max_threads,
         image: sb.image.clone(),
         languages: sb.languages.clone(),
         limits: sb.limits,

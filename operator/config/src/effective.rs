@@ -28,6 +28,10 @@ pub struct EffectiveKey {
     pub max_timeout_seconds: u32,
     /// Most executions at once.
     pub max_concurrency: u32,
+    /// Most live threads; 0 (published by an operator older than the
+    /// field) means no limit.
+    #[serde(default)]
+    pub max_threads: u32,
     /// Root filesystem.
     pub image: String,
     /// Languages offered.

@@ -246,13 +246,20 @@ fn namespace_ceilings_refuse_keys_that_would_get_more() {
         run(&[("a.yaml", format!("{ns}---\n{}---\n{}---\n{}", sandbox(sb_extra), api_key("k", key_extra), secret("k-key", KEY_A)))])
     };
     // Under every ceiling: published as declared.
-    let ok = base("  resources: {cpu: 500m, memory: 512Mi}\n", "  maxConcurrency: 2\n", namespace("default", "warren.dev/max-cpu: '1', warren.dev/max-memory: 1Gi, warren.dev/max-concurrency: '4', warren.dev/max-thread-size: 2Gi"));
+    let ok = base(
+        "  resources: {cpu: 500m, memory: 512Mi}\n",
+        "  maxConcurrency: 2\n  maxThreads: 50\n",
+        namespace("default", "warren.dev/max-cpu: '1', warren.dev/max-memory: 1Gi, warren.dev/max-concurrency: '4', warren.dev/max-thread-size: 2Gi, warren.dev/max-threads: '100'"),
+    );
     assert!(ok.errors.is_empty(), "{:?}", ok.errors);
     for (sb, key, ann, named) in [
         ("  resources: {cpu: 2}\n", "", "warren.dev/max-cpu: '1'", "warren.dev/max-cpu=1000"),
         ("  resources: {cpu: 500m, memory: 2Gi}\n", "", "warren.dev/max-memory: 1Gi", "warren.dev/max-memory=1073741824"),
         ("", "  maxConcurrency: 8\n", "warren.dev/max-concurrency: '4'", "warren.dev/max-concurrency=4"),
         ("  threadMaxSize: 4Gi\n", "", "warren.dev/max-thread-size: 1Gi", "warren.dev/max-thread-size=1073741824"),
+        ("", "  maxThreads: 200\n", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
+        // The default of 1000 threads is over a lower ceiling: declare fewer.
+        ("", "", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
     ] {
         let c = base(sb, key, namespace("default", ann));
         assert!(c.keys.is_empty(), "{ann}: published over the ceiling");

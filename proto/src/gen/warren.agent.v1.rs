@@ -145,6 +145,12 @@ pub struct ThreadOptions {
     /// entry); a save beyond it fails and keeps the previous state. > 0.
     #[prost(uint64, tag = "3")]
     pub max_bytes: u64,
+    /// Most threads the key keeps (live in the store); a call that would create
+    /// one more ends with failure THREAD_LIMIT before anything runs. 0: no
+    /// limit. Checked when a thread is created: creations racing on several
+    /// nodes may overshoot by the number that raced.
+    #[prost(uint32, tag = "4")]
+    pub max_threads: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DeleteThreadRequest {
@@ -505,6 +511,9 @@ pub enum Failure {
     ThreadSave = 5,
     /// Another execution saved the thread meanwhile; this save was discarded.
     ThreadConflict = 6,
+    /// The call would create a thread beyond the key's `max_threads`; nothing
+    /// ran.
+    ThreadLimit = 7,
 }
 impl Failure {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -520,6 +529,7 @@ impl Failure {
             Self::ThreadTooLarge => "FAILURE_THREAD_TOO_LARGE",
             Self::ThreadSave => "FAILURE_THREAD_SAVE",
             Self::ThreadConflict => "FAILURE_THREAD_CONFLICT",
+            Self::ThreadLimit => "FAILURE_THREAD_LIMIT",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -532,6 +542,7 @@ impl Failure {
             "FAILURE_THREAD_TOO_LARGE" => Some(Self::ThreadTooLarge),
             "FAILURE_THREAD_SAVE" => Some(Self::ThreadSave),
             "FAILURE_THREAD_CONFLICT" => Some(Self::ThreadConflict),
+            "FAILURE_THREAD_LIMIT" => Some(Self::ThreadLimit),
             _ => None,
         }
     }
