@@ -94,7 +94,7 @@ pub fn thread_status(e: &ThreadError) -> Status {
         ThreadError::Busy | ThreadError::Conflict => (Code::Aborted, Reason::ThreadBusy),
         ThreadError::NotFound => (Code::NotFound, Reason::ThreadNotFound),
         ThreadError::TooLarge { .. } | ThreadError::Limit { .. } => (Code::FailedPrecondition, Reason::ThreadStore),
-        ThreadError::Io { .. } => return refuse(Code::Unavailable, Reason::ThreadStore, "", "the thread store failed; retry shortly"),
+        ThreadError::Io { .. } | ThreadError::DiskLow { .. } => return refuse(Code::Unavailable, Reason::ThreadStore, "", "the thread store failed; retry shortly"),
     };
     refuse(code, reason, "", e.to_string())
 }

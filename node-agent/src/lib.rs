@@ -103,9 +103,33 @@ pub struct Args {
     /// execution is killed (its deadline never waits for the caller).
     #[arg(long, env = "WARREN_OUTPUT_STALL_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub output_stall_secs: u64,
+    /// Free space thread data never uses on the state directory's disk
+    /// (`512Mi`, `2Gi`; `0` turns the floor off). Idle warm copies are
+    /// dropped to keep it; a call that still does not fit fails its thread
+    /// step instead of filling the disk.
+    #[arg(long, env = "WARREN_STATE_RESERVE", default_value = "1Gi", value_parser = parse_bytes)]
+    pub state_reserve: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
+}
+
+/// Says where the state lives and warns when it shares the node's root
+/// filesystem: a dedicated disk keeps sandboxes' data away from what the
+/// node needs to run.
+fn report_state_disk(state: &Path, reserve: u64) {
+    let free = threads::disk::free_bytes(state).unwrap_or(0);
+    match threads::disk::shares_root(state) {
+        Ok(true) => warn!(
+            state = %state.display(), free_bytes = free, reserve_bytes = reserve,
+            "the state directory is on the root filesystem; give it a dedicated disk (see --state-dir) so thread data cannot crowd out the node"
+        ),
+        _ => info!(state = %state.display(), free_bytes = free, reserve_bytes = reserve, "state directory on its own filesystem"),
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    warren_core::quantity::bytes(s).ok_or_else(|| format!("{s:?} is not a byte quantity (e.g. 512Mi, 2Gi, 0)"))
 }
 
 /// Runs the agent until SIGINT/SIGTERM.
@@ -130,6 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         thread_gc_interval_secs,
         thread_warm_idle_secs,
         output_stall_secs,
+        state_reserve,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -155,7 +180,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc")];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
-    let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?);
+    let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?.with_reserve(state_reserve));
+    report_state_disk(&state_dir, state_reserve);
     let supervisor_binary = match sandbox_binary {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("warren-sandbox"),

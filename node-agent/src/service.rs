@@ -137,6 +137,9 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let received = Instant::now();
         let span = info_span!("execute", trace_id = %trace_of(&req), execution_id = tracing::field::Empty);
         let mut req = req.into_inner();
+        // The key's slot, when this agent counts the key: first, so a key at
+        // its limit touches nothing else; held until the execution has ended.
+        let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| convert::key_slot_status(&e))?;
         let admitted = async {
             let thread = convert::thread_options(req.thread.take())?;
             self.backend.admit(convert::exec_request(req)?, thread).await.map_err(|e| convert::to_status(&e))
@@ -165,8 +168,10 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             };
             // A caller that reads nothing does not keep this task forever.
             let _ = tokio::time::timeout(stall, tx.send(last)).await;
-            // Only now has the execution ended for a waiting `Cancel`.
+            // Only now has the execution ended for a waiting `Cancel`, and
+            // for the key's count.
             drop(registration);
+            drop(key_slot);
         };
         tokio::spawn(task.instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))

@@ -458,3 +458,21 @@ async fn a_cancelled_key_slot_call_returns_the_slot_over_the_wire() {
     stop.send(()).unwrap();
     serving.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_key_slot_taken_with_the_execution_is_held_until_it_has_ended() {
+    let (double, seen) = Double::new(Script::Flood);
+    let service = AgentService::new(double);
+    let with_slot = || pb::ExecuteRequest { key_slot: Some(pb::KeySlotRequest { key: "team/agent".into(), limit: 1 }), ..request("yes") };
+    let mut running = service.execute(Request::new(with_slot())).await.unwrap().into_inner();
+    running.next().await.unwrap().unwrap();
+    let err = service.hold_key_slot(key_slot("team/agent", 1)).await.err().expect("the execution holds the key's one slot");
+    assert_refused(&err, Code::ResourceExhausted, Reason::KeyConcurrency, "");
+    let second = pb::ExecuteRequest { execution_id: "trc_second".into(), ..with_slot() };
+    assert_refused(&service.execute(Request::new(second)).await.unwrap_err(), Code::ResourceExhausted, Reason::KeyConcurrency, "");
+    assert_eq!(seen.lock().unwrap().admitted.len(), 1, "the refused execution was never admitted");
+    // Cancel answers once the execution has ended: its slot is back by then.
+    service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
+    assert!(service.hold_key_slot(key_slot("team/agent", 1)).await.is_ok());
+    drop(running);
+}

@@ -6,6 +6,7 @@ use warren_proto::agent::Failure;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use warren_e2e::disk::SmallDisk;
 use warren_e2e::s3::S3Server;
 use warren_e2e::{request, skip_unless_root, Agent, Run};
 use warren_proto::agent as pb;
@@ -153,6 +154,46 @@ async fn the_thread_limit_counts_the_keys_live_threads_across_nodes() {
     assert_eq!(ok(&node_a.run_request(limited("echo 3 > ~/f; echo ok", "three")).await.unwrap()), "ok\n", "the deleted thread's place is free");
     let again = node_b.run_request(limited("echo ran", "four")).await.unwrap();
     assert_eq!(again.exited.failure(), Failure::ThreadLimit, "two and three are live: {again:?}");
+}
+
+/// The state disk's reserve holds: idle warm copies are dropped to make
+/// room (their threads restore from the store), and a save that would still
+/// go below the reserve fails cleanly, keeping the previous state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_data_never_fills_the_state_disk_below_its_reserve() {
+    if skip_unless_root("thread_data_never_fills_the_state_disk_below_its_reserve") {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let disk = SmallDisk::mount(160 * MIB).unwrap();
+    let state = disk.path().join("state");
+    let agent = Agent::start_with(&["--state-reserve", "48Mi"], &[], Some(&state)).await.unwrap();
+    let call = |code: String, id: &str| {
+        let mut req = on_thread(&code, id);
+        req.limits = Some(pb::Limits { home_bytes: 64 * MIB, ..Default::default() });
+        req
+    };
+    let write = |mib: u64| format!("head -c {mib}M /dev/urandom > ~/blob && sha256sum ~/blob | cut -c1-64");
+    let warm = |id: &str| state.join("threads/team/agent-key").join(id).exists();
+    let above_reserve = |when: &str| assert!(disk.free() >= 48 * MIB, "{when}: {} bytes free, under the reserve", disk.free());
+
+    let sum1 = ok(&agent.run_request(call(write(24), "t1")).await.unwrap()).to_string();
+    ok(&agent.run_request(call(write(24), "t2")).await.unwrap());
+    assert!(warm("t1") && warm("t2"));
+    above_reserve("two threads saved");
+    // A third does not fit beside the two warm copies: they go, it is saved.
+    ok(&agent.run_request(call(write(24), "t3")).await.unwrap());
+    assert!(!warm("t1") && !warm("t2"), "idle warm copies were dropped to keep the reserve");
+    above_reserve("the third thread saved");
+    // t1 comes back from the store, whole.
+    assert_eq!(ok(&agent.run_request(call("sha256sum ~/blob | cut -c1-64".into(), "t1")).await.unwrap()), sum1);
+    above_reserve("t1 restored");
+
+    let big = agent.run_request(call(write(40), "t4")).await.unwrap();
+    assert_eq!((big.exited.failure(), big.stdout.len()), (Failure::ThreadSave, 65), "the program ran, its save was refused: {big:?}");
+    above_reserve("a save over the reserve was refused");
+    assert_eq!(ok(&agent.run_request(call("ls -A ~ | wc -l".into(), "t4")).await.unwrap()), "0\n", "nothing of the refused save was kept");
+    assert_eq!(ok(&agent.run_request(request(pb::Language::Bash, "echo fine", Duration::from_secs(10))).await.unwrap()), "fine\n", "calls without a thread are unaffected");
 }
 
 /// Requests the agent refuses before anything runs.

@@ -43,6 +43,8 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
             mounts: Vec::new(),
             egress: Vec::new(),
             connectors: Vec::new(),
+            // Set by the service when the executing agent counts the key.
+            key_slot: None,
         }
     }
 }
@@ -145,7 +147,7 @@ pub fn run_event(e: pb::ExecuteEvent) -> Option<RunEvent> {
 
 /// How an agent's refusal of `Execute` reads (nothing ran). The second
 /// value is true when the node itself looks broken.
-pub fn refused(status: &tonic::Status, thread_id: Option<&str>) -> (ExecError, bool) {
+pub fn refused(status: &tonic::Status, thread_id: Option<&str>, key_limit: u32) -> (ExecError, bool) {
     let (reason, field) = refusal_of(status);
     let e = match reason {
         // The gateway validated first, so gateway and agent disagree on a
@@ -161,7 +163,9 @@ pub fn refused(status: &tonic::Status, thread_id: Option<&str>) -> (ExecError, b
         Reason::Unsupported => ExecError::NodeRefused("the node does not offer a capability this sandbox needs"),
         Reason::ShuttingDown => return (ExecError::NodeRefused("the node is shutting down"), true),
         Reason::SandboxSetup => return (ExecError::NodeRefused("the node could not set up a sandbox"), true),
-        Reason::ThreadStore | Reason::ThreadNotFound | Reason::KeyConcurrency | Reason::Unspecified => {
+        // The key's slot was taken with the execution, on its counting agent.
+        Reason::KeyConcurrency => ExecError::KeyConcurrency(key_limit),
+        Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => {
             return (ExecError::NodeRefused("the node-agent could not be reached"), true)
         }
     };

@@ -2,9 +2,13 @@
 //!
 //! Every replica asks the same node-agent to count a key: the healthy agent
 //! that rendezvous hashing of node names picks for the key, as for a
-//! thread's home. The slot is an open call on that agent; dropping it (when
-//! the execution's agent has finished, see [`super::Run`]) returns the slot,
-//! and so does a gateway that dies, when its connection ends.
+//! thread's home. When the execution runs on that agent anyway, the slot
+//! travels in the `Execute` call and is held there until the execution has
+//! ended (no extra round trip: always the case on a single machine).
+//! Otherwise the slot is an open `HoldKeySlot` call on the counting agent;
+//! dropping it (when the execution's agent has finished, see
+//! [`super::Run`]) returns the slot, and so does a gateway that dies, when
+//! its connection ends.
 //!
 //! When the counting agent leaves, its counts are gone and the next agent
 //! starts from zero: until the executions admitted before have ended, a key
@@ -16,37 +20,76 @@ use tonic::Code;
 use warren_proto::agent::RefusalReason as Reason;
 use warren_proto::refusal::refusal_of;
 
+use std::sync::Arc;
+
+use warren_proto::agent as pb;
+
 use super::agent::HeldSlot;
 use super::ExecError;
-use crate::nodes::Nodes;
+use crate::nodes::{Node, Nodes};
 
-/// A held slot; returned on drop.
-pub struct KeySlot {
-    _held: HeldSlot,
+/// How long the counting agent may take to answer: a map update, so an
+/// agent this slow is treated as down.
+const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A key's slot for one execution.
+pub enum KeySlot {
+    /// Held by an open call on the counting agent; returned on drop.
+    Held(HeldSlot),
+    /// To be taken by the executing agent, which counts the key itself.
+    WithExecution(pb::KeySlotRequest),
+}
+
+impl KeySlot {
+    /// What the `Execute` call carries: the slot request when the executing
+    /// agent takes it.
+    pub fn for_execute(&self) -> Option<pb::KeySlotRequest> {
+        match self {
+            KeySlot::Held(_) => None,
+            KeySlot::WithExecution(r) => Some(r.clone()),
+        }
+    }
+
+    /// The key's limit (for a refusal the executing agent reports).
+    pub fn limit(&self) -> u32 {
+        match self {
+            KeySlot::Held(_) => 0,
+            KeySlot::WithExecution(r) => r.limit,
+        }
+    }
 }
 
 impl std::fmt::Debug for KeySlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeySlot")
+        match self {
+            KeySlot::Held(_) => f.write_str("KeySlot::Held"),
+            KeySlot::WithExecution(r) => write!(f, "KeySlot::WithExecution({})", r.key),
+        }
     }
 }
 
 /// The rendezvous name a key is counted under (never a thread's: those
 /// start with a namespace, which has no `:`).
-fn counted_as(key: &str) -> String {
+pub fn counted_as(key: &str) -> String {
     format!("key:{key}")
 }
 
-/// Takes a slot of `key` (`namespace/name`) under `limit` on its counting
-/// agent: 429 at the limit, 503 when no agent can count. A counting agent
-/// that cannot be reached is marked down and the next one is asked.
-pub async fn hold(nodes: &Nodes, key: &str, limit: u32) -> Result<KeySlot, ExecError> {
+/// Takes a slot of `key` (`namespace/name`) under `limit` for an execution
+/// on `executing`: on its counting agent (429 at the limit, 503 when no
+/// agent can count), or, when that is `executing`, in the `Execute` call. A
+/// counting agent that cannot be reached is marked down and the next one
+/// is asked.
+pub async fn take(nodes: &Nodes, key: &str, limit: u32, executing: &Arc<Node>) -> Result<KeySlot, ExecError> {
     let name = counted_as(key);
     // Each failed attempt marks a node down, so each retry asks another.
     for _ in 0..3 {
         let node = nodes.home_of(&name).ok_or(ExecError::NoNode)?;
-        match node.agent().hold_key_slot(key, limit).await {
-            Ok(held) => return Ok(KeySlot { _held: held }),
+        if Arc::ptr_eq(&node, executing) {
+            return Ok(KeySlot::WithExecution(pb::KeySlotRequest { key: key.to_string(), limit }));
+        }
+        let answer = tokio::time::timeout(HOLD_WAIT, node.agent().hold_key_slot(key, limit)).await;
+        match answer.unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the key's counting agent"))) {
+            Ok(held) => return Ok(KeySlot::Held(held)),
             Err(status) => match refused(&status, limit) {
                 Some(e) => return Err(e),
                 None => {

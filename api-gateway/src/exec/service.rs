@@ -14,6 +14,7 @@ use super::convert::{self, run_event, RunEvent};
 use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
 use super::ExecError;
 use super::keyslot::{self, KeySlot};
+use warren_proto::agent as pb;
 use crate::admission::{Admission, ThreadLock};
 use crate::audit::Audit;
 use crate::budget::{OutputBudget, Reservation};
@@ -53,7 +54,7 @@ struct Held {
     audit: Audit,
     _in_flight: InFlight,
     _thread: Option<ThreadLock>,
-    _slot: KeySlot,
+    slot: KeySlot,
     _output: Reservation,
 }
 
@@ -90,12 +91,12 @@ impl ExecutionService {
         let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
         let qualified = key.qualified_name();
         let thread = spec.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
-        let slot = keyslot::hold(&self.nodes, &qualified, key.max_concurrency).await?;
         let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
         let lease = self.nodes.lease_for(spec.placement().as_deref(), self.queue_wait).await?;
+        let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node).await?;
         let mut audit = Audit::start(&spec.id, key, spec.language.as_str(), req.thread_id.as_deref(), &req.metadata, self.metrics.clone());
         audit.node(lease.node.name());
-        let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, _slot: slot, _output: output };
+        let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, slot, _output: output };
         Ok(Admitted { spec, held })
     }
 
@@ -104,11 +105,13 @@ impl ExecutionService {
         let Admitted { spec, mut held } = a;
         let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
         // The code moves into the wire request (up to 1 MiB not copied).
-        match held.lease.node.agent().execute(spec.into()).await {
+        let mut wire = pb::ExecuteRequest::from(spec);
+        wire.key_slot = held.slot.for_execute();
+        match held.lease.node.agent().execute(wire).await {
             Ok(events) => Ok(Run { id, live: Some(Live { held, events, ended: false }) }),
             Err(status) => {
                 held.audit.finish(Outcome::SandboxError, None);
-                let (e, broken) = convert::refused(&status, thread_id.as_deref());
+                let (e, broken) = convert::refused(&status, thread_id.as_deref(), held.slot.limit());
                 tracing::warn!(execution_id = %id, node = %held.lease.node.address, code = ?status.code(), reason = status.message(), "node-agent refused the execution");
                 if broken {
                     held.lease.node.mark_unhealthy();

@@ -116,7 +116,9 @@ async fn key_concurrency_is_429_with_retry_after_and_frees_when_the_run_ends() {
     let a = g.execute(SOLO, code("x")).await;
     assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"));
     assert_eq!(a.headers["retry-after"], "1");
-    assert_eq!(g.agent_calls(), 1, "the refused one never reached the node");
+    // One node counts and runs: the slot travelled with the call and the
+    // agent refused it before anything ran.
+    assert_eq!(g.agent.seen.lock().unwrap().key_slots.get("default/solo"), Some(&1), "the refused one took no slot");
     hold.abort();
     let _ = hold.await;
     // The aborted request's run was cancelled at the agent, and its slot
@@ -126,10 +128,44 @@ async fn key_concurrency_is_429_with_retry_after_and_frees_when_the_run_ends() {
     assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
 }
 
+/// Two nodes, SOLO's slots counted on the one that runs nothing (capacity
+/// 0), so every execution of SOLO holds its slot by a separate call there.
+async fn gateway_counting_elsewhere(runner: FakeAgent) -> Gateway {
+    let names = ["node-1", "node-2"];
+    let probe = gateway_of(names.iter().map(|n| FakeAgent { capacity: 8, name: Some(n), ..Default::default() }).collect()).await;
+    let counting = probe.state.service.nodes.home_of(&counted_as("default/solo")).unwrap().name();
+    let (counter, other) = if counting == names[0] { (names[0], names[1]) } else { (names[1], names[0]) };
+    gateway_of(vec![FakeAgent { name: Some(other), ..runner }, FakeAgent { capacity: 0, name: Some(counter), ..Default::default() }]).await
+}
+
+#[tokio::test]
+async fn a_key_counted_on_another_node_holds_its_slot_there() {
+    let g = gateway_counting_elsewhere(FakeAgent { capacity: 8, ..Default::default() }).await;
+    let app = g.app.clone();
+    let hold = tokio::spawn(async move { app.oneshot(execute_request(SOLO, r#"{"code":"hang"}"#)).await });
+    eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
+    assert_eq!(g.others[0].seen.lock().unwrap().key_slots.get("default/solo"), Some(&1), "held on the counting node");
+    assert!(g.agent.seen.lock().unwrap().executes[0].key_slot.is_none(), "not taken a second time by the executing node");
+    let a = g.execute(SOLO, code("x")).await;
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"));
+    hold.abort();
+    let _ = hold.await;
+    eventually("the slot returns", || g.others[0].seen.lock().unwrap().key_slots.values().all(|n| *n == 0)).await;
+    assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn on_a_single_node_the_slot_travels_with_the_execution() {
+    let g = gateway().await;
+    assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
+    let slot = g.agent.seen.lock().unwrap().executes[0].key_slot.clone();
+    assert_eq!(slot, Some(warren_proto::agent::KeySlotRequest { key: "default/solo".into(), limit: 1 }), "no separate hold call");
+}
+
 #[tokio::test]
 async fn a_run_let_go_early_holds_its_key_slot_until_the_agent_confirms_its_end() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let g = gateway_with(FakeAgent { capacity: 8, cancel_gate: Some(gate.clone()), ..Default::default() }).await;
+    let g = gateway_counting_elsewhere(FakeAgent { capacity: 8, cancel_gate: Some(gate.clone()), ..Default::default() }).await;
     let app = g.app.clone();
     let hold = tokio::spawn(async move { app.oneshot(execute_request(SOLO, r#"{"code":"hang"}"#)).await });
     eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
@@ -140,7 +176,7 @@ async fn a_run_let_go_early_holds_its_key_slot_until_the_agent_confirms_its_end(
     let a = g.execute(SOLO, code("x")).await;
     assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"), "released too early");
     gate.add_permits(1);
-    eventually("the slot returns once the agent confirms", || g.agent.seen.lock().unwrap().key_slots.values().all(|n| *n == 0)).await;
+    eventually("the slot returns once the agent confirms", || g.others[0].seen.lock().unwrap().key_slots.values().all(|n| *n == 0)).await;
     assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
 }
 

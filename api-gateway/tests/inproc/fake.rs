@@ -66,6 +66,22 @@ pub struct FakeAgent {
     /// When set, `Cancel` answers only once a permit is added: the
     /// execution is still ending until then.
     pub cancel_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Node name `Status` reports (default `fake-node`).
+    pub name: Option<&'static str>,
+}
+
+impl FakeAgent {
+    /// Takes a slot of `key`, as the real agent's counter does; the guard
+    /// returns it.
+    fn take_slot(&self, key: &str, limit: u32) -> Result<SlotGuard, Status> {
+        let mut seen = self.seen.lock().unwrap();
+        let n = seen.key_slots.entry(key.to_string()).or_default();
+        if *n >= limit {
+            return Err(refuse(Code::ResourceExhausted, RefusalReason::KeyConcurrency, "", "at limit"));
+        }
+        *n += 1;
+        Ok(SlotGuard(self.seen.clone(), key.to_string()))
+    }
 }
 
 fn ev(e: Event) -> Result<pb::ExecuteEvent, Status> {
@@ -131,10 +147,18 @@ fn script(code: &str) -> Result<EventStream, Status> {
 
 impl Agent for FakeAgent {
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
+        // A key slot sent with the call is taken first, like the real agent.
+        let slot = match req.key_slot.as_ref().map(|k| self.take_slot(&k.key, k.limit)).transpose() {
+            Ok(slot) => slot,
+            Err(status) => {
+                self.seen.lock().unwrap().executes.push(req);
+                return async move { Err(status) }.boxed();
+            }
+        };
         let dropped = Dropped(self.seen.clone());
         // The stream carries a guard that records when the gateway drops it
-        // (which, on a real agent, kills the sandbox).
-        let result = script(&req.code).map(|s| s.map(move |e| { let _ = &dropped; e }).boxed());
+        // (which, on a real agent, kills the sandbox), and the key slot.
+        let result = script(&req.code).map(|s| s.map(move |e| { let _ = (&dropped, &slot); e }).boxed());
         self.seen.lock().unwrap().executes.push(req);
         async move { result }.boxed()
     }
@@ -171,30 +195,25 @@ impl Agent for FakeAgent {
         let result = if self.down {
             Err(Status::unavailable("down"))
         } else {
-            let mut seen = self.seen.lock().unwrap();
-            let n = seen.key_slots.entry(key.to_string()).or_default();
-            if *n >= limit {
-                Err(refuse(Code::ResourceExhausted, RefusalReason::KeyConcurrency, "", "at limit"))
-            } else {
-                *n += 1;
-                let guard = SlotGuard(self.seen.clone(), key.to_string());
-                Ok(futures_util::stream::pending().map(move |e| {
-                    let _ = &guard;
-                    e
-                })
-                .boxed())
-            }
+            self.take_slot(key, limit).map(|guard| {
+                futures_util::stream::pending()
+                    .map(move |e| {
+                        let _ = &guard;
+                        e
+                    })
+                    .boxed()
+            })
         };
         async move { result }.boxed()
     }
 
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
-        let (down, capacity) = (self.down, self.capacity);
+        let (down, capacity, name) = (self.down, self.capacity, self.name);
         async move {
             if down {
                 return Err(Status::unavailable("down"));
             }
-            Ok(pb::StatusResponse { node_name: "fake-node".into(), max_executions: capacity, ..Default::default() })
+            Ok(pb::StatusResponse { node_name: name.unwrap_or("fake-node").into(), max_executions: capacity, ..Default::default() })
         }
         .boxed()
     }

@@ -17,6 +17,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use warren_api_gateway::{auth::KeyStore, budget::OutputBudget, exec::ExecutionService, nodes::Nodes, router, state};
+use warren_api_gateway::exec::keyslot::counted_as;
 use warren_proto::client::AgentAddress;
 
 pub use fake::{eventually, FakeAgent};

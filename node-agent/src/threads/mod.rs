@@ -15,6 +15,7 @@
 //! ```
 
 mod beneath;
+pub mod disk;
 pub mod layer;
 mod lock;
 pub mod manifest;
@@ -69,6 +70,17 @@ pub enum ThreadError {
     Limit {
         /// The key's limit.
         max: u32,
+    },
+    /// The state disk would drop below its reserve even without idle warm
+    /// copies; nothing was written.
+    #[error("the node's state disk is low: {needed} bytes needed, {free} free, {reserve} reserved")]
+    DiskLow {
+        /// Bytes the step would write.
+        needed: u64,
+        /// Bytes free now.
+        free: u64,
+        /// The reserve.
+        reserve: u64,
     },
     /// The store or the local disk failed.
     #[error("{step}: {source}")]
@@ -133,6 +145,8 @@ pub struct Threads {
     spool: PathBuf,
     locks: Locks,
     boot_id: String,
+    /// Bytes of the state disk thread data never uses (0: no floor).
+    reserve: u64,
 }
 
 /// A thread ready to be mounted: its warm state matches the published manifest.
@@ -185,7 +199,34 @@ impl Threads {
         }
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
         info!(store = %store.describe(), cache = %cache.display(), "thread store ready");
-        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Locks::default(), boot_id })
+        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Locks::default(), boot_id, reserve: 0 })
+    }
+
+    /// Keeps `bytes` of the state disk free (see [`disk`]).
+    pub fn with_reserve(mut self, bytes: u64) -> Threads {
+        self.reserve = bytes;
+        self
+    }
+
+    /// Makes sure `needed` bytes can be written under the cache without
+    /// going below the reserve, dropping idle warm copies (never one in
+    /// use: those are locked) when that is what it takes.
+    fn make_room(&self, needed: u64) -> Result<(), ThreadError> {
+        if self.reserve == 0 {
+            return Ok(());
+        }
+        let free = || disk::free_bytes(&self.cache).map_err(io_err("reading the state disk's free space"));
+        if disk::fits(free()?, needed, self.reserve) {
+            return Ok(());
+        }
+        let removed = self.collect_warm(Duration::ZERO, unix_now());
+        let free = free()?;
+        if disk::fits(free, needed, self.reserve) {
+            info!(removed, needed, free, "dropped idle warm thread copies to keep the state disk's reserve");
+            return Ok(());
+        }
+        warn!(removed, needed, free, reserve = self.reserve, "the state disk is low: refusing to write thread data");
+        Err(ThreadError::DiskLow { needed, free, reserve: self.reserve })
     }
 
     /// Takes the thread for one call. Fails at once if another call holds
@@ -297,6 +338,7 @@ impl Threads {
         mkdir_private(&dir).map_err(io_err("creating the thread cache"))?;
         self.forget_warm(key).map_err(io_err("invalidating the warm copy"))?;
         fresh_state(state).map_err(io_err("clearing the warm copy"))?;
+        self.make_room(manifest.map_or(0, |m| m.bytes))?;
         let (mut fetch, mut unpack) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         for layer in manifest.map_or(&[][..], |m| &m.layers) {
             let t = std::time::Instant::now();
@@ -346,6 +388,10 @@ impl Threads {
                 self.touch_warm(restored);
                 return Ok(Saved { layer_bytes: 0, home_bytes: prev.bytes, skipped: 0 });
             }
+        }
+        if !unchanged {
+            // The diff lives on its own tmpfs: what it uses bounds the save.
+            self.make_room(disk::save_needs(disk::used_bytes(upper).map_err(io_err("measuring the thread diff"))?))?;
         }
         let (up, st, sp) = (upper.to_path_buf(), state.clone(), spool.to_path_buf());
         let delta = if unchanged {

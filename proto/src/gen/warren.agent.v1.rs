@@ -55,6 +55,12 @@ pub struct ExecuteRequest {
     /// Credentials injected for outbound calls (connectors).
     #[prost(message, repeated, tag = "13")]
     pub connectors: ::prost::alloc::vec::Vec<ConnectorGrant>,
+    /// When this agent is the one that counts the key (see HoldKeySlot), the
+    /// key's slot is taken here instead of by a separate call: refused with
+    /// RESOURCE_EXHAUSTED (KEY_CONCURRENCY) before anything runs, held until
+    /// the execution has ended.
+    #[prost(message, optional, tag = "14")]
+    pub key_slot: ::core::option::Option<KeySlotRequest>,
 }
 /// One storage mount: where it appears and what backs it.
 #[derive(Clone, PartialEq, ::prost::Message)]
