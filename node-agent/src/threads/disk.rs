@@ -16,14 +16,14 @@ pub const SAVE_SLACK: u64 = 1 << 20;
 /// Bytes an unprivileged writer may still use on the filesystem of `path`.
 pub fn free_bytes(path: &Path) -> io::Result<u64> {
     let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
-    Ok(u64::from(s.blocks_available()).saturating_mul(s.fragment_size()))
+    Ok(s.blocks_available().saturating_mul(s.fragment_size()))
 }
 
 /// Bytes in use on the filesystem of `path` (a call's diff tmpfs: the most
 /// its save can add).
 pub fn used_bytes(path: &Path) -> io::Result<u64> {
     let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
-    Ok(u64::from(s.blocks()).saturating_sub(u64::from(s.blocks_free())).saturating_mul(s.fragment_size()))
+    Ok(s.blocks().saturating_sub(s.blocks_free()).saturating_mul(s.fragment_size()))
 }
 
 /// Whether writing `needed` bytes keeps `reserve` free out of `free`.
