@@ -86,6 +86,19 @@ async fn kill_9_during_a_save_leaves_the_old_or_the_new_state_whole() {
     }
 }
 
+/// A real S3 server and two agents whose thread store it is (the server
+/// outlives the agents: it is dropped last).
+async fn two_nodes_on_s3() -> (S3Server, Agent, Agent) {
+    let s3 = S3Server::start().unwrap();
+    let url = s3.store_url();
+    let env_owned = s3.env();
+    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = ["--thread-store", url.as_str()];
+    let node_a = Agent::start_with(&args, &env, None).await.unwrap();
+    let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+    (s3, node_a, node_b)
+}
+
 /// A thread saved by one node restores on another from the S3 store; the
 /// first node's warm copy notices the thread moved on; delete removes every
 /// object.
@@ -94,13 +107,7 @@ async fn the_s3_store_lets_another_node_restore_a_thread() {
     if skip_unless_root("the_s3_store_lets_another_node_restore_a_thread") {
         return;
     }
-    let s3 = S3Server::start().unwrap();
-    let url = s3.store_url();
-    let env_owned = s3.env();
-    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let args = ["--thread-store", url.as_str()];
-    let node_a = Agent::start_with(&args, &env, None).await.unwrap();
-    let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+    let (s3, node_a, node_b) = two_nodes_on_s3().await;
 
     let write = "python3 -m venv --without-pip ~/venv && head -c 3000000 /dev/urandom > ~/blob && sha256sum ~/blob | cut -c1-64";
     let sum = ok(&node_a.run_request(on_thread(write, "roaming")).await.unwrap()).to_string();
@@ -127,13 +134,7 @@ async fn the_thread_limit_counts_the_keys_live_threads_across_nodes() {
     if skip_unless_root("the_thread_limit_counts_the_keys_live_threads_across_nodes") {
         return;
     }
-    let s3 = S3Server::start().unwrap();
-    let url = s3.store_url();
-    let env_owned = s3.env();
-    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let args = ["--thread-store", url.as_str()];
-    let node_a = Agent::start_with(&args, &env, None).await.unwrap();
-    let node_b = Agent::start_with(&args, &env, None).await.unwrap();
+    let (s3, node_a, node_b) = two_nodes_on_s3().await;
     let limited = |code: &str, id: &str| {
         let mut req = on_thread(code, id);
         if let Some(t) = req.thread.as_mut() {

@@ -1,0 +1,61 @@
+//! Filesystem errors, each with the errno the program sees.
+
+/// Why a filesystem operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    /// No such entry.
+    #[error("no such file or directory")]
+    NotFound,
+    /// A file was used as a directory.
+    #[error("not a directory")]
+    NotDir,
+    /// A directory was used as a file.
+    #[error("is a directory")]
+    IsDir,
+    /// A name no object key can hold (empty, `.`, `..`, `/`, control
+    /// characters, backslash, longer than 255 bytes, not UTF-8).
+    #[error("invalid name")]
+    InvalidName,
+    /// The tree holds its maximum number of entries.
+    #[error("too many entries")]
+    TooMany,
+    /// The store failed; the text is for the agent's log only.
+    #[error("storage: {0}")]
+    Io(String),
+}
+
+impl FsError {
+    /// The errno a program sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::InvalidName => libc::EINVAL,
+            FsError::TooMany => libc::ENFILE,
+            FsError::Io(_) => libc::EIO,
+        }
+    }
+}
+
+impl From<object_store::Error> for FsError {
+    fn from(e: object_store::Error) -> FsError {
+        match e {
+            object_store::Error::NotFound { .. } => FsError::NotFound,
+            // Credentials and endpoints can appear in a store's error text:
+            // keep only its kind for the log.
+            other => FsError::Io(kind_of(&other).to_string()),
+        }
+    }
+}
+
+fn kind_of(e: &object_store::Error) -> &'static str {
+    match e {
+        object_store::Error::Generic { .. } => "backend error",
+        object_store::Error::Precondition { .. } => "the object changed",
+        object_store::Error::NotModified { .. } => "not modified",
+        object_store::Error::PermissionDenied { .. } => "permission denied",
+        object_store::Error::Unauthenticated { .. } => "credentials refused",
+        _ => "store error",
+    }
+}
