@@ -19,6 +19,21 @@ pub enum FsError {
     /// The tree holds its maximum number of entries.
     #[error("too many entries")]
     TooMany,
+    /// A change on a read-only mount.
+    #[error("read-only mount")]
+    ReadOnly,
+    /// The call's write limit is used up.
+    #[error("the mount's write limit is used up")]
+    NoSpace,
+    /// A directory that is not empty.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// The name exists.
+    #[error("file exists")]
+    Exists,
+    /// An operation this mount does not offer (the text says which).
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
     /// The store failed; the text is for the agent's log only.
     #[error("storage: {0}")]
     Io(String),
@@ -33,6 +48,12 @@ impl FsError {
             FsError::IsDir => libc::EISDIR,
             FsError::InvalidName => libc::EINVAL,
             FsError::TooMany => libc::ENFILE,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Exists => libc::EEXIST,
+            // EXDEV makes `mv` and friends fall back to copy and delete.
+            FsError::Unsupported(_) => libc::EXDEV,
             FsError::Io(_) => libc::EIO,
         }
     }

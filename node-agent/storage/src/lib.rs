@@ -12,6 +12,8 @@
 pub mod error;
 pub mod name;
 pub mod tree;
+mod write;
 
 pub use error::FsError;
-pub use tree::{Attr, Kind, ObjectTree, ROOT};
+pub use tree::{Attr, Kind, MountOptions, ObjectTree, ROOT};
+pub use write::SyncFailure;

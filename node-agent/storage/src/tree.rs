@@ -54,28 +54,50 @@ pub struct Attr {
 }
 
 #[derive(Debug, Clone)]
-struct Node {
-    key: Path,
-    kind: Kind,
-    size: u64,
-    mtime: SystemTime,
-    etag: Option<String>,
+pub(crate) struct Node {
+    pub(crate) key: Path,
+    pub(crate) kind: Kind,
+    pub(crate) size: u64,
+    pub(crate) mtime: SystemTime,
+    pub(crate) etag: Option<String>,
     /// Directories: every child is in the table.
-    listed: bool,
+    pub(crate) listed: bool,
+    /// Files: an object exists at `key` (deleting or renaming must touch it).
+    pub(crate) stored: bool,
+    /// Files being written: the local copy that is the content now.
+    pub(crate) staged: Option<std::path::PathBuf>,
+    /// The staged copy differs from the stored object.
+    pub(crate) dirty: bool,
 }
 
 #[derive(Debug, Default)]
-struct Table {
-    nodes: HashMap<u64, Node>,
-    children: HashMap<u64, HashMap<String, u64>>,
-    next: u64,
+pub(crate) struct Table {
+    pub(crate) nodes: HashMap<u64, Node>,
+    pub(crate) children: HashMap<u64, HashMap<String, u64>>,
+    pub(crate) next: u64,
+    /// Bytes held by staged copies (bounded by the mount's write limit).
+    pub(crate) staged_bytes: u64,
+}
+
+/// How a mount may be used.
+#[derive(Debug, Clone, Default)]
+pub struct MountOptions {
+    /// Every change fails with EROFS.
+    pub read_only: bool,
+    /// Where written files are staged before upload (the agent's state
+    /// disk; a directory of this mount's own).
+    pub spool: std::path::PathBuf,
+    /// Most bytes one call may stage (written files, and objects opened for
+    /// writing without truncation); beyond it writes fail with ENOSPC.
+    pub write_limit: u64,
 }
 
 /// One mount's tree.
 pub struct ObjectTree {
-    store: Arc<dyn ObjectStore>,
-    table: Mutex<Table>,
-    started: SystemTime,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) table: Mutex<Table>,
+    pub(crate) started: SystemTime,
+    pub(crate) options: MountOptions,
 }
 
 impl std::fmt::Debug for ObjectTree {
@@ -85,26 +107,32 @@ impl std::fmt::Debug for ObjectTree {
 }
 
 impl ObjectTree {
-    /// A tree over `store` whose root is `root` (already validated and
-    /// narrowed by the control plane; empty for the whole bucket).
+    /// A read-only tree over `store` whose root is `root` (already
+    /// validated and narrowed by the control plane; empty for the whole
+    /// bucket).
     pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> ObjectTree {
-        let started = SystemTime::now();
-        let mut table = Table { next: ROOT + 1, ..Table::default() };
-        table.nodes.insert(ROOT, Node { key: root, kind: Kind::Dir, size: 0, mtime: started, etag: None, listed: false });
-        ObjectTree { store, table: Mutex::new(table), started }
+        ObjectTree::with_options(store, root, MountOptions { read_only: true, ..MountOptions::default() })
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+    /// A tree with `options`.
+    pub fn with_options(store: Arc<dyn ObjectStore>, root: Path, options: MountOptions) -> ObjectTree {
+        let started = SystemTime::now();
+        let mut table = Table { next: ROOT + 1, ..Table::default() };
+        table.nodes.insert(ROOT, Node { key: root, kind: Kind::Dir, size: 0, mtime: started, etag: None, listed: false, stored: false, staged: None, dirty: false });
+        ObjectTree { store, table: Mutex::new(table), started, options }
+    }
+
+    pub(crate) fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         // Every update below is a few map operations that cannot panic
         // half-way, so a poisoned lock is still consistent.
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn node(&self, ino: u64) -> Result<Node, FsError> {
+    pub(crate) fn node(&self, ino: u64) -> Result<Node, FsError> {
         self.table().nodes.get(&ino).cloned().ok_or(FsError::NotFound)
     }
 
-    fn dir(&self, ino: u64) -> Result<Node, FsError> {
+    pub(crate) fn dir(&self, ino: u64) -> Result<Node, FsError> {
         let n = self.node(ino)?;
         if n.kind != Kind::Dir {
             return Err(FsError::NotDir);
@@ -145,7 +173,7 @@ impl ObjectTree {
 
     /// True when some object lies below `key/`: one page of a listing,
     /// stopped at its first entry.
-    async fn has_children(&self, key: &Path) -> Result<bool, FsError> {
+    pub(crate) async fn has_children(&self, key: &Path) -> Result<bool, FsError> {
         match self.store.list(Some(key)).next().await {
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(e.into()),
@@ -153,12 +181,12 @@ impl ObjectTree {
         }
     }
 
-    fn dir_node(&self, key: Path) -> Node {
-        Node { key, kind: Kind::Dir, size: 0, mtime: self.started, etag: None, listed: false }
+    pub(crate) fn dir_node(&self, key: Path) -> Node {
+        Node { key, kind: Kind::Dir, size: 0, mtime: self.started, etag: None, listed: false, stored: false, staged: None, dirty: false }
     }
 
     /// Adds (or finds) `name` under `parent`.
-    fn insert(&self, parent: u64, name: &str, node: Node) -> Result<Attr, FsError> {
+    pub(crate) fn insert(&self, parent: u64, name: &str, node: Node) -> Result<Attr, FsError> {
         let mut t = self.table();
         if let Some(&ino) = t.children.get(&parent).and_then(|c| c.get(name)) {
             return Ok(attr(ino, &t.nodes[&ino]));
@@ -210,13 +238,16 @@ impl ObjectTree {
         if offset >= end {
             return Ok(Bytes::new());
         }
+        if let Some(staged) = &n.staged {
+            return crate::write::read_staged(staged, offset, end);
+        }
         let opts = GetOptions { range: Some(GetRange::Bounded(offset..end)), if_match: n.etag.clone(), ..GetOptions::default() };
         Ok(self.store.get_opts(&n.key, opts).await?.bytes().await?)
     }
 }
 
 fn file_node(meta: ObjectMeta) -> Node {
-    Node { key: meta.location, kind: Kind::File, size: meta.size, mtime: meta.last_modified.into(), etag: meta.e_tag, listed: false }
+    Node { key: meta.location, kind: Kind::File, size: meta.size, mtime: meta.last_modified.into(), etag: meta.e_tag, listed: false, stored: true, staged: None, dirty: false }
 }
 
 fn attr(ino: u64, n: &Node) -> Attr {
