@@ -10,6 +10,7 @@
 //! asks for.
 
 pub mod error;
+pub mod fuse;
 pub mod name;
 pub mod tree;
 mod write;

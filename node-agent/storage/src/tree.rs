@@ -122,6 +122,11 @@ impl ObjectTree {
         ObjectTree { store, table: Mutex::new(table), started, options }
     }
 
+    /// True for a read-only mount.
+    pub fn read_only(&self) -> bool {
+        self.options.read_only
+    }
+
     pub(crate) fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         // Every update below is a few map operations that cannot panic
         // half-way, so a poisoned lock is still consistent.

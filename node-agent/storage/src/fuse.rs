@@ -1,0 +1,296 @@
+//! The FUSE face of an [`ObjectTree`]: the node-agent serves it (outside
+//! the sandbox) at a host path that the sandbox then sees at `/data/<name>`.
+//!
+//! Each kernel request becomes a task on the agent's runtime, so a slow
+//! store never blocks the others; writes go to the staged file directly
+//! (a local `pwrite`). Files and directories belong to the program's host
+//! uid with plain modes, and the kernel checks permissions
+//! (`default_permissions`): a read-only mount shows no write bits and
+//! refuses every change with EROFS besides.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenAccMode, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    SessionACL, TimeOrNow, WriteFlags,
+};
+
+use crate::{Attr, FsError, Kind, ObjectTree};
+
+/// How long the kernel may cache names and attributes: the tree is this
+/// call's view (a second in-flight write from elsewhere shows on the next
+/// lookup after this long).
+const TTL: Duration = Duration::from_secs(1);
+
+/// A mounted tree; unmounted when dropped.
+pub struct Mounted {
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Mounted {
+    /// Unmounts and waits for the server thread.
+    pub fn unmount(mut self) -> io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = s.umount_and_join();
+        }
+    }
+}
+
+/// Serves `tree` at `at` (an empty directory) for files owned by host
+/// `uid`/`gid`, on the runtime `rt`.
+pub fn mount(tree: Arc<ObjectTree>, at: &Path, uid: u32, gid: u32, rt: tokio::runtime::Handle) -> io::Result<Mounted> {
+    let read_only = tree.read_only();
+    let mut options = vec![MountOption::FSName("warren".into()), MountOption::Subtype("warren".into()), MountOption::DefaultPermissions, MountOption::NoDev, MountOption::NoSuid, MountOption::NoExec];
+    if read_only {
+        options.push(MountOption::RO);
+    }
+    let mut config = Config::default();
+    config.mount_options = options;
+    // The sandbox's program is not the mounting user.
+    config.acl = SessionACL::All;
+    let fs = MountFs { tree, uid, gid, rt };
+    Ok(Mounted { session: Some(fuser::spawn_mount2(fs, at, &config)?) })
+}
+
+struct MountFs {
+    tree: Arc<ObjectTree>,
+    uid: u32,
+    gid: u32,
+    rt: tokio::runtime::Handle,
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+impl MountFs {
+    /// Runs `f` on the runtime and hands its result to `done`.
+    fn spawn<T: Send + 'static>(&self, f: impl std::future::Future<Output = Result<T, FsError>> + Send + 'static, done: impl FnOnce(Result<T, FsError>) + Send + 'static) {
+        self.rt.spawn(async move { done(f.await) });
+    }
+}
+
+fn name_of(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+impl Filesystem for MountFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (tree, name, me) = (self.tree.clone(), name_of(name), self.clone_view());
+        self.spawn(async move { tree.lookup(parent.0, &name).await }, move |r| match r {
+            Ok(a) => reply.entry(&TTL, &me.attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.tree.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.clone_view().attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Objects have no owners to change; modes and times are not kept.
+        if uid.is_some_and(|u| u != self.uid) || gid.is_some_and(|g| g != self.gid) {
+            return reply.error(Errno::from_i32(libc::EPERM));
+        }
+        let (tree, me) = (self.tree.clone(), self.clone_view());
+        self.spawn(
+            async move {
+                match size {
+                    Some(size) => {
+                        tree.open_write(ino.0, false).await?;
+                        tree.truncate(ino.0, size)
+                    }
+                    None => tree.getattr(ino.0),
+                }
+            },
+            move |r| match r {
+                Ok(a) => reply.attr(&TTL, &me.attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            },
+        );
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        let (tree, name, me) = (self.tree.clone(), name_of(name), self.clone_view());
+        self.spawn(async move { tree.mkdir(parent.0, &name).await }, move |r| match r {
+            Ok(a) => reply.entry(&TTL, &me.attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (tree, name) = (self.tree.clone(), name_of(name));
+        self.spawn(async move { tree.unlink(parent.0, &name).await }, move |r| empty(reply, r));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (tree, name) = (self.tree.clone(), name_of(name));
+        self.spawn(async move { tree.rmdir(parent.0, &name).await }, move |r| empty(reply, r));
+    }
+
+    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        // RENAME_EXCHANGE and RENAME_NOREPLACE need atomicity a store lacks.
+        if flags.bits() != 0 {
+            return reply.error(Errno::from_i32(libc::EINVAL));
+        }
+        let (tree, name, newname) = (self.tree.clone(), name_of(name), name_of(newname));
+        self.spawn(async move { tree.rename(parent.0, &name, newparent.0, &newname).await }, move |r| empty(reply, r));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() == OpenAccMode::O_RDONLY {
+            return reply.opened(FileHandle(0), FopenFlags::empty());
+        }
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        let tree = self.tree.clone();
+        self.spawn(async move { tree.open_write(ino.0, truncate).await }, move |r| match r {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn create(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+        let (tree, name, me) = (self.tree.clone(), name_of(name), self.clone_view());
+        self.spawn(async move { tree.create(parent.0, &name).await }, move |r| match r {
+            Ok(a) => reply.created(&TTL, &me.attr(&a), Generation(0), FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+        let tree = self.tree.clone();
+        self.spawn(async move { tree.read(ino.0, offset, size).await }, move |r| match r {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn write(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, data: &[u8], _wf: WriteFlags, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyWrite) {
+        // A local pwrite: done here, without copying the data to a task.
+        match self.tree.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
+        // Each close() uploads what changed, so a failure reaches the program.
+        let tree = self.tree.clone();
+        self.spawn(async move { tree.flush(ino.0).await }, move |r| empty(reply, r));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let tree = self.tree.clone();
+        self.spawn(async move { tree.flush(ino.0).await }, move |r| empty(reply, r));
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let tree = self.tree.clone();
+        self.spawn(async move { tree.readdir(ino.0).await }, move |r| match r {
+            Ok(entries) => {
+                let dots = [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
+                let all = dots.into_iter().chain(entries.into_iter().map(|(name, a)| {
+                    let kind = if a.kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
+                    (a.ino, kind, name)
+                }));
+                // The offset is the index of the next entry to send.
+                for (i, (entry_ino, kind, name)) in all.enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(entry_ino), i as u64 + 1, kind, name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // A bucket has no size: report plenty, in 1 MiB blocks.
+        reply.statfs(1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 20, crate::name::NAME_MAX as u32, 1 << 20);
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl MountFs {
+    /// What a task needs to build attributes.
+    fn clone_view(&self) -> AttrView {
+        AttrView { uid: self.uid, gid: self.gid, read_only: self.tree.read_only() }
+    }
+}
+
+/// The attribute-building part of [`MountFs`], movable into tasks.
+#[derive(Clone, Copy)]
+struct AttrView {
+    uid: u32,
+    gid: u32,
+    read_only: bool,
+}
+
+impl AttrView {
+    fn attr(&self, a: &Attr) -> FileAttr {
+        let write = if self.read_only { 0 } else { 0o200 };
+        let (kind, perm) = match a.kind {
+            Kind::Dir => (FileType::Directory, 0o555 | write),
+            Kind::File => (FileType::RegularFile, 0o444 | write),
+        };
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: a.mtime,
+            mtime: a.mtime,
+            ctime: a.mtime,
+            crtime: a.mtime,
+            kind,
+            perm,
+            nlink: if a.kind == Kind::Dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+}
