@@ -30,6 +30,18 @@ pub enum Outcome {
     /// The thread's home could not be restored (nothing ran) or saved (the
     /// previous state is kept).
     ThreadError(ThreadFailure),
+    /// A storage mount could not be set up (nothing ran), or changes under
+    /// /data could not all be stored (the output is complete).
+    StorageError(StorageFailure),
+}
+
+/// How storage failed (the result's `error` value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFailure {
+    /// Mounting failed; the program did not run.
+    Mount,
+    /// Some changes were not stored; `unsynced_paths` says which.
+    Sync,
 }
 
 /// How a thread's home failed (the result's `error` value).
@@ -72,6 +84,7 @@ impl Outcome {
             Outcome::NodeLost => "node_lost",
             Outcome::Cancelled => "cancelled",
             Outcome::ThreadError(_) => "thread_error",
+            Outcome::StorageError(_) => "storage_error",
         }
     }
 
@@ -85,6 +98,8 @@ impl Outcome {
             Some(Failure::ThreadSave) => return thread(ThreadFailure::Save),
             Some(Failure::ThreadConflict) => return thread(ThreadFailure::Conflict),
             Some(Failure::ThreadLimit) => return thread(ThreadFailure::Limit),
+            Some(Failure::StorageMount) => return Outcome::StorageError(StorageFailure::Mount),
+            Some(Failure::StorageSync) => return Outcome::StorageError(StorageFailure::Sync),
             None => {}
         }
         if e.timed_out {
@@ -108,6 +123,8 @@ impl Outcome {
             Outcome::Seccomp => Some("security_policy_violation"),
             Outcome::SandboxError => Some("sandbox_error"),
             Outcome::ThreadError(t) => Some(t.code()),
+            Outcome::StorageError(StorageFailure::Mount) => Some("storage_mount_error"),
+            Outcome::StorageError(StorageFailure::Sync) => Some("storage_sync_error"),
             _ => None,
         }
     }
@@ -125,8 +142,11 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, `storage_mount_error`, `storage_sync_error`, or null.
     pub error: Option<String>,
+    /// With `storage_sync_error`: the files under `/data` whose changes were not stored (absent otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsynced_paths: Vec<String>,
     /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
     pub trace_id: String,
     /// Wall time of the program, milliseconds.
@@ -157,6 +177,7 @@ impl ExecuteResult {
             stderr,
             exit_code: e.exit_code,
             error: outcome.error_code().map(str::to_string),
+            unsynced_paths: e.unsynced_paths.clone(),
             trace_id: trace_id.to_string(),
             duration_ms: e.wall_micros / 1000,
             cpu_ms: e.cpu_micros / 1000,
@@ -283,6 +304,16 @@ mod tests {
     }
 
     #[test]
+    fn unsynced_paths_appear_only_with_a_sync_error() {
+        let x = Exited { exit_code: 0, failure: Some(Failure::StorageSync), unsynced_paths: vec!["/data/out/r.csv".into()], ..Default::default() };
+        let v = serde_json::to_value(ExecuteResult::new("trc_x", &x, "done".into(), String::new())).unwrap();
+        assert_eq!((v["success"].as_bool(), v["error"].as_str(), v["stdout"].as_str()), (Some(false), Some("storage_sync_error"), Some("done")));
+        assert_eq!(v["unsynced_paths"], serde_json::json!(["/data/out/r.csv"]));
+        let ok = serde_json::to_value(ExecuteResult::new("trc_x", &Exited::default(), String::new(), String::new())).unwrap();
+        assert!(ok.get("unsynced_paths").is_none(), "absent unless something was not stored");
+    }
+
+    #[test]
     fn thread_failures_are_named_in_the_result() {
         let cases = [
             (Failure::ThreadMount, "thread_mount_error"),
@@ -290,6 +321,8 @@ mod tests {
             (Failure::ThreadSave, "thread_save_error"),
             (Failure::ThreadConflict, "thread_conflict"),
             (Failure::ThreadLimit, "thread_limit_reached"),
+            (Failure::StorageMount, "storage_mount_error"),
+            (Failure::StorageSync, "storage_sync_error"),
         ];
         for (failure, code) in cases {
             let x = Exited { exit_code: 0, failure: Some(failure), ..Default::default() };

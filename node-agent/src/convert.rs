@@ -55,8 +55,6 @@ fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
         Some("network")
     } else if !req.egress.is_empty() {
         Some("egress")
-    } else if !req.mounts.is_empty() {
-        Some("mounts")
     } else if !req.connectors.is_empty() {
         Some("connectors")
     } else if !req.image_digest.is_empty() {
@@ -64,6 +62,28 @@ fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// The mounts of a request, validated (their names become host paths).
+pub fn mounts(raw: Vec<pb::StorageMount>) -> Result<Vec<warren_storage::MountSpec>, Status> {
+    let raw = raw
+        .into_iter()
+        .map(|m| warren_storage::spec::RawMount {
+            read_only: m.mode() != pb::MountMode::ReadWrite,
+            mount_path: m.mount_path,
+            provider: m.provider,
+            bucket: m.bucket,
+            prefix: m.prefix,
+            endpoint: m.endpoint,
+            region: m.region,
+            credentials: m.credentials.map(|c| c.values.into_iter().collect()).unwrap_or_default(),
+            max_write_bytes: m.max_write_bytes,
+        })
+        .collect();
+    warren_storage::spec::validate(raw).map_err(|e| {
+        let (code, reason) = if e.field.ends_with(".provider") { (Code::FailedPrecondition, Reason::Unsupported) } else { (Code::InvalidArgument, Reason::InvalidField) };
+        refuse(code, reason, &e.field, e.to_string())
+    })
 }
 
 /// The thread part of a request, validated (it becomes paths and object keys).
@@ -140,6 +160,8 @@ fn failure(f: Option<&Failure>) -> (pb::Failure, String) {
         Some(Failure::ThreadSave) => (pb::Failure::ThreadSave, String::new()),
         Some(Failure::ThreadConflict) => (pb::Failure::ThreadConflict, String::new()),
         Some(Failure::ThreadLimit) => (pb::Failure::ThreadLimit, String::new()),
+        Some(Failure::StorageMount(what)) => (pb::Failure::StorageMount, what.clone()),
+        Some(Failure::StorageSync(_)) => (pb::Failure::StorageSync, String::new()),
     }
 }
 
@@ -158,6 +180,10 @@ pub fn exited(o: &Outcome) -> pb::Exited {
         stderr_truncated: o.stderr_truncated,
         failure: failure as i32,
         failure_detail,
+        unsynced_paths: match &o.failure {
+            Some(Failure::StorageSync(paths)) => paths.iter().take(100).cloned().collect(),
+            _ => Vec::new(),
+        },
     }
 }
 
@@ -176,6 +202,7 @@ pub fn features(f: &Features) -> pb::IsolationFeatures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use warren_proto::refusal::refusal_of;
 
     #[test]
     fn zero_limits_mean_node_defaults_and_unknown_language_is_none() {
@@ -193,7 +220,6 @@ mod tests {
             (pb::ExecuteRequest { network: pb::NetworkPolicy::Unrestricted as i32, ..base() }, "network"),
             (pb::ExecuteRequest { network: 99, ..base() }, "network"),
             (pb::ExecuteRequest { egress: vec![pb::EgressRule::default()], ..base() }, "egress"),
-            (pb::ExecuteRequest { mounts: vec![pb::StorageMount::default()], ..base() }, "mounts"),
             (pb::ExecuteRequest { connectors: vec![pb::ConnectorGrant::default()], ..base() }, "connectors"),
             (pb::ExecuteRequest { image_digest: "sha256:00".into(), ..base() }, "image_digest"),
         ];
@@ -203,6 +229,17 @@ mod tests {
             assert_eq!(warren_proto::refusal::refusal_of(&s), (Reason::Unsupported, field.to_string()));
         }
         assert!(exec_request(pb::ExecuteRequest { network: pb::NetworkPolicy::Blocked as i32, ..base() }).is_ok());
+    }
+
+    #[test]
+    fn mounts_are_validated_and_unknown_providers_refused_as_unsupported() {
+        let m = |provider: &str, path: &str| pb::StorageMount { mount_path: path.into(), provider: provider.into(), bucket: "b".into(), mode: pb::MountMode::ReadWrite as i32, ..Default::default() };
+        let ok = mounts(vec![m("s3", "/data/in"), pb::StorageMount { mode: pb::MountMode::Unspecified as i32, ..m("s3", "/data/ref") }]).unwrap();
+        assert_eq!((ok[0].read_only, ok[1].read_only), (false, true), "only READ_WRITE writes");
+        let s = mounts(vec![m("gcs", "/data/x")]).unwrap_err();
+        assert_eq!((s.code(), refusal_of(&s)), (Code::FailedPrecondition, (Reason::Unsupported, "mounts[0].provider".to_string())));
+        let s = mounts(vec![m("s3", "/data/../etc")]).unwrap_err();
+        assert_eq!((s.code(), refusal_of(&s)), (Code::InvalidArgument, (Reason::InvalidField, "mounts[0].mount_path".to_string())));
     }
 
     #[test]

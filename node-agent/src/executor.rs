@@ -10,6 +10,7 @@ use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::{Go, Home};
 
+use crate::lifecycle::storage::StorageResource;
 use crate::lifecycle::thread_home::ThreadHomeResource;
 use crate::lifecycle::{Resources, SandboxView};
 use crate::pool::Pool;
@@ -48,7 +49,17 @@ pub enum ExecError {
 pub struct Admission {
     spec: ExecSpec,
     thread: Option<(ThreadOptions, ThreadLock)>,
+    mounts: Vec<warren_storage::MountSpec>,
     _permit: OwnedSemaphorePermit,
+}
+
+/// What a request carries besides the program, validated.
+#[derive(Debug, Default)]
+pub struct Extras {
+    /// The thread whose home the program gets.
+    pub thread: Option<ThreadOptions>,
+    /// Storage mounted under `/data`.
+    pub mounts: Vec<warren_storage::MountSpec>,
 }
 
 /// Runs executions on this node.
@@ -145,7 +156,8 @@ impl Executor {
     /// Validates and admits a request; nothing runs yet. A full node waits
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
-    pub async fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> Result<Admission, ExecError> {
+    pub async fn admit(&self, req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
+        let Extras { thread, mounts } = extras;
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
@@ -166,7 +178,7 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, thread, _permit: permit })
+        Ok(Admission { spec, thread, mounts, _permit: permit })
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
@@ -182,6 +194,11 @@ impl Executor {
         if let Some((options, lock)) = admission.thread.take() {
             resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
         }
+        let mounts = std::mem::take(&mut admission.mounts);
+        if !mounts.is_empty() {
+            // Write spools live beside the overlay work dirs: cleared at start.
+            resources.push(Box::new(StorageResource::new(mounts, self.env.work_dir.clone())));
+        }
         if let Err(failure) = resources.acquire().await {
             tokio::spawn(async move {
                 resources.release().await;
@@ -194,7 +211,7 @@ impl Executor {
         let prepared = match resources.is_empty() {
             true => Ok(()),
             false => {
-                let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), spec };
+                let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), data_dir: sandbox.data_dir(), spec };
                 resources.prepare(&view).await
             }
         };

@@ -175,6 +175,10 @@ pub enum Failure {
     ThreadConflict,
     /// The call would create a thread beyond the key's limit; nothing ran.
     ThreadLimit,
+    /// A storage mount could not be set up (why, for the log); nothing ran.
+    StorageMount(String),
+    /// Changes under these `/data` paths could not be stored.
+    StorageSync(Vec<String>),
 }
 
 impl Outcome {
@@ -203,6 +207,10 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
     let home_dir = env.homes_dir.join(&id);
     std::fs::create_dir_all(home_dir.join("sandbox")).map_err(io("create home dir"))?;
+    if let Err(e) = std::fs::create_dir(data_dir_of(&home_dir)) {
+        remove_home_dir(&home_dir);
+        return Err(SandboxError::Io { step: "create data dir", source: e });
+    }
     let cgroup = match env.layout.create(&id, &env.idle_limits) {
         Ok(c) => c,
         Err(e) => {
@@ -237,6 +245,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         etc_dir: env.etc_dir.clone(),
         tmp_bytes: shape.tmp_bytes,
         home_dir: home_dir.clone(),
+        data_dir: data_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
     let output_stall = env.output_stall;
@@ -270,6 +279,12 @@ impl Prepared {
     /// `/home/sandbox` inside.
     pub fn home_target(&self) -> PathBuf {
         self.home_dir.join("sandbox")
+    }
+
+    /// Host directory the sandbox sees as `/data`: a storage mount served
+    /// on `<data_dir>/<name>` appears at `/data/<name>` inside.
+    pub fn data_dir(&self) -> PathBuf {
+        data_dir_of(&self.home_dir)
     }
 
     /// The sandbox's user namespace (it maps the sandbox's ids).
@@ -502,7 +517,16 @@ fn forward(read: std::io::Result<usize>, buf: &[u8], cap: u64, seen: &mut u64, t
 
 /// Removes a sandbox's (empty) home dir. Never recursive: if something is
 /// still mounted there, deleting through it would be wrong.
+/// The sandbox's `/data` on the host: a sibling of its home dir under the
+/// shared `homes` mount, so storage mounts made there propagate inside.
+fn data_dir_of(home_dir: &std::path::Path) -> PathBuf {
+    let mut d = home_dir.as_os_str().to_owned();
+    d.push(".data");
+    PathBuf::from(d)
+}
+
 fn remove_home_dir(dir: &std::path::Path) {
+    let _ = std::fs::remove_dir(data_dir_of(dir));
     let _ = std::fs::remove_dir(dir.join("sandbox"));
     if let Err(e) = std::fs::remove_dir(dir) {
         warn!(dir = %dir.display(), error = %e, "removing a sandbox home dir failed");

@@ -17,11 +17,11 @@ use warren_isolation::spec::{ExecRequest, Language};
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
-use crate::executor::{Admission, ExecError, Executor};
+use crate::executor::{Admission, ExecError, Executor, Extras};
 use crate::keyslots::KeySlots;
 use crate::running::Running;
 use crate::sandbox::{Event, Outcome};
-use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
+use crate::threads::{ThreadError, ThreadKey};
 
 pub use warren_proto::TRACE_HEADER;
 
@@ -46,7 +46,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A request that passed admission; holding it holds its slot.
     type Admitted: Send + 'static;
     /// Validates and admits; nothing runs yet.
-    fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
+    fn admit(&self, req: ExecRequest, extras: Extras) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
     /// The admitted execution's id.
     fn execution_id(a: &Self::Admitted) -> &str;
     /// Runs an admitted execution, sending its events; errors only when nothing ran.
@@ -64,8 +64,8 @@ pub trait Backend: Send + Sync + 'static {
 impl Backend for Executor {
     type Admitted = Admission;
 
-    fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> impl Future<Output = Result<Admission, ExecError>> + Send {
-        Executor::admit(self, req, thread)
+    fn admit(&self, req: ExecRequest, extras: Extras) -> impl Future<Output = Result<Admission, ExecError>> + Send {
+        Executor::admit(self, req, extras)
     }
 
     fn execution_id(a: &Admission) -> &str {
@@ -142,7 +142,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| convert::key_slot_status(&e))?;
         let admitted = async {
             let thread = convert::thread_options(req.thread.take())?;
-            self.backend.admit(convert::exec_request(req)?, thread).await.map_err(|e| convert::to_status(&e))
+            let mounts = convert::mounts(std::mem::take(&mut req.mounts))?;
+            self.backend.admit(convert::exec_request(req)?, Extras { thread, mounts }).await.map_err(|e| convert::to_status(&e))
         }
         .instrument(span.clone())
         .await?;

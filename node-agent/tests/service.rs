@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 use tonic::{Code, Request, Status};
 use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, Language, SpecError};
-use warren_node_agent::executor::ExecError;
+use warren_node_agent::executor::{ExecError, Extras};
 use warren_node_agent::sandbox::{Event, Failure, Outcome};
 use warren_node_agent::service::{AgentService, Backend, NodeReport, TRACE_HEADER};
 use warren_node_agent::threads::{ThreadError, ThreadKey, ThreadOptions};
@@ -57,7 +57,8 @@ impl Double {
 impl Backend for Double {
     type Admitted = ExecRequest;
 
-    async fn admit(&self, req: ExecRequest, thread: Option<ThreadOptions>) -> Result<ExecRequest, ExecError> {
+    async fn admit(&self, req: ExecRequest, extras: Extras) -> Result<ExecRequest, ExecError> {
+        let thread = extras.thread;
         if let Script::Refuse(e) = &self.script {
             return Err(e());
         }

@@ -72,6 +72,33 @@ impl S3Server {
         ]
     }
 
+    /// Endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The credentials a StorageConnection's Secret would hold.
+    pub fn credentials(&self) -> Vec<(String, String)> {
+        vec![("accessKeyId".into(), ACCESS_KEY.into()), ("secretAccessKey".into(), SECRET_KEY.into())]
+    }
+
+    /// The secret key (tests assert it never reaches a sandbox).
+    pub fn secret_key(&self) -> &'static str {
+        SECRET_KEY
+    }
+
+    /// Stores `body` under `key` (written where the server keeps objects).
+    pub fn put(&self, key: &str, body: &[u8]) {
+        let path = self.dir.path().join(BUCKET).join(key);
+        std::fs::create_dir_all(path.parent().expect("a key has a parent")).unwrap();
+        std::fs::write(path, body).unwrap();
+    }
+
+    /// The object under `key`, if any.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.dir.path().join(BUCKET).join(key)).ok()
+    }
+
     /// Files the server stores for `prefix` (its on-disk layout mirrors keys).
     pub fn objects(&self, prefix: &str) -> Vec<String> {
         let root = self.dir.path().join(BUCKET);
@@ -89,6 +116,14 @@ impl S3Server {
         }
         out.sort();
         out
+    }
+}
+
+impl S3Server {
+    /// Stops serving (the stored objects stay readable with [`S3Server::get`]).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

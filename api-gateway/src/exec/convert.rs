@@ -69,6 +69,10 @@ pub enum Failure {
     ThreadConflict,
     /// The call would create a thread beyond the key's limit; nothing ran.
     ThreadLimit,
+    /// A storage mount could not be set up; nothing ran.
+    StorageMount,
+    /// Changes under /data could not all be stored (`Exit::unsynced_paths`).
+    StorageSync,
 }
 
 /// How the program ended and what it used.
@@ -94,6 +98,8 @@ pub struct Exit {
     pub stderr_truncated: bool,
     /// A failure of the sandbox or the thread home.
     pub failure: Option<Failure>,
+    /// With `StorageSync`: the `/data` paths whose changes were not stored.
+    pub unsynced_paths: Vec<String>,
 }
 
 impl From<pb::Exited> for Exit {
@@ -106,6 +112,8 @@ impl From<pb::Exited> for Exit {
             pb::Failure::ThreadSave => Some(Failure::ThreadSave),
             pb::Failure::ThreadConflict => Some(Failure::ThreadConflict),
             pb::Failure::ThreadLimit => Some(Failure::ThreadLimit),
+            pb::Failure::StorageMount => Some(Failure::StorageMount),
+            pb::Failure::StorageSync => Some(Failure::StorageSync),
         };
         Exit {
             exit_code: x.exit_code,
@@ -118,6 +126,7 @@ impl From<pb::Exited> for Exit {
             stdout_truncated: x.stdout_truncated,
             stderr_truncated: x.stderr_truncated,
             failure,
+            unsynced_paths: x.unsynced_paths,
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct SupervisorConfig {
     /// home the agent mounts on `<home_dir>/sandbox` appears at
     /// `/home/sandbox` inside (see [`crate::home`]).
     pub home_dir: PathBuf,
+    /// Host directory (empty, root-owned) bound read-only as `/data`, a
+    /// mount-propagation slave like `/home`: storage mounts the agent makes
+    /// on `<data_dir>/<name>` appear at `/data/<name>` inside.
+    pub data_dir: PathBuf,
     /// Compiled seccomp filter (`struct sock_filter[]`).
     pub seccomp_bpf: Vec<u8>,
 }

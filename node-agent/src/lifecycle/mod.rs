@@ -24,6 +24,7 @@
 //! recognisable and collected when the next agent starts (see
 //! `prepare_state_dir` in the crate root for homes and work dirs).
 
+pub mod storage;
 pub mod thread_home;
 
 use std::os::fd::OwnedFd;
@@ -45,6 +46,8 @@ pub struct SandboxView<'a> {
     pub host_id: u32,
     /// Host path the sandbox sees as its home.
     pub home_target: PathBuf,
+    /// Host directory the sandbox sees as `/data`.
+    pub data_dir: PathBuf,
     /// The admitted execution.
     pub spec: &'a ExecSpec,
 }
@@ -194,7 +197,7 @@ mod tests {
     }
 
     fn view(spec: &ExecSpec) -> SandboxView<'_> {
-        SandboxView { id: "s1", userns: None, host_id: 1000, home_target: PathBuf::from("/nonexistent"), spec }
+        SandboxView { id: "s1", userns: None, host_id: 1000, home_target: PathBuf::from("/nonexistent"), data_dir: PathBuf::from("/nonexistent"), spec }
     }
 
     fn taken(log: &Log) -> Vec<String> {

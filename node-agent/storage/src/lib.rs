@@ -12,9 +12,12 @@
 pub mod error;
 pub mod fuse;
 pub mod name;
+pub mod session;
+pub mod spec;
 pub mod tree;
 mod write;
 
 pub use error::FsError;
+pub use spec::{MountSpec, Provider};
 pub use tree::{Attr, Kind, MountOptions, ObjectTree, ROOT};
 pub use write::SyncFailure;

@@ -65,10 +65,11 @@ pub struct ExecuteRequest {
 /// One storage mount: where it appears and what backs it.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct StorageMount {
-    /// Absolute path inside the sandbox.
+    /// `/data/<name>`, `<name>` one path segment; unique within the request.
     #[prost(string, tag = "1")]
     pub mount_path: ::prost::alloc::string::String,
-    /// "s3", "gcs", "azure", "local".
+    /// "s3", "gcs", "azure", "local" (an absolute directory on the node in
+    /// `bucket`).
     #[prost(string, tag = "2")]
     pub provider: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
@@ -85,6 +86,10 @@ pub struct StorageMount {
     pub region: ::prost::alloc::string::String,
     #[prost(message, optional, tag = "8")]
     pub credentials: ::core::option::Option<Credentials>,
+    /// Most bytes the call may write through this mount (staged on the node
+    /// before upload); 0: the node's default. Beyond it writes fail with ENOSPC.
+    #[prost(uint64, tag = "9")]
+    pub max_write_bytes: u64,
 }
 /// Secret material. Its Rust type prints as "Credentials(<redacted>)" so it
 /// never reaches a log through `{:?}`.
@@ -293,6 +298,10 @@ pub struct Exited {
     /// ("exec", "mount_home"); never shown to the program's caller as output.
     #[prost(string, tag = "12")]
     pub failure_detail: ::prost::alloc::string::String,
+    /// With STORAGE_SYNC: the files (as the sandbox saw them, `/data/<mount>/…`)
+    /// whose changes could not be stored; at most 100.
+    #[prost(string, repeated, tag = "13")]
+    pub unsynced_paths: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusRequest {}
@@ -520,6 +529,11 @@ pub enum Failure {
     /// The call would create a thread beyond the key's `max_threads`; nothing
     /// ran.
     ThreadLimit = 7,
+    /// A storage mount could not be set up; nothing ran.
+    StorageMount = 8,
+    /// Changes the program made under /data could not all be stored
+    /// (`unsynced_paths` names them); its output is complete.
+    StorageSync = 9,
 }
 impl Failure {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -536,6 +550,8 @@ impl Failure {
             Self::ThreadSave => "FAILURE_THREAD_SAVE",
             Self::ThreadConflict => "FAILURE_THREAD_CONFLICT",
             Self::ThreadLimit => "FAILURE_THREAD_LIMIT",
+            Self::StorageMount => "FAILURE_STORAGE_MOUNT",
+            Self::StorageSync => "FAILURE_STORAGE_SYNC",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -549,6 +565,8 @@ impl Failure {
             "FAILURE_THREAD_SAVE" => Some(Self::ThreadSave),
             "FAILURE_THREAD_CONFLICT" => Some(Self::ThreadConflict),
             "FAILURE_THREAD_LIMIT" => Some(Self::ThreadLimit),
+            "FAILURE_STORAGE_MOUNT" => Some(Self::StorageMount),
+            "FAILURE_STORAGE_SYNC" => Some(Self::StorageSync),
             _ => None,
         }
     }

@@ -10,12 +10,14 @@
 //! ├── home        read-only bind of the agent's per-sandbox home dir, a mount-propagation slave
 //! │   └── sandbox tmpfs mounted by init at Go (size-limited, 0700, uid 1000),
 //! │               or a thread's overlay the agent mounted on the host side
+//! ├── data        read-only bind of the agent's per-sandbox data dir, a mount-propagation slave
+//! │   └── <name>  a storage mount the agent served on the host side
 //! └── run/warren  the program text
 //! ```
 //!
 //! Nothing is created on the host: every mount lives and dies with the
-//! sandbox's mount namespace. The one link back is `/home`, which receives
-//! (never sends) mounts the agent makes under the sandbox's home dir.
+//! sandbox's mount namespace. The links back are `/home` and `/data`, which
+//! receive (never send) mounts the agent makes under the sandbox's dirs.
 
 use std::ffi::CString;
 use std::fs;
@@ -97,14 +99,20 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     let tmp = root.join("tmp");
     mkdir(&tmp, 0o1777)?;
     tmpfs(&tmp, &format!("size={},nr_inodes=262144,mode=1777", cfg.tmp_bytes), MsFlags::empty())?;
-    let home = root.join("home");
-    mkdir(&home, 0o755)?;
-    mount(Some(&cfg.home_dir), &home, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &home))?;
-    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, &home, None::<&str>, flags | locked_flags(&home)?, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", &home))?;
+    bind_receiving(&cfg.home_dir, &root.join("home"))?;
+    bind_receiving(&cfg.data_dir, &root.join("data"))?;
     mkdir(&root.join("run"), 0o755)?;
     mkdir(&root.join("run/warren"), 0o755)?;
     pivot(root)
+}
+
+/// Binds the agent's `src` on `dst` read-only, staying a propagation slave
+/// so mounts the agent makes below `src` later appear below `dst`.
+fn bind_receiving(src: &Path, dst: &Path) -> Result<()> {
+    mkdir(dst, 0o755)?;
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", dst))?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, dst, None::<&str>, flags | locked_flags(dst)?, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", dst))
 }
 
 /// Mounts the program's fresh home (a call without a thread).
@@ -145,7 +153,7 @@ fn tmpfs(target: &Path, opts: &str, extra: MsFlags) -> Result<()> {
 /// kernel locks for mounts inherited into a user namespace (atime, noexec...).
 fn bind_readonly(src: &Path, dst: &Path, extra: MsFlags) -> Result<()> {
     mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", dst))?;
-    // A bind of a slave is a slave; only /home may receive host mounts.
+    // A bind of a slave is a slave; only /home and /data may receive host mounts.
     mount(None::<&str>, dst, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).map_err(nix_io).map_err(ctx("make-private", dst))?;
     let locked = locked_flags(dst)?;
     let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | extra | locked;

@@ -1,0 +1,60 @@
+//! One mount for one call: its store client, tree and FUSE server, from
+//! serving to the final sync and the unmount.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::{fuse, MountOptions, MountSpec, ObjectTree};
+
+/// A served mount.
+pub struct Served {
+    name: String,
+    tree: Arc<ObjectTree>,
+    mounted: Option<fuse::Mounted>,
+    target: PathBuf,
+    spool: PathBuf,
+}
+
+impl Served {
+    /// Serves `spec` at `target` (created here, an empty directory under the
+    /// sandbox's `/data`) for files owned by host `uid`, staging writes in
+    /// `spool` (created here; unique to this sandbox and mount).
+    pub fn start(spec: &MountSpec, target: &Path, spool: PathBuf, uid: u32, rt: tokio::runtime::Handle) -> Result<Served, String> {
+        let store = spec.store()?;
+        std::fs::create_dir_all(&spool).map_err(|e| format!("creating the write spool: {e}"))?;
+        let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes };
+        let tree = Arc::new(ObjectTree::with_options(store, spec.root(), options));
+        let cleanup = |e: String| {
+            let _ = std::fs::remove_dir_all(&spool);
+            let _ = std::fs::remove_dir(target);
+            e
+        };
+        std::fs::create_dir(target).map_err(|e| cleanup(format!("creating the mount point: {e}")))?;
+        let mounted = fuse::mount(tree.clone(), target, uid, uid, rt).map_err(|e| cleanup(format!("mounting: {e}")))?;
+        Ok(Served { name: spec.name.clone(), tree, mounted: Some(mounted), target: target.to_path_buf(), spool })
+    }
+
+    /// Stores every change still pending; the sandbox paths
+    /// (`/data/<name>/…`) that could not be stored.
+    pub async fn sync(&self) -> Vec<String> {
+        self.tree.sync().await.into_iter().map(|f| format!("/data/{}/{}", self.name, f.path)).collect()
+    }
+
+    /// Unmounts (blocking: waits for the server thread) and removes the
+    /// mount point and the spool.
+    pub fn release(mut self) -> std::io::Result<()> {
+        let unmounted = self.mounted.take().map_or(Ok(()), fuse::Mounted::unmount);
+        let _ = std::fs::remove_dir_all(&self.spool);
+        let _ = std::fs::remove_dir(&self.target);
+        unmounted
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // `Mounted` unmounts on its own drop; the spool goes with it.
+        drop(self.mounted.take());
+        let _ = std::fs::remove_dir_all(&self.spool);
+        let _ = std::fs::remove_dir(&self.target);
+    }
+}

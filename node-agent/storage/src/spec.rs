@@ -1,0 +1,211 @@
+//! One mount as the node-agent receives it, validated, and the store
+//! client it needs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+/// Most mounts one call may have.
+pub const MAX_MOUNTS: usize = 16;
+/// Default write volume of a mount for one call.
+pub const DEFAULT_MAX_WRITE: u64 = 1 << 30;
+
+/// A store that is down fails a file operation within seconds (EIO), not
+/// after the client's default three minutes of retries.
+const RETRY: object_store::RetryConfig = object_store::RetryConfig {
+    backoff: object_store::BackoffConfig { init_backoff: std::time::Duration::from_millis(100), max_backoff: std::time::Duration::from_secs(2), base: 2.0 },
+    max_retries: 3,
+    retry_timeout: std::time::Duration::from_secs(10),
+};
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// One request, a part of a multipart upload included.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where the objects live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// S3 or any S3-compatible endpoint.
+    S3,
+    /// A directory on the node (`bucket` is its absolute path).
+    Local,
+}
+
+/// Secret values; never printed.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials(<{} redacted values>)", self.0.len())
+    }
+}
+
+/// A validated mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountSpec {
+    /// `<name>` of `/data/<name>`.
+    pub name: String,
+    /// Store kind.
+    pub provider: Provider,
+    /// Bucket, or the Local directory.
+    pub bucket: String,
+    /// Scope inside the bucket (already narrowed by the control plane).
+    pub prefix: String,
+    /// Every change is refused.
+    pub read_only: bool,
+    /// Endpoint URL (S3-compatible).
+    pub endpoint: Option<String>,
+    /// Region (S3).
+    pub region: Option<String>,
+    /// `accessKeyId`/`secretAccessKey` for S3; none: the node's identity.
+    pub credentials: Credentials,
+    /// Write volume for the call.
+    pub max_write_bytes: u64,
+}
+
+/// Why a mount request is refused (the field is named for the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    /// The offending field.
+    pub field: String,
+    /// Why.
+    pub message: &'static str,
+}
+
+fn err(i: usize, field: &str, message: &'static str) -> SpecError {
+    SpecError { field: format!("mounts[{i}].{field}"), message }
+}
+
+/// The raw fields of one mount, as they arrive.
+#[derive(Debug, Clone, Default)]
+pub struct RawMount {
+    /// `/data/<name>`.
+    pub mount_path: String,
+    /// `s3`, `local`, ...
+    pub provider: String,
+    /// Bucket or directory.
+    pub bucket: String,
+    /// Scope.
+    pub prefix: String,
+    /// Read-only.
+    pub read_only: bool,
+    /// Endpoint.
+    pub endpoint: String,
+    /// Region.
+    pub region: String,
+    /// Secret values.
+    pub credentials: BTreeMap<String, String>,
+    /// Write volume (0: default).
+    pub max_write_bytes: u64,
+}
+
+/// Validates a call's mounts: names unique single segments under `/data`,
+/// providers this agent serves, prefixes that cannot climb.
+pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
+    if raw.len() > MAX_MOUNTS {
+        return Err(SpecError { field: "mounts".into(), message: "at most 16 mounts" });
+    }
+    let mut out: Vec<MountSpec> = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let name = m.mount_path.strip_prefix("/data/").unwrap_or("");
+        if crate::name::segment(name.as_bytes()).is_err() {
+            return Err(err(i, "mount_path", "must be /data/<name> with one plain path segment"));
+        }
+        if out.iter().any(|o| o.name == name) {
+            return Err(err(i, "mount_path", "two mounts at the same path"));
+        }
+        let provider = match m.provider.as_str() {
+            "s3" => Provider::S3,
+            "local" => Provider::Local,
+            _ => return Err(err(i, "provider", "this agent serves s3 and local mounts")),
+        };
+        if m.bucket.is_empty() || m.bucket.len() > 1024 || (provider == Provider::Local && !m.bucket.starts_with('/')) {
+            return Err(err(i, "bucket", "required; for local, an absolute directory"));
+        }
+        if warren_core::path::segments(&m.prefix).is_none() {
+            return Err(err(i, "prefix", "must be plain path segments"));
+        }
+        let opt = |s: String| (!s.is_empty()).then_some(s);
+        out.push(MountSpec {
+            name: name.to_string(),
+            provider,
+            bucket: m.bucket,
+            prefix: m.prefix.trim_end_matches('/').to_string(),
+            read_only: m.read_only,
+            endpoint: opt(m.endpoint),
+            region: opt(m.region),
+            credentials: Credentials(m.credentials),
+            max_write_bytes: if m.max_write_bytes == 0 { DEFAULT_MAX_WRITE } else { m.max_write_bytes },
+        });
+    }
+    Ok(out)
+}
+
+impl MountSpec {
+    /// The tree's root inside the store.
+    pub fn root(&self) -> Path {
+        Path::from(self.prefix.as_str())
+    }
+
+    /// A client for the mount's store (no request is made yet).
+    pub fn store(&self) -> Result<Arc<dyn ObjectStore>, String> {
+        match self.provider {
+            Provider::S3 => {
+                use object_store::aws::AmazonS3Builder;
+                let mut b = AmazonS3Builder::new()
+                    .with_bucket_name(&self.bucket)
+                    .with_region(self.region.as_deref().unwrap_or("us-east-1"))
+                    .with_retry(RETRY)
+                    .with_client_options(object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT));
+                if let Some(e) = &self.endpoint {
+                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://")).with_virtual_hosted_style_request(false);
+                }
+                let c = &self.credentials.0;
+                if let (Some(id), Some(secret)) = (c.get("accessKeyId"), c.get("secretAccessKey")) {
+                    b = b.with_access_key_id(id).with_secret_access_key(secret);
+                }
+                // The store's own error text may echo configuration: keep
+                // only that it failed.
+                b.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>).map_err(|_| "the S3 client could not be configured".to_string())
+            }
+            Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
+                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+                .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(path: &str) -> RawMount {
+        RawMount { mount_path: path.into(), provider: "s3".into(), bucket: "b".into(), prefix: "tenants/a".into(), ..RawMount::default() }
+    }
+
+    #[test]
+    fn mounts_are_single_names_under_data_with_plain_prefixes() {
+        let ok = validate(vec![raw("/data/in"), RawMount { read_only: true, ..raw("/data/ref") }]).unwrap();
+        assert_eq!((ok[0].name.as_str(), ok[0].prefix.as_str(), ok[0].max_write_bytes), ("in", "tenants/a", DEFAULT_MAX_WRITE));
+        assert!(ok[1].read_only);
+        let field = |r: Vec<RawMount>| validate(r).unwrap_err().field;
+        for bad in ["/data/", "/data/a/b", "/data/..", "/tmp/x", "data/x", "/data/a\\b"] {
+            assert_eq!(field(vec![raw(bad)]), "mounts[0].mount_path", "{bad}");
+        }
+        assert_eq!(field(vec![raw("/data/x"), raw("/data/x")]), "mounts[1].mount_path");
+        assert_eq!(field(vec![RawMount { prefix: "a/../b".into(), ..raw("/data/x") }]), "mounts[0].prefix");
+        assert_eq!(field(vec![RawMount { provider: "ftp".into(), ..raw("/data/x") }]), "mounts[0].provider");
+        assert_eq!(field(vec![RawMount { provider: "local".into(), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
+        assert_eq!(field((0..17).map(|i| raw(&format!("/data/m{i}"))).collect()), "mounts");
+    }
+
+    #[test]
+    fn credentials_never_print() {
+        let c = Credentials([("secretAccessKey".to_string(), "hunter2".to_string())].into());
+        let m = MountSpec { credentials: c, ..validate(vec![raw("/data/x")]).unwrap().remove(0) };
+        assert!(!format!("{m:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,159 @@
+//! Storage mounts through the real node-agent: a bucket prefix on a real S3
+//! server (s3s-fs) appears at /data/<name> in the sandbox, read lazily with
+//! plain file I/O, written back before the answer, scoped, read-only when
+//! asked, with no credentials inside and nothing left mounted.
+
+use std::time::Duration;
+
+use warren_e2e::s3::{S3Server, BUCKET};
+use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_proto::agent::{self as pb, Failure};
+
+fn mount(s3: &S3Server, name: &str, prefix: &str, mode: pb::MountMode) -> pb::StorageMount {
+    pb::StorageMount {
+        mount_path: format!("/data/{name}"),
+        provider: "s3".into(),
+        bucket: BUCKET.into(),
+        prefix: prefix.into(),
+        mode: mode as i32,
+        endpoint: s3.endpoint(),
+        region: "us-east-1".into(),
+        credentials: Some(pb::Credentials { values: s3.credentials().into_iter().collect() }),
+        max_write_bytes: 0,
+    }
+}
+
+async fn run_with(agent: &Agent, code: &str, mounts: Vec<pb::StorageMount>) -> Run {
+    let mut req = request(pb::Language::Python, code, Duration::from_secs(30));
+    req.mounts = mounts;
+    agent.run_request(req).await.unwrap()
+}
+
+fn seeded() -> S3Server {
+    let s3 = S3Server::start().unwrap();
+    s3.put("tenants/a/in/customers.csv", b"id,name\n1,ada\n2,bob\n");
+    s3.put("tenants/ab/secret", b"sibling");
+    s3.put("tenants/top", b"above");
+    s3
+}
+
+fn host_mounts_below(dir: &std::path::Path) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| p.starts_with(dir.to_str().unwrap())).map(str::to_string).collect()
+}
+
+const PROGRAM: &str = r#"
+import os, json
+lake = '/data/lake'
+rows = open(f'{lake}/in/customers.csv').read().splitlines()
+os.makedirs(f'{lake}/out', exist_ok=True)
+with open(f'{lake}/out/report.txt', 'w') as f:
+    f.write(f'{len(rows) - 1} customers\n')
+escapes = []
+for p in ['../ab/secret', '../top', 'in/../../ab/secret']:
+    try:
+        open(f'{lake}/{p}').read(); escapes.append(p)
+    except OSError:
+        pass
+print(json.dumps({
+    'listing': sorted(os.listdir(f'{lake}/in')),
+    'size': os.stat(f'{lake}/in/customers.csv').st_size,
+    'escapes': escapes,
+    'env': dict(os.environ),
+    'mountinfo': open('/proc/self/mountinfo').read(),
+}))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_prefix_is_read_and_written_with_plain_file_io() {
+    if skip_unless_root("a_bucket_prefix_is_read_and_written_with_plain_file_io") {
+        return;
+    }
+    let s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    let run = run_with(&agent, PROGRAM, vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)]).await;
+    assert_eq!((run.exited.exit_code, run.exited.failure()), (0, Failure::Unspecified), "{run:?}");
+    let out: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(out["listing"], serde_json::json!(["customers.csv"]));
+    assert_eq!(out["size"], 20);
+    assert_eq!(out["escapes"], serde_json::json!([]), "read outside the mount's prefix");
+    // Stored before the answer: the object is there as soon as Exited arrived.
+    assert_eq!(s3.get("tenants/a/out/report.txt").as_deref(), Some(&b"2 customers\n"[..]));
+    assert!(!run.stdout.contains(s3.secret_key()), "a credential reached the sandbox");
+    assert!(!out["mountinfo"].as_str().unwrap().contains(&s3.endpoint()), "the endpoint shows in the sandbox's mountinfo");
+    assert!(host_mounts_below(&agent.state_dir()).iter().all(|m| !m.contains(".data")), "a storage mount outlived its call: {:?}", host_mounts_below(&agent.state_dir()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_mount_refuses_writes_and_the_bucket_is_untouched() {
+    if skip_unless_root("a_read_only_mount_refuses_writes_and_the_bucket_is_untouched") {
+        return;
+    }
+    let s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    let code = r#"
+import errno, os
+def code(f):
+    try:
+        f(); return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(code(lambda: open('/data/ref/new.txt', 'w')), code(lambda: open('/data/ref/in/customers.csv', 'a')),
+      code(lambda: os.remove('/data/ref/in/customers.csv')), code(lambda: os.mkdir('/data/ref/d')))
+print(open('/data/ref/in/customers.csv').read().count('\n'))
+"#;
+    let run = run_with(&agent, code, vec![mount(&s3, "ref", "tenants/a", pb::MountMode::ReadOnly)]).await;
+    assert_eq!(run.exited.exit_code, 0, "{run:?}");
+    assert_eq!(run.stdout, "EROFS EROFS EROFS EROFS\n3\n");
+    assert_eq!(s3.objects("tenants/a"), ["tenants/a/in/customers.csv"], "nothing reached the bucket");
+}
+
+/// The store goes away while the program has a file open: its close fails
+/// (EIO), it goes on, and the answer names the file with the output intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_store_refuses_is_reported_with_its_path_and_the_output_kept() {
+    if skip_unless_root("a_write_the_store_refuses_is_reported_with_its_path_and_the_output_kept") {
+        return;
+    }
+    let mut s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    // Waits (bounded) until a lookup fails: the store is gone.
+    let code = r#"
+import os, sys
+f = open('/data/lake/new.txt', 'w'); f.write('x')
+print('written', flush=True)
+for i in range(2000):
+    try:
+        os.stat(f'/data/lake/probe-{i}')
+    except FileNotFoundError:
+        continue
+    except OSError:
+        break
+try:
+    f.close(); print('closed')
+except OSError as e:
+    print('close failed', e.errno)
+print('after')
+"#;
+    let mut req = request(pb::Language::Python, code, Duration::from_secs(60));
+    req.mounts = vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)];
+    let mut stream = agent.client().await.unwrap().execute(req).await.unwrap().into_inner();
+    let (mut stdout, mut exited) = (String::new(), None);
+    while let Some(ev) = stream.message().await.unwrap() {
+        match ev.event {
+            Some(pb::execute_event::Event::Stdout(c)) => {
+                stdout.push_str(&String::from_utf8_lossy(&c.data));
+                if stdout == "written\n" {
+                    s3.stop();
+                }
+            }
+            Some(pb::execute_event::Event::Exited(x)) => exited = Some(x),
+            _ => {}
+        }
+    }
+    let x = exited.expect("an Exited event");
+    assert_eq!(stdout, "written\nclose failed 5\nafter\n", "the program saw EIO at close and went on");
+    assert_eq!((x.exit_code, x.failure()), (0, Failure::StorageSync), "{x:?}");
+    assert_eq!(x.unsynced_paths, ["/data/lake/new.txt"]);
+    assert!(s3.get("tenants/a/new.txt").is_none());
+}
