@@ -18,6 +18,7 @@ fn key() -> EffectiveKey {
         max_timeout_seconds: 30,
         max_concurrency: 2,
         max_threads: 1000,
+        storage: Vec::new(),
         image: "host".into(),
         languages: vec![Language::Python, Language::Bash],
         limits: warren_config::Limits {
@@ -112,4 +113,31 @@ fn the_spec_carries_the_keys_network_limits_and_thread() {
     assert_eq!((t.id.as_str(), t.max_bytes), ("t-1", k.thread_max_bytes));
     assert_eq!(s.placement().as_deref(), Some("default/k/t-1"));
     assert_eq!(s.code, "x");
+}
+
+#[test]
+fn sub_paths_narrow_their_mount_for_one_call() {
+    use warren_config::storage::{Credentials, EffectiveMount};
+    let mut k = key();
+    let m = |name: &str| EffectiveMount {
+        name: name.into(),
+        provider: "s3".into(),
+        bucket: "b".into(),
+        prefix: "tenants/a".into(),
+        read_only: false,
+        endpoint: None,
+        region: None,
+        credentials: Credentials::default(),
+    };
+    k.storage = vec![m("lake"), m("ref")];
+    let r = parse(br#"{"code":"x","sub_paths":["/data/lake/reports/2024"]}"#).unwrap();
+    let s = plan(r, &k).unwrap();
+    let prefixes: Vec<(&str, &str)> = s.mounts.iter().map(|m| (m.name.as_str(), m.prefix.as_str())).collect();
+    assert_eq!(prefixes, [("lake", "tenants/a/reports/2024"), ("ref", "tenants/a")], "only the named mount narrows");
+    for (body, field) in [
+        (&br#"{"code":"x","sub_paths":["/data/lake/a","/data/lake/b"]}"#[..], "sub_paths[1]"),
+        (br#"{"code":"x","sub_paths":["/data/nope/a"]}"#, "sub_paths[0]"),
+    ] {
+        assert_eq!(field_of_refusal(plan(parse(body).unwrap(), &k)).as_deref(), Some(field));
+    }
 }

@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox, StorageConnection};
 use warren_api::reasons;
 use warren_config::ceilings::Ceilings;
+use warren_config::storage::Connection;
 use warren_config::{key, published, ConfigError, EffectiveKey, SecretBody, Where};
 
 use crate::context::{Context, Error};
@@ -49,15 +50,9 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     }
     let secret = ensure_secret(key, ns, ctx).await?;
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
-    let connections: HashMap<String, String> = if sandbox.as_ref().is_some_and(|s| !s.spec.storage.is_empty()) {
-        Api::<StorageConnection>::namespaced(ctx.client.clone(), ns)
-            .list(&Default::default())
-            .await?
-            .into_iter()
-            .map(|c| (c.name_any(), c.spec.prefix.clone().unwrap_or_default()))
-            .collect()
-    } else {
-        HashMap::new()
+    let connections = match &sandbox {
+        Some(sb) => connections_of(sb, ns, ctx).await?,
+        None => HashMap::new(),
     };
     let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
     let ceilings = namespace.map_or(Ok(Ceilings::default()), |n| Ceilings::from_annotations(&n.metadata.annotations.unwrap_or_default()));
@@ -74,6 +69,27 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
         }
     };
     set_status(key, ns, ctx, ok, reason, message, prefix).await
+}
+
+/// The StorageConnections the Sandbox mounts, each with its credentials
+/// read from the one Secret it names (no other Secret is read).
+async fn connections_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<Connection, String>>, Error> {
+    let conns = Api::<StorageConnection>::namespaced(ctx.client.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+    let mut out = HashMap::new();
+    for m in &sb.spec.storage {
+        let name = &m.connection_ref.name;
+        if out.contains_key(name) {
+            continue;
+        }
+        let Some(c) = conns.get_opt(name).await? else { continue };
+        let secret = match &c.spec.credentials_secret_ref {
+            Some(r) => secrets.get_opt(&r.name).await?.map(|s| secret_body(&s)),
+            None => None,
+        };
+        out.insert(name.clone(), warren_config::storage::connection(&c.spec, secret.as_ref()));
+    }
+    Ok(out)
 }
 
 /// An older ApiKey of the namespace naming the same Secret entry, if any.
@@ -107,7 +123,7 @@ fn compile(
     ns: &str,
     sandbox: Option<&Sandbox>,
     secret: Option<&Secret>,
-    connections: &HashMap<String, String>,
+    connections: &HashMap<String, Result<Connection, String>>,
     ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let at = Where { file: String::new(), object: format!("ApiKey {ns}/{}", key.name_any()) };

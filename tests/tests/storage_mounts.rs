@@ -157,3 +157,41 @@ print('after')
     assert_eq!(x.unsynced_paths, ["/data/lake/new.txt"]);
     assert!(s3.get("tenants/a/new.txt").is_none());
 }
+
+/// Declared once as manifests (StorageConnection + its Secret, a Sandbox
+/// mounting it, an ApiKey), used over HTTP with `sub_paths` narrowing the
+/// mount for one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_declare_the_mount_and_sub_paths_narrow_it_per_call() {
+    use warren_e2e::gateway::{key, wait_for, Gateway};
+    if skip_unless_root("manifests_declare_the_mount_and_sub_paths_narrow_it_per_call") {
+        return;
+    }
+    let s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    let creds: String = s3.credentials().iter().map(|(k, v)| format!("{k}: {v}, ")).collect();
+    let manifests = format!(
+        "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: lake}}\nspec: {{provider: S3, bucket: {BUCKET}, prefix: tenants, endpoint: '{}', region: us-east-1, credentialsSecretRef: {{name: lake-creds}}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: lake-creds}}\nstringData: {{{creds}}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-data}}\nspec: {{image: host, storage: [{{name: lake, connectionRef: {{name: lake}}, mode: ReadWrite, prefix: a}}]}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: data}}\nspec: {{sandboxRef: {{name: with-data}}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: data-key}}\nstringData: {{key: {}}}\n",
+        s3.endpoint(),
+        key("data")
+    );
+    std::fs::write(gw.manifest_dir().join("storage.yaml"), manifests).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || gw.execute(&key("data"), &serde_json::json!({"code": "print(1)"})).status == 200), "{:?}", gw.logs());
+
+    let code = "print(open('/data/lake/customers.csv').read(), end='')\nopen('/data/lake/summary.txt', 'w').write('2 rows')";
+    let r = gw.execute(&key("data"), &serde_json::json!({"code": code, "language": "python", "sub_paths": ["/data/lake/in"]}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((r.json()["success"].as_bool(), r.json()["stdout"].as_str()), (Some(true), Some("id,name\n1,ada\n2,bob\n")), "{}", r.text());
+    assert_eq!(s3.get("tenants/a/in/summary.txt").as_deref(), Some(&b"2 rows"[..]), "written under the narrowed prefix before the answer");
+
+    let whole = gw.execute(&key("data"), &serde_json::json!({"code": "import os; print(sorted(os.listdir('/data/lake')))", "language": "python"}));
+    assert_eq!(whole.json()["stdout"], "['in']\n", "without sub_paths the mount shows the key's whole prefix");
+    let bad = gw.execute(&key("data"), &serde_json::json!({"code": "print(1)", "sub_paths": ["/data/nope/x"]}));
+    assert_eq!((bad.status, bad.json()["field"].as_str()), (400, Some("sub_paths[0]")));
+    assert!(!gw.logs().iter().any(|l| l.contains(s3.secret_key())), "a credential reached the gateway's log");
+}

@@ -40,12 +40,27 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
             image: s.image.reference,
             image_digest: s.image.digest.unwrap_or_default(),
             network: network as i32,
-            mounts: Vec::new(),
+            mounts: s.mounts.into_iter().map(storage_mount).collect(),
             egress: Vec::new(),
             connectors: Vec::new(),
             // Set by the service when the executing agent counts the key.
             key_slot: None,
         }
+    }
+}
+
+/// A key's mount as the agent receives it.
+fn storage_mount(m: warren_config::storage::EffectiveMount) -> pb::StorageMount {
+    pb::StorageMount {
+        mount_path: format!("/data/{}", m.name),
+        provider: m.provider,
+        bucket: m.bucket,
+        prefix: m.prefix,
+        mode: if m.read_only { pb::MountMode::ReadOnly } else { pb::MountMode::ReadWrite } as i32,
+        endpoint: m.endpoint.unwrap_or_default(),
+        region: m.region.unwrap_or_default(),
+        credentials: (!m.credentials.0.is_empty()).then(|| pb::Credentials { values: m.credentials.0.into_iter().collect() }),
+        max_write_bytes: 0,
     }
 }
 

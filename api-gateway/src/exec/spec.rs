@@ -77,6 +77,8 @@ pub struct ExecutionSpec {
     pub thread: Option<ThreadSpec>,
     /// How the result is delivered.
     pub delivery: Delivery,
+    /// Storage under `/data`, narrowed by the request's `sub_paths`.
+    pub mounts: Vec<warren_config::storage::EffectiveMount>,
 }
 
 impl ExecutionSpec {
@@ -94,11 +96,7 @@ impl ExecutionSpec {
             Some(t) => t,
             None => TIMEOUT_SECS.default.min(key.max_timeout_seconds),
         };
-        if let Some(p) = req.sub_paths.first() {
-            let mount = path::data_sub_path(p).map_or("", |(m, _)| m);
-            let shown: String = mount.chars().take(64).collect();
-            return Err(ExecError::invalid("sub_paths[0]", format!("this API key has no storage mount named {shown:?}")));
-        }
+        let mounts = mounts(key, &req.sub_paths)?;
         let mut env: BTreeMap<String, String> = key.env.iter().cloned().collect();
         env.extend(std::mem::take(&mut req.env_vars));
         Ok(ExecutionSpec {
@@ -118,6 +116,7 @@ impl ExecutionSpec {
                 max_threads: key.max_threads,
             }),
             delivery,
+            mounts,
         })
     }
 
@@ -131,6 +130,34 @@ impl ExecutionSpec {
 /// The placement key of thread `id` of `tenant`.
 pub fn placement_key(tenant: &Tenant, id: &str) -> String {
     format!("{}/{}/{id}", tenant.namespace, tenant.key_name)
+}
+
+/// The key's mounts, each narrowed by at most one `sub_paths` entry: the
+/// mount then shows `<its prefix>/<the path below /data/<mount>/>`.
+fn mounts(key: &EffectiveKey, sub_paths: &[String]) -> Result<Vec<warren_config::storage::EffectiveMount>, ExecError> {
+    let mut narrowed: BTreeMap<&str, &str> = BTreeMap::new();
+    for (i, p) in sub_paths.iter().enumerate() {
+        let field = format!("sub_paths[{i}]");
+        let (mount, below) = path::data_sub_path(p).map_err(|why| ExecError::invalid(&field, why))?;
+        if !key.storage.iter().any(|m| m.name == mount) {
+            let shown: String = mount.chars().take(64).collect();
+            return Err(ExecError::invalid(&field, format!("this API key has no storage mount named {shown:?}")));
+        }
+        if narrowed.insert(mount, below).is_some() {
+            return Err(ExecError::invalid(&field, format!("a second sub_path for mount {mount:?}; give one per mount")));
+        }
+    }
+    Ok(key
+        .storage
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(below) = narrowed.get(m.name.as_str()) {
+                m.prefix = path::join(&m.prefix, below);
+            }
+            m
+        })
+        .collect())
 }
 
 impl Tenant {

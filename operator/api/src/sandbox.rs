@@ -118,8 +118,8 @@ pub struct StorageMount {
 #[serde(rename_all = "camelCase")]
 pub struct SandboxStatus {
     /// `Ready`: True when the spec is valid and can run on this release's
-    /// node-agents. Reasons: `Valid`, `InvalidSpec`, `Unsupported` (storage
-    /// mounts and connectors are not offered yet).
+    /// node-agents. Reasons: `Valid`, `InvalidSpec`, `Unsupported`
+    /// (connectors are not offered yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.

@@ -18,6 +18,7 @@ use crate::manifest::{self, Kind, Object, Source};
 use crate::narrowing;
 use warren_api::reasons;
 
+use crate::storage::{Connection, EffectiveMount};
 use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
 
 const GIB: u64 = 1 << 30;
@@ -66,8 +67,7 @@ pub struct SandboxConfig {
 impl SandboxConfig {
     /// Why this Sandbox cannot run code on this release's node-agent, if so.
     pub fn unsupported(&self) -> Option<&'static str> {
-        (!self.storage.is_empty() || !self.connectors.is_empty())
-            .then_some("storage mounts and connectors are not offered by this release's node-agent yet")
+        (!self.connectors.is_empty()).then_some("connectors are not offered by this release's node-agent yet")
     }
 }
 
@@ -77,7 +77,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let objects = dedupe(objects, &mut errors);
     let mut sandboxes = HashMap::new();
     let mut secrets = HashMap::new();
-    let mut connections: Map<String> = HashMap::new();
+    let mut connections: Map<crate::types::StorageConnectionSpec> = HashMap::new();
     let mut ceilings: HashMap<String, Result<Ceilings, String>> = HashMap::new();
     for o in objects.iter() {
         match o.kind {
@@ -95,7 +95,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
             },
             Kind::StorageConnection => match spec::<crate::types::StorageConnectionSpec>(o) {
                 Ok(sc) => {
-                    connections.insert((o.namespace.clone(), o.name.clone()), sc.prefix.unwrap_or_default());
+                    connections.insert((o.namespace.clone(), o.name.clone()), sc);
                 }
                 Err(e) => errors.push(e),
             },
@@ -345,15 +345,20 @@ fn api_key(
     o: &Object,
     sandboxes: &Map<SandboxConfig>,
     secrets: &Map<SecretBody>,
-    connections: &Map<String>,
+    connections: &Map<crate::types::StorageConnectionSpec>,
     ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let k: ApiKeySpec = spec(o)?;
     let sb = sandboxes.get(&(o.namespace.clone(), k.sandbox_ref.name.clone()));
     let (secret_name, _) = secret_ref(&o.name, &k);
     let secret = secrets.get(&(o.namespace.clone(), secret_name));
-    let prefix = |c: &str| connections.get(&(o.namespace.clone(), c.to_string())).cloned();
-    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &prefix, ceilings)
+    let ns = &o.namespace;
+    let connection = |c: &str| {
+        let spec = connections.get(&(ns.clone(), c.to_string()))?;
+        let creds = spec.credentials_secret_ref.as_ref().and_then(|r| secrets.get(&(ns.clone(), r.name.clone())));
+        Some(crate::storage::connection(spec, creds))
+    };
+    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &connection, ceilings)
 }
 
 /// The Secret (name, entry) holding an ApiKey's key.
@@ -376,14 +381,14 @@ pub fn effective_key(
     k: &ApiKeySpec,
     sandbox: Option<&SandboxConfig>,
     secret: Option<&SecretBody>,
-    connection_prefix: &dyn Fn(&str) -> Option<String>,
+    connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
     ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let c = Checker { at, reason: reasons::INVALID_NARROWING };
     let sb = sandbox.ok_or_else(|| {
         c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name)).because(reasons::SANDBOX_NOT_FOUND)
     })?;
-    check_storage_and_connectors(&c, k, sb, connection_prefix)?;
+    let storage = effective_mounts(&c, k, sb, connection)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (bounds::TIMEOUT_SECS.min, sb.max_timeout_seconds))?,
@@ -419,6 +424,7 @@ pub fn effective_key(
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
         thread_max_bytes: sb.thread_max_bytes,
+        storage,
     };
     let over = Checker { at, reason: reasons::CEILING_EXCEEDED };
     match ceilings.map(|c| c.exceeded_by(&key)) {
@@ -428,25 +434,57 @@ pub fn effective_key(
     }
 }
 
-/// Storage prefixes only go deeper (whole segments) and mounts only become
-/// read-only; connectors are a subset of the Sandbox's.
-fn check_storage_and_connectors(
+/// The key's mounts: every Sandbox mount on its connection, narrowed by
+/// the key (prefixes only go deeper, by whole segments; modes only become
+/// read-only). Connectors are checked to be a subset of the Sandbox's.
+fn effective_mounts(
     c: &Checker<'_>,
     k: &ApiKeySpec,
     sb: &SandboxConfig,
-    connection_prefix: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
+    connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
+) -> Result<Vec<EffectiveMount>, ConfigError> {
     for (i, n) in k.storage.iter().enumerate() {
-        let field = format!("spec.storage[{i}]");
-        let mount = sb.storage.iter().find(|m| m.name == n.name);
-        let conn = mount.map(|m| m.connection_ref.name.clone()).unwrap_or_default();
-        let base = connection_prefix(&conn);
-        if mount.is_some() && base.is_none() {
-            return Err(c.err(&field, format!("StorageConnection {conn:?} of mount {:?} was not found", n.name)));
+        if !sb.storage.iter().any(|m| m.name == n.name) {
+            return Err(c.err(&format!("spec.storage[{i}].name"), format!("the Sandbox has no mount named {:?}", n.name)));
         }
-        let full = |m: &crate::types::StorageMount| path::join(base.as_deref().unwrap_or(""), m.prefix.as_deref().unwrap_or(""));
-        narrowing::narrow_mount(&sb.storage, full, n).map_err(|e| c.err(&field, e))?;
     }
+    let mut out = Vec::with_capacity(sb.storage.len());
+    for m in &sb.storage {
+        let field = match k.storage.iter().position(|n| n.name == m.name) {
+            Some(i) => format!("spec.storage[{i}]"),
+            None => "spec.sandboxRef.name".to_string(),
+        };
+        let conn_name = &m.connection_ref.name;
+        let conn = connection(conn_name)
+            .ok_or_else(|| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?} was not found", m.name)))?
+            .map_err(|why| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?}: {why}", m.name)))?;
+        if matches!(conn.spec.provider, crate::types::StorageProvider::GCS | crate::types::StorageProvider::Azure) {
+            let why = format!("StorageConnection {conn_name:?}: {:?} mounts are not offered by this release's node-agent yet (S3 and Local are)", conn.spec.provider);
+            return Err(c.err(&field, why).because(reasons::UNSUPPORTED));
+        }
+        let base = conn.spec.prefix.clone().unwrap_or_default();
+        let full = |m: &crate::types::StorageMount| path::join(&base, m.prefix.as_deref().unwrap_or(""));
+        let (prefix, mode) = match k.storage.iter().find(|n| n.name == m.name) {
+            Some(n) => narrowing::narrow_mount(&sb.storage, full, n).map_err(|e| c.err(&field, e))?,
+            None => (full(m), m.mode),
+        };
+        out.push(EffectiveMount {
+            name: m.name.clone(),
+            provider: crate::storage::provider_name(conn.spec.provider).to_string(),
+            bucket: conn.spec.bucket.clone(),
+            prefix,
+            read_only: mode == crate::types::MountMode::ReadOnly,
+            endpoint: conn.spec.endpoint.clone(),
+            region: conn.spec.region.clone(),
+            credentials: conn.credentials,
+        });
+    }
+    check_connectors(c, k, sb)?;
+    Ok(out)
+}
+
+/// Connectors are a subset of the Sandbox's.
+fn check_connectors(c: &Checker<'_>, k: &ApiKeySpec, sb: &SandboxConfig) -> Result<(), ConfigError> {
     if let Some(chosen) = &k.connectors {
         let offered: Vec<&str> = sb.connectors.iter().map(String::as_str).collect();
         let chosen: Vec<&str> = chosen.iter().map(|r| r.name.as_str()).collect();

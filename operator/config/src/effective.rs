@@ -46,6 +46,9 @@ pub struct EffectiveKey {
     pub thread_retention: ThreadRetention,
     /// Largest saved home of one thread.
     pub thread_max_bytes: u64,
+    /// Storage mounts under `/data` (absent in keys published before mounts).
+    #[serde(default)]
+    pub storage: Vec<crate::storage::EffectiveMount>,
 }
 
 impl EffectiveKey {

@@ -15,6 +15,7 @@ pub mod key;
 pub mod manifest;
 pub mod narrowing;
 pub mod published;
+pub mod storage;
 pub mod types;
 
 pub use compile::{check_sandbox, compile, effective_key, secret_holder, secret_ref, shared_key_message, Compiled, SandboxConfig, SecretClaim, Where};

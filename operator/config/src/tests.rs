@@ -185,22 +185,40 @@ fn namespaces_are_separate_tenants() {
 }
 
 #[test]
-fn storage_and_connectors_only_narrow_and_are_not_offered_yet() {
-    let conn = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: c}\nspec: {provider: S3, bucket: b, prefix: shared}\n";
-    let sb = format!("{conn}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}, mode: ReadOnly, prefix: acme}]\n  connectors: [{name: pg}]\n"));
+fn storage_narrows_resolves_its_connection_and_connectors_are_not_offered_yet() {
+    let conn = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: c}\nspec: {provider: S3, bucket: b, prefix: shared, endpoint: 'http://s3.local:9000', credentialsSecretRef: {name: c-creds}}\n";
+    let creds = "apiVersion: v1\nkind: Secret\nmetadata: {name: c-creds}\nstringData: {accessKeyId: AK, secretAccessKey: SK}\n";
+    let sb = format!("{conn}---\n{creds}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}, mode: ReadWrite, prefix: acme}]\n"));
     let cases = [
         ("  storage: [{name: data, prefix: other}]\n", "spec.storage[0]: \"other\" is not under"),
-        ("  storage: [{name: data, mode: ReadWrite}]\n", "spec.storage[0]: ReadWrite would widen"),
-        ("  storage: [{name: nope}]\n", "spec.storage[0]: the Sandbox has no mount named"),
+        ("  storage: [{name: nope}]\n", "spec.storage[0].name: the Sandbox has no mount named"),
         ("  connectors: [{name: gh}]\n", "spec.connectors: connector \"gh\" is not one of the Sandbox's"),
         ("  storage: [{name: data, prefix: acme/t1}]\n", "spec.storage[0]: \"acme/t1\" is not under the mount's prefix \"shared/acme\""),
-        ("  storage: [{name: data, prefix: shared/acme/t1}]\n  connectors: [{name: pg}]\n", "the Sandbox cannot run code: storage mounts and connectors are not offered"),
     ];
+    let errors = |files: String| run(&[("a.yaml", files)]).errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
     for (extra, want) in cases {
-        let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", extra), secret("k-key", KEY_A)))]);
-        let e = c.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+        let e = errors(format!("{sb}---\n{}---\n{}", api_key("k", extra), secret("k-key", KEY_A)));
         assert!(e.contains(want), "{e:?} should contain {want:?}");
     }
+    // A key that narrows: the deeper prefix, read-only; credentials resolved.
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", "  storage: [{name: data, prefix: shared/acme/t1, mode: ReadOnly}]\n"), secret("k-key", KEY_A)))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    let m = &c.keys[0].storage[0];
+    assert_eq!((m.name.as_str(), m.provider.as_str(), m.bucket.as_str(), m.prefix.as_str(), m.read_only), ("data", "s3", "b", "shared/acme/t1", true));
+    assert_eq!((m.endpoint.as_deref(), m.credentials.0.get("secretAccessKey").map(String::as_str)), (Some("http://s3.local:9000"), Some("SK")));
+    assert!(!format!("{:?}", c.keys[0]).contains("SK"), "credentials never print");
+    // A key that does not mention the mount gets it as the Sandbox declares it.
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert_eq!((c.keys[0].storage[0].prefix.as_str(), c.keys[0].storage[0].read_only), ("shared/acme", false));
+    // Missing credentials, providers not served yet, connectors.
+    let no_creds = format!("{conn}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}}]\n"));
+    let e = errors(format!("{no_creds}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)));
+    assert!(e.contains("credentials Secret \"c-creds\" was not found"), "{e}");
+    let gcs = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: g}\nspec: {provider: GCS, bucket: b}\n";
+    let e = errors(format!("{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)));
+    assert!(e.contains("GCS mounts are not offered"), "{e}");
+    let e = errors(format!("{}---\n{}---\n{}", sandbox("  connectors: [{name: pg}]\n"), api_key("k", ""), secret("k-key", KEY_A)));
+    assert!(e.contains("connectors are not offered"), "{e}");
 }
 
 #[test]

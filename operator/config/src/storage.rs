@@ -1,0 +1,116 @@
+//! Storage mounts as a key gets them: each Sandbox mount resolved against
+//! its StorageConnection (bucket, endpoint, credentials) and narrowed by the
+//! ApiKey, ready for the gateway to send to a node-agent.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{SecretBody, StorageConnectionSpec, StorageProvider};
+
+/// Secret values; serialized (they travel to the gateways inside the
+/// published key Secret) but never printed.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Credentials(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials(<{} redacted values>)", self.0.len())
+    }
+}
+
+/// A StorageConnection with its credentials read from its Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// The store.
+    pub spec: StorageConnectionSpec,
+    /// Entries of the credentials Secret the provider needs; empty for the
+    /// node's ambient identity.
+    pub credentials: Credentials,
+}
+
+/// Resolves `spec`'s credentials from `secret` (the Secret its
+/// `credentialsSecretRef` names, when it names one). The error names what
+/// is missing, never a value.
+pub fn connection(spec: &StorageConnectionSpec, secret: Option<&SecretBody>) -> Result<Connection, String> {
+    let Some(r) = &spec.credentials_secret_ref else { return Ok(Connection { spec: spec.clone(), credentials: Credentials::default() }) };
+    let s = secret.ok_or_else(|| format!("its credentials Secret {:?} was not found", r.name))?;
+    let mut values = BTreeMap::new();
+    for entry in spec.provider.secret_entries() {
+        let v = match (s.string_data.get(*entry), s.data.get(*entry)) {
+            (Some(v), _) => v.clone(),
+            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {:?} entry {entry:?} is not UTF-8", r.name))?,
+            (None, None) => return Err(format!("its credentials Secret {:?} has no entry {entry:?}", r.name)),
+        };
+        values.insert((*entry).to_string(), v.trim().to_string());
+    }
+    Ok(Connection { spec: spec.clone(), credentials: Credentials(values) })
+}
+
+/// One mount of a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveMount {
+    /// `/data/<name>`.
+    pub name: String,
+    /// `s3`, `gcs`, `azure` or `local`.
+    pub provider: String,
+    /// Bucket, container or directory.
+    pub bucket: String,
+    /// Everything the mount may see: connection, Sandbox and ApiKey
+    /// prefixes joined (requests may narrow it with `sub_paths`).
+    pub prefix: String,
+    /// Writes are refused.
+    pub read_only: bool,
+    /// Endpoint URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Credentials (empty: the node's identity).
+    #[serde(default)]
+    pub credentials: Credentials,
+}
+
+/// The wire name of a provider.
+pub fn provider_name(p: StorageProvider) -> &'static str {
+    match p {
+        StorageProvider::S3 => "s3",
+        StorageProvider::GCS => "gcs",
+        StorageProvider::Azure => "azure",
+        StorageProvider::Local => "local",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::LocalRef;
+
+    fn s3(secret: Option<&str>) -> StorageConnectionSpec {
+        StorageConnectionSpec {
+            provider: StorageProvider::S3,
+            bucket: "b".into(),
+            prefix: None,
+            endpoint: None,
+            region: None,
+            credentials_secret_ref: secret.map(|n| LocalRef { name: n.into() }),
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_the_named_secret_and_never_print() {
+        let body = SecretBody { string_data: [("accessKeyId".into(), "AK".into()), ("secretAccessKey".into(), " hunter2 ".into())].into(), ..SecretBody::default() };
+        let c = connection(&s3(Some("creds")), Some(&body)).unwrap();
+        assert_eq!(c.credentials.0["secretAccessKey"], "hunter2");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(connection(&s3(None), None).unwrap().credentials.0.is_empty(), "no Secret: the node's identity");
+        let missing = connection(&s3(Some("creds")), None).unwrap_err();
+        assert!(missing.contains("\"creds\" was not found"), "{missing}");
+        let partial = SecretBody { string_data: [("accessKeyId".into(), "AK".into())].into(), ..SecretBody::default() };
+        let e = connection(&s3(Some("creds")), Some(&partial)).unwrap_err();
+        assert!(e.contains("secretAccessKey") && !e.contains("AK"), "{e}");
+    }
+}
