@@ -23,6 +23,15 @@ if [ ! -s "$SECRETS/demo-key.yaml" ]; then
   printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo-key\nstringData:\n  key: %s\n' "$KEY" >"$SECRETS/demo-key.yaml"
 fi
 KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml")
+# A second key, for the storage example (examples/local/storage.yaml).
+if [ ! -s "$SECRETS/files-key.yaml" ]; then
+  FKEY=$(python3 -c 'import secrets, string; a = string.ascii_letters + string.digits; print("sk-wrn-" + "".join(secrets.choice(a) for _ in range(40)))')
+  (umask 077; printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: files-key\nstringData:\n  key: %s\n' "$FKEY" >"$SECRETS/files-key.yaml")
+fi
+FILES_KEY=$(sed -n 's/^  key: //p' "$SECRETS/files-key.yaml")
+DATA=/var/lib/warren-demo-data
+mkdir -p "$DATA"
+[ -e "$DATA/customers.csv" ] || printf 'id,name\n1,ada\n2,bob\n' >"$DATA/customers.csv"
 
 "$BIN/warren-gateway" check --manifests examples/local,"$SECRETS" >/dev/null
 "$BIN/warren-node-agent" --listen-unix "$SOCK" --state-dir "$STATE" --log-format plain &
@@ -44,6 +53,7 @@ cat <<MSG
 Warren is running.
   URL:      $URL
   API key:  $KEY
+  Storage key (examples/local/storage.yaml, /data/files): $FILES_KEY
 
 Try it:
   curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' \\
@@ -57,6 +67,11 @@ Try it:
   # (prints 1, 2, 3, ...; DELETE /v1/threads/demo with the same key resets it)
   curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' -H 'Content-Type: application/json' \\
     -d '{"code": "echo call >> ~/calls; wc -l < ~/calls", "language": "bash", "thread_id": "demo"}'
+
+  # storage: $DATA is /data/files for the second key; the report lands in $DATA
+  curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $FILES_KEY' -H 'Content-Type: application/json' \\
+    -d '{"code": "rows = open(\\"/data/files/customers.csv\\").read().splitlines(); open(\\"/data/files/report.txt\\", \\"w\\").write(f\\"{len(rows)-1} customers\\")"}'
+  cat $DATA/report.txt
 
   # the Baponi Python SDK (pip install baponi)
   python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'

@@ -195,3 +195,55 @@ async fn manifests_declare_the_mount_and_sub_paths_narrow_it_per_call() {
     assert_eq!((bad.status, bad.json()["field"].as_str()), (400, Some("sub_paths[0]")));
     assert!(!gw.logs().iter().any(|l| l.contains(s3.secret_key())), "a credential reached the gateway's log");
 }
+
+/// A Local connection: a directory on the node, through the same FUSE path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_directory_mounts_like_a_bucket() {
+    if skip_unless_root("a_local_directory_mounts_like_a_bucket") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("team/in")).unwrap();
+    std::fs::write(dir.path().join("team/in/a.txt"), "alpha").unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "not yours").unwrap();
+    let agent = Agent::start(&[]).await.unwrap();
+    let local = pb::StorageMount {
+        mount_path: "/data/files".into(),
+        provider: "local".into(),
+        bucket: dir.path().display().to_string(),
+        prefix: "team".into(),
+        mode: pb::MountMode::ReadWrite as i32,
+        ..Default::default()
+    };
+    let code = "import os\nprint(open('/data/files/in/a.txt').read(), sorted(os.listdir('/data/files')))\nopen('/data/files/out.txt', 'w').write('beta')";
+    let run = run_with(&agent, code, vec![local]).await;
+    assert_eq!((run.exited.exit_code, run.stdout.as_str()), (0, "alpha ['in']\n"), "{run:?}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("team/out.txt")).unwrap(), "beta");
+}
+
+/// The agent killed mid-call leaves a dead FUSE mount behind; the next
+/// agent on the same state unmounts it before serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agents_mounts_are_collected_when_it_starts_again() {
+    if skip_unless_root("a_killed_agents_mounts_are_collected_when_it_starts_again") {
+        return;
+    }
+    let s3 = seeded();
+    let base = tempfile::tempdir().unwrap();
+    let state = base.path().join("state");
+    let mut agent = Agent::start_with(&[], &[], Some(&state)).await.unwrap();
+    let mut req = request(pb::Language::Bash, "ls /data/lake >/dev/null && echo ready && sleep 60", Duration::from_secs(60));
+    req.mounts = vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)];
+    let mut stream = agent.client().await.unwrap().execute(req).await.unwrap().into_inner();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if matches!(ev.event, Some(pb::execute_event::Event::Stdout(ref c)) if c.data == b"ready\n") {
+            break;
+        }
+    }
+    assert!(host_mounts_below(&state).iter().any(|m| m.ends_with(".data/lake")), "the mount is up: {:?}", host_mounts_below(&state));
+    agent.kill_hard();
+    drop(stream);
+    let again = Agent::start_with(&[], &[], Some(&state)).await.unwrap();
+    assert!(host_mounts_below(&state).iter().all(|m| !m.contains(".data")), "left mounted: {:?}", host_mounts_below(&state));
+    drop(again);
+}
