@@ -143,7 +143,7 @@ fn compile(
     warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), &|c| connections.get(c).cloned(), ceilings)
 }
 
-fn secret_body(s: &Secret) -> SecretBody {
+pub(crate) fn secret_body(s: &Secret) -> SecretBody {
     let data = s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
     SecretBody { data, string_data: s.string_data.clone().unwrap_or_default() }
 }

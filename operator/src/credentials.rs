@@ -1,5 +1,8 @@
 //! StorageConnection and Connector status: Ready when the credentials Secret
-//! they reference exists and holds the entries their provider needs.
+//! they reference exists and holds the entries their provider needs, and,
+//! for an S3 StorageConnection, when a listing of its prefix succeeds with
+//! them (Local directories are checked by each node at mount time; GCS and
+//! Azure are not offered yet).
 
 use std::sync::Arc;
 
@@ -18,8 +21,62 @@ use crate::status::{self, now, RESYNC};
 pub async fn storage(sc: Arc<StorageConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
     let secret = sc.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone());
     let old = sc.status.clone().map(|s| s.conditions).unwrap_or_default();
-    let api = Api::<StorageConnection>::namespaced(ctx.client.clone(), &sc.namespace().ok_or(Error::NoNamespace)?);
-    secret_ready(sc.as_ref(), &api, secret.as_deref(), sc.spec.provider.secret_entries(), &old, &ctx).await
+    let ns = sc.namespace().ok_or(Error::NoNamespace)?;
+    let api = Api::<StorageConnection>::namespaced(ctx.client.clone(), &ns);
+    let found = match &secret {
+        None => None,
+        Some(name) => Some(Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(name).await?),
+    };
+    let (mut ok, mut reason, mut message) = secret_verdict(&ns, secret.as_deref(), found.as_ref(), sc.spec.provider.secret_entries());
+    if ok {
+        (ok, reason, message) = reachability(&sc.spec, found.flatten().as_ref()).await;
+    }
+    write_ready(sc.as_ref(), &api, ok, reason, message, &old, &ctx).await
+}
+
+/// Ready, reason and message from one listing of the connection's prefix.
+async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&Secret>) -> (bool, &'static str, String) {
+    use warren_api::StorageProvider;
+    use warren_storage::probe::ProbeError;
+    match spec.provider {
+        StorageProvider::Local => return (true, reasons::VALID, "a directory on the nodes: each node checks it when mounting".into()),
+        StorageProvider::GCS | StorageProvider::Azure => return (false, reasons::UNSUPPORTED, format!("{:?} mounts are not offered by this release yet", spec.provider)),
+        StorageProvider::S3 => {}
+    }
+    let body = secret.map(crate::apikey::secret_body);
+    let conn = match warren_config::storage::connection(spec, body.as_ref()) {
+        Ok(c) => c,
+        Err(why) => return (false, reasons::SECRET_INCOMPLETE, why),
+    };
+    let raw = warren_storage::spec::RawMount {
+        mount_path: "/data/probe".into(),
+        provider: "s3".into(),
+        bucket: spec.bucket.clone(),
+        prefix: spec.prefix.clone().unwrap_or_default(),
+        endpoint: spec.endpoint.clone().unwrap_or_default(),
+        region: spec.region.clone().unwrap_or_default(),
+        credentials: conn.credentials.0,
+        ..Default::default()
+    };
+    let Ok(Some(m)) = warren_storage::spec::validate(vec![raw]).map(|mut v| v.pop()) else {
+        return (false, reasons::INVALID_SPEC, "the bucket or prefix cannot be used".into());
+    };
+    let store = match m.store() {
+        Ok(s) => s,
+        Err(why) => return (false, reasons::INVALID_SPEC, why),
+    };
+    let at = format!("{}/{}", spec.bucket, spec.prefix.as_deref().unwrap_or(""));
+    match warren_storage::probe::probe(store, &m.root()).await {
+        Ok(()) => (true, reasons::REACHABLE, format!("listed {at} with the configured credentials")),
+        Err(e) => {
+            let reason = match e {
+                ProbeError::BucketNotFound => reasons::BUCKET_NOT_FOUND,
+                ProbeError::CredentialsRefused => reasons::CREDENTIALS_REFUSED,
+                ProbeError::Unreachable => reasons::STORE_UNREACHABLE,
+            };
+            (false, reason, format!("listing {at}: {}", e.describe()))
+        }
+    }
 }
 
 /// Reconciles one Connector.
@@ -47,6 +104,13 @@ where
         Some(name) => Some(Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(name).await?),
     };
     let (ok, reason, message) = secret_verdict(&ns, secret, found.as_ref(), entries);
+    write_ready(obj, api, ok, reason, message, old, ctx).await
+}
+
+async fn write_ready<K>(obj: &K, api: &Api<K>, ok: bool, reason: &'static str, message: String, old: &[Condition], ctx: &Context) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let conditions = status::ready(ok, reason, &message, obj.meta().generation, old, now());
     if status::differs(old, &conditions) {
         let new = ReadyStatus { conditions, observed_generation: obj.meta().generation };

@@ -125,14 +125,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ApiKey controller: also woken by its namespace, its Sandbox and its Secret.
+/// The ApiKey controller: also woken by its namespace, its Sandbox, its
+/// Secret, and the StorageConnections of its namespace and their Secrets
+/// (a key carries its mounts' credentials: a rotation republishes it).
 async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<ApiKey>::all(client.clone()), wc.clone());
     let keys = controller.store();
     let keys2 = keys.clone();
     let keys3 = keys.clone();
+    let keys4 = keys.clone();
+    let (connections, writer) = kube::runtime::reflector::store::<StorageConnection>();
+    let mirror = kube::runtime::reflector::reflector(writer, watcher::watcher(Api::<StorageConnection>::all(client.clone()), wc.clone()));
+    tokio::spawn(mirror.for_each(|_| async {}));
+    let in_namespace = |keys: &kube::runtime::reflector::Store<ApiKey>, ns: Option<String>| {
+        keys.state().into_iter().filter(|k| k.namespace() == ns).map(|k| ObjectRef::from_obj(k.as_ref())).collect::<Vec<_>>()
+    };
     controller
+        .watches(Api::<StorageConnection>::all(client.clone()), wc.clone(), move |c| in_namespace(&keys4, c.namespace()))
         // A namespace's ceilings (warren.dev/max-* annotations) changed.
         .watches(Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()), wc.clone(), move |ns| {
             let name = ns.name_any();
@@ -147,11 +157,15 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
                 .collect::<Vec<_>>()
         })
         .watches(secret_names(client), watcher::Config::default(), move |secret| {
-            let ns = secret.namespace();
+            let (ns, name) = (secret.namespace(), secret.name_any());
+            let credentials = connections.state().iter().any(|c| c.namespace() == ns && c.spec.credentials_secret_ref.as_ref().is_some_and(|r| r.name == name));
+            if credentials {
+                return in_namespace(&keys2, ns);
+            }
             keys2
                 .state()
                 .into_iter()
-                .filter(|k| k.namespace() == ns && warren_config::secret_ref(&k.name_any(), &k.spec).0 == secret.name_any())
+                .filter(|k| k.namespace() == ns && warren_config::secret_ref(&k.name_any(), &k.spec).0 == name)
                 .map(|k| ObjectRef::from_obj(k.as_ref()))
                 .collect::<Vec<_>>()
         })

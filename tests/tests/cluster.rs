@@ -277,3 +277,53 @@ async fn a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the
     k.kubectl_ok(&["annotate", "namespace", "default", "warren.dev/max-concurrency=16", "--overwrite"]);
     assert!(wait_for(Duration::from_secs(10), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
 }
+
+/// Storage declared with kubectl: the StorageConnection's Ready reflects a
+/// real listing (and says why not), the ApiKey carries the resolved mount,
+/// and code through the gateway in cluster mode reads and writes the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_connection_is_checked_and_mounted_from_the_cluster() {
+    use warren_e2e::s3::{S3Server, BUCKET};
+    if skip_unless_root("a_storage_connection_is_checked_and_mounted_from_the_cluster") {
+        return;
+    }
+    let (k, operator) = cluster();
+    let s3 = S3Server::start().unwrap();
+    s3.put("tenants/a/in.txt", b"from the bucket");
+    let agent = Agent::start(&[]).await.unwrap();
+    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let gw = Gateway::start_with_env(&[agent.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS], &env, true).await.unwrap();
+    let creds: String = s3.credentials().iter().map(|(k, v)| format!("{k}: {v}, ")).collect();
+    let connection = |name: &str, bucket: &str, secret: &str| {
+        format!("apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: {name}}}\nspec: {{provider: S3, bucket: {bucket}, prefix: tenants, endpoint: '{}', region: us-east-1, credentialsSecretRef: {{name: {secret}}}}}\n---\n", s3.endpoint())
+    };
+    let manifests = format!(
+        "{}{}{}apiVersion: v1\nkind: Secret\nmetadata: {{name: lake-creds}}\nstringData: {{{creds}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: wrong-creds}}\nstringData: {{accessKeyId: nobody, secretAccessKey: wrong}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-data}}\nspec: {{image: host, storage: [{{name: lake, connectionRef: {{name: lake}}, mode: ReadWrite, prefix: a}}]}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: data}}\nspec: {{sandboxRef: {{name: with-data}}}}\n",
+        connection("lake", BUCKET, "lake-creds"),
+        connection("denied", BUCKET, "wrong-creds"),
+        connection("missing", "no-such-bucket", "lake-creds"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("storage.yaml"), manifests).unwrap();
+    k.kubectl_ok(&["apply", "-f", dir.path().join("storage.yaml").to_str().unwrap()]);
+    for (name, want) in [("lake", "Reachable"), ("denied", "CredentialsRefused"), ("missing", "BucketNotFound")] {
+        let ok = wait_for(Duration::from_secs(30), || ready(&k, "storageconnection", name).1 == want);
+        assert!(ok, "{name}: {:?}; operator:\n{}", ready(&k, "storageconnection", name), operator.logs().join("\n"));
+    }
+    assert!(wait_for(Duration::from_secs(30), || ready(&k, "sandbox", "with-data") == ("True".into(), "Valid".into())));
+    let mut key = None;
+    assert!(wait_for(Duration::from_secs(30), || {
+        key = secret_value(&k, "data-key");
+        key.is_some()
+    }));
+    let key = key.unwrap();
+    assert!(wait_for(Duration::from_secs(20), || status(&gw, &key) == 200), "operator:\n{}", operator.logs().join("\n"));
+    let r = gw.execute(&key, &json!({"code": "print(open('/data/lake/in.txt').read()); open('/data/lake/out.txt', 'w').write('back')"}));
+    assert_eq!(r.json()["stdout"], "from the bucket\n", "{}", r.text());
+    assert_eq!(s3.get("tenants/a/out.txt").as_deref(), Some(&b"back"[..]));
+    assert!(!operator.logs().iter().any(|l| l.contains(s3.secret_key())), "a credential reached the operator's log");
+}

@@ -247,3 +247,23 @@ async fn a_killed_agents_mounts_are_collected_when_it_starts_again() {
     assert!(host_mounts_below(&state).iter().all(|m| !m.contains(".data")), "left mounted: {:?}", host_mounts_below(&state));
     drop(again);
 }
+
+/// What a StorageConnection's Ready condition is built on, against a real
+/// S3 server: usable, wrong credentials, no such bucket, nobody listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reachability_probe_tells_the_failures_apart() {
+    use warren_storage::probe::{probe, ProbeError};
+    use warren_storage::spec::{validate, RawMount};
+    let s3 = seeded();
+    let spec = |bucket: &str, endpoint: String, creds: Vec<(String, String)>| {
+        let raw = RawMount { mount_path: "/data/p".into(), provider: "s3".into(), bucket: bucket.into(), prefix: "tenants".into(), endpoint, region: "us-east-1".into(), credentials: creds.into_iter().collect(), ..RawMount::default() };
+        validate(vec![raw]).unwrap().remove(0)
+    };
+    let check = |m: warren_storage::MountSpec| async move { probe(m.store().unwrap(), &m.root()).await };
+    assert_eq!(check(spec(BUCKET, s3.endpoint(), s3.credentials())).await, Ok(()));
+    let wrong = vec![("accessKeyId".to_string(), "nobody".to_string()), ("secretAccessKey".to_string(), "wrong".to_string())];
+    assert_eq!(check(spec(BUCKET, s3.endpoint(), wrong)).await, Err(ProbeError::CredentialsRefused));
+    assert_eq!(check(spec("no-such-bucket", s3.endpoint(), s3.credentials())).await, Err(ProbeError::BucketNotFound));
+    let closed = format!("http://127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    assert_eq!(check(spec(BUCKET, closed, s3.credentials())).await, Err(ProbeError::Unreachable));
+}

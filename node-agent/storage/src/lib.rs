@@ -12,6 +12,7 @@
 pub mod error;
 pub mod fuse;
 pub mod name;
+pub mod probe;
 pub mod session;
 pub mod spec;
 pub mod tree;

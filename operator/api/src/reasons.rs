@@ -28,3 +28,11 @@ pub const CEILING_EXCEEDED: &str = "CeilingExceeded";
 pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
 /// StorageConnection, Connector: the Secret lacks required entries.
 pub const SECRET_INCOMPLETE: &str = "SecretIncomplete";
+/// StorageConnection: a listing of its prefix succeeded.
+pub const REACHABLE: &str = "Reachable";
+/// StorageConnection: the bucket (container) does not exist.
+pub const BUCKET_NOT_FOUND: &str = "BucketNotFound";
+/// StorageConnection: the store refused the credentials.
+pub const CREDENTIALS_REFUSED: &str = "CredentialsRefused";
+/// StorageConnection: the store did not answer a listing in time.
+pub const STORE_UNREACHABLE: &str = "StoreUnreachable";
