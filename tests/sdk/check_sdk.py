@@ -26,7 +26,7 @@ from baponi import (
 
 warnings.simplefilter("ignore")  # plain-http base URL warning: loopback only
 URL = os.environ["WARREN_URL"]
-KEYS = {name: os.environ[f"WARREN_KEY_{name.upper()}"] for name in ("main", "single", "off", "bashonly")}
+KEYS = {name: os.environ[f"WARREN_KEY_{name.upper()}"] for name in ("main", "single", "off", "bashonly", "files")}
 
 
 def client(key="main", **kw):
@@ -148,6 +148,15 @@ def check_anthropic_tool():
     assert "oops" in text and "2" in text, text
 
 
-for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy, check_anthropic_tool):
+def check_sub_paths():
+    # The key's Sandbox mounts a Local directory at /data/files; sub_paths
+    # narrows it to files/in for one call, as the SDK sends it.
+    r = client("files").execute("import os; print(sorted(os.listdir('/data/files')))", sub_paths=["/data/files/in"])
+    assert (r.success, r.stdout) == (True, "['a.txt']\n"), r
+    r = client("files").execute("open('/data/files/out.txt', 'w').write('from the sdk')")
+    assert r.success, r
+
+
+for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy, check_anthropic_tool, check_sub_paths):
     check()
     print("ok", check.__name__, flush=True)

@@ -21,16 +21,32 @@ async fn the_baponi_sdk_works_against_warren() {
     let venv = warren_e2e::python::venv("sdk-venv", SDK);
     let agent = Agent::start(&[]).await.unwrap();
     let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    // A Local storage mount for check_sub_paths, declared like any other.
+    let data = tempfile::tempdir().unwrap();
+    std::fs::create_dir(data.path().join("in")).unwrap();
+    std::fs::write(data.path().join("in/a.txt"), "a").unwrap();
+    let storage = format!(
+        "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: files}}\nspec: {{provider: Local, bucket: {}}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-files}}\nspec: {{image: host, storage: [{{name: files, connectionRef: {{name: files}}, mode: ReadWrite}}]}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: files}}\nspec: {{sandboxRef: {{name: with-files}}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: files-key}}\nstringData: {{key: {}}}\n",
+        data.path().display(),
+        key("files")
+    );
+    std::fs::write(gw.manifest_dir().join("storage.yaml"), storage).unwrap();
+    let loaded = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || gw.execute(&key("files"), &serde_json::json!({"code": "print(1)"})).status == 200);
+    assert!(loaded, "the storage manifests never loaded: {:?}", gw.logs());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/check_sdk.py");
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.arg(&script).env("WARREN_URL", format!("http://{}", gw.addr));
-    for k in ["main", "single", "off", "bashonly"] {
+    for k in ["main", "single", "off", "bashonly", "files"] {
         cmd.env(format!("WARREN_KEY_{}", k.to_uppercase()), key(k));
     }
     let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(std::fs::read_to_string(data.path().join("out.txt")).ok().as_deref(), Some("from the sdk"), "{stdout}");
     assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool"] {
+    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool", "check_sub_paths"] {
         assert!(stdout.contains(&format!("ok {check}")), "{check} did not run:\n{stdout}");
     }
 }
