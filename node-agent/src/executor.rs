@@ -73,6 +73,7 @@ pub struct Executor {
     max_executions: u32,
     node_name: String,
     threads: Arc<Threads>,
+    stores: Arc<warren_storage::stores::Stores>,
 }
 
 /// Static settings of an executor.
@@ -85,6 +86,8 @@ pub struct ExecutorConfig {
     pub pool_size: usize,
     /// Name reported in `Status` and `Started`.
     pub node_name: String,
+    /// Store clients for storage mounts, kept across calls.
+    pub stores: Arc<warren_storage::stores::Stores>,
 }
 
 /// Interpreters of the `host` image: the first candidate present per language.
@@ -115,6 +118,7 @@ impl Executor {
             node_name: config.node_name,
             policy: config.policy,
             threads,
+            stores: config.stores,
         }
     }
 
@@ -197,7 +201,7 @@ impl Executor {
         let mounts = std::mem::take(&mut admission.mounts);
         if !mounts.is_empty() {
             // Write spools live beside the overlay work dirs: cleared at start.
-            resources.push(Box::new(StorageResource::new(mounts, self.env.work_dir.clone())));
+            resources.push(Box::new(StorageResource::new(mounts, self.stores.clone(), self.env.work_dir.clone())));
         }
         if let Err(failure) = resources.acquire().await {
             tokio::spawn(async move {

@@ -206,7 +206,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output_stall: Duration::from_secs(output_stall_secs),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
-    let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone() };
+    // Storage mounts share the S3 connection setting of the thread store.
+    let stores = Arc::new(warren_storage::stores::Stores::new(s3_pool_max_idle));
+    let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));
     info!(node = %node_name, "node-agent starting");

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use tonic::async_trait;
 use tracing::{debug, warn};
+use std::sync::Arc;
+
 use warren_storage::session::Served;
+use warren_storage::stores::Stores;
 use warren_storage::MountSpec;
 
 use super::{Resource, SandboxView};
@@ -19,14 +22,15 @@ const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// One call's mounts.
 pub struct StorageResource {
     specs: Vec<MountSpec>,
+    stores: Arc<Stores>,
     spool_root: PathBuf,
     served: Vec<Served>,
 }
 
 impl StorageResource {
     /// Mounts `specs`, staging writes under `spool_root`.
-    pub fn new(specs: Vec<MountSpec>, spool_root: PathBuf) -> StorageResource {
-        StorageResource { specs, spool_root, served: Vec::new() }
+    pub fn new(specs: Vec<MountSpec>, stores: Arc<Stores>, spool_root: PathBuf) -> StorageResource {
+        StorageResource { specs, stores, spool_root, served: Vec::new() }
     }
 }
 
@@ -34,17 +38,18 @@ impl StorageResource {
 impl Resource for StorageResource {
     async fn prepare(&mut self, sandbox: &SandboxView<'_>) -> Result<(), Failure> {
         let rt = tokio::runtime::Handle::current();
+        let t0 = std::time::Instant::now();
         for spec in &self.specs {
             let target = sandbox.data_dir.join(&spec.name);
             let spool = self.spool_root.join(format!("{}-{}", sandbox.id, spec.name));
             // The program's uid inside is its slot's second host id.
-            let served = Served::start(spec, &target, spool, sandbox.host_id + 1, rt.clone()).map_err(|why| {
+            let served = Served::start(spec, &self.stores, &target, spool, sandbox.host_id + 1, rt.clone()).map_err(|why| {
                 warn!(execution_id = %sandbox.spec.id, mount = %spec.name, error = %why, "a storage mount could not be set up; nothing ran");
                 Failure::StorageMount(why)
             })?;
             self.served.push(served);
         }
-        debug!(execution_id = %sandbox.spec.id, mounts = self.served.len(), "storage mounted");
+        debug!(execution_id = %sandbox.spec.id, mounts = self.served.len(), mount_us = t0.elapsed().as_micros() as u64, "storage mounted");
         Ok(())
     }
 

@@ -65,7 +65,10 @@ impl From<object_store::Error> for FsError {
             object_store::Error::NotFound { .. } => FsError::NotFound,
             // Credentials and endpoints can appear in a store's error text:
             // keep only its kind for the log.
-            other => FsError::Io(kind_of(&other).to_string()),
+            other => {
+                tracing::debug!(error = %other, "store request failed");
+                FsError::Io(kind_of(&other).to_string())
+            }
         }
     }
 }

@@ -90,6 +90,13 @@ fn name_of(name: &OsStr) -> Vec<u8> {
 }
 
 impl Filesystem for MountFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> io::Result<()> {
+        // Larger requests: fewer round trips through the kernel per MiB.
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (tree, name, me) = (self.tree.clone(), name_of(name), self.clone_view());
         self.spawn(async move { tree.lookup(parent.0, &name).await }, move |r| match r {

@@ -15,6 +15,7 @@ pub mod name;
 pub mod probe;
 pub mod session;
 pub mod spec;
+pub mod stores;
 pub mod tree;
 mod write;
 

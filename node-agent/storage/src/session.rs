@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::stores::Stores;
 use crate::{fuse, MountOptions, MountSpec, ObjectTree};
 
 /// A served mount.
@@ -19,11 +20,15 @@ impl Served {
     /// Serves `spec` at `target` (created here, an empty directory under the
     /// sandbox's `/data`) for files owned by host `uid`, staging writes in
     /// `spool` (created here; unique to this sandbox and mount).
-    pub fn start(spec: &MountSpec, target: &Path, spool: PathBuf, uid: u32, rt: tokio::runtime::Handle) -> Result<Served, String> {
-        let store = spec.store()?;
+    pub fn start(spec: &MountSpec, stores: &Stores, target: &Path, spool: PathBuf, uid: u32, rt: tokio::runtime::Handle) -> Result<Served, String> {
+        let backend = stores.get(spec)?;
         std::fs::create_dir_all(&spool).map_err(|e| format!("creating the write spool: {e}"))?;
         let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes };
-        let tree = Arc::new(ObjectTree::with_options(store, spec.root(), options));
+        let mut tree = ObjectTree::with_options(backend.store, spec.root(), options);
+        if let Some(pager) = backend.pager {
+            tree = tree.with_pager(pager);
+        }
+        let tree = Arc::new(tree);
         let cleanup = |e: String| {
             let _ = std::fs::remove_dir_all(&spool);
             let _ = std::fs::remove_dir(target);

@@ -153,28 +153,36 @@ impl MountSpec {
     /// A client for the mount's store (no request is made yet).
     pub fn store(&self) -> Result<Arc<dyn ObjectStore>, String> {
         match self.provider {
-            Provider::S3 => {
-                use object_store::aws::AmazonS3Builder;
-                let mut b = AmazonS3Builder::new()
-                    .with_bucket_name(&self.bucket)
-                    .with_region(self.region.as_deref().unwrap_or("us-east-1"))
-                    .with_retry(RETRY)
-                    .with_client_options(object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT));
-                if let Some(e) = &self.endpoint {
-                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://")).with_virtual_hosted_style_request(false);
-                }
-                let c = &self.credentials.0;
-                if let (Some(id), Some(secret)) = (c.get("accessKeyId"), c.get("secretAccessKey")) {
-                    b = b.with_access_key_id(id).with_secret_access_key(secret);
-                }
-                // The store's own error text may echo configuration: keep
-                // only that it failed.
-                b.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>).map_err(|_| "the S3 client could not be configured".to_string())
-            }
+            Provider::S3 => self.s3(None).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
                 .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
         }
+    }
+}
+
+impl MountSpec {
+    /// An S3 client keeping `pool_max_idle` idle connections per host.
+    pub fn s3(&self, pool_max_idle: Option<usize>) -> Result<object_store::aws::AmazonS3, String> {
+        let mut options = object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT);
+        if let Some(n) = pool_max_idle {
+            options = options.with_pool_max_idle_per_host(n);
+        }
+        let mut b = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&self.bucket)
+            .with_region(self.region.as_deref().unwrap_or("us-east-1"))
+            .with_retry(RETRY)
+            .with_client_options(options);
+        if let Some(e) = &self.endpoint {
+            b = b.with_endpoint(e).with_allow_http(e.starts_with("http://")).with_virtual_hosted_style_request(false);
+        }
+        let c = &self.credentials.0;
+        if let (Some(id), Some(secret)) = (c.get("accessKeyId"), c.get("secretAccessKey")) {
+            b = b.with_access_key_id(id).with_secret_access_key(secret);
+        }
+        // The store's own error text may echo configuration: keep only
+        // that it failed.
+        b.build().map_err(|_| "the S3 client could not be configured".to_string())
     }
 }
 

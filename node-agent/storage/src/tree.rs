@@ -1,18 +1,24 @@
 //! The read side of a mount: inodes discovered on demand over an object
 //! store, below one root prefix.
 //!
-//! - `lookup` of a name is one HEAD of `<dir>/<name>`; only when there is no
-//!   such object does it ask for the first key under `<dir>/<name>/` (a
-//!   directory is a prefix holding something). A directory already listed
-//!   answers from memory.
+//! - `lookup` of a name asks at once for the object `<dir>/<name>` (HEAD) and
+//!   for one key under `<dir>/<name>/` (a directory is a prefix holding
+//!   something; with a paginated store, `max-keys=1`): one round trip. A
+//!   directory already listed answers from memory.
 //! - `readdir` lists one directory level (delimiter listing), never deeper.
 //! - `read` is a ranged GET pinned to the ETag seen at lookup, so a file
-//!   replaced mid-read fails instead of mixing two versions.
+//!   replaced mid-read fails instead of mixing two versions. A file is read
+//!   in aligned chunks of [`CHUNK`] bytes (a small file in one GET of its
+//!   size); concurrent reads of a chunk share its one GET, and a reader in
+//!   the second half of a chunk has the next one fetched ahead. One mount
+//!   holds at most [`MAX_CHUNKS`] chunks.
 //!
 //! A key that is both an object and a prefix shows as the directory (the
 //! object stays reachable through no name: the same choice as
-//! mountpoint-s3). Keys whose last segment is not a valid name (see
-//! [`crate::name`]) are not shown.
+//! mountpoint-s3), and a directory is known as soon as its probe answers,
+//! whatever the HEAD does (some S3-compatible servers answer a HEAD of a
+//! "directory" with a retried 500). Keys whose last segment is not a valid
+//! name (see [`crate::name`]) are not shown.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +27,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::path::Path;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::{name, FsError};
@@ -92,9 +99,25 @@ pub struct MountOptions {
     pub write_limit: u64,
 }
 
+/// Unit of reading and read-ahead.
+pub const CHUNK: u64 = 8 << 20;
+/// Chunks one mount keeps (64 MiB).
+pub const MAX_CHUNKS: usize = 8;
+
+type Fetch = futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<Bytes, FsError>>>;
+
+/// Chunks fetched or being fetched, oldest first.
+#[derive(Default)]
+struct Chunks {
+    by_key: HashMap<(u64, u64), Fetch>,
+    order: std::collections::VecDeque<(u64, u64)>,
+}
+
 /// One mount's tree.
 pub struct ObjectTree {
     pub(crate) store: Arc<dyn ObjectStore>,
+    pager: Option<Arc<dyn PaginatedListStore>>,
+    chunks: Mutex<Chunks>,
     pub(crate) table: Mutex<Table>,
     pub(crate) started: SystemTime,
     pub(crate) options: MountOptions,
@@ -119,7 +142,13 @@ impl ObjectTree {
         let started = SystemTime::now();
         let mut table = Table { next: ROOT + 1, ..Table::default() };
         table.nodes.insert(ROOT, Node { key: root, kind: Kind::Dir, size: 0, mtime: started, etag: None, listed: false, stored: false, staged: None, dirty: false });
-        ObjectTree { store, table: Mutex::new(table), started, options }
+        ObjectTree { store, pager: None, chunks: Mutex::default(), table: Mutex::new(table), started, options }
+    }
+
+    /// Lets directory probes ask for one key instead of a page.
+    pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> ObjectTree {
+        self.pager = Some(pager);
+        self
     }
 
     /// True for a read-only mount.
@@ -165,20 +194,42 @@ impl ObjectTree {
             return Err(FsError::NotFound);
         }
         let key = dir.key.child(part.clone());
-        // Both questions at once (one round trip of latency): is there an
-        // object, and is there anything below it? A directory wins.
-        let (head, below) = tokio::join!(self.store.head(&key), self.has_children(&key));
-        let node = match (head, below?) {
-            (_, true) => self.dir_node(key),
-            (Ok(meta), false) => file_node(meta),
-            (Err(e), false) => return Err(e.into()),
-        };
+        let node = self.probe(key).await?;
         self.insert(parent, part.as_ref(), node)
+    }
+
+    /// What `key` is: a directory as soon as something is found below it,
+    /// else the object (or its absence) the HEAD found.
+    async fn probe(&self, key: Path) -> Result<Node, FsError> {
+        let head = self.store.head(&key);
+        let below = self.has_children(&key);
+        tokio::pin!(head, below);
+        let mut headed = None;
+        loop {
+            tokio::select! {
+                found = &mut below => {
+                    if found? {
+                        return Ok(self.dir_node(key.clone()));
+                    }
+                    let h = match headed.take() {
+                        Some(h) => h,
+                        None => (&mut head).await,
+                    };
+                    return Ok(file_node(h?));
+                }
+                h = &mut head, if headed.is_none() => headed = Some(h),
+            }
+        }
     }
 
     /// True when some object lies below `key/`: one page of a listing,
     /// stopped at its first entry.
     pub(crate) async fn has_children(&self, key: &Path) -> Result<bool, FsError> {
+        if let Some(pager) = &self.pager {
+            let opts = PaginatedListOptions { delimiter: Some("/".into()), max_keys: Some(1), ..PaginatedListOptions::default() };
+            let page = pager.list_paginated(Some(&format!("{key}/")), opts).await?;
+            return Ok(!page.result.objects.is_empty() || !page.result.common_prefixes.is_empty());
+        }
         match self.store.list(Some(key)).next().await {
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(e.into()),
@@ -246,8 +297,59 @@ impl ObjectTree {
         if let Some(staged) = &n.staged {
             return crate::write::read_staged(staged, offset, end);
         }
-        let opts = GetOptions { range: Some(GetRange::Bounded(offset..end)), if_match: n.etag.clone(), ..GetOptions::default() };
-        Ok(self.store.get_opts(&n.key, opts).await?.bytes().await?)
+        let first = offset / CHUNK;
+        let last = (end - 1) / CHUNK;
+        let mut out = bytes::BytesMut::with_capacity((end - offset) as usize);
+        for idx in first..=last {
+            let data = self.chunk_fetch(ino, &n, idx).await?;
+            let base = idx * CHUNK;
+            let (from, to) = (offset.max(base) - base, end.min(base + data.len() as u64) - base);
+            if from >= to {
+                break;
+            }
+            out.extend_from_slice(&data[from as usize..to as usize]);
+        }
+        // Past the middle of a chunk: fetch the next one while this is read.
+        if end > last * CHUNK + CHUNK / 2 && (last + 1) * CHUNK < n.size {
+            let ahead = self.chunk_fetch(ino, &n, last + 1);
+            tokio::spawn(async move {
+                let _ = ahead.await;
+            });
+        }
+        Ok(out.freeze())
+    }
+
+    fn chunks(&self) -> std::sync::MutexGuard<'_, Chunks> {
+        // Map and queue change together and cannot panic in between.
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The (shared) fetch of chunk `idx` of `ino`, started if new.
+    fn chunk_fetch(&self, ino: u64, n: &Node, idx: u64) -> Fetch {
+        use futures_util::FutureExt;
+        let mut c = self.chunks();
+        if let Some(f) = c.by_key.get(&(ino, idx)) {
+            return f.clone();
+        }
+        let (start, end) = (idx * CHUNK, ((idx + 1) * CHUNK).min(n.size));
+        let (store, key) = (self.store.clone(), n.key.clone());
+        let opts = GetOptions { range: Some(GetRange::Bounded(start..end)), if_match: n.etag.clone(), ..GetOptions::default() };
+        let fetch: Fetch = async move { Ok(store.get_opts(&key, opts).await?.bytes().await?) }.boxed().shared();
+        c.by_key.insert((ino, idx), fetch.clone());
+        c.order.push_back((ino, idx));
+        while c.order.len() > MAX_CHUNKS {
+            if let Some(old) = c.order.pop_front() {
+                c.by_key.remove(&old);
+            }
+        }
+        fetch
+    }
+
+    /// Forgets what was read of `ino` (its content changed).
+    pub(crate) fn drop_window(&self, ino: u64) {
+        let mut c = self.chunks();
+        c.by_key.retain(|(i, _), _| *i != ino);
+        c.order.retain(|(i, _)| *i != ino);
     }
 }
 

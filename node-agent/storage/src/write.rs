@@ -113,6 +113,8 @@ impl ObjectTree {
         if n.staged.is_some() {
             return if truncate { self.truncate(ino, 0).map(|_| ()) } else { Ok(()) };
         }
+        // From now on the stage is the content.
+        self.drop_window(ino);
         let size = if truncate { 0 } else { n.size };
         self.charge(size)?;
         let staged = match self.fill_stage(&n, truncate).await {
@@ -274,6 +276,7 @@ impl ObjectTree {
     }
 
     fn forget(&self, parent: u64, name: &[u8], ino: u64) {
+        self.drop_window(ino);
         let mut t = self.table();
         if let Some(c) = t.children.get_mut(&parent) {
             c.remove(std::str::from_utf8(name).unwrap_or_default());

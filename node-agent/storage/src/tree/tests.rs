@@ -131,14 +131,37 @@ async fn a_listed_directory_answers_lookups_from_memory() {
 }
 
 #[tokio::test]
-async fn a_prefix_shadows_an_object_of_the_same_name() {
+async fn a_prefix_shadows_an_object_of_the_same_name_in_lookups_and_listings() {
     let s = store_with(&[("r/d", "file"), ("r/d/e", "below")]).await;
     let t = tree(&s, "r");
     assert_eq!(t.lookup(ROOT, b"d").await.unwrap().kind, Kind::Dir);
     let fresh = tree(&s, "r");
     let listed = fresh.readdir(ROOT).await.unwrap();
     assert_eq!(listed.len(), 1);
-    assert_eq!((listed[0].0.as_str(), listed[0].1.kind), ("d", Kind::Dir));
+    assert_eq!((listed[0].0.as_str(), listed[0].1.kind), ("d", Kind::Dir), "the listing agrees with the lookup");
+}
+
+#[tokio::test]
+async fn files_are_read_in_shared_chunks() {
+    let body: Vec<u8> = (0..(20 << 20)).map(|i| (i % 251) as u8).collect();
+    let s = Arc::new(Counting::default());
+    s.inner.put(&Path::from("big"), PutPayload::from(body.clone())).await.unwrap();
+    let t = tree(&s, "");
+    let f = t.lookup(ROOT, b"big").await.unwrap();
+    let mut got = Vec::new();
+    let mut off = 0u64;
+    while off < f.size {
+        let chunk = t.read(f.ino, off, 128 << 10).await.unwrap();
+        off += chunk.len() as u64;
+        got.extend_from_slice(&chunk);
+    }
+    assert_eq!(got, body, "the chunks hand out exactly the file");
+    // 20 MiB in 8 MiB chunks: three GETs for 160 reads of 128 KiB.
+    assert_eq!(s.gets.load(Ordering::Relaxed), 3);
+    // A read across a chunk boundary, from chunks still held: no GET.
+    let across = t.read(f.ino, CHUNK - 2, 4).await.unwrap();
+    assert_eq!(across, Bytes::copy_from_slice(&body[(CHUNK - 2) as usize..(CHUNK + 2) as usize]));
+    assert_eq!(s.gets.load(Ordering::Relaxed), 3);
 }
 
 #[tokio::test]
@@ -153,7 +176,12 @@ async fn reads_stop_at_the_end_and_never_mix_versions() {
     assert_eq!(t.readdir(f.ino).await.unwrap_err(), FsError::NotDir);
     assert_eq!(t.lookup(f.ino, b"x").await.unwrap_err(), FsError::NotDir);
     s.inner.put(&Path::from("f"), PutPayload::from_static(b"replaced!!")).await.unwrap();
-    assert!(matches!(t.read(f.ino, 0, 4).await.unwrap_err(), FsError::Io(_)), "a replaced object is not read as the old one");
+    assert_eq!(t.read(f.ino, 0, 4).await.unwrap(), Bytes::from_static(b"0123"), "the version looked up, from the chunk held");
+    // Looked up before the change, fetched after it: refused, never mixed.
+    let before = tree(&s, "");
+    let g = before.lookup(ROOT, b"f").await.unwrap();
+    s.inner.put(&Path::from("f"), PutPayload::from_static(b"third time")).await.unwrap();
+    assert!(matches!(before.read(g.ino, 0, 4).await.unwrap_err(), FsError::Io(_)), "a replaced object is not read as the old one");
 }
 
 #[test]

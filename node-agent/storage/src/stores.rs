@@ -1,0 +1,127 @@
+//! Store clients, kept across calls. Building one (an HTTP client with its
+//! TLS roots) costs milliseconds; a call whose mounts it never touches must
+//! not pay that. Clients are keyed by everything that configures them —
+//! credentials by digest, never by value — and the oldest is dropped past
+//! [`MAX_CLIENTS`].
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use object_store::list::PaginatedListStore;
+use object_store::ObjectStore;
+use sha2::Digest;
+
+use crate::spec::{MountSpec, Provider};
+
+/// Clients kept.
+pub const MAX_CLIENTS: usize = 64;
+
+/// A store client and, where the store has one, its paginated listing.
+#[derive(Clone)]
+pub struct Backend {
+    /// Objects.
+    pub store: Arc<dyn ObjectStore>,
+    /// `max-keys` listings (S3).
+    pub pager: Option<Arc<dyn PaginatedListStore>>,
+}
+
+/// The clients of this agent.
+#[derive(Default)]
+pub struct Stores {
+    /// Idle connections kept per host (`None`: the HTTP client's default;
+    /// 0 opens one per request, for servers without TCP_NODELAY).
+    pool_max_idle: Option<usize>,
+    kept: Mutex<VecDeque<([u8; 32], Backend)>>,
+}
+
+fn identity(spec: &MountSpec) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    for part in [format!("{:?}", spec.provider), spec.bucket.clone(), spec.endpoint.clone().unwrap_or_default(), spec.region.clone().unwrap_or_default()] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    for (k, v) in &spec.credentials.0 {
+        h.update(k.as_bytes());
+        h.update([0u8]);
+        h.update(v.as_bytes());
+        h.update([0u8]);
+    }
+    h.finalize().into()
+}
+
+impl Stores {
+    /// A cache whose S3 clients keep `pool_max_idle` idle connections.
+    pub fn new(pool_max_idle: Option<usize>) -> Stores {
+        Stores { pool_max_idle, kept: Mutex::default() }
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, VecDeque<([u8; 32], Backend)>> {
+        // A push or a lookup: never half-done.
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client for `spec`'s store, built on first use.
+    pub fn get(&self, spec: &MountSpec) -> Result<Backend, String> {
+        let id = identity(spec);
+        if let Some((_, b)) = self.kept().iter().find(|(k, _)| *k == id) {
+            return Ok(b.clone());
+        }
+        let backend = match spec.provider {
+            Provider::S3 => {
+                let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
+                Backend { store: s3.clone(), pager: Some(s3) }
+            }
+            Provider::Local => Backend { store: spec.store()?, pager: None },
+        };
+        let mut kept = self.kept();
+        if kept.len() >= MAX_CLIENTS {
+            kept.pop_front();
+        }
+        kept.push_back((id, backend.clone()));
+        Ok(backend)
+    }
+
+    /// Clients kept now.
+    pub fn len(&self) -> usize {
+        self.kept().len()
+    }
+
+    /// True when none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{validate, RawMount};
+
+    fn spec(secret: &str) -> MountSpec {
+        let raw = RawMount {
+            mount_path: "/data/x".into(),
+            provider: "s3".into(),
+            bucket: "b".into(),
+            endpoint: "http://127.0.0.1:9".into(),
+            credentials: [("accessKeyId".to_string(), "a".to_string()), ("secretAccessKey".to_string(), secret.to_string())].into(),
+            ..RawMount::default()
+        };
+        validate(vec![raw]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn one_client_per_configuration_and_credentials() {
+        let stores = Stores::new(Some(0));
+        let a = stores.get(&spec("one")).unwrap();
+        let again = stores.get(&spec("one")).unwrap();
+        assert!(Arc::ptr_eq(&a.store, &again.store), "reused");
+        assert!(a.pager.is_some(), "S3 lists a page of one");
+        let other = stores.get(&spec("two")).unwrap();
+        assert!(!Arc::ptr_eq(&a.store, &other.store), "other credentials, another client");
+        assert_eq!(stores.len(), 2);
+        for i in 0..MAX_CLIENTS + 5 {
+            stores.get(&spec(&format!("s{i}"))).unwrap();
+        }
+        assert_eq!(stores.len(), MAX_CLIENTS, "bounded");
+    }
+}
