@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use object_store::path::Path;
+use object_store::path::{Path, PathPart};
 use object_store::{PutPayload, WriteMultipart};
 
 use crate::tree::{Kind, Node};
@@ -87,16 +87,21 @@ impl ObjectTree {
         t.staged_bytes = t.staged_bytes.saturating_sub(bytes);
     }
 
-    /// Creates an empty file `name` in `parent` (EEXIST when it exists).
-    pub async fn create(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+    /// The directory `parent` and the key segment of a new entry `name`
+    /// in it: EROFS on a read-only mount, EEXIST when the name is taken.
+    async fn new_entry<'n>(&self, parent: u64, name: &'n [u8]) -> Result<(Node, PathPart<'n>), FsError> {
         self.writable()?;
         match self.lookup(parent, name).await {
             Ok(_) => return Err(FsError::Exists),
             Err(FsError::NotFound) => {}
             Err(e) => return Err(e),
         }
-        let dir = self.dir(parent)?;
-        let part = name::segment(name)?;
+        Ok((self.dir(parent)?, name::segment(name)?))
+    }
+
+    /// Creates an empty file `name` in `parent` (EEXIST when it exists).
+    pub async fn create(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+        let (dir, part) = self.new_entry(parent, name).await?;
         let staged = self.new_stage()?;
         let node = Node { key: dir.key.child(part.clone()), kind: Kind::File, size: 0, mtime: std::time::SystemTime::now(), etag: None, listed: false, stored: false, staged: Some(staged), dirty: true };
         self.insert(parent, part.as_ref(), node)
@@ -292,14 +297,7 @@ impl ObjectTree {
     /// Makes directory `name` in `parent` (it lasts for the call unless
     /// something is written below it).
     pub async fn mkdir(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
-        self.writable()?;
-        match self.lookup(parent, name).await {
-            Ok(_) => return Err(FsError::Exists),
-            Err(FsError::NotFound) => {}
-            Err(e) => return Err(e),
-        }
-        let dir = self.dir(parent)?;
-        let part = name::segment(name)?;
+        let (dir, part) = self.new_entry(parent, name).await?;
         let mut node = self.dir_node(dir.key.child(part.clone()));
         node.listed = true;
         self.insert(parent, part.as_ref(), node)
