@@ -267,3 +267,24 @@ async fn the_reachability_probe_tells_the_failures_apart() {
     let closed = format!("http://127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
     assert_eq!(check(spec(BUCKET, closed, s3.credentials())).await, Err(ProbeError::Unreachable));
 }
+
+/// 100 MB both ways: written through the mount (multipart, stored before
+/// the answer), read back through it in another call, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_megabyte_file_goes_both_ways() {
+    if skip_unless_root("a_hundred_megabyte_file_goes_both_ways") {
+        return;
+    }
+    let s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    let m = || vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)];
+    let write = "import hashlib\nh = hashlib.sha256()\nwith open('/data/lake/big.bin', 'wb') as f:\n    for i in range(100):\n        block = bytes([i % 251]) * (1 << 20)\n        h.update(block); f.write(block)\nprint(h.hexdigest())";
+    let wrote = run_with(&agent, write, m()).await;
+    assert_eq!((wrote.exited.exit_code, wrote.exited.failure()), (0, Failure::Unspecified), "{wrote:?}");
+    let stored = s3.get("tenants/a/big.bin").expect("stored before the answer");
+    assert_eq!(stored.len(), 100 << 20);
+    let read = "import hashlib\nh = hashlib.sha256()\nwith open('/data/lake/big.bin', 'rb') as f:\n    while b := f.read(1 << 20): h.update(b)\nprint(h.hexdigest())";
+    let back = run_with(&agent, read, m()).await;
+    assert_eq!(back.exited.exit_code, 0, "{back:?}");
+    assert_eq!(back.stdout, wrote.stdout, "the same bytes came back");
+}
