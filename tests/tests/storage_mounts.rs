@@ -81,7 +81,9 @@ async fn a_bucket_prefix_is_read_and_written_with_plain_file_io() {
     assert_eq!(s3.get("tenants/a/out/report.txt").as_deref(), Some(&b"2 customers\n"[..]));
     assert!(!run.stdout.contains(s3.secret_key()), "a credential reached the sandbox");
     assert!(!out["mountinfo"].as_str().unwrap().contains(&s3.endpoint()), "the endpoint shows in the sandbox's mountinfo");
-    assert!(host_mounts_below(&agent.state_dir()).iter().all(|m| !m.contains(".data")), "a storage mount outlived its call: {:?}", host_mounts_below(&agent.state_dir()));
+    // Released after the answer: gone once the agent has finished the call.
+    let gone = warren_e2e::gateway::wait_for(Duration::from_secs(10), || host_mounts_below(&agent.state_dir()).iter().all(|m| !m.contains(".data")));
+    assert!(gone, "a storage mount outlived its call: {:?}", host_mounts_below(&agent.state_dir()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
