@@ -120,3 +120,31 @@ async fn a_read_only_mount_refuses_writes_at_the_syscall() {
     assert!(errors.iter().all(|e| *e == Some(libc::EROFS)), "{errors:?}");
     assert_eq!(stored(&f.store, "tenants/a/in/notes.txt").await.as_deref(), Some(&b"hello"[..]));
 }
+
+/// The mount point shows in the host's mountinfo: another host user must
+/// not read the bucket through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_host_user_reads_nothing_through_the_mount() {
+    if skip_unless_root("another_host_user_reads_nothing_through_the_mount") {
+        return;
+    }
+    let f = mounted(false).await;
+    // Like the agent's homes dir (0711): others may pass, not list.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(f.at.parent().unwrap(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let file = f.at.join("in/notes.txt");
+    let (ok, denied) = fs(move || {
+        let as_user = |uid: u32| {
+            std::process::Command::new("setpriv")
+                .args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--clear-groups", "cat"])
+                .arg(&file)
+                .output()
+                .unwrap()
+        };
+        // The test mounted it for uid 0 (owner); 65534 is anyone else.
+        (as_user(0), as_user(65534))
+    })
+    .await;
+    assert_eq!(String::from_utf8_lossy(&ok.stdout), "hello", "{ok:?}");
+    assert!(!denied.status.success() && denied.stdout.is_empty(), "another user read it: {denied:?}");
+}

@@ -4,8 +4,9 @@
 //! Each kernel request becomes a task on the agent's runtime, so a slow
 //! store never blocks the others; writes go to the staged file directly
 //! (a local `pwrite`). Files and directories belong to the program's host
-//! uid with plain modes, and the kernel checks permissions
-//! (`default_permissions`): a read-only mount shows no write bits and
+//! uid, owner-only (0600/0700), and the kernel checks permissions
+//! (`default_permissions`), so no other user of the host reads a bucket
+//! through the mount point; a read-only mount shows no write bits and
 //! refuses every change with EROFS besides.
 
 use std::ffi::OsStr;
@@ -277,10 +278,12 @@ struct AttrView {
 
 impl AttrView {
     fn attr(&self, a: &Attr) -> FileAttr {
+        // Owner-only: the mount point is visible in the host's mountinfo,
+        // and no other host user may read the bucket through it.
         let write = if self.read_only { 0 } else { 0o200 };
         let (kind, perm) = match a.kind {
-            Kind::Dir => (FileType::Directory, 0o555 | write),
-            Kind::File => (FileType::RegularFile, 0o444 | write),
+            Kind::Dir => (FileType::Directory, 0o500 | write),
+            Kind::File => (FileType::RegularFile, 0o400 | write),
         };
         FileAttr {
             ino: INodeNo(a.ino),
