@@ -109,6 +109,10 @@ pub struct Args {
     /// step instead of filling the disk.
     #[arg(long, env = "WARREN_STATE_RESERVE", default_value = "1Gi", value_parser = parse_bytes)]
     pub state_reserve: u64,
+    /// Bytes of object bodies storage mounts keep on the state disk, so a
+    /// repeat read of an unchanged object downloads nothing (`0`: none).
+    #[arg(long, env = "WARREN_STORAGE_CACHE", default_value = "2Gi", value_parser = parse_bytes)]
+    pub storage_cache: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -155,6 +159,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         thread_warm_idle_secs,
         output_stall_secs,
         state_reserve,
+        storage_cache,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -207,7 +212,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     // Storage mounts share the S3 connection setting of the thread store.
-    let stores = Arc::new(warren_storage::stores::Stores::new(s3_pool_max_idle));
+    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle);
+    if storage_cache > 0 {
+        let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
+        stores = stores.with_cache(Arc::new(cache));
+    }
+    let stores = Arc::new(stores);
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));

@@ -9,6 +9,7 @@
 //! rules, so nothing above the root can be named, whatever the program
 //! asks for.
 
+pub mod cache;
 pub mod error;
 pub mod fuse;
 pub mod name;

@@ -28,6 +28,10 @@ impl Served {
         if let Some(pager) = backend.pager {
             tree = tree.with_pager(pager);
         }
+        // A Local directory is already on this node: nothing to keep.
+        if let (Some(cache), false) = (stores.cache(), spec.provider == crate::Provider::Local) {
+            tree = tree.with_cache(cache.clone(), backend.id);
+        }
         let tree = Arc::new(tree);
         let cleanup = |e: String| {
             let _ = std::fs::remove_dir_all(&spool);

@@ -11,6 +11,7 @@ use object_store::list::PaginatedListStore;
 use object_store::ObjectStore;
 use sha2::Digest;
 
+use crate::cache::BodyCache;
 use crate::spec::{MountSpec, Provider};
 
 /// Clients kept.
@@ -23,6 +24,9 @@ pub struct Backend {
     pub store: Arc<dyn ObjectStore>,
     /// `max-keys` listings (S3).
     pub pager: Option<Arc<dyn PaginatedListStore>>,
+    /// Names this client (its configuration and credentials) in the body
+    /// cache.
+    pub id: [u8; 32],
 }
 
 /// The clients of this agent.
@@ -32,6 +36,8 @@ pub struct Stores {
     /// 0 opens one per request, for servers without TCP_NODELAY).
     pool_max_idle: Option<usize>,
     kept: Mutex<VecDeque<([u8; 32], Backend)>>,
+    /// The node's body cache, when it has one.
+    cache: Option<Arc<BodyCache>>,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -52,7 +58,18 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default() }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None }
+    }
+
+    /// Mounts keep what they read in `cache`.
+    pub fn with_cache(mut self, cache: Arc<BodyCache>) -> Stores {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The node's body cache.
+    pub fn cache(&self) -> Option<&Arc<BodyCache>> {
+        self.cache.as_ref()
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, VecDeque<([u8; 32], Backend)>> {
@@ -69,9 +86,9 @@ impl Stores {
         let backend = match spec.provider {
             Provider::S3 => {
                 let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
-                Backend { store: s3.clone(), pager: Some(s3) }
+                Backend { store: s3.clone(), pager: Some(s3), id }
             }
-            Provider::Local => Backend { store: spec.store()?, pager: None },
+            Provider::Local => Backend { store: spec.store()?, pager: None, id },
         };
         let mut kept = self.kept();
         if kept.len() >= MAX_CLIENTS {

@@ -11,7 +11,9 @@
 //!   in aligned chunks of [`CHUNK`] bytes (a small file in one GET of its
 //!   size); concurrent reads of a chunk share its one GET, and a reader in
 //!   the second half of a chunk has the next one fetched ahead. One mount
-//!   holds at most [`MAX_CHUNKS`] chunks.
+//!   holds at most [`MAX_CHUNKS`] chunks in memory; with a node cache
+//!   ([`crate::cache`]) a chunk of an unchanged object (same ETag) is read
+//!   from the node's disk instead of downloaded again.
 //!
 //! A key that is both an object and a prefix shows as the directory (the
 //! object stays reachable through no name: the same choice as
@@ -30,6 +32,7 @@ use object_store::path::Path;
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
+use crate::cache::{self, BodyCache};
 use crate::{name, FsError};
 
 /// Inode of the mount's root.
@@ -118,6 +121,8 @@ pub struct ObjectTree {
     pub(crate) store: Arc<dyn ObjectStore>,
     pager: Option<Arc<dyn PaginatedListStore>>,
     chunks: Mutex<Chunks>,
+    /// The node's body cache and this store client's identity in it.
+    cache: Option<(Arc<BodyCache>, [u8; 32])>,
     pub(crate) table: Mutex<Table>,
     pub(crate) started: SystemTime,
     pub(crate) options: MountOptions,
@@ -142,12 +147,19 @@ impl ObjectTree {
         let started = SystemTime::now();
         let mut table = Table { next: ROOT + 1, ..Table::default() };
         table.nodes.insert(ROOT, Node { key: root, kind: Kind::Dir, size: 0, mtime: started, etag: None, listed: false, stored: false, staged: None, dirty: false });
-        ObjectTree { store, pager: None, chunks: Mutex::default(), table: Mutex::new(table), started, options }
+        ObjectTree { store, pager: None, chunks: Mutex::default(), cache: None, table: Mutex::new(table), started, options }
     }
 
     /// Lets directory probes ask for one key instead of a page.
     pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> ObjectTree {
         self.pager = Some(pager);
+        self
+    }
+
+    /// Keeps and finds chunks in the node's `cache`, where `store_id` names
+    /// this tree's store client (see [`crate::stores`]).
+    pub fn with_cache(mut self, cache: Arc<BodyCache>, store_id: [u8; 32]) -> ObjectTree {
+        self.cache = Some((cache, store_id));
         self
     }
 
@@ -334,7 +346,29 @@ impl ObjectTree {
         let (start, end) = (idx * CHUNK, ((idx + 1) * CHUNK).min(n.size));
         let (store, key) = (self.store.clone(), n.key.clone());
         let opts = GetOptions { range: Some(GetRange::Bounded(start..end)), if_match: n.etag.clone(), ..GetOptions::default() };
-        let fetch: Fetch = async move { Ok(store.get_opts(&key, opts).await?.bytes().await?) }.boxed().shared();
+        // Only a versioned chunk can be kept: the ETag is what proves a
+        // later call reads the same bytes.
+        let kept = match (&self.cache, &n.etag) {
+            (Some((cache, store_id)), Some(etag)) => Some((cache.clone(), cache::chunk_id(store_id, key.as_ref(), etag, idx, end - start))),
+            _ => None,
+        };
+        let fetch: Fetch = async move {
+            let Some((cache, id)) = kept else { return Ok(store.get_opts(&key, opts).await?.bytes().await?) };
+            let found = {
+                let (cache, id) = (cache.clone(), id);
+                tokio::task::spawn_blocking(move || cache.get(&id)).await.ok().flatten()
+            };
+            if let Some(data) = found {
+                return Ok(data);
+            }
+            let data = store.get_opts(&key, opts).await?.bytes().await?;
+            let copy = data.clone();
+            // Written behind the read: the caller does not wait for the disk.
+            tokio::task::spawn_blocking(move || cache.put(&id, &copy));
+            Ok(data)
+        }
+        .boxed()
+        .shared();
         c.by_key.insert((ino, idx), fetch.clone());
         c.order.push_back((ino, idx));
         while c.order.len() > MAX_CHUNKS {

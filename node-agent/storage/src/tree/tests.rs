@@ -190,3 +190,32 @@ fn store_errors_say_nothing_of_the_store() {
     assert_eq!(e, FsError::Io("backend error".into()));
     assert_eq!(e.errno(), libc::EIO);
 }
+
+#[tokio::test]
+async fn a_repeat_read_of_an_unchanged_object_downloads_no_body() {
+    let s = store_with(&[("d/f", "version one")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(BodyCache::open(dir.path().join("cache"), 1 << 20).unwrap());
+    // Each call has its own tree; the node's cache outlives them.
+    let call = |id: u8| tree(&s, "d").with_cache(cache.clone(), [id; 32]);
+    let read_all = |t: ObjectTree| async move {
+        let f = t.lookup(ROOT, b"f").await.unwrap();
+        t.read(f.ino, 0, 100).await.unwrap()
+    };
+    assert_eq!(read_all(call(1)).await, Bytes::from_static(b"version one"));
+    // The chunk is written behind the read: wait until it is kept.
+    for _ in 0..10_000 {
+        if cache.bytes() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    assert_eq!(cache.bytes(), 11);
+    assert_eq!(read_all(call(1)).await, Bytes::from_static(b"version one"));
+    assert_eq!(s.gets.load(Ordering::Relaxed), 1, "the second call read the node's copy");
+    assert_eq!(read_all(call(2)).await, Bytes::from_static(b"version one"));
+    assert_eq!(s.gets.load(Ordering::Relaxed), 2, "another client (other credentials) does not share it");
+    s.inner.put(&Path::from("d/f"), PutPayload::from_static(b"version two")).await.unwrap();
+    assert_eq!(read_all(call(1)).await, Bytes::from_static(b"version two"), "a new ETag is a new entry");
+    assert_eq!(s.gets.load(Ordering::Relaxed), 3);
+}
