@@ -13,6 +13,15 @@ if ! s3s-fs --version 2>/dev/null | grep -q "$S3S_VERSION"; then
   echo "==> installing s3s-fs $S3S_VERSION (S3 server for the thread-store tests)"
   cargo install --quiet --locked "s3s-fs@$S3S_VERSION" --features binary
 fi
+# Azure Blob mounts are tested against Azurite, Microsoft's official
+# emulator, from npm (~15 s once).
+AZURITE_VERSION=3.35.0
+AZURITE_DIR="$HOME/.cache/warren-tools/azurite"
+if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azurite/package.json"; then
+  echo "==> installing azurite $AZURITE_VERSION (Azure Blob emulator for the storage tests)"
+  mkdir -p "$AZURITE_DIR"
+  npm install --silent --no-audit --no-fund --prefix "$AZURITE_DIR" "azurite@$AZURITE_VERSION" >/dev/null
+fi
 # The e2e tests start the workspace's binaries; build them first.
 cargo build --workspace --bins --locked
 if cargo nextest --version >/dev/null 2>&1; then

@@ -1,8 +1,8 @@
 //! StorageConnection and Connector status: Ready when the credentials Secret
 //! they reference exists and holds the entries their provider needs, and,
-//! for an S3 StorageConnection, when a listing of its prefix succeeds with
-//! them (Local directories are checked by each node at mount time; GCS and
-//! Azure are not offered yet).
+//! for an S3 or Azure StorageConnection, when a listing of its prefix
+//! succeeds with them (Local directories are checked by each node at mount
+//! time; GCS is not offered yet).
 
 use std::sync::Arc;
 
@@ -40,8 +40,8 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     use warren_storage::probe::ProbeError;
     match spec.provider {
         StorageProvider::Local => return (true, reasons::VALID, "a directory on the nodes: each node checks it when mounting".into()),
-        StorageProvider::GCS | StorageProvider::Azure => return (false, reasons::UNSUPPORTED, format!("{:?} mounts are not offered by this release yet", spec.provider)),
-        StorageProvider::S3 => {}
+        StorageProvider::GCS => return (false, reasons::UNSUPPORTED, "GCS mounts are not offered by this release yet".into()),
+        StorageProvider::S3 | StorageProvider::Azure => {}
     }
     let body = secret.map(crate::apikey::secret_body);
     let conn = match warren_config::storage::connection(spec, body.as_ref()) {
@@ -50,7 +50,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     };
     let raw = warren_storage::spec::RawMount {
         mount_path: "/data/probe".into(),
-        provider: "s3".into(),
+        provider: warren_config::storage::provider_name(spec.provider).into(),
         bucket: spec.bucket.clone(),
         prefix: spec.prefix.clone().unwrap_or_default(),
         endpoint: spec.endpoint.clone().unwrap_or_default(),

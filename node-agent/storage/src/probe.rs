@@ -50,11 +50,11 @@ fn classify(e: &object_store::Error) -> ProbeError {
         object_store::Error::Unauthenticated { .. } | object_store::Error::PermissionDenied { .. } => ProbeError::CredentialsRefused,
         object_store::Error::NotFound { .. } => ProbeError::BucketNotFound,
         other => {
-            // S3-compatible servers answer these codes in the body.
+            // S3-compatible servers and Azure answer these codes in the body.
             let text = other.to_string();
-            if text.contains("NoSuchBucket") {
+            if text.contains("NoSuchBucket") || text.contains("ContainerNotFound") {
                 ProbeError::BucketNotFound
-            } else if ["InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden"].iter().any(|c| text.contains(c)) {
+            } else if ["InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "AuthenticationFailed", "403 Forbidden"].iter().any(|c| text.contains(c)) {
                 ProbeError::CredentialsRefused
             } else {
                 ProbeError::Unreachable

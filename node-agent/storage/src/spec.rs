@@ -28,6 +28,8 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 pub enum Provider {
     /// S3 or any S3-compatible endpoint.
     S3,
+    /// Azure Blob Storage (`bucket` is the container).
+    Azure,
     /// A directory on the node (`bucket` is its absolute path).
     Local,
 }
@@ -59,7 +61,8 @@ pub struct MountSpec {
     pub endpoint: Option<String>,
     /// Region (S3).
     pub region: Option<String>,
-    /// `accessKeyId`/`secretAccessKey` for S3; none: the node's identity.
+    /// `accessKeyId`/`secretAccessKey` for S3, `accountName`/`accountKey`
+    /// for Azure; none: the node's identity.
     pub credentials: Credentials,
     /// Write volume for the call.
     pub max_write_bytes: u64,
@@ -119,8 +122,9 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
         }
         let provider = match m.provider.as_str() {
             "s3" => Provider::S3,
+            "azure" => Provider::Azure,
             "local" => Provider::Local,
-            _ => return Err(err(i, "provider", "this agent serves s3 and local mounts")),
+            _ => return Err(err(i, "provider", "this agent serves s3, azure and local mounts")),
         };
         if m.bucket.is_empty() || m.bucket.len() > 1024 || (provider == Provider::Local && !m.bucket.starts_with('/')) {
             return Err(err(i, "bucket", "required; for local, an absolute directory"));
@@ -154,6 +158,7 @@ impl MountSpec {
     pub fn store(&self) -> Result<Arc<dyn ObjectStore>, String> {
         match self.provider {
             Provider::S3 => self.s3(None).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            Provider::Azure => self.azure().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
                 .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
@@ -186,6 +191,33 @@ impl MountSpec {
     }
 }
 
+impl MountSpec {
+    /// An Azure Blob client. The account is `accountName` from the
+    /// credentials, else the first label of an `https://<account>.blob…`
+    /// endpoint; with no `accountKey` the node's managed identity signs.
+    pub fn azure(&self) -> Result<object_store::azure::MicrosoftAzure, String> {
+        let c = &self.credentials.0;
+        let from_endpoint = || {
+            let host = self.endpoint.as_deref()?.strip_prefix("https://")?.split(['/', ':']).next()?;
+            host.split_once(".blob.").map(|(account, _)| account.to_string())
+        };
+        let account = c.get("accountName").cloned().or_else(from_endpoint).ok_or("the Azure account is unknown: give accountName in the credentials Secret or an https://<account>.blob.core.windows.net endpoint")?;
+        let options = object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT);
+        let mut b = object_store::azure::MicrosoftAzureBuilder::new()
+            .with_account(account)
+            .with_container_name(&self.bucket)
+            .with_retry(RETRY)
+            .with_client_options(options);
+        if let Some(e) = &self.endpoint {
+            b = b.with_endpoint(e.clone()).with_allow_http(e.starts_with("http://"));
+        }
+        if let Some(key) = c.get("accountKey") {
+            b = b.with_access_key(key);
+        }
+        b.build().map_err(|_| "the Azure client could not be configured".to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,8 +238,28 @@ mod tests {
         assert_eq!(field(vec![raw("/data/x"), raw("/data/x")]), "mounts[1].mount_path");
         assert_eq!(field(vec![RawMount { prefix: "a/../b".into(), ..raw("/data/x") }]), "mounts[0].prefix");
         assert_eq!(field(vec![RawMount { provider: "ftp".into(), ..raw("/data/x") }]), "mounts[0].provider");
+        assert_eq!(validate(vec![RawMount { provider: "azure".into(), ..raw("/data/x") }]).unwrap()[0].provider, Provider::Azure);
         assert_eq!(field(vec![RawMount { provider: "local".into(), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
         assert_eq!(field((0..17).map(|i| raw(&format!("/data/m{i}"))).collect()), "mounts");
+    }
+
+    #[test]
+    fn the_azure_account_comes_from_the_secret_or_the_endpoint() {
+        let az = |endpoint: &str, creds: &[(&str, &str)]| {
+            let raw = RawMount {
+                provider: "azure".into(),
+                endpoint: endpoint.into(),
+                credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                ..raw("/data/x")
+            };
+            validate(vec![raw]).unwrap().remove(0).azure().map(|_| ())
+        };
+        assert!(az("https://acct.blob.core.windows.net", &[]).is_ok(), "ambient identity, account from the endpoint");
+        assert!(az("http://127.0.0.1:10000/devstoreaccount1", &[("accountName", "devstoreaccount1"), ("accountKey", "a2V5")]).is_ok());
+        let e = az("", &[]).unwrap_err();
+        assert!(e.contains("accountName"), "{e}");
+        let e = az("", &[("accountName", "a"), ("accountKey", "not base64 hunter2")]).unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
     }
 
     #[test]

@@ -88,6 +88,10 @@ impl Stores {
                 let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
                 Backend { store: s3.clone(), pager: Some(s3), id }
             }
+            Provider::Azure => {
+                let az = Arc::new(spec.azure()?);
+                Backend { store: az.clone(), pager: Some(az), id }
+            }
             Provider::Local => Backend { store: spec.store()?, pager: None, id },
         };
         let mut kept = self.kept();

@@ -458,8 +458,8 @@ fn effective_mounts(
         let conn = connection(conn_name)
             .ok_or_else(|| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?} was not found", m.name)))?
             .map_err(|why| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?}: {why}", m.name)))?;
-        if matches!(conn.spec.provider, crate::types::StorageProvider::GCS | crate::types::StorageProvider::Azure) {
-            let why = format!("StorageConnection {conn_name:?}: {:?} mounts are not offered by this release's node-agent yet (S3 and Local are)", conn.spec.provider);
+        if conn.spec.provider == crate::types::StorageProvider::GCS {
+            let why = format!("StorageConnection {conn_name:?}: GCS mounts are not offered by this release's node-agent yet (S3, Azure and Local are)");
             return Err(c.err(&field, why).because(reasons::UNSUPPORTED));
         }
         let base = conn.spec.prefix.clone().unwrap_or_default();
