@@ -39,6 +39,8 @@ pub const PIDS: Bound<u32> = Bound { min: 8, max: 4096, default: 256 };
 pub const DISK_BYTES: Bound<u64> = Bound { min: MIB, max: 4 * GIB, default: 512 * MIB };
 /// Per-stream output cap.
 pub const OUTPUT_BYTES: Bound<u64> = Bound { min: KIB, max: 64 * MIB, default: MIB };
+/// What one call may write to one storage mount.
+pub const STORAGE_WRITE_BYTES: Bound<u64> = Bound { min: MIB, max: 64 * GIB, default: GIB };
 /// `RLIMIT_NOFILE`.
 pub const OPEN_FILES: Bound<u32> = Bound { min: 32, max: 65536, default: 1024 };
 /// `RLIMIT_FSIZE`: the largest file the program may write.

@@ -217,6 +217,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
         stores = stores.with_cache(Arc::new(cache));
     }
+    stores = stores.with_platform(threads::store::volume_backend(&store_spec, s3_pool_max_idle).context("opening the platform store for volumes")?);
     let stores = Arc::new(stores);
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));

@@ -78,7 +78,8 @@ async fn connections_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     let mut out = HashMap::new();
     for m in &sb.spec.storage {
-        let name = &m.connection_ref.name;
+        // Managed volumes need no connection.
+        let Some(name) = m.connection_ref.as_ref().map(|r| &r.name) else { continue };
         if out.contains_key(name) {
             continue;
         }

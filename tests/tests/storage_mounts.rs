@@ -223,6 +223,40 @@ async fn a_local_directory_mounts_like_a_bucket() {
     assert_eq!(std::fs::read_to_string(dir.path().join("team/out.txt")).unwrap(), "beta");
 }
 
+/// A managed volume: kept in the agent's own platform store (here its
+/// default directory store), one namespace's volume invisible to another's,
+/// and no mount of that store can reach thread state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_volume_keeps_files_across_calls_in_the_platform_store() {
+    if skip_unless_root("a_managed_volume_keeps_files_across_calls_in_the_platform_store") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let volume = |prefix: &str| pb::StorageMount {
+        mount_path: "/data/scratch".into(),
+        provider: "volume".into(),
+        prefix: prefix.into(),
+        mode: pb::MountMode::ReadWrite as i32,
+        ..Default::default()
+    };
+    let write = "import os\nos.makedirs('/data/scratch/notes', exist_ok=True)\nopen('/data/scratch/notes/a.txt', 'w').write('kept')";
+    let run = run_with(&agent, write, vec![volume("volumes/team-a/scratch")]).await;
+    assert_eq!((run.exited.exit_code, run.exited.failure()), (0, Failure::Unspecified), "{run:?}");
+    let stored = agent.state_dir().join("thread-store/volumes/team-a/scratch/notes/a.txt");
+    assert_eq!(std::fs::read_to_string(&stored).unwrap(), "kept", "stored in the platform store before the answer");
+    let read = "import os\nprint(open('/data/scratch/notes/a.txt').read() if os.path.exists('/data/scratch/notes') else 'absent')";
+    let run = run_with(&agent, read, vec![volume("volumes/team-a/scratch")]).await;
+    assert_eq!((run.exited.exit_code, run.stdout.as_str()), (0, "kept\n"), "{run:?}");
+    let run = run_with(&agent, read, vec![volume("volumes/team-b/scratch")]).await;
+    assert_eq!((run.exited.exit_code, run.stdout.as_str()), (0, "absent\n"), "another namespace's volume of the same name");
+    for beside in ["threads/team-a/k", "volumes/team-a", ""] {
+        let mut req = request(pb::Language::Python, "print('ran')", Duration::from_secs(30));
+        req.mounts = vec![volume(beside)];
+        let refused = agent.run_request(req).await;
+        assert!(refused.as_ref().is_err_and(|e| e.to_string().contains("mounts[0].prefix")), "{beside:?}: {refused:?}");
+    }
+}
+
 /// The agent killed mid-call leaves a dead FUSE mount behind; the next
 /// agent on the same state unmounts it before serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

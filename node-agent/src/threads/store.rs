@@ -267,19 +267,39 @@ impl S3Store {
     /// caps idle keep-alive connections (0: a fresh connection per request,
     /// for servers that answer reused connections slowly).
     pub fn from_env(url: &str, pool_max_idle: Option<usize>) -> io::Result<S3Store> {
-        use object_store::aws::AmazonS3ConfigKey;
-        use object_store::ClientConfigKey;
-        // A store outage must fail a call within seconds (thread_mount_error,
-        // or thread_save_error keeping the old state), not hold it for the
-        // client's default three minutes of retries.
-        let retry = object_store::RetryConfig { backoff: Default::default(), max_retries: 3, retry_timeout: std::time::Duration::from_secs(15) };
-        let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_retry(retry);
-        if let Some(n) = pool_max_idle {
-            builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::PoolMaxIdlePerHost), n.to_string());
-        }
-        let store = builder.build().map_err(io::Error::other)?;
-        Ok(S3Store { inner: Arc::new(store), url: url.to_string() })
+        Ok(S3Store { inner: Arc::new(s3_client(url, pool_max_idle)?), url: url.to_string() })
     }
+}
+
+fn s3_client(url: &str, pool_max_idle: Option<usize>) -> io::Result<object_store::aws::AmazonS3> {
+    use object_store::aws::AmazonS3ConfigKey;
+    use object_store::ClientConfigKey;
+    // A store outage must fail a call within seconds (thread_mount_error,
+    // or thread_save_error keeping the old state), not hold it for the
+    // client's default three minutes of retries.
+    let retry = object_store::RetryConfig { backoff: Default::default(), max_retries: 3, retry_timeout: std::time::Duration::from_secs(15) };
+    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_retry(retry);
+    if let Some(n) = pool_max_idle {
+        builder = builder.with_config(AmazonS3ConfigKey::Client(ClientConfigKey::PoolMaxIdlePerHost), n.to_string());
+    }
+    builder.build().map_err(io::Error::other)
+}
+
+/// The store named by `--thread-store` as a storage-mount backend: managed
+/// volumes live in it, below `volumes/` (threads are below `threads/`).
+pub fn volume_backend(spec: &str, s3_pool_max_idle: Option<usize>) -> io::Result<warren_storage::stores::Backend> {
+    use sha2::Digest;
+    let id: [u8; 32] = sha2::Sha256::new().chain_update(b"platform store\0").chain_update(spec.as_bytes()).finalize().into();
+    if let Some(path) = spec.strip_prefix("dir:") {
+        std::fs::create_dir_all(Path::new(path).join("volumes"))?;
+        let local = object_store::local::LocalFileSystem::new_with_prefix(path).map_err(io::Error::other)?;
+        return Ok(warren_storage::stores::Backend { store: Arc::new(local), pager: None, id, cacheable: false });
+    }
+    if spec.starts_with("s3://") {
+        let s3 = Arc::new(s3_client(spec, s3_pool_max_idle)?);
+        return Ok(warren_storage::stores::Backend { store: s3.clone(), pager: Some(s3), id, cacheable: true });
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidInput, format!("thread store {spec:?}: expected dir:PATH or s3://BUCKET")))
 }
 
 fn os_err(e: object_store::Error) -> io::Error {

@@ -24,12 +24,12 @@ impl Served {
         let backend = stores.get(spec)?;
         std::fs::create_dir_all(&spool).map_err(|e| format!("creating the write spool: {e}"))?;
         let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes };
-        let mut tree = ObjectTree::with_options(backend.store, spec.root(), options);
+        let mut tree = ObjectTree::with_options(backend.store.clone(), spec.root(), options);
         if let Some(pager) = backend.pager {
             tree = tree.with_pager(pager);
         }
-        // A Local directory is already on this node: nothing to keep.
-        if let (Some(cache), false) = (stores.cache(), spec.provider == crate::Provider::Local) {
+        // A local directory is already on this node: nothing to keep.
+        if let (Some(cache), true) = (stores.cache(), backend.cacheable) {
             tree = tree.with_cache(cache.clone(), backend.id);
         }
         let tree = Arc::new(tree);

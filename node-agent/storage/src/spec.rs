@@ -32,6 +32,9 @@ pub enum Provider {
     Azure,
     /// A directory on the node (`bucket` is its absolute path).
     Local,
+    /// A managed volume in the agent's own platform store (the one holding
+    /// thread state), below `volumes/<namespace>/<name>`.
+    Volume,
 }
 
 /// Secret values; never printed.
@@ -124,13 +127,26 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
             "s3" => Provider::S3,
             "azure" => Provider::Azure,
             "local" => Provider::Local,
-            _ => return Err(err(i, "provider", "this agent serves s3, azure and local mounts")),
+            "volume" => Provider::Volume,
+            _ => return Err(err(i, "provider", "this agent serves s3, azure, local and volume mounts")),
         };
-        if m.bucket.is_empty() || m.bucket.len() > 1024 || (provider == Provider::Local && !m.bucket.starts_with('/')) {
-            return Err(err(i, "bucket", "required; for local, an absolute directory"));
+        let bucket_ok = match provider {
+            // The platform store is the agent's own: a volume names none.
+            Provider::Volume => m.bucket.is_empty(),
+            Provider::Local => m.bucket.starts_with('/') && m.bucket.len() <= 1024,
+            Provider::S3 | Provider::Azure => !m.bucket.is_empty() && m.bucket.len() <= 1024,
+        };
+        if !bucket_ok {
+            return Err(err(i, "bucket", "required (for local, an absolute directory); empty for a volume"));
         }
-        if warren_core::path::segments(&m.prefix).is_none() {
+        let segments = warren_core::path::segments(&m.prefix);
+        if segments.is_none() {
             return Err(err(i, "prefix", "must be plain path segments"));
+        }
+        // The platform store also holds thread state: a volume mount stays
+        // below volumes/<namespace>/<name>, whatever the caller sends.
+        if provider == Provider::Volume && !segments.is_some_and(|s| s.len() >= 3 && s[0] == "volumes") {
+            return Err(err(i, "prefix", "a volume lives below volumes/<namespace>/<name>"));
         }
         let opt = |s: String| (!s.is_empty()).then_some(s);
         out.push(MountSpec {
@@ -162,6 +178,7 @@ impl MountSpec {
             Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
                 .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
+            Provider::Volume => Err("a volume is served from the agent's platform store".into()),
         }
     }
 }
@@ -239,6 +256,12 @@ mod tests {
         assert_eq!(field(vec![RawMount { prefix: "a/../b".into(), ..raw("/data/x") }]), "mounts[0].prefix");
         assert_eq!(field(vec![RawMount { provider: "ftp".into(), ..raw("/data/x") }]), "mounts[0].provider");
         assert_eq!(validate(vec![RawMount { provider: "azure".into(), ..raw("/data/x") }]).unwrap()[0].provider, Provider::Azure);
+        let volume = |prefix: &str, bucket: &str| RawMount { provider: "volume".into(), prefix: prefix.into(), bucket: bucket.into(), ..raw("/data/x") };
+        assert_eq!(validate(vec![volume("volumes/ns/v/sub", "")]).unwrap()[0].provider, Provider::Volume);
+        for bad in ["threads/ns/key", "volumes/ns", "", "volumes"] {
+            assert_eq!(field(vec![volume(bad, "")]), "mounts[0].prefix", "{bad}: thread state is not a volume");
+        }
+        assert_eq!(field(vec![volume("volumes/ns/v", "b")]), "mounts[0].bucket");
         assert_eq!(field(vec![RawMount { provider: "local".into(), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
         assert_eq!(field((0..17).map(|i| raw(&format!("/data/m{i}"))).collect()), "mounts");
     }

@@ -27,6 +27,8 @@ pub struct Backend {
     /// Names this client (its configuration and credentials) in the body
     /// cache.
     pub id: [u8; 32],
+    /// Its bodies are worth keeping on this node (not a local directory).
+    pub cacheable: bool,
 }
 
 /// The clients of this agent.
@@ -38,6 +40,8 @@ pub struct Stores {
     kept: Mutex<VecDeque<([u8; 32], Backend)>>,
     /// The node's body cache, when it has one.
     cache: Option<Arc<BodyCache>>,
+    /// The platform store, which managed volumes live in.
+    platform: Option<Backend>,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -58,12 +62,18 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default(), cache: None }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None }
     }
 
     /// Mounts keep what they read in `cache`.
     pub fn with_cache(mut self, cache: Arc<BodyCache>) -> Stores {
         self.cache = Some(cache);
+        self
+    }
+
+    /// Managed volumes live in `platform`.
+    pub fn with_platform(mut self, platform: Backend) -> Stores {
+        self.platform = Some(platform);
         self
     }
 
@@ -79,6 +89,9 @@ impl Stores {
 
     /// The client for `spec`'s store, built on first use.
     pub fn get(&self, spec: &MountSpec) -> Result<Backend, String> {
+        if spec.provider == Provider::Volume {
+            return self.platform.clone().ok_or_else(|| "this node has no platform store for volumes".to_string());
+        }
         let id = identity(spec);
         if let Some((_, b)) = self.kept().iter().find(|(k, _)| *k == id) {
             return Ok(b.clone());
@@ -86,13 +99,13 @@ impl Stores {
         let backend = match spec.provider {
             Provider::S3 => {
                 let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
-                Backend { store: s3.clone(), pager: Some(s3), id }
+                Backend { store: s3.clone(), pager: Some(s3), id, cacheable: true }
             }
             Provider::Azure => {
                 let az = Arc::new(spec.azure()?);
-                Backend { store: az.clone(), pager: Some(az), id }
+                Backend { store: az.clone(), pager: Some(az), id, cacheable: true }
             }
-            Provider::Local => Backend { store: spec.store()?, pager: None, id },
+            Provider::Local | Provider::Volume => Backend { store: spec.store()?, pager: None, id, cacheable: false },
         };
         let mut kept = self.kept();
         if kept.len() >= MAX_CLIENTS {

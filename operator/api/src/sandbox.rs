@@ -103,14 +103,25 @@ pub struct StorageMount {
     /// Mount name: the sandbox sees the bucket at `/data/<name>`.
     #[schemars(regex(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
     pub name: String,
-    /// The StorageConnection (same namespace).
-    pub connection_ref: LocalRef,
+    /// The StorageConnection (same namespace). Exactly one of
+    /// `connectionRef` and `volume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_ref: Option<LocalRef>,
+    /// A managed volume: kept in the platform's own object store (the one
+    /// holding thread state), under this namespace, created on first write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
+    pub volume: Option<String>,
     /// Access mode (default ReadOnly).
     #[serde(default)]
     pub mode: MountMode,
     /// A prefix under the connection's prefix (whole segments).
     #[schemars(regex(pattern = "^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*/?$"), length(max = 1024))]
     pub prefix: Option<String>,
+    /// Most bytes one call may write to this mount (default 1Gi, at most
+    /// 64Gi); past it writes fail with ENOSPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_write_bytes: Option<Quantity>,
 }
 
 /// Observed state of a Sandbox.

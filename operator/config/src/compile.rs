@@ -335,6 +335,14 @@ fn check_mounts(c: &Checker<'_>, mounts: &[crate::types::StorageMount]) -> Resul
         if m.prefix.as_deref().is_some_and(|p| path::segments(p).is_none()) {
             return Err(c.err(&format!("spec.storage[{i}].prefix"), "must be whole path segments without '.', '..', empty segments or encoding"));
         }
+        match (&m.connection_ref, &m.volume) {
+            (Some(_), None) => {}
+            (None, Some(v)) if ids::is_dns_label(v) => {}
+            (None, Some(_)) => return Err(c.err(&format!("spec.storage[{i}].volume"), "must be a lower-case name (letters, digits, '-')")),
+            _ => return Err(c.err(&format!("spec.storage[{i}]"), "give exactly one of connectionRef and volume")),
+        }
+        let b = bounds::STORAGE_WRITE_BYTES;
+        c.bytes(&format!("spec.storage[{i}].maxWriteBytes"), m.max_write_bytes.as_ref(), b.default, b)?;
     }
     Ok(mounts.to_vec())
 }
@@ -388,7 +396,7 @@ pub fn effective_key(
     let sb = sandbox.ok_or_else(|| {
         c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name)).because(reasons::SANDBOX_NOT_FOUND)
     })?;
-    let storage = effective_mounts(&c, k, sb, connection)?;
+    let storage = effective_mounts(&c, namespace, k, sb, connection)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (bounds::TIMEOUT_SECS.min, sb.max_timeout_seconds))?,
@@ -439,6 +447,7 @@ pub fn effective_key(
 /// read-only). Connectors are checked to be a subset of the Sandbox's.
 fn effective_mounts(
     c: &Checker<'_>,
+    namespace: &str,
     k: &ApiKeySpec,
     sb: &SandboxConfig,
     connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
@@ -454,29 +463,52 @@ fn effective_mounts(
             Some(i) => format!("spec.storage[{i}]"),
             None => "spec.sandboxRef.name".to_string(),
         };
-        let conn_name = &m.connection_ref.name;
-        let conn = connection(conn_name)
-            .ok_or_else(|| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?} was not found", m.name)))?
-            .map_err(|why| c.err(&field, format!("StorageConnection {conn_name:?} of mount {:?}: {why}", m.name)))?;
-        if conn.spec.provider == crate::types::StorageProvider::GCS {
-            let why = format!("StorageConnection {conn_name:?}: GCS mounts are not offered by this release's node-agent yet (S3, Azure and Local are)");
-            return Err(c.err(&field, why).because(reasons::UNSUPPORTED));
-        }
-        let base = conn.spec.prefix.clone().unwrap_or_default();
+        let (store, base) = match (&m.connection_ref, &m.volume) {
+            (_, Some(volume)) => (None, crate::storage::volume_prefix(namespace, volume)),
+            (Some(r), None) => {
+                let conn = connection(&r.name)
+                    .ok_or_else(|| c.err(&field, format!("StorageConnection {:?} of mount {:?} was not found", r.name, m.name)))?
+                    .map_err(|why| c.err(&field, format!("StorageConnection {:?} of mount {:?}: {why}", r.name, m.name)))?;
+                if conn.spec.provider == crate::types::StorageProvider::GCS {
+                    let why = format!("StorageConnection {:?}: GCS mounts are not offered by this release's node-agent yet (S3, Azure and Local are)", r.name);
+                    return Err(c.err(&field, why).because(reasons::UNSUPPORTED));
+                }
+                let base = conn.spec.prefix.clone().unwrap_or_default();
+                (Some(conn), base)
+            }
+            (None, None) => return Err(c.err(&field, "the mount names neither a connection nor a volume")),
+        };
         let full = |m: &crate::types::StorageMount| path::join(&base, m.prefix.as_deref().unwrap_or(""));
         let (prefix, mode) = match k.storage.iter().find(|n| n.name == m.name) {
             Some(n) => narrowing::narrow_mount(&sb.storage, full, n).map_err(|e| c.err(&field, e))?,
             None => (full(m), m.mode),
         };
-        out.push(EffectiveMount {
-            name: m.name.clone(),
-            provider: crate::storage::provider_name(conn.spec.provider).to_string(),
-            bucket: conn.spec.bucket.clone(),
-            prefix,
-            read_only: mode == crate::types::MountMode::ReadOnly,
-            endpoint: conn.spec.endpoint.clone(),
-            region: conn.spec.region.clone(),
-            credentials: conn.credentials,
+        // Validated with the Sandbox.
+        let max_write_bytes = m.max_write_bytes.as_ref().and_then(|q| quantity::bytes(&q.text())).unwrap_or(bounds::STORAGE_WRITE_BYTES.default);
+        let read_only = mode == crate::types::MountMode::ReadOnly;
+        out.push(match store {
+            Some(conn) => EffectiveMount {
+                name: m.name.clone(),
+                provider: crate::storage::provider_name(conn.spec.provider).to_string(),
+                bucket: conn.spec.bucket.clone(),
+                prefix,
+                read_only,
+                endpoint: conn.spec.endpoint.clone(),
+                region: conn.spec.region.clone(),
+                credentials: conn.credentials,
+                max_write_bytes,
+            },
+            None => EffectiveMount {
+                name: m.name.clone(),
+                provider: crate::storage::VOLUME_PROVIDER.to_string(),
+                bucket: String::new(),
+                prefix,
+                read_only,
+                endpoint: None,
+                region: None,
+                credentials: Default::default(),
+                max_write_bytes,
+            },
         });
     }
     check_connectors(c, k, sb)?;

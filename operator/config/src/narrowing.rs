@@ -45,7 +45,7 @@ mod tests {
     use warren_core::path::join;
 
     fn mount(mode: MountMode) -> StorageMount {
-        StorageMount { name: "data".into(), connection_ref: LocalRef { name: "c".into() }, mode, prefix: Some("acme".into()) }
+        StorageMount { name: "data".into(), connection_ref: Some(LocalRef { name: "c".into() }), volume: None, mode, prefix: Some("acme".into()), max_write_bytes: None }
     }
 
     #[test]

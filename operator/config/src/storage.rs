@@ -54,7 +54,7 @@ pub fn connection(spec: &StorageConnectionSpec, secret: Option<&SecretBody>) -> 
 pub struct EffectiveMount {
     /// `/data/<name>`.
     pub name: String,
-    /// `s3`, `gcs`, `azure` or `local`.
+    /// `s3`, `gcs`, `azure`, `local`, or `volume` (managed).
     pub provider: String,
     /// Bucket, container or directory.
     pub bucket: String,
@@ -72,6 +72,17 @@ pub struct EffectiveMount {
     /// Credentials (empty: the node's identity).
     #[serde(default)]
     pub credentials: Credentials,
+    /// Most bytes one call may write to the mount.
+    #[serde(default)]
+    pub max_write_bytes: u64,
+}
+
+/// The provider name of a managed volume (the agent's platform store).
+pub const VOLUME_PROVIDER: &str = "volume";
+
+/// Where managed volume `name` of `namespace` lives in the platform store.
+pub fn volume_prefix(namespace: &str, name: &str) -> String {
+    format!("volumes/{namespace}/{name}")
 }
 
 /// The wire name of a provider.

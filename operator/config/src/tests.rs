@@ -222,6 +222,31 @@ fn storage_narrows_resolves_its_connection_and_connectors_are_not_offered_yet() 
 }
 
 #[test]
+fn a_managed_volume_is_scoped_to_its_namespace_and_narrowed_like_a_connection() {
+    let sb = sandbox("  storage: [{name: scratch, volume: work, mode: ReadWrite, maxWriteBytes: 2Gi}]\n").replace("{name: sb}", "{name: sb, namespace: team-a}");
+    let key = |extra: &str| api_key("k", extra).replace("{name: k}", "{name: k, namespace: team-a}");
+    let sec = secret("k-key", KEY_A).replace("{name: k-key}", "{name: k-key, namespace: team-a}");
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{sec}", key("  storage: [{name: scratch, prefix: volumes/team-a/work/agent1}]\n")))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    let m = &c.keys[0].storage[0];
+    assert_eq!((m.provider.as_str(), m.bucket.as_str(), m.prefix.as_str(), m.read_only), ("volume", "", "volumes/team-a/work/agent1", false));
+    assert_eq!(m.max_write_bytes, 2 << 30);
+    assert!(m.credentials.0.is_empty() && m.endpoint.is_none(), "the agent's own store: nothing to send");
+    let errors = |sb_storage: &str| {
+        let sb = sandbox(sb_storage);
+        run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)))]).errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    };
+    let e = errors("  storage: [{name: s, volume: work, connectionRef: {name: c}}]\n");
+    assert!(e.contains("spec.storage[0]: give exactly one of connectionRef and volume"), "{e}");
+    let e = errors("  storage: [{name: s}]\n");
+    assert!(e.contains("give exactly one"), "{e}");
+    let e = errors("  storage: [{name: s, volume: Work_1}]\n");
+    assert!(e.contains("spec.storage[0].volume"), "{e}");
+    let e = errors("  storage: [{name: s, volume: work, maxWriteBytes: 100Gi}]\n");
+    assert!(e.contains("spec.storage[0].maxWriteBytes"), "{e}");
+}
+
+#[test]
 fn every_error_carries_its_condition_reason() {
     use warren_api::reasons;
     let reason = |files: &[(&str, String)]| {
