@@ -73,6 +73,10 @@ Try it:
     -d '{"code": "rows = open(\\"/data/files/customers.csv\\").read().splitlines(); open(\\"/data/files/report.txt\\", \\"w\\").write(f\\"{len(rows)-1} customers\\")"}'
   cat $DATA/report.txt
 
+  # a managed volume: /data/scratch keeps files across calls (prints 1, 2, 3, ...), no bucket needed
+  curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $FILES_KEY' -H 'Content-Type: application/json' \\
+    -d '{"code": "echo run >> /data/scratch/runs; wc -l < /data/scratch/runs", "language": "bash"}'
+
   # the Baponi Python SDK (pip install baponi)
   python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'
 
