@@ -87,6 +87,8 @@ pub(crate) struct Table {
     pub(crate) next: u64,
     /// Bytes held by staged copies (bounded by the mount's write limit).
     pub(crate) staged_bytes: u64,
+    /// Files staged so far in this call (bounded by [`crate::write::MAX_STAGES`]).
+    pub(crate) stages: usize,
 }
 
 /// How a mount may be used.

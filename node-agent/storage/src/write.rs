@@ -42,6 +42,11 @@ fn io(e: std::io::Error) -> FsError {
     FsError::Io(format!("staging: {}", e.kind()))
 }
 
+/// Files one mount may stage in one call (each is a file on the agent's disk
+/// and an upload before the answer): past it, creating or opening another
+/// for writing fails with ENFILE.
+pub const MAX_STAGES: usize = 10_000;
+
 /// `offset..end` of a staged file.
 pub(crate) fn read_staged(file: &FsPath, offset: u64, end: u64) -> Result<Bytes, FsError> {
     let f = std::fs::File::open(file).map_err(io)?;
@@ -66,6 +71,13 @@ impl ObjectTree {
     }
 
     fn new_stage(&self) -> Result<PathBuf, FsError> {
+        {
+            let mut t = self.table();
+            if t.stages >= MAX_STAGES {
+                return Err(FsError::TooMany);
+            }
+            t.stages += 1;
+        }
         let path = self.options.spool.join(format!("w{}", STAGE_ID.fetch_add(1, Ordering::Relaxed)));
         std::fs::OpenOptions::new().write(true).create_new(true).open(&path).map_err(io)?;
         Ok(path)

@@ -146,6 +146,16 @@ async fn the_write_limit_holds_and_deleting_frees_it() {
 }
 
 #[tokio::test]
+async fn a_call_stages_a_bounded_number_of_files() {
+    let m = mount(&[], false, 1 << 20).await;
+    for i in 0..MAX_STAGES {
+        m.tree.create(ROOT, format!("f{i}").as_bytes()).await.unwrap();
+    }
+    assert_eq!(m.tree.create(ROOT, b"one-more").await.unwrap_err(), FsError::TooMany, "ENFILE, not another file on the agent's disk");
+    assert!(m.tree.lookup(ROOT, b"one-more").await.is_err(), "the refused file does not exist");
+}
+
+#[tokio::test]
 async fn a_read_only_mount_refuses_every_change() {
     let m = mount(&[("scope/f", "data"), ("scope/d/x", "1")], true, 1 << 20).await;
     let f = m.tree.lookup(ROOT, b"f").await.unwrap();
