@@ -113,6 +113,10 @@ pub struct Args {
     /// repeat read of an unchanged object downloads nothing (`0`: none).
     #[arg(long, env = "WARREN_STORAGE_CACHE", default_value = "2Gi", value_parser = parse_bytes)]
     pub storage_cache: u64,
+    /// FUSE sessions kept mounted ahead of calls with storage mounts, so a
+    /// call binds one instead of mounting (`0`: each call mounts its own).
+    #[arg(long, env = "WARREN_STORAGE_FUSE_POOL", default_value_t = 4, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub storage_fuse_pool: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -160,6 +164,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output_stall_secs,
         state_reserve,
         storage_cache,
+        storage_fuse_pool,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -182,7 +187,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (layout, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
-    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc")];
+    let fuse_pool_dir = state_dir.join("fuse-pool");
+    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?.with_reserve(state_reserve));
@@ -217,6 +223,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
         stores = stores.with_cache(Arc::new(cache));
     }
+    let fuse_pool = match (storage_fuse_pool, Path::new("/dev/fuse").exists()) {
+        (0, _) | (_, false) => None,
+        (n, true) => {
+            let left = warren_isolation::home::unmount_below(&fuse_pool_dir).unwrap_or(0);
+            if left > 0 {
+                warn!(dir = %fuse_pool_dir.display(), mounts = left, "unmounted FUSE sessions an earlier run left");
+            }
+            Some(warren_storage::pool::FusePool::new(&fuse_pool_dir, n as usize, tokio::runtime::Handle::current()).context("preparing the FUSE session pool")?)
+        }
+    };
+    if let Some(pool) = &fuse_pool {
+        stores = stores.with_fuse_pool(pool.clone());
+    }
     stores = stores.with_platform(threads::store::volume_backend(&store_spec, s3_pool_max_idle).context("opening the platform store for volumes")?);
     let stores = Arc::new(stores);
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores };
@@ -225,6 +244,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     info!(node = %node_name, "node-agent starting");
     let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
+    if let Some(pool) = fuse_pool {
+        let _ = tokio::task::spawn_blocking(move || pool.drain()).await;
+    }
     for dir in mounted_dirs {
         let _ = warren_isolation::home::unmount_below(&dir);
     }

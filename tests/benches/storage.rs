@@ -1,7 +1,8 @@
 //! Storage mounts against a real S3 server (s3s-fs on loopback), in one run:
 //!
 //! 1. The cost of a mount a call does not touch: `pass` with one mount vs
-//!    `pass` with none (interleaved).
+//!    `pass` with none (interleaved), with the agent's FUSE session pool
+//!    and, on a second agent, without it (each call mounting its own).
 //! 2. Reading one 1 KB file from a prefix of 10,000 objects: that call vs
 //!    `pass` with the same mount, cold (a file never read on this node) and
 //!    warm (the same file again: its body comes from the node's cache).
@@ -85,19 +86,24 @@ async fn main() {
     // s3s-fs does not set TCP_NODELAY: reused connections stall ~40 ms per
     // request there (not on real S3), so each request gets its own.
     let agent = Agent::start(&["--s3-pool-max-idle", "0"]).await.expect("agent starts");
+    let unpooled = Agent::start(&["--s3-pool-max-idle", "0", "--storage-fuse-pool", "0"]).await.expect("agent starts");
     let m = mount(&s3);
     for _ in 0..3 {
         timed(&agent, "pass", vec![m.clone()]).await;
+        timed(&unpooled, "pass", vec![m.clone()]).await;
     }
 
     let (mut none, mut idle, mut cold, mut read) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut none_unpooled, mut idle_unpooled) = (Vec::new(), Vec::new());
     for i in 0..runs {
         none.push(timed(&agent, "pass", vec![]).await.0);
         idle.push(timed(&agent, "pass", vec![m.clone()]).await.0);
+        none_unpooled.push(timed(&unpooled, "pass", vec![]).await.0);
+        idle_unpooled.push(timed(&unpooled, "pass", vec![m.clone()]).await.0);
         cold.push(timed(&agent, &format!("open('/data/lake/many/r{i:05}.csv').read()"), vec![m.clone()]).await.0);
         read.push(timed(&agent, "open('/data/lake/many/target.csv').read()", vec![m.clone()]).await.0);
     }
-    for v in [&mut none, &mut idle, &mut cold, &mut read] {
+    for v in [&mut none, &mut idle, &mut cold, &mut read, &mut none_unpooled, &mut idle_unpooled] {
         v.sort();
     }
     let p = |v: &[Duration]| (ms(percentile(v, 0.5)), ms(percentile(v, 0.99)));
@@ -106,6 +112,8 @@ async fn main() {
     let rows = [
         ("no mount, pass", &none),
         ("one mount, untouched (pass)", &idle),
+        ("no mount, pass (agent without FUSE pool)", &none_unpooled),
+        ("one mount, untouched (without FUSE pool)", &idle_unpooled),
         ("read 1 KB of a 10,000-object dir, cold", &cold),
         ("read 1 KB of a 10,000-object dir, warm", &read),
     ];
@@ -113,6 +121,7 @@ async fn main() {
         let (a, b) = p(v);
         println!("{name:<44} {a:>8.2}ms {b:>8.2}ms");
     }
+    println!("  without the FUSE pool an untouched mount costs {:+.2} ms p50", p(&idle_unpooled).0 - p(&none_unpooled).0);
     println!(
         "  untouched mount costs {:+.2} ms p50; reading the file {:+.2} ms cold, {:+.2} ms warm (p50 over the untouched call)",
         p(&idle).0 - p(&none).0,

@@ -277,10 +277,15 @@ async fn a_killed_agents_mounts_are_collected_when_it_starts_again() {
         }
     }
     assert!(host_mounts_below(&state).iter().any(|m| m.ends_with(".data/lake")), "the mount is up: {:?}", host_mounts_below(&state));
+    // Sessions the agent mounted ahead of calls (and the one the call took).
+    let sessions: Vec<String> = host_mounts_below(&state.join("fuse-pool")).into_iter().filter(|m| !m.ends_with("fuse-pool")).collect();
+    assert!(!sessions.is_empty(), "the agent keeps FUSE sessions mounted ahead of calls");
     agent.kill_hard();
     drop(stream);
     let again = Agent::start_with(&[], &[], Some(&state)).await.unwrap();
-    assert!(host_mounts_below(&state).iter().all(|m| !m.contains(".data")), "left mounted: {:?}", host_mounts_below(&state));
+    let now = host_mounts_below(&state);
+    assert!(now.iter().all(|m| !m.contains(".data")), "left mounted: {now:?}");
+    assert!(sessions.iter().all(|s| !now.contains(s)), "a killed agent's pooled session is still mounted: {now:?}");
     drop(again);
 }
 

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod error;
 pub mod fuse;
 pub mod name;
+pub mod pool;
 pub mod probe;
 pub mod session;
 pub mod spec;

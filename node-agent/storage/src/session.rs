@@ -39,7 +39,11 @@ impl Served {
             e
         };
         std::fs::create_dir(target).map_err(|e| cleanup(format!("creating the mount point: {e}")))?;
-        let mounted = fuse::mount(tree.clone(), target, uid, uid, rt).map_err(|e| cleanup(format!("mounting: {e}")))?;
+        let mounted = match stores.fuse_pool() {
+            Some(pool) => pool.take().and_then(|p| p.serve(tree.clone(), uid, uid, Some(target))),
+            None => fuse::mount_tree(tree.clone(), target, uid, uid, rt),
+        };
+        let mounted = mounted.map_err(|e| cleanup(format!("mounting: {e}")))?;
         Ok(Served { name: spec.name.clone(), tree, mounted: Some(mounted), target: target.to_path_buf(), spool })
     }
 

@@ -12,6 +12,7 @@ use object_store::ObjectStore;
 use sha2::Digest;
 
 use crate::cache::BodyCache;
+use crate::pool::FusePool;
 use crate::spec::{MountSpec, Provider};
 
 /// Clients kept.
@@ -42,6 +43,8 @@ pub struct Stores {
     cache: Option<Arc<BodyCache>>,
     /// The platform store, which managed volumes live in.
     platform: Option<Backend>,
+    /// FUSE sessions mounted ahead of calls.
+    fuse_pool: Option<Arc<FusePool>>,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -62,7 +65,7 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None }
     }
 
     /// Mounts keep what they read in `cache`.
@@ -75,6 +78,17 @@ impl Stores {
     pub fn with_platform(mut self, platform: Backend) -> Stores {
         self.platform = Some(platform);
         self
+    }
+
+    /// Mounts take sessions from `pool`.
+    pub fn with_fuse_pool(mut self, pool: Arc<FusePool>) -> Stores {
+        self.fuse_pool = Some(pool);
+        self
+    }
+
+    /// Sessions mounted ahead of calls.
+    pub fn fuse_pool(&self) -> Option<&Arc<FusePool>> {
+        self.fuse_pool.as_ref()
     }
 
     /// The node's body cache.
