@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tracing::debug;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
@@ -203,6 +204,7 @@ impl Executor {
             // Write spools live beside the overlay work dirs: cleared at start.
             resources.push(Box::new(StorageResource::new(mounts, self.stores.clone(), self.env.work_dir.clone())));
         }
+        let t0 = Instant::now();
         if let Err(failure) = resources.acquire().await {
             tokio::spawn(async move {
                 resources.release().await;
@@ -211,7 +213,9 @@ impl Executor {
             return Ok(Outcome::never_ran(failure));
         }
         let spec = &admission.spec;
+        let t_acquired = t0.elapsed();
         let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
+        let t_claimed = t0.elapsed();
         let prepared = match resources.is_empty() {
             true => Ok(()),
             false => {
@@ -227,10 +231,17 @@ impl Executor {
             });
             return Ok(Outcome::never_ran(failure));
         }
+        let t_prepared = t0.elapsed();
         let mut go = self.go_for(spec);
         resources.shape(&mut go);
         let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
+        let t_ran = t0.elapsed();
         resources.finish(&mut outcome).await;
+        let us = |d: std::time::Duration| d.as_micros() as u64;
+        debug!(
+            resources = !resources.is_empty(), acquire_us = us(t_acquired), claim_us = us(t_claimed - t_acquired), prepare_us = us(t_prepared - t_claimed),
+            run_us = us(t_ran - t_prepared), finish_us = us(t0.elapsed() - t_ran), "execution phases"
+        );
         tokio::spawn(async move {
             resources.release().await;
             teardown.run().await;

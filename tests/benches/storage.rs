@@ -1,8 +1,9 @@
 //! Storage mounts against a real S3 server (s3s-fs on loopback), in one run:
 //!
-//! 1. The cost of a mount a call does not touch: `pass` with one mount vs
-//!    `pass` with none (interleaved), with the agent's FUSE session pool
-//!    and, on a second agent, without it (each call mounting its own).
+//! 1. The cost of a mount a call does not touch: a call with one mount vs
+//!    the same call with none (interleaved; bash `true` and python `pass`),
+//!    with the agent's FUSE session pool and, on a second agent, without it
+//!    (each call mounting its own).
 //! 2. Reading one 1 KB file from a prefix of 10,000 objects: that call vs
 //!    `pass` with the same mount, cold (a file never read on this node) and
 //!    warm (the same file again: its body comes from the node's cache).
@@ -40,7 +41,11 @@ fn mount(s3: &S3Server) -> pb::StorageMount {
 }
 
 async fn timed(agent: &Agent, code: &str, mounts: Vec<pb::StorageMount>) -> (Duration, String) {
-    let mut req = request(pb::Language::Python, code, Duration::from_secs(120));
+    timed_in(agent, pb::Language::Python, code, mounts).await
+}
+
+async fn timed_in(agent: &Agent, lang: pb::Language, code: &str, mounts: Vec<pb::StorageMount>) -> (Duration, String) {
+    let mut req = request(lang, code, Duration::from_secs(120));
     req.mounts = mounts;
     let t = Instant::now();
     let run = agent.run_request(req).await.unwrap();
@@ -93,41 +98,42 @@ async fn main() {
         timed(&unpooled, "pass", vec![m.clone()]).await;
     }
 
-    let (mut none, mut idle, mut cold, mut read) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut none_unpooled, mut idle_unpooled) = (Vec::new(), Vec::new());
+    // 1. Untouched mounts, one agent at a time (bash `true` shows the cost
+    //    with the least noise around it; python `pass` is the usual call).
+    println!("storage mounts: {runs} calls each, interleaved with and without a mount (gRPC to the agent)");
+    println!("{:<52} {:>10} {:>10} {:>10}", "untouched mount", "no mount", "mount", "added p50");
+    let mut idle = Vec::new();
+    for (name, a) in [("pooled FUSE sessions", &agent), ("each call mounts (--storage-fuse-pool 0)", &unpooled)] {
+        for (lang, code) in [(pb::Language::Bash, "true"), (pb::Language::Python, "pass")] {
+            let (mut without, mut with) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                without.push(timed_in(a, lang, code, vec![]).await.0);
+                with.push(timed_in(a, lang, code, vec![m.clone()]).await.0);
+            }
+            without.sort();
+            with.sort();
+            let (n, w) = (ms(percentile(&without, 0.5)), ms(percentile(&with, 0.5)));
+            println!("{:<52} {n:>8.2}ms {w:>8.2}ms {:>+8.2}ms", format!("{name}, {lang:?}"), w - n);
+            if lang == pb::Language::Python && idle.is_empty() {
+                idle = with;
+            }
+        }
+    }
+
+    // 2. Reading 1 KB of a 10,000-object directory (pooled agent).
+    let (mut cold, mut read) = (Vec::new(), Vec::new());
     for i in 0..runs {
-        none.push(timed(&agent, "pass", vec![]).await.0);
-        idle.push(timed(&agent, "pass", vec![m.clone()]).await.0);
-        none_unpooled.push(timed(&unpooled, "pass", vec![]).await.0);
-        idle_unpooled.push(timed(&unpooled, "pass", vec![m.clone()]).await.0);
         cold.push(timed(&agent, &format!("open('/data/lake/many/r{i:05}.csv').read()"), vec![m.clone()]).await.0);
         read.push(timed(&agent, "open('/data/lake/many/target.csv').read()", vec![m.clone()]).await.0);
     }
-    for v in [&mut none, &mut idle, &mut cold, &mut read, &mut none_unpooled, &mut idle_unpooled] {
-        v.sort();
-    }
+    cold.sort();
+    read.sort();
     let p = |v: &[Duration]| (ms(percentile(v, 0.5)), ms(percentile(v, 0.99)));
-    println!("storage mounts: {runs} calls each, interleaved (python, gRPC to the agent)");
-    println!("{:<44} {:>10} {:>10}", "call", "p50", "p99");
-    let rows = [
-        ("no mount, pass", &none),
-        ("one mount, untouched (pass)", &idle),
-        ("no mount, pass (agent without FUSE pool)", &none_unpooled),
-        ("one mount, untouched (without FUSE pool)", &idle_unpooled),
-        ("read 1 KB of a 10,000-object dir, cold", &cold),
-        ("read 1 KB of a 10,000-object dir, warm", &read),
-    ];
-    for (name, v) in rows {
+    for (name, v) in [("read 1 KB of a 10,000-object dir, cold", &cold), ("read 1 KB of a 10,000-object dir, warm", &read)] {
         let (a, b) = p(v);
-        println!("{name:<44} {a:>8.2}ms {b:>8.2}ms");
+        println!("{name:<52} p50 {a:>8.2}ms p99 {b:>8.2}ms");
     }
-    println!("  without the FUSE pool an untouched mount costs {:+.2} ms p50", p(&idle_unpooled).0 - p(&none_unpooled).0);
-    println!(
-        "  untouched mount costs {:+.2} ms p50; reading the file {:+.2} ms cold, {:+.2} ms warm (p50 over the untouched call)",
-        p(&idle).0 - p(&none).0,
-        p(&cold).0 - p(&idle).0,
-        p(&read).0 - p(&idle).0
-    );
+    println!("  reading the file adds {:+.2} ms cold, {:+.2} ms warm (p50 over the untouched python call)", p(&cold).0 - p(&idle).0, p(&read).0 - p(&idle).0);
 
     // Throughput: the program times its own reading; the write is timed as
     // the whole call minus an untouched call (it includes the upload).
