@@ -1,8 +1,8 @@
 //! StorageConnection and Connector status: Ready when the credentials Secret
 //! they reference exists and holds the entries their provider needs, and,
-//! for an S3 or Azure StorageConnection, when a listing of its prefix
+//! for an S3, GCS or Azure StorageConnection, when a listing of its prefix
 //! succeeds with them (Local directories are checked by each node at mount
-//! time; GCS is not offered yet).
+//! time).
 
 use std::sync::Arc;
 
@@ -40,8 +40,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     use warren_storage::probe::ProbeError;
     match spec.provider {
         StorageProvider::Local => return (true, reasons::VALID, "a directory on the nodes: each node checks it when mounting".into()),
-        StorageProvider::GCS => return (false, reasons::UNSUPPORTED, "GCS mounts are not offered by this release yet".into()),
-        StorageProvider::S3 | StorageProvider::Azure => {}
+        StorageProvider::S3 | StorageProvider::GCS | StorageProvider::Azure => {}
     }
     let body = secret.map(crate::apikey::secret_body);
     let conn = match warren_config::storage::connection(spec, body.as_ref()) {

@@ -30,6 +30,8 @@ pub enum Provider {
     S3,
     /// Azure Blob Storage (`bucket` is the container).
     Azure,
+    /// Google Cloud Storage.
+    Gcs,
     /// A directory on the node (`bucket` is its absolute path).
     Local,
     /// A managed volume in the agent's own platform store (the one holding
@@ -65,7 +67,7 @@ pub struct MountSpec {
     /// Region (S3).
     pub region: Option<String>,
     /// `accessKeyId`/`secretAccessKey` for S3, `accountName`/`accountKey`
-    /// for Azure; none: the node's identity.
+    /// for Azure, `serviceAccountJson` for GCS; none: the node's identity.
     pub credentials: Credentials,
     /// Write volume for the call.
     pub max_write_bytes: u64,
@@ -126,15 +128,16 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
         let provider = match m.provider.as_str() {
             "s3" => Provider::S3,
             "azure" => Provider::Azure,
+            "gcs" => Provider::Gcs,
             "local" => Provider::Local,
             "volume" => Provider::Volume,
-            _ => return Err(err(i, "provider", "this agent serves s3, azure, local and volume mounts")),
+            _ => return Err(err(i, "provider", "this agent serves s3, gcs, azure, local and volume mounts")),
         };
         let bucket_ok = match provider {
             // The platform store is the agent's own: a volume names none.
             Provider::Volume => m.bucket.is_empty(),
             Provider::Local => m.bucket.starts_with('/') && m.bucket.len() <= 1024,
-            Provider::S3 | Provider::Azure => !m.bucket.is_empty() && m.bucket.len() <= 1024,
+            Provider::S3 | Provider::Azure | Provider::Gcs => !m.bucket.is_empty() && m.bucket.len() <= 1024,
         };
         if !bucket_ok {
             return Err(err(i, "bucket", "required (for local, an absolute directory); empty for a volume"));
@@ -175,6 +178,7 @@ impl MountSpec {
         match self.provider {
             Provider::S3 => self.s3(None).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Azure => self.azure().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            Provider::Gcs => self.gcs().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
                 .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
                 .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
@@ -235,6 +239,25 @@ impl MountSpec {
     }
 }
 
+impl MountSpec {
+    /// A GCS client signed by the `serviceAccountJson` key, or with none by
+    /// the node's identity (the metadata server: workload identity). GCS
+    /// takes its endpoint from the key itself (`gcs_base_url`).
+    pub fn gcs(&self) -> Result<object_store::gcp::GoogleCloudStorage, String> {
+        let key = self.credentials.0.get("serviceAccountJson");
+        // Plain HTTP only when the key itself names such an endpoint (an
+        // emulator, a private gateway).
+        let base = key.and_then(|k| serde_json::from_str::<serde_json::Value>(k).ok()).and_then(|v| v.get("gcs_base_url")?.as_str().map(str::to_string));
+        let http = base.is_some_and(|b| b.starts_with("http://"));
+        let options = object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT).with_allow_http(http);
+        let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(&self.bucket).with_retry(RETRY).with_client_options(options);
+        if let Some(key) = key {
+            b = b.with_service_account_key(key);
+        }
+        b.build().map_err(|_| "the GCS client could not be configured (is serviceAccountJson a service account key?)".to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +306,21 @@ mod tests {
         assert!(e.contains("accountName"), "{e}");
         let e = az("", &[("accountName", "a"), ("accountKey", "not base64 hunter2")]).unwrap_err();
         assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn gcs_clients_come_from_a_service_account_key_or_the_node() {
+        let gcs = |creds: &[(&str, &str)]| {
+            let raw = RawMount { provider: "gcs".into(), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
+            validate(vec![raw]).unwrap().remove(0).gcs().map(|_| ())
+        };
+        assert!(gcs(&[]).is_ok(), "the node's identity");
+        let key = r#"{"private_key": "k", "private_key_id": "id", "client_email": "sa@p.iam.gserviceaccount.com", "disable_oauth": true}"#;
+        assert!(gcs(&[("serviceAccountJson", key)]).is_ok());
+        let private = r#"{"private_key": "k", "private_key_id": "id", "client_email": "e", "disable_oauth": true, "gcs_base_url": "http://10.0.0.1:4443"}"#;
+        assert!(gcs(&[("serviceAccountJson", private)]).is_ok(), "an endpoint named by the key");
+        let e = gcs(&[("serviceAccountJson", "not json hunter2")]).unwrap_err();
+        assert!(e.contains("serviceAccountJson") && !e.contains("hunter2"), "{e}");
     }
 
     #[test]

@@ -115,6 +115,10 @@ impl Stores {
                 let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
                 Backend { store: s3.clone(), pager: Some(s3), id, cacheable: true }
             }
+            Provider::Gcs => {
+                let gcs = Arc::new(spec.gcs()?);
+                Backend { store: gcs.clone(), pager: Some(gcs), id, cacheable: true }
+            }
             Provider::Azure => {
                 let az = Arc::new(spec.azure()?);
                 Backend { store: az.clone(), pager: Some(az), id, cacheable: true }

@@ -469,10 +469,6 @@ fn effective_mounts(
                 let conn = connection(&r.name)
                     .ok_or_else(|| c.err(&field, format!("StorageConnection {:?} of mount {:?} was not found", r.name, m.name)))?
                     .map_err(|why| c.err(&field, format!("StorageConnection {:?} of mount {:?}: {why}", r.name, m.name)))?;
-                if conn.spec.provider == crate::types::StorageProvider::GCS {
-                    let why = format!("StorageConnection {:?}: GCS mounts are not offered by this release's node-agent yet (S3, Azure and Local are)", r.name);
-                    return Err(c.err(&field, why).because(reasons::UNSUPPORTED));
-                }
                 let base = conn.spec.prefix.clone().unwrap_or_default();
                 (Some(conn), base)
             }

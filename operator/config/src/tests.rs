@@ -214,9 +214,11 @@ fn storage_narrows_resolves_its_connection_and_connectors_are_not_offered_yet() 
     let no_creds = format!("{conn}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}}]\n"));
     let e = errors(format!("{no_creds}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)));
     assert!(e.contains("credentials Secret \"c-creds\" was not found"), "{e}");
+    // GCS with the node's identity: no Secret, nothing sent but the bucket.
     let gcs = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: g}\nspec: {provider: GCS, bucket: b}\n";
-    let e = errors(format!("{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)));
-    assert!(e.contains("GCS mounts are not offered"), "{e}");
+    let c = run(&[("a.yaml", format!("{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    assert_eq!((c.keys[0].storage[0].provider.as_str(), c.keys[0].storage[0].credentials.0.len()), ("gcs", 0));
     let e = errors(format!("{}---\n{}---\n{}", sandbox("  connectors: [{name: pg}]\n"), api_key("k", ""), secret("k-key", KEY_A)));
     assert!(e.contains("connectors are not offered"), "{e}");
 }
