@@ -236,7 +236,7 @@ mod tests {
         let m = |provider: &str, path: &str| pb::StorageMount { mount_path: path.into(), provider: provider.into(), bucket: "b".into(), mode: pb::MountMode::ReadWrite as i32, ..Default::default() };
         let ok = mounts(vec![m("s3", "/data/in"), pb::StorageMount { mode: pb::MountMode::Unspecified as i32, ..m("s3", "/data/ref") }]).unwrap();
         assert_eq!((ok[0].read_only, ok[1].read_only), (false, true), "only READ_WRITE writes");
-        let s = mounts(vec![m("gcs", "/data/x")]).unwrap_err();
+        let s = mounts(vec![m("ftp", "/data/x")]).unwrap_err();
         assert_eq!((s.code(), refusal_of(&s)), (Code::FailedPrecondition, (Reason::Unsupported, "mounts[0].provider".to_string())));
         let s = mounts(vec![m("s3", "/data/../etc")]).unwrap_err();
         assert_eq!((s.code(), refusal_of(&s)), (Code::InvalidArgument, (Reason::InvalidField, "mounts[0].mount_path".to_string())));

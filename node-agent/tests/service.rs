@@ -176,8 +176,8 @@ async fn what_this_agent_cannot_provide_is_refused_before_admission() {
         ("network", |r| r.network = pb::NetworkPolicy::Unrestricted as i32),
         ("network", |r| r.network = 99),
         ("egress", |r| r.egress.push(pb::EgressRule { host: "pypi.org".into(), ..Default::default() })),
-        // Providers this agent has no client for yet.
-        ("mounts[0].provider", |r| r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), provider: "gcs".into(), bucket: "b".into(), ..Default::default() })),
+        // Providers this agent has no client for.
+        ("mounts[0].provider", |r| r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), provider: "ftp".into(), bucket: "b".into(), ..Default::default() })),
         ("connectors", |r| r.connectors.push(pb::ConnectorGrant { name: "db".into(), ..Default::default() })),
         ("image_digest", |r| r.image_digest = "sha256:00".into()),
     ];

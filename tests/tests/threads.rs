@@ -310,12 +310,19 @@ print(open(h + '/deep' + '/d' * 200 + '/bottom').read(), len(os.listdir(h + '/ma
         .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
         .filter(|m| m.starts_with(&state.display().to_string()))
         .collect();
-    // Only the agent's own shared homes directory stays mounted and no
-    // scratch is left; homes are released right after each answer (bounded
-    // wait for that).
+    // Only the agent's own shared homes directory (and its pool of FUSE
+    // sessions, which serve nothing until a call with storage takes one)
+    // stays mounted and no scratch is left; homes are released right after
+    // each answer (bounded wait for that).
     let homes = state.join("homes").display().to_string();
+    let pool = state.join("fuse-pool");
     let released = || {
-        let unmounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&state.display().to_string())).all(|m| m == homes);
+        let unmounted = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&state.display().to_string()) && !std::path::Path::new(m).starts_with(&pool))
+            .all(|m| m == homes);
         unmounted && std::fs::read_dir(state.join("work")).unwrap().count() == 0
     };
     assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), released), "mounts or scratch left: {mounted:?}, work: {:?}", std::fs::read_dir(state.join("work")).unwrap().collect::<Vec<_>>());

@@ -32,8 +32,9 @@ pub struct FusePool {
 
 impl FusePool {
     /// A pool of `size` sessions under `dir`, which must hold no mounts
-    /// (the agent unmounts what an earlier run left there first). Filled in
-    /// the background.
+    /// (the agent unmounts what an earlier run left there first). It fills
+    /// (in the background) once a first call takes a session: an agent
+    /// whose calls never mount storage keeps no FUSE session.
     pub fn new(dir: &Path, size: usize, rt: tokio::runtime::Handle) -> io::Result<Arc<FusePool>> {
         if dir.exists() {
             std::fs::remove_dir_all(dir)?;
@@ -44,9 +45,7 @@ impl FusePool {
         // other mount namespace until a call binds one.
         mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(io::Error::from)?;
         mount(None::<&str>, dir, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).map_err(io::Error::from)?;
-        let pool = Arc::new(FusePool { dir: dir.to_path_buf(), size, ready: Mutex::default(), next: AtomicU64::new(0), refilling: Mutex::new(false), rt });
-        pool.clone().refill();
-        Ok(pool)
+        Ok(Arc::new(FusePool { dir: dir.to_path_buf(), size, ready: Mutex::default(), next: AtomicU64::new(0), refilling: Mutex::new(false), rt }))
     }
 
     fn ready(&self) -> std::sync::MutexGuard<'_, Vec<Premounted>> {
