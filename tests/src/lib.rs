@@ -20,6 +20,7 @@ pub mod kube;
 pub mod pki;
 pub mod python;
 pub mod s3;
+pub mod storage;
 pub mod azurite;
 
 use warren_proto::agent::{self as pb, execute_event::Event, node_agent_client::NodeAgentClient};

@@ -120,6 +120,16 @@ impl S3Server {
 }
 
 impl S3Server {
+    /// Freezes the server (SIGSTOP): connections are accepted by the kernel
+    /// but nothing is answered, as with a store that hangs.
+    pub fn freeze(&self) {
+        // SAFETY: kill(2) on the pid of the child this struct owns and has not reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGSTOP);
+        }
+    }
+
     /// Stops serving (the stored objects stay readable with [`S3Server::get`]).
     pub fn stop(&mut self) {
         let _ = self.child.kill();

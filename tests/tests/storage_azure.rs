@@ -118,16 +118,7 @@ async fn an_azure_read_only_mount_refuses_writes_and_a_large_file_goes_both_ways
     let store = az.store();
     put(store.as_ref(), "ref/in/customers.csv", b"id\n1\n").await;
     let agent = Agent::start(&[]).await.unwrap();
-    let code = r#"
-import errno, os
-def code(f):
-    try:
-        f(); return 'ok'
-    except OSError as e:
-        return errno.errorcode[e.errno]
-print(code(lambda: open('/data/ref/new.txt', 'w')), code(lambda: open('/data/ref/in/customers.csv', 'a')),
-      code(lambda: os.remove('/data/ref/in/customers.csv')), code(lambda: os.mkdir('/data/ref/d')))
-"#;
+    let code = warren_e2e::storage::READ_ONLY_PROBE;
     let run = run_with(&agent, code, vec![mount(&az, "ref", "ref", pb::MountMode::ReadOnly)]).await;
     assert_eq!((run.exited.exit_code, run.stdout.as_str()), (0, "EROFS EROFS EROFS EROFS\n"), "{run:?}");
     assert_eq!(keys(store.as_ref(), "ref").await, ["ref/in/customers.csv"], "nothing reached the container");

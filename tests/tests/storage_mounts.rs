@@ -93,18 +93,8 @@ async fn a_read_only_mount_refuses_writes_and_the_bucket_is_untouched() {
     }
     let s3 = seeded();
     let agent = Agent::start(&[]).await.unwrap();
-    let code = r#"
-import errno, os
-def code(f):
-    try:
-        f(); return 'ok'
-    except OSError as e:
-        return errno.errorcode[e.errno]
-print(code(lambda: open('/data/ref/new.txt', 'w')), code(lambda: open('/data/ref/in/customers.csv', 'a')),
-      code(lambda: os.remove('/data/ref/in/customers.csv')), code(lambda: os.mkdir('/data/ref/d')))
-print(open('/data/ref/in/customers.csv').read().count('\n'))
-"#;
-    let run = run_with(&agent, code, vec![mount(&s3, "ref", "tenants/a", pb::MountMode::ReadOnly)]).await;
+    let code = format!("{}print(open('/data/ref/in/customers.csv').read().count('\\n'))\n", warren_e2e::storage::READ_ONLY_PROBE);
+    let run = run_with(&agent, &code, vec![mount(&s3, "ref", "tenants/a", pb::MountMode::ReadOnly)]).await;
     assert_eq!(run.exited.exit_code, 0, "{run:?}");
     assert_eq!(run.stdout, "EROFS EROFS EROFS EROFS\n3\n");
     assert_eq!(s3.objects("tenants/a"), ["tenants/a/in/customers.csv"], "nothing reached the bucket");
@@ -158,6 +148,38 @@ print('after')
     assert_eq!((x.exit_code, x.failure()), (0, Failure::StorageSync), "{x:?}");
     assert_eq!(x.unsynced_paths, ["/data/lake/new.txt"]);
     assert!(s3.get("tenants/a/new.txt").is_none());
+}
+
+/// The store hangs (answers nothing) after the program wrote a file: the
+/// upload at its close and the final sync are cut off at the call's timeout
+/// (plus a few seconds' grace), and the answer names the file — not a call
+/// held for the store's minute of retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_hangs_ends_the_call_at_its_timeout_with_the_sync_error() {
+    if skip_unless_root("a_store_that_hangs_ends_the_call_at_its_timeout_with_the_sync_error") {
+        return;
+    }
+    let s3 = seeded();
+    let agent = Agent::start(&[]).await.unwrap();
+    let code = "import sys, time\nf = open('/data/lake/late.txt', 'w'); f.write('x')\nprint('written', flush=True)\ntime.sleep(1)\nf.close()";
+    let mut req = request(pb::Language::Python, code, Duration::from_secs(3));
+    req.mounts = vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)];
+    let started = std::time::Instant::now();
+    let mut stream = agent.client().await.unwrap().execute(req).await.unwrap().into_inner();
+    let mut exited = None;
+    while let Some(ev) = stream.message().await.unwrap() {
+        match ev.event {
+            Some(pb::execute_event::Event::Stdout(c)) if c.data == b"written\n" => s3.freeze(),
+            Some(pb::execute_event::Event::Exited(x)) => exited = Some(x),
+            _ => {}
+        }
+    }
+    let took = started.elapsed();
+    let x = exited.expect("an Exited event");
+    assert_eq!(x.failure(), Failure::StorageSync, "{x:?}");
+    assert_eq!(x.unsynced_paths, ["/data/lake/late.txt"]);
+    // 3 s timeout + 5 s grace; the store's own retries would take a minute.
+    assert!(took < Duration::from_secs(30), "the call was held {took:?} by a hung store");
 }
 
 /// Declared once as manifests (StorageConnection + its Secret, a Sandbox

@@ -18,6 +18,10 @@ use crate::sandbox::{Failure, Outcome};
 /// How long the final sync may take before what is left is reported as
 /// not stored (a stuck store must not hold the answer forever).
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How far past the call's timeout the final sync may run: changes made at
+/// the last moment still get stored, and a stuck store holds the answer no
+/// longer than this.
+const SYNC_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One call's mounts.
 pub struct StorageResource {
@@ -25,6 +29,7 @@ pub struct StorageResource {
     stores: Arc<Stores>,
     spool_root: PathBuf,
     served: Vec<Served>,
+
 }
 
 impl StorageResource {
@@ -39,11 +44,13 @@ impl Resource for StorageResource {
     async fn prepare(&mut self, sandbox: &SandboxView<'_>) -> Result<(), Failure> {
         let rt = tokio::runtime::Handle::current();
         let t0 = std::time::Instant::now();
+        // Store requests (the program's, and the final sync's) give up here.
+        let deadline = t0 + sandbox.spec.timeout + SYNC_GRACE;
         for spec in &self.specs {
             let target = sandbox.data_dir.join(&spec.name);
             let spool = self.spool_root.join(format!("{}-{}", sandbox.id, spec.name));
             // The program's uid inside is its slot's second host id.
-            let served = Served::start(spec, &self.stores, &target, spool, sandbox.host_id + 1, rt.clone()).map_err(|why| {
+            let served = Served::start(spec, &self.stores, &target, spool, sandbox.host_id + 1, deadline, rt.clone()).map_err(|why| {
                 warn!(execution_id = %sandbox.spec.id, mount = %spec.name, error = %why, "a storage mount could not be set up; nothing ran");
                 Failure::StorageMount(why)
             })?;
@@ -56,6 +63,8 @@ impl Resource for StorageResource {
     async fn finish(&mut self, outcome: &mut Outcome) {
         let mut unsynced = Vec::new();
         for s in &self.served {
+            // Each file's upload stops at the call's deadline (reported by
+            // path); this bounds the whole sync besides.
             match tokio::time::timeout(SYNC_WAIT, s.sync()).await {
                 Ok(paths) => unsynced.extend(paths),
                 Err(_) => unsynced.push("(the store did not answer in time)".to_string()),

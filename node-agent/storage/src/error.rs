@@ -83,3 +83,11 @@ fn kind_of(e: &object_store::Error) -> &'static str {
         _ => "store error",
     }
 }
+
+/// Runs `f` until `deadline` (if any); past it, an I/O error.
+pub async fn by_deadline<T>(deadline: Option<std::time::Instant>, f: impl std::future::Future<Output = Result<T, FsError>>) -> Result<T, FsError> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), f).await.unwrap_or_else(|_| Err(FsError::Io("the store did not answer before the call's deadline".into()))),
+        None => f.await,
+    }
+}

@@ -164,9 +164,11 @@ fn errno(e: &FsError) -> Errno {
 }
 
 impl MountFs {
-    /// Runs `f` on the runtime and hands its result to `done`.
+    /// Runs `f` on the runtime, bounded by the call's deadline, and hands
+    /// its result to `done`.
     fn spawn<T: Send + 'static>(&self, f: impl std::future::Future<Output = Result<T, FsError>> + Send + 'static, done: impl FnOnce(Result<T, FsError>) + Send + 'static) {
-        self.rt.spawn(async move { done(f.await) });
+        let deadline = self.slot.get().and_then(|s| s.tree.deadline());
+        self.rt.spawn(async move { done(crate::error::by_deadline(deadline, f).await) });
     }
 }
 

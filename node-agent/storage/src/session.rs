@@ -19,11 +19,12 @@ pub struct Served {
 impl Served {
     /// Serves `spec` at `target` (created here, an empty directory under the
     /// sandbox's `/data`) for files owned by host `uid`, staging writes in
-    /// `spool` (created here; unique to this sandbox and mount).
-    pub fn start(spec: &MountSpec, stores: &Stores, target: &Path, spool: PathBuf, uid: u32, rt: tokio::runtime::Handle) -> Result<Served, String> {
+    /// `spool` (created here; unique to this sandbox and mount); store
+    /// requests give up at `deadline`.
+    pub fn start(spec: &MountSpec, stores: &Stores, target: &Path, spool: PathBuf, uid: u32, deadline: std::time::Instant, rt: tokio::runtime::Handle) -> Result<Served, String> {
         let backend = stores.get(spec)?;
         std::fs::create_dir_all(&spool).map_err(|e| format!("creating the write spool: {e}"))?;
-        let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes };
+        let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes, deadline: Some(deadline) };
         let mut tree = ObjectTree::with_options(backend.store.clone(), spec.root(), options);
         if let Some(pager) = backend.pager {
             tree = tree.with_pager(pager);

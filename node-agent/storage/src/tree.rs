@@ -102,6 +102,11 @@ pub struct MountOptions {
     /// Most bytes one call may stage (written files, and objects opened for
     /// writing without truncation); beyond it writes fail with ENOSPC.
     pub write_limit: u64,
+    /// When store requests give up (EIO for the program, a sync failure
+    /// for the answer): a hung store must not hold a call past its timeout.
+    /// A program blocked in a FUSE request cannot even be killed until the
+    /// request is answered.
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// Unit of reading and read-ahead.
@@ -168,6 +173,11 @@ impl ObjectTree {
     /// True for a read-only mount.
     pub fn read_only(&self) -> bool {
         self.options.read_only
+    }
+
+    /// When store requests give up.
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.options.deadline
     }
 
     pub(crate) fn table(&self) -> std::sync::MutexGuard<'_, Table> {

@@ -224,20 +224,12 @@ impl ObjectTree {
         if let Some(node) = self.table().nodes.get_mut(&ino) {
             node.dirty = false;
         }
-        match self.upload(&n.key, &staged, n.size).await {
-            Ok(()) => {
-                if let Some(node) = self.table().nodes.get_mut(&ino) {
-                    node.stored = true;
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if let Some(node) = self.table().nodes.get_mut(&ino) {
-                    node.dirty = true;
-                }
-                Err(e)
-            }
-        }
+        // Until the upload succeeds the file stays dirty — also when this
+        // future is dropped half-way (a deadline cut it off).
+        let mut pending = StillDirty { tree: self, ino, stored: false };
+        self.upload(&n.key, &staged, n.size).await?;
+        pending.stored = true;
+        Ok(())
     }
 
     async fn upload(&self, key: &Path, staged: &FsPath, size: u64) -> Result<(), FsError> {
@@ -263,7 +255,7 @@ impl ObjectTree {
         let dirty: Vec<u64> = self.table().nodes.iter().filter(|(_, n)| n.dirty).map(|(i, _)| *i).collect();
         let mut failed = Vec::new();
         for ino in dirty {
-            if let Err(error) = self.flush(ino).await {
+            if let Err(error) = crate::error::by_deadline(self.deadline(), self.flush(ino)).await {
                 failed.push(SyncFailure { path: self.path_of(ino), error });
             }
         }
@@ -423,5 +415,25 @@ impl ObjectTree {
     }
 }
 
+/// Marks a file dirty again unless its upload finished (see `flush`).
+struct StillDirty<'a> {
+    tree: &'a ObjectTree,
+    ino: u64,
+    stored: bool,
+}
+
+impl Drop for StillDirty<'_> {
+    fn drop(&mut self) {
+        if let Some(node) = self.tree.table().nodes.get_mut(&self.ino) {
+            if self.stored {
+                node.stored = true;
+            } else {
+                node.dirty = true;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
+

@@ -8,11 +8,13 @@ use object_store::{GetOptions, ListResult, MultipartUpload, ObjectMeta, ObjectSt
 use super::*;
 use crate::{MountOptions, ROOT};
 
-/// In-memory store whose uploads fail while `down` is set.
+/// In-memory store whose uploads fail while `down` is set, and never
+/// answer while `hung` is.
 #[derive(Debug, Default)]
 struct Flaky {
     inner: InMemory,
     down: AtomicBool,
+    hung: AtomicBool,
 }
 
 impl std::fmt::Display for Flaky {
@@ -33,6 +35,9 @@ impl Flaky {
 #[async_trait::async_trait]
 impl ObjectStore for Flaky {
     async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        if self.hung.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
         self.check()?;
         self.inner.put_opts(location, payload, opts).await
     }
@@ -72,7 +77,7 @@ async fn mount(objects: &[(&str, &str)], read_only: bool, write_limit: u64) -> M
         store.inner.put(&Path::from(*k), PutPayload::from(v.to_string())).await.unwrap();
     }
     let spool = tempfile::tempdir().unwrap();
-    let options = MountOptions { read_only, spool: spool.path().to_path_buf(), write_limit };
+    let options = MountOptions { read_only, spool: spool.path().to_path_buf(), write_limit, deadline: None };
     let tree = ObjectTree::with_options(store.clone(), Path::from("scope"), options);
     Mount { store, tree, _spool: spool }
 }
@@ -143,6 +148,22 @@ async fn the_write_limit_holds_and_deleting_frees_it() {
     m.tree.unlink(ROOT, b"a").await.unwrap();
     m.tree.open_write(e.ino, false).await.unwrap();
     assert_eq!(m.tree.write(f.ino, 0, b"x").unwrap_err(), FsError::NotFound, "the unlinked file is gone");
+}
+
+#[tokio::test]
+async fn an_upload_cut_off_by_the_deadline_leaves_the_file_to_sync_and_report() {
+    let spool = tempfile::tempdir().unwrap();
+    let store = Arc::new(Flaky::default());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    let options = MountOptions { read_only: false, spool: spool.path().to_path_buf(), write_limit: 1 << 20, deadline: Some(deadline) };
+    let tree = ObjectTree::with_options(store.clone(), Path::from("scope"), options);
+    let f = tree.create(ROOT, b"late.txt").await.unwrap();
+    tree.write(f.ino, 0, b"x").unwrap();
+    store.hung.store(true, Ordering::Relaxed);
+    let cut = crate::error::by_deadline(Some(deadline), tree.flush(f.ino)).await;
+    assert!(matches!(cut, Err(FsError::Io(_))), "{cut:?}");
+    let failed = tree.sync().await;
+    assert_eq!(failed.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["late.txt"], "still pending, named by path");
 }
 
 #[tokio::test]
