@@ -1,5 +1,7 @@
 //! The FUSE face of an [`ObjectTree`]: the node-agent serves it (outside
-//! the sandbox) at a host path that the sandbox then sees at `/data/<name>`.
+//! the sandbox) at a host path that the sandbox then sees at `/data/<name>`
+//! — a session mounted ahead of the call ([`premount`], see
+//! [`crate::pool`]) bound there, or one mounted for the call alone.
 //!
 //! Each kernel request becomes a task on the agent's runtime, so a slow
 //! store never blocks the others; writes go to the staged file directly
@@ -12,19 +14,17 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenAccMode, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     SessionACL, TimeOrNow, WriteFlags,
 };
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::{Attr, FsError, Kind, ObjectTree};
 
