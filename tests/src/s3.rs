@@ -120,16 +120,6 @@ impl S3Server {
 }
 
 impl S3Server {
-    /// Freezes the server (SIGSTOP): connections are accepted by the kernel
-    /// but nothing is answered, as with a store that hangs.
-    pub fn freeze(&self) {
-        // SAFETY: kill(2) on the pid of the child this struct owns and has not reaped.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGSTOP);
-        }
-    }
-
     /// Stops serving (the stored objects stay readable with [`S3Server::get`]).
     pub fn stop(&mut self) {
         let _ = self.child.kill();
@@ -141,5 +131,88 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A loopback TCP proxy in front of a server that forwards every connection
+/// except those whose request starts with `hang_on` (e.g. `PUT `): those it
+/// holds open and never answers, as a store that hangs on uploads. One
+/// request per connection is assumed (clients with idle pooling off).
+pub struct HangingProxy {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HangingProxy {
+    /// Starts forwarding to `upstream`.
+    pub fn start(upstream: SocketAddr, hang_on: &'static [u8]) -> anyhow::Result<HangingProxy> {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut client) = conn else { continue };
+                let stopped = stopped.clone();
+                std::thread::spawn(move || {
+                    let _ = client.set_read_timeout(Some(Duration::from_millis(200)));
+                    let mut head = vec![0u8; hang_on.len()];
+                    let mut got = 0;
+                    while got < head.len() && !stopped.load(Ordering::Relaxed) {
+                        match client.read(&mut head[got..]) {
+                            Ok(0) => return,
+                            Ok(n) => got += n,
+                            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                            Err(_) => return,
+                        }
+                    }
+                    if head == hang_on {
+                        // Swallow the request, answer nothing, until stopped.
+                        let mut sink = [0u8; 64 << 10];
+                        while !stopped.load(Ordering::Relaxed) {
+                            match client.read(&mut sink) {
+                                Ok(0) => return,
+                                Ok(_) => {}
+                                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                                Err(_) => return,
+                            }
+                        }
+                        return;
+                    }
+                    let Ok(mut server) = TcpStream::connect(upstream) else { return };
+                    let _ = client.set_read_timeout(None);
+                    if server.write_all(&head).is_err() {
+                        return;
+                    }
+                    let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else { return };
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut c2, &mut s2);
+                        let _ = s2.shutdown(std::net::Shutdown::Write);
+                    });
+                    let _ = std::io::copy(&mut server, &mut client);
+                    let _ = client.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Ok(HangingProxy { addr, stop })
+    }
+
+    /// Its endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for HangingProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
     }
 }

@@ -150,34 +150,28 @@ print('after')
     assert!(s3.get("tenants/a/new.txt").is_none());
 }
 
-/// The store hangs (answers nothing) after the program wrote a file: the
-/// upload at its close and the final sync are cut off at the call's timeout
-/// (plus a few seconds' grace), and the answer names the file — not a call
-/// held for the store's minute of retries.
+/// The store hangs on uploads (a proxy in front of s3s-fs holds every PUT
+/// unanswered): the program's close and the final sync are cut off at the
+/// call's timeout plus a few seconds' grace, and the answer names the file —
+/// not a call held for the store's minute of retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_hangs_ends_the_call_at_its_timeout_with_the_sync_error() {
     if skip_unless_root("a_store_that_hangs_ends_the_call_at_its_timeout_with_the_sync_error") {
         return;
     }
     let s3 = seeded();
-    let agent = Agent::start(&[]).await.unwrap();
-    let code = "import sys, time\nf = open('/data/lake/late.txt', 'w'); f.write('x')\nprint('written', flush=True)\ntime.sleep(1)\nf.close()";
+    let proxy = warren_e2e::s3::HangingProxy::start(s3.addr, b"PUT ").unwrap();
+    // One request per connection, so the proxy sees each request's verb.
+    let agent = Agent::start(&["--s3-pool-max-idle", "0"]).await.unwrap();
+    let code = "with open('/data/lake/late.txt', 'w') as f:\n    f.write('x')\nprint('closed')";
     let mut req = request(pb::Language::Python, code, Duration::from_secs(3));
-    req.mounts = vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)];
+    req.mounts = vec![pb::StorageMount { endpoint: proxy.endpoint(), ..mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite) }];
     let started = std::time::Instant::now();
-    let mut stream = agent.client().await.unwrap().execute(req).await.unwrap().into_inner();
-    let mut exited = None;
-    while let Some(ev) = stream.message().await.unwrap() {
-        match ev.event {
-            Some(pb::execute_event::Event::Stdout(c)) if c.data == b"written\n" => s3.freeze(),
-            Some(pb::execute_event::Event::Exited(x)) => exited = Some(x),
-            _ => {}
-        }
-    }
+    let run = agent.run_request(req).await.unwrap();
     let took = started.elapsed();
-    let x = exited.expect("an Exited event");
-    assert_eq!(x.failure(), Failure::StorageSync, "{x:?}");
-    assert_eq!(x.unsynced_paths, ["/data/lake/late.txt"]);
+    assert_eq!((run.exited.timed_out, run.exited.failure()), (true, Failure::StorageSync), "{run:?}");
+    assert_eq!(run.exited.unsynced_paths, ["/data/lake/late.txt"]);
+    assert!(s3.get("tenants/a/late.txt").is_none());
     // 3 s timeout + 5 s grace; the store's own retries would take a minute.
     assert!(took < Duration::from_secs(30), "the call was held {took:?} by a hung store");
 }
