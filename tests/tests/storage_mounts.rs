@@ -42,19 +42,9 @@ fn host_mounts_below(dir: &std::path::Path) -> Vec<String> {
     info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| p.starts_with(dir.to_str().unwrap())).map(str::to_string).collect()
 }
 
-const PROGRAM: &str = r#"
-import os, json
-lake = '/data/lake'
-rows = open(f'{lake}/in/customers.csv').read().splitlines()
-os.makedirs(f'{lake}/out', exist_ok=True)
-with open(f'{lake}/out/report.txt', 'w') as f:
-    f.write(f'{len(rows) - 1} customers\n')
-escapes = []
-for p in ['../ab/secret', '../top', 'in/../../ab/secret']:
-    try:
-        open(f'{lake}/{p}').read(); escapes.append(p)
-    except OSError:
-        pass
+/// The shared start, then what this test checks.
+fn program() -> String {
+    let end = r#"
 print(json.dumps({
     'listing': sorted(os.listdir(f'{lake}/in')),
     'size': os.stat(f'{lake}/in/customers.csv').st_size,
@@ -63,6 +53,8 @@ print(json.dumps({
     'mountinfo': open('/proc/self/mountinfo').read(),
 }))
 "#;
+    format!("{}{end}", warren_e2e::storage::LAKE_PROGRAM_START)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_prefix_is_read_and_written_with_plain_file_io() {
@@ -71,7 +63,7 @@ async fn a_bucket_prefix_is_read_and_written_with_plain_file_io() {
     }
     let s3 = seeded();
     let agent = Agent::start(&[]).await.unwrap();
-    let run = run_with(&agent, PROGRAM, vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)]).await;
+    let run = run_with(&agent, &program(), vec![mount(&s3, "lake", "tenants/a", pb::MountMode::ReadWrite)]).await;
     assert_eq!((run.exited.exit_code, run.exited.failure()), (0, Failure::Unspecified), "{run:?}");
     let out: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
     assert_eq!(out["listing"], serde_json::json!(["customers.csv"]));
