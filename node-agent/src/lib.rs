@@ -230,7 +230,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if left > 0 {
                 warn!(dir = %fuse_pool_dir.display(), mounts = left, "unmounted FUSE sessions an earlier run left");
             }
-            Some(warren_storage::pool::FusePool::new(&fuse_pool_dir, n as usize, tokio::runtime::Handle::current()).context("preparing the FUSE session pool")?)
+            // Without the pool each call mounts its own session: slower, not broken.
+            warren_storage::pool::FusePool::new(&fuse_pool_dir, n as usize, tokio::runtime::Handle::current())
+                .inspect_err(|e| warn!(error = %e, "no FUSE session pool; calls with storage mount their own"))
+                .ok()
         }
     };
     if let Some(pool) = &fuse_pool {

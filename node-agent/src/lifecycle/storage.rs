@@ -18,9 +18,9 @@ use crate::sandbox::{Failure, Outcome};
 /// How long the final sync may take before what is left is reported as
 /// not stored (a stuck store must not hold the answer forever).
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-/// How far past the call's timeout the final sync may run: changes made at
-/// the last moment still get stored, and a stuck store holds the answer no
-/// longer than this.
+/// How far past the call's timeout a mount's store requests (the program's
+/// and the final sync's) may run: changes made at the last moment still get
+/// stored, and a hung store holds the answer no longer than this.
 const SYNC_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One call's mounts.
@@ -29,7 +29,6 @@ pub struct StorageResource {
     stores: Arc<Stores>,
     spool_root: PathBuf,
     served: Vec<Served>,
-
 }
 
 impl StorageResource {
