@@ -87,7 +87,20 @@ impl EnvTest {
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
         self.kubectl_ok(&["apply", "-f", crds.to_str().unwrap_or_default()]);
         for crd in ["sandboxes", "apikeys", "storageconnections", "connectors"] {
-            self.kubectl_ok(&["wait", "--for", "condition=established", "--timeout=60s", &format!("crd/{crd}.warren.dev")]);
+            let name = format!("crd/{crd}.warren.dev");
+            let args = ["wait", "--for", "condition=established", "--timeout=60s", name.as_str()];
+            // kubectl 1.20 fails at once, instead of waiting, while a fresh
+            // CRD has no status conditions yet: ask again until it has.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            loop {
+                let out = self.kubectl(&args);
+                if out.status.success() {
+                    break;
+                }
+                let early = String::from_utf8_lossy(&out.stderr).contains(".status.conditions accessor error");
+                assert!(early && std::time::Instant::now() < deadline, "kubectl {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
         }
     }
 
