@@ -22,6 +22,7 @@ pub mod limits;
 pub mod network;
 pub mod path;
 pub mod quantity;
+pub mod secret;
 
 pub use language::Language;
 pub use limits::Limits;

@@ -39,15 +39,9 @@ pub enum Provider {
     Volume,
 }
 
-/// Secret values; never printed.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Credentials(pub BTreeMap<String, String>);
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credentials(<{} redacted values>)", self.0.len())
-    }
-}
+/// Secret values (they travel to the gateways inside the published key
+/// Secret, and on to the node), never printed.
+pub use warren_core::secret::Credentials;
 
 /// A validated mount.
 #[derive(Debug, Clone, PartialEq, Eq)]

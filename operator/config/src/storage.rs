@@ -8,17 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{SecretBody, StorageConnectionSpec, StorageProvider};
 
-/// Secret values; serialized (they travel to the gateways inside the
-/// published key Secret) but never printed.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Credentials(pub BTreeMap<String, String>);
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credentials(<{} redacted values>)", self.0.len())
-    }
-}
+/// Secret values (they travel to the gateways inside the published key
+/// Secret, and on to the node), never printed.
+pub use warren_core::secret::Credentials;
 
 /// A StorageConnection with its credentials read from its Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
