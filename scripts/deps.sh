@@ -13,12 +13,18 @@ ensure_deps() {
   command -v unzip >/dev/null 2>&1 || missing+=(unzip)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  # The image tests pull from a real registry on loopback.
+  command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   if ((${#missing[@]})); then
     echo "==> installing Debian packages: ${missing[*]}"
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The package enables a registry service on :5000; tests start their own on loopback.
+    if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+      $sudo systemctl disable --now docker-registry >/dev/null 2>&1 || true
+    fi
   fi
   if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo (Rust >= 1.88) is required; Debian's packaged Rust is too old" >&2

@@ -19,6 +19,7 @@ pub mod http;
 pub mod kube;
 pub mod pki;
 pub mod python;
+pub mod registry;
 pub mod s3;
 pub mod storage;
 pub mod azurite;

@@ -243,7 +243,7 @@ fn entry_error(context: String) -> impl FnOnce(io::Error) -> LayerError {
     move |e| {
         let why = match rustix::io::Errno::from_io_error(&e) {
             Some(rustix::io::Errno::LOOP) => "passes through a symlink",
-            Some(rustix::io::Errno::NOTDIR) => "passes through a file",
+            Some(rustix::io::Errno::NOTDIR) => "passes through a symlink or file",
             Some(rustix::io::Errno::NOTEMPTY) => "replaces a non-empty directory",
             Some(rustix::io::Errno::XDEV) => "leaves the layer",
             _ => return LayerError::io(context)(e),

@@ -7,8 +7,14 @@
 //! sandbox's root is a bind of that overlay: warm starts cost one bind.
 
 pub mod beneath;
+pub mod config;
 pub mod digest;
 pub mod layer;
 pub mod path;
+pub mod pull;
+pub mod rootfs;
+pub mod store;
 
 pub use layer::{Budget, LayerError, LayerStats};
+pub use pull::{PullAuth, PullError};
+pub use store::{CollectReport, Image, Interpreter, Limits, Store};

@@ -1,0 +1,282 @@
+//! Pulls an image into the store: manifest, config and every layer blob
+//! verified against its digest, layers streamed through decompression into
+//! the hardened unpacker without touching disk in between.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use futures_util::TryStreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use tracing::info;
+
+use crate::beneath::Dir;
+use crate::config::{ImageConfig, MAX_CONFIG_BYTES};
+use crate::digest::{is_sha256, Metered};
+use crate::layer::{self, Budget, LayerError};
+use crate::store::{Image, ImageRecord, LayerRecord, Store};
+
+/// Registry credentials for one pull (from a dockerconfigjson Secret).
+#[derive(Clone, Default)]
+pub enum PullAuth {
+    /// No credentials.
+    #[default]
+    Anonymous,
+    /// User name and password (or token).
+    Basic {
+        /// User name.
+        username: String,
+        /// Password or token.
+        password: String,
+    },
+}
+
+impl std::fmt::Debug for PullAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PullAuth::Anonymous => f.write_str("Anonymous"),
+            PullAuth::Basic { username, .. } => write!(f, "Basic({username}, <redacted>)"),
+        }
+    }
+}
+
+/// Why a pull failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    /// The reference does not parse.
+    #[error("invalid image reference {0:?}: {1}")]
+    Reference(String, String),
+    /// The registry refused or failed (not found, unauthorized, unreachable).
+    #[error("registry: {0}")]
+    Registry(String),
+    /// The image is malformed, hostile, too large, or uses what Warren does not unpack.
+    #[error("image {reference}: {source}")]
+    Image {
+        /// The reference pulled.
+        reference: String,
+        /// Cause.
+        #[source]
+        source: LayerError,
+    },
+}
+
+fn bad(reference: &Reference, source: LayerError) -> PullError {
+    PullError::Image { reference: reference.whole(), source }
+}
+
+fn refused(reference: &Reference, why: impl Into<String>) -> PullError {
+    bad(reference, LayerError::Refused(why.into()))
+}
+
+/// How a layer blob is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+fn compression(media_type: &str) -> Option<Compression> {
+    let media = media_type.replace(".nondistributable", "");
+    match media.as_str() {
+        "application/vnd.oci.image.layer.v1.tar" => Some(Compression::None),
+        "application/vnd.oci.image.layer.v1.tar+gzip" | "application/vnd.docker.image.rootfs.diff.tar.gzip" => Some(Compression::Gzip),
+        "application/vnd.oci.image.layer.v1.tar+zstd" => Some(Compression::Zstd),
+        _ => None,
+    }
+}
+
+/// Whether `registry` (`host[:port]`) is on loopback.
+fn is_loopback(registry: &str) -> bool {
+    let host = registry.rsplit_once(':').map_or(registry, |(h, p)| if p.bytes().all(|b| b.is_ascii_digit()) { h } else { registry });
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn client_for(store: &Store, reference: &Reference) -> Client {
+    let registry = reference.resolve_registry().to_string();
+    let plain = is_loopback(&registry) || store.insecure.iter().any(|r| *r == registry);
+    Client::new(ClientConfig {
+        protocol: if plain { ClientProtocol::Http } else { ClientProtocol::Https },
+        connect_timeout: Some(std::time::Duration::from_secs(10)),
+        read_timeout: Some(std::time::Duration::from_secs(60)),
+        ..ClientConfig::default()
+    })
+}
+
+impl Store {
+    /// The image `reference` names, pulled and mounted unless already warm.
+    /// A reference with a digest that is warm needs no network at all.
+    pub async fn pull(self: &Arc<Self>, reference: &str, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
+        let parsed = Reference::try_from(reference).map_err(|e| PullError::Reference(reference.to_string(), e.to_string()))?;
+        if let Some(image) = parsed.digest().and_then(|d| self.get(d)) {
+            image.touch();
+            return Ok(image);
+        }
+        let gate = {
+            let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+            pulls.entry(parsed.whole()).or_default().clone()
+        };
+        let result = {
+            let _one_at_a_time = gate.lock().await;
+            self.pull_locked(&parsed, auth).await
+        };
+        {
+            let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+            if Arc::strong_count(&gate) == 2 {
+                pulls.remove(&parsed.whole());
+            }
+        }
+        let image = result?;
+        image.touch();
+        Ok(image)
+    }
+
+    async fn pull_locked(self: &Arc<Self>, reference: &Reference, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
+        let client = client_for(self, reference);
+        let auth = match auth {
+            PullAuth::Anonymous => RegistryAuth::Anonymous,
+            PullAuth::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
+        };
+        let registry = |e: oci_client::errors::OciDistributionError| PullError::Registry(e.to_string());
+        let (manifest, digest) = client.pull_image_manifest(reference, &auth).await.map_err(registry)?;
+        if let Some(image) = self.get(&digest) {
+            return Ok(image);
+        }
+        self.check_manifest(reference, &manifest)?;
+        let config = self.fetch_config(&client, reference, &manifest.config).await?;
+        if config.rootfs.diff_ids.len() != manifest.layers.len() {
+            return Err(refused(reference, "config and manifest disagree on the number of layers"));
+        }
+        if !config.os.is_empty() && config.os != "linux" {
+            return Err(bad(reference, LayerError::Unsupported(format!("image for {}", config.os))));
+        }
+        let started = std::time::Instant::now();
+        let mut budget = Budget { bytes: self.limits.max_image_bytes, entries: self.limits.max_entries };
+        let mut layers = Vec::new();
+        for (blob, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
+            let hex = blob.digest.trim_start_matches("sha256:").to_string();
+            let record = match self.layer_record(&hex) {
+                Some(record) => record,
+                None => self.fetch_layer(&client, reference, blob, diff_id, budget.clone()).await?,
+            };
+            budget.bytes = budget.bytes.checked_sub(record.bytes).ok_or_else(|| bad(reference, LayerError::TooLarge("uncompressed bytes per image".into())))?;
+            budget.entries = budget.entries.checked_sub(record.entries).ok_or_else(|| bad(reference, LayerError::TooLarge("entries per image".into())))?;
+            layers.push(hex);
+        }
+        let bytes = self.limits.max_image_bytes - budget.bytes;
+        let record = ImageRecord { reference: reference.whole(), digest: digest.clone(), layers, env: config.env(), bytes, interpreters: None };
+        let store = self.clone();
+        let image = tokio::task::spawn_blocking(move || store.commit_image(record))
+            .await
+            .map_err(|e| bad(reference, LayerError::Unsupported(e.to_string())))?
+            .map_err(|e| bad(reference, LayerError::io("mount the image")(e)))?;
+        info!(reference = %reference.whole(), %digest, bytes, elapsed_ms = started.elapsed().as_millis() as u64, "image pulled");
+        Ok(image)
+    }
+
+    fn check_manifest(&self, reference: &Reference, manifest: &OciImageManifest) -> Result<(), PullError> {
+        if manifest.layers.is_empty() {
+            return Err(refused(reference, "image has no layers"));
+        }
+        if manifest.layers.len() > self.limits.max_layers {
+            return Err(bad(reference, LayerError::TooLarge(format!("{} layers", self.limits.max_layers))));
+        }
+        for blob in manifest.layers.iter().chain([&manifest.config]) {
+            if !is_sha256(&blob.digest) {
+                return Err(refused(reference, format!("blob digest {:?} is not sha256", blob.digest)));
+            }
+            if blob.size < 0 {
+                return Err(refused(reference, "negative blob size"));
+            }
+        }
+        for blob in &manifest.layers {
+            if compression(&blob.media_type).is_none() {
+                return Err(bad(reference, LayerError::Unsupported(format!("layer media type {}", blob.media_type))));
+            }
+            if blob.size as u64 > self.limits.max_layer_bytes {
+                return Err(bad(reference, LayerError::TooLarge(format!("{} compressed bytes per layer", self.limits.max_layer_bytes))));
+            }
+        }
+        Ok(())
+    }
+
+    async fn fetch_config(&self, client: &Client, reference: &Reference, blob: &OciDescriptor) -> Result<ImageConfig, PullError> {
+        if blob.size > MAX_CONFIG_BYTES {
+            return Err(bad(reference, LayerError::TooLarge("1 MiB of image config".into())));
+        }
+        let mut body = Vec::with_capacity(blob.size as usize);
+        client.pull_blob(reference, blob, &mut body).await.map_err(|e| PullError::Registry(e.to_string()))?;
+        let (digest, len) = Metered::new(&body[..], blob.size as u64, "declared config size").finish().map_err(|e| bad(reference, LayerError::io("config")(e)))?;
+        if digest != blob.digest || len != blob.size as u64 {
+            return Err(refused(reference, "config does not match its digest"));
+        }
+        serde_json::from_slice(&body).map_err(|e| refused(reference, format!("malformed image config: {e}")))
+    }
+
+    async fn fetch_layer(self: &Arc<Self>, client: &Client, reference: &Reference, blob: &OciDescriptor, diff_id: &str, budget: Budget) -> Result<LayerRecord, PullError> {
+        let stream = client.pull_blob_stream(reference, blob).await.map_err(|e| PullError::Registry(e.to_string()))?;
+        let reader = tokio_util::io::StreamReader::new(stream.stream.map_err(std::io::Error::other));
+        let reader = tokio_util::io::SyncIoBridge::new(reader);
+        let store = self.clone();
+        let (blob, diff_id) = (blob.clone(), diff_id.to_string());
+        let whole = reference.whole();
+        tokio::task::spawn_blocking(move || store.unpack_layer(reader, &blob, &diff_id, budget))
+            .await
+            .map_err(|e| PullError::Image { reference: whole.clone(), source: LayerError::Unsupported(e.to_string()) })?
+            .map_err(|source| PullError::Image { reference: whole, source })
+    }
+
+    /// Unpacks one layer into a temporary dir, verifies both digests, then commits it.
+    fn unpack_layer(&self, blob_stream: impl Read, blob: &OciDescriptor, diff_id: &str, mut budget: Budget) -> Result<LayerRecord, LayerError> {
+        let hex = blob.digest.trim_start_matches("sha256:");
+        let tmp = self.tmp_dir(hex);
+        std::fs::create_dir(&tmp).map_err(LayerError::io("create layer dir"))?;
+        let result = (|| {
+            let root = Dir::open(&tmp).map_err(LayerError::io("open layer dir"))?;
+            let mut compressed = Metered::new(blob_stream, blob.size as u64, "the layer's declared size");
+            let entries_before = budget.entries;
+            let (diff, bytes) = {
+                let decoded: Box<dyn Read + '_> = match compression(&blob.media_type) {
+                    Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(&mut compressed)),
+                    Some(Compression::Zstd) => Box::new(ruzstd::decoding::StreamingDecoder::new(&mut compressed).map_err(|e| LayerError::Refused(format!("zstd: {e}")))?),
+                    _ => Box::new(&mut compressed),
+                };
+                let mut tar = Metered::new(decoded, budget.bytes, "uncompressed bytes per image");
+                layer::apply(&mut tar, &root, &mut budget)?;
+                tar.finish().map_err(LayerError::io("read layer"))?
+            };
+            let (blob_digest, blob_len) = compressed.finish().map_err(LayerError::io("read layer blob"))?;
+            if blob_digest != blob.digest || blob_len != blob.size as u64 {
+                return Err(LayerError::Refused(format!("layer blob does not match its digest {}", blob.digest)));
+            }
+            if diff != diff_id {
+                return Err(LayerError::Refused(format!("layer content does not match its diff id {diff_id}")));
+            }
+            let record = LayerRecord { bytes, entries: entries_before - budget.entries };
+            self.commit_layer(&tmp, hex, record).map_err(LayerError::io("commit layer"))?;
+            Ok(record)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_registries_and_media_types() {
+        assert!(is_loopback("127.0.0.1:5000") && is_loopback("localhost:1") && is_loopback("[::1]:5000") && is_loopback("localhost"));
+        assert!(!is_loopback("registry.example.com:5000") && !is_loopback("10.0.0.1:5000") && !is_loopback("docker.io"));
+        assert_eq!(compression("application/vnd.docker.image.rootfs.diff.tar.gzip"), Some(Compression::Gzip));
+        assert_eq!(compression("application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"), Some(Compression::Zstd));
+        assert_eq!(compression("application/vnd.oci.image.layer.v1.tar"), Some(Compression::None));
+        assert_eq!(compression("application/vnd.cncf.helm.chart.content.v1.tar+gzip"), None);
+    }
+}

@@ -1,0 +1,135 @@
+//! A real OCI registry for the image tests: Debian's `docker-registry`
+//! (distribution 2.8) on a loopback port, plus a small image builder that
+//! pushes through the same client library the node-agent pulls with.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use sha2::{Digest, Sha256};
+
+/// A running registry; killed on drop, its storage removed with its tempdir.
+pub struct Registry {
+    child: Child,
+    /// Where it serves (plain HTTP, loopback).
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    /// Starts `docker-registry` and waits until it answers.
+    pub fn start() -> anyhow::Result<Registry> {
+        let binary = std::path::Path::new("/usr/bin/docker-registry");
+        if !binary.exists() {
+            bail!("docker-registry is not installed: scripts/test.sh installs it (apt-get install docker-registry)");
+        }
+        let dir = tempfile::Builder::new().prefix("warren-registry-").tempdir()?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting docker-registry")?;
+        let registry = Registry { child, addr, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            if Instant::now() > deadline {
+                bail!("docker-registry did not start listening on {addr}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(registry)
+    }
+
+    /// `127.0.0.1:PORT/<repo>:<tag>`.
+    pub fn reference(&self, repo_tag: &str) -> String {
+        format!("{}/{repo_tag}", self.addr)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sha256:<hex>` of bytes.
+pub fn sha256(data: &[u8]) -> String {
+    format!("sha256:{}", Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// Gzip-compresses a layer tar.
+pub fn gzip(tar: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(tar).expect("gzip in memory");
+    gz.finish().expect("gzip in memory")
+}
+
+/// An image to push: layer tars (uncompressed, base first) and config env.
+#[derive(Default, Clone)]
+pub struct TestImage {
+    /// Layer tars, base first.
+    pub layers: Vec<Vec<u8>>,
+    /// `NAME=value` entries of the config.
+    pub env: Vec<String>,
+    /// Replaces the true diff ids (a lying config).
+    pub diff_ids: Option<Vec<String>>,
+}
+
+impl TestImage {
+    /// Pushes the image (gzip layers) as `reference` and returns its manifest digest.
+    pub async fn push(&self, reference: &str) -> anyhow::Result<String> {
+        let reference: Reference = reference.parse()?;
+        let client = Client::new(ClientConfig { protocol: ClientProtocol::Http, ..ClientConfig::default() });
+        let diff_ids = self.diff_ids.clone().unwrap_or_else(|| self.layers.iter().map(|l| sha256(l)).collect());
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Env": self.env},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        });
+        let layers: Vec<ImageLayer> =
+            self.layers.iter().map(|tar| ImageLayer::new(gzip(tar), "application/vnd.oci.image.layer.v1.tar+gzip".into(), None)).collect();
+        let config = Config::new(serde_json::to_vec(&config)?, "application/vnd.oci.image.config.v1+json".into(), None);
+        client.push(&reference, &layers, config, &RegistryAuth::Anonymous, None).await.context("pushing a test image")?;
+        let digest = client.fetch_manifest_digest(&reference, &RegistryAuth::Anonymous).await?;
+        Ok(digest)
+    }
+}
+
+/// Tar of `(path, content)` files (0644, root) plus `(path,)` directories,
+/// written with raw headers so tests may also express hostile entries.
+pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        let kind = if path.ends_with('/') { tar::EntryType::Directory } else { tar::EntryType::Regular };
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_entry_type(kind);
+        h.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        b.append(&h, *data).expect("tar in memory");
+    }
+    b.into_inner().expect("tar in memory")
+}
