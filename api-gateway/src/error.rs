@@ -100,6 +100,9 @@ impl ApiError {
     }
 }
 
+/// `Retry-After` while a node pulls the sandbox's image.
+pub const IMAGE_PULL_RETRY_SECS: u32 = 5;
+
 /// The one place an execution-service error becomes an HTTP status.
 impl From<ExecError> for ApiError {
     fn from(e: ExecError) -> ApiError {
@@ -119,6 +122,13 @@ impl From<ExecError> for ApiError {
             ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodesBusy | ExecError::NodeRefused(_) | ExecError::ThreadStore => {
                 Self::unavailable(message)
             }
+            // A pull takes seconds: retrying at once would only add load.
+            ExecError::ImagePulling => {
+                let mut e = Self::unavailable(message);
+                e.retry_after = Some(IMAGE_PULL_RETRY_SECS);
+                e
+            }
+            ExecError::ImageUnavailable(_) => Self::unavailable(message),
             // Deliberately not 503 (which clients retry automatically): the
             // code may have partly run.
             ExecError::NodeLost => Self::new(StatusCode::BAD_GATEWAY, "node_lost", message),

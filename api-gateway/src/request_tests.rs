@@ -20,6 +20,8 @@ fn key() -> EffectiveKey {
         max_threads: 1000,
         storage: Vec::new(),
         image: "host".into(),
+        image_digest: None,
+        image_pull: None,
         languages: vec![Language::Python, Language::Bash],
         limits: warren_config::Limits {
             cpu_millis: 1000,

@@ -57,8 +57,6 @@ fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
         Some("egress")
     } else if !req.connectors.is_empty() {
         Some("connectors")
-    } else if !req.image_digest.is_empty() {
-        Some("image_digest")
     } else {
         None
     }
@@ -84,6 +82,26 @@ pub fn mounts(raw: Vec<pb::StorageMount>) -> Result<Vec<warren_storage::MountSpe
         let (code, reason) = if e.field.ends_with(".provider") { (Code::FailedPrecondition, Reason::Unsupported) } else { (Code::InvalidArgument, Reason::InvalidField) };
         refuse(code, reason, &e.field, e.to_string())
     })
+}
+
+/// Registry credentials: none, or a `username` and `password`.
+pub fn pull_auth(c: Option<pb::Credentials>) -> Result<warren_image::PullAuth, Status> {
+    let Some(mut c) = c.filter(|c| !c.values.is_empty()) else { return Ok(warren_image::PullAuth::Anonymous) };
+    match (c.values.remove("username"), c.values.remove("password")) {
+        (Some(username), Some(password)) if c.values.is_empty() && username.len() <= 1024 && password.len() <= 16384 => {
+            Ok(warren_image::PullAuth::Basic { username, password })
+        }
+        _ => Err(invalid("image_pull", "must hold exactly a username and a password")),
+    }
+}
+
+/// A warm image → proto.
+pub fn warmed(w: crate::executor::WarmedImage) -> pb::WarmImageResponse {
+    pb::WarmImageResponse {
+        digest: w.digest,
+        languages: w.languages.into_iter().map(|(l, version)| pb::ImageLanguage { language: pb::Language::from(l) as i32, version }).collect(),
+        bytes: w.bytes,
+    }
 }
 
 /// The thread part of a request, validated (it becomes paths and object keys).
@@ -129,6 +147,10 @@ pub fn to_status(e: &ExecError) -> Status {
         // Details go to the agent's log; the caller gets a short message.
         ExecError::Sandbox(_) => return refuse(Code::Internal, Reason::SandboxSetup, "", "sandbox setup failed on this node"),
         ExecError::ThreadBusy => (Code::Aborted, Reason::ThreadBusy, ""),
+        ExecError::ImageReference(_) => (Code::InvalidArgument, Reason::InvalidField, "image"),
+        ExecError::ImagePulling(_) => (Code::Unavailable, Reason::ImagePulling, "image"),
+        ExecError::Image(_) => (Code::FailedPrecondition, Reason::Image, "image"),
+        ExecError::ImagesDisabled => (Code::FailedPrecondition, Reason::Unsupported, "image"),
     };
     refuse(code, reason, field, e.to_string())
 }
@@ -221,7 +243,6 @@ mod tests {
             (pb::ExecuteRequest { network: 99, ..base() }, "network"),
             (pb::ExecuteRequest { egress: vec![pb::EgressRule::default()], ..base() }, "egress"),
             (pb::ExecuteRequest { connectors: vec![pb::ConnectorGrant::default()], ..base() }, "connectors"),
-            (pb::ExecuteRequest { image_digest: "sha256:00".into(), ..base() }, "image_digest"),
         ];
         for (req, field) in cases {
             let s = exec_request(req).unwrap_err();

@@ -15,7 +15,8 @@ use crate::lifecycle::storage::StorageResource;
 use crate::lifecycle::thread_home::ThreadHomeResource;
 use crate::lifecycle::{Resources, SandboxView};
 use crate::pool::Pool;
-use crate::sandbox::{Event, Outcome, SandboxEnv, SandboxError, Shape};
+use crate::images::Images;
+use crate::sandbox::{Event, Outcome, Rootfs, SandboxEnv, SandboxError, Shape};
 use crate::threads::{ThreadLock, ThreadOptions, Threads};
 
 /// Longest wait for a free slot before RESOURCE_EXHAUSTED.
@@ -44,14 +45,40 @@ pub enum ExecError {
     /// Another execution holds the thread.
     #[error("thread is busy: another execution is using it")]
     ThreadBusy,
+    /// The image reference (or digest) is malformed.
+    #[error("image: {0}")]
+    ImageReference(String),
+    /// The image is still being pulled to this node.
+    #[error("image {0} is being pulled to this node; retry shortly")]
+    ImagePulling(String),
+    /// The image could not be pulled or was refused.
+    #[error("image: {0}")]
+    Image(String),
+    /// This agent runs no OCI images (no image store).
+    #[error("this node-agent runs only the host image")]
+    ImagesDisabled,
 }
 
 /// Admission for one execution: holding it counts as running.
 pub struct Admission {
     spec: ExecSpec,
+    rootfs: Rootfs,
+    interpreter: String,
+    image_env: Vec<(String, String)>,
     thread: Option<(ThreadOptions, ThreadLock)>,
     mounts: Vec<warren_storage::MountSpec>,
     _permit: OwnedSemaphorePermit,
+}
+
+/// An image made warm on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmedImage {
+    /// Manifest digest.
+    pub digest: String,
+    /// Interpreters and their versions.
+    pub languages: Vec<(Language, String)>,
+    /// Uncompressed size.
+    pub bytes: u64,
 }
 
 /// What a request carries besides the program, validated.
@@ -61,6 +88,10 @@ pub struct Extras {
     pub thread: Option<ThreadOptions>,
     /// Storage mounted under `/data`.
     pub mounts: Vec<warren_storage::MountSpec>,
+    /// Digest the image reference is pinned to (empty: none).
+    pub image_digest: String,
+    /// Registry credentials for pulling the image.
+    pub image_pull: warren_image::PullAuth,
 }
 
 /// Runs executions on this node.
@@ -75,6 +106,9 @@ pub struct Executor {
     node_name: String,
     threads: Arc<Threads>,
     stores: Arc<warren_storage::stores::Stores>,
+    images: Option<Arc<Images>>,
+    /// One interpreter discovery at a time (they are rare: once per image).
+    discovering: tokio::sync::Mutex<()>,
 }
 
 /// Static settings of an executor.
@@ -89,6 +123,35 @@ pub struct ExecutorConfig {
     pub node_name: String,
     /// Store clients for storage mounts, kept across calls.
     pub stores: Arc<warren_storage::stores::Stores>,
+    /// OCI images; `None` runs only `host`.
+    pub images: Option<Arc<Images>>,
+}
+
+/// How long an interpreter's version probe may run.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the sandbox's program starts with. Environment, later entries
+/// winning: Warren's defaults, the image's (filtered), the interpreter's
+/// settings, then the request's.
+fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) -> Go {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), PATH.into()),
+        ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    env.extend(image_env.iter().cloned());
+    env.extend(spec.language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env.extend(spec.env.iter().cloned());
+    Go {
+        interpreter: interpreter.to_string(),
+        script_name: spec.language.script_name().into(),
+        code: spec.code.clone(),
+        env,
+        open_files: spec.limits.open_files.into(),
+        file_size_bytes: spec.limits.file_size_bytes,
+        max_processes: spec.limits.pids.into(),
+        home: Home::Tmpfs { bytes: spec.limits.home_bytes },
+    }
 }
 
 /// Interpreters of the `host` image: the first candidate present per language.
@@ -107,7 +170,7 @@ impl Executor {
     pub fn new(env: Arc<SandboxEnv>, features: Features, threads: Arc<Threads>, config: ExecutorConfig) -> Executor {
         let pool = Pool::new(env.clone(), config.pool_size);
         if features.can_run_sandboxes() {
-            pool.warm(Shape::of(&config.policy.defaults));
+            pool.warm(Shape::of(&config.policy.defaults, Rootfs::Host));
         }
         Executor {
             env,
@@ -120,7 +183,37 @@ impl Executor {
             policy: config.policy,
             threads,
             stores: config.stores,
+            images: config.images,
+            discovering: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The node's images, when it runs OCI images.
+    pub fn images(&self) -> Option<&Arc<Images>> {
+        self.images.as_ref()
+    }
+
+    /// Pulls `reference` (unless warm), waiting as long as it takes, and
+    /// finds its interpreters: what the operator asks before any call.
+    pub async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> Result<WarmedImage, ExecError> {
+        let images = self.images.as_ref().ok_or(ExecError::ImagesDisabled)?;
+        let image = images.pull(reference, auth, None).await?;
+        let found = match image.interpreters() {
+            Some(found) => found,
+            None => self.discover(&image).await,
+        };
+        let languages = found.into_iter().filter_map(|i| Some((Language::parse(&i.language)?, i.version))).collect();
+        Ok(WarmedImage { digest: image.digest(), languages, bytes: image.bytes() })
+    }
+
+    /// Images warm here: (reference, digest).
+    pub fn warm_images(&self) -> Vec<(String, String)> {
+        self.images.as_ref().map(|i| i.store().images().iter().map(|im| (im.reference(), im.digest())).collect()).unwrap_or_default()
+    }
+
+    /// The pool (the image collector releases idle images' sandboxes).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// The node's thread service.
@@ -161,15 +254,30 @@ impl Executor {
     /// Validates and admits a request; nothing runs yet. A full node waits
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
-    pub async fn admit(&self, req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
-        let Extras { thread, mounts } = extras;
+    pub async fn admit(&self, mut req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
+        let Extras { thread, mounts, image_digest, image_pull } = extras;
+        let image = std::mem::take(&mut req.image);
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
         }
-        if !self.interpreters.contains_key(&spec.language) {
-            return Err(ExecError::LanguageUnavailable(spec.language.as_str()));
-        }
+        let (rootfs, interpreter, image_env) = match image.as_str() {
+            "" | "host" => {
+                let interpreter = self.interpreters.get(&spec.language).ok_or(ExecError::LanguageUnavailable(spec.language.as_str()))?;
+                (Rootfs::Host, interpreter.clone(), Vec::new())
+            }
+            reference => {
+                let images = self.images.as_ref().ok_or(ExecError::ImagesDisabled)?;
+                let image = images.for_call(reference, &image_digest, &image_pull).await?;
+                let found = match image.interpreters() {
+                    Some(found) => found,
+                    None => self.discover(&image).await,
+                };
+                let interpreter = found.into_iter().find(|i| i.language == spec.language.as_str()).ok_or(ExecError::LanguageUnavailable(spec.language.as_str()))?;
+                let env = image.env();
+                (Rootfs::image(image), interpreter.path, env)
+            }
+        };
         let busy = || ExecError::Busy(self.max_executions);
         let permit = tokio::time::timeout(ADMIT_WAIT, self.permits.clone().acquire_owned())
             .await
@@ -183,7 +291,7 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, thread, mounts, _permit: permit })
+        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, _permit: permit })
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
@@ -214,7 +322,7 @@ impl Executor {
         }
         let spec = &admission.spec;
         let t_acquired = t0.elapsed();
-        let sandbox = self.pool.claim(Shape::of(&spec.limits)).await?;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits, admission.rootfs.clone())).await?;
         let t_claimed = t0.elapsed();
         let prepared = match resources.is_empty() {
             true => Ok(()),
@@ -232,7 +340,7 @@ impl Executor {
             return Ok(Outcome::never_ran(failure));
         }
         let t_prepared = t0.elapsed();
-        let mut go = self.go_for(spec);
+        let mut go = go_for(spec, &admission.interpreter, &admission.image_env);
         resources.shape(&mut go);
         let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
         let t_ran = t0.elapsed();
@@ -250,24 +358,56 @@ impl Executor {
         Ok(outcome)
     }
 
-    fn go_for(&self, spec: &ExecSpec) -> Go {
-        let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), PATH.into()),
-            ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
-            ("LANG".into(), "C.UTF-8".into()),
-        ];
-        env.extend(spec.language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        env.extend(spec.env.iter().cloned());
-        Go {
-            interpreter: self.interpreters.get(&spec.language).cloned().unwrap_or_default(),
-            script_name: spec.language.script_name().into(),
-            code: spec.code.clone(),
-            env,
-            open_files: spec.limits.open_files.into(),
-            file_size_bytes: spec.limits.file_size_bytes,
-            max_processes: spec.limits.pids.into(),
-            home: Home::Tmpfs { bytes: spec.limits.home_bytes },
+    /// Finds the interpreters of a freshly pulled image by running each
+    /// candidate in a real sandbox of that image (never on the host: the
+    /// image's binaries are as untrusted as the code). Recorded with the
+    /// image, so this runs once per image per node.
+    async fn discover(&self, image: &Arc<warren_image::Image>) -> Vec<warren_image::Interpreter> {
+        let _one = self.discovering.lock().await;
+        if let Some(found) = image.interpreters() {
+            return found;
         }
+        let rootfs = Rootfs::image(image.clone());
+        let mut found = Vec::new();
+        for language in Language::ALL {
+            let candidates = language.interpreter_candidates();
+            let Some(path) = candidates.iter().find(|p| warren_image::rootfs::is_executable_in_root(image.root(), p.trim_start_matches('/'))) else {
+                continue;
+            };
+            match self.probe(language, path, &rootfs, &image.env()).await {
+                Some(version) => found.push(warren_image::Interpreter { language: language.as_str().into(), path: path.to_string(), version }),
+                None => tracing::warn!(image = %image.reference(), interpreter = path, "interpreter present but did not run; not offered"),
+            }
+        }
+        tracing::info!(image = %image.reference(), found = ?found, "image interpreters discovered");
+        if let Err(e) = image.set_interpreters(found.clone()) {
+            tracing::warn!(error = %e, "recording an image's interpreters");
+        }
+        found
+    }
+
+    /// Runs `path` in a sandbox of `rootfs` to print its version.
+    async fn probe(&self, language: Language, path: &str, rootfs: &Rootfs, image_env: &[(String, String)]) -> Option<String> {
+        let req = ExecRequest { language: Some(language), code: language.version_probe().into(), timeout: PROBE_TIMEOUT, ..ExecRequest::default() };
+        let spec = req.validate(&self.policy).ok()?;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone())).await.ok()?;
+        let (tx, mut rx) = mpsc::channel(16);
+        let collect = tokio::spawn(async move {
+            let mut out = Vec::new();
+            while let Some(ev) = rx.recv().await {
+                if let Event::Stdout(d) = ev {
+                    out.extend(d.into_iter().take(64usize.saturating_sub(out.len())));
+                }
+            }
+            out
+        });
+        let (outcome, teardown) = sandbox.run(&spec, go_for(&spec, path, image_env), Instant::now(), &tx).await;
+        drop(tx);
+        tokio::spawn(teardown.run());
+        let out = collect.await.ok()?;
+        let version = String::from_utf8(out).ok()?.trim().to_string();
+        let plausible = !version.is_empty() && version.len() <= 32 && version.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c));
+        (outcome.exit_code == 0 && plausible).then_some(version)
     }
 
     /// Id of an admitted execution.

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod convert;
 pub mod executor;
 pub mod frames;
+pub mod images;
 pub mod keyslots;
 pub mod lifecycle;
 pub mod output;
@@ -117,6 +118,21 @@ pub struct Args {
     /// call binds one instead of mounting (`0`: each call mounts its own).
     #[arg(long, env = "WARREN_STORAGE_FUSE_POOL", default_value_t = 4, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub storage_fuse_pool: u64,
+    /// Where OCI images are unpacked (default `<state>/images`).
+    #[arg(long, env = "WARREN_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
+    /// Disk the image store keeps within: least-recently-used images not in
+    /// use are removed beyond it (`0` turns OCI images off).
+    #[arg(long, env = "WARREN_IMAGE_DISK", default_value = "20Gi", value_parser = parse_bytes)]
+    pub image_disk: u64,
+    /// Seconds a call waits for its image to be pulled to this node before
+    /// it is refused with UNAVAILABLE (the pull goes on; a retry finds it).
+    #[arg(long, env = "WARREN_IMAGE_PULL_WAIT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub image_pull_wait_secs: u64,
+    /// Registries (`host:port`) pulled from over plain HTTP; loopback
+    /// registries always are. Comma-separated.
+    #[arg(long, env = "WARREN_INSECURE_REGISTRIES", value_delimiter = ',')]
+    pub insecure_registries: Vec<String>,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -165,6 +181,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         state_reserve,
         storage_cache,
         storage_fuse_pool,
+        image_store,
+        image_disk,
+        image_pull_wait_secs,
+        insecure_registries,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -241,9 +261,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     stores = stores.with_platform(threads::store::volume_backend(&store_spec, s3_pool_max_idle).context("opening the platform store for volumes")?);
     let stores = Arc::new(stores);
-    let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores };
+    let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, insecure_registries, Duration::from_secs(image_pull_wait_secs))?;
+    let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores, images: images.clone() };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));
+    if images.is_some() {
+        tokio::spawn(collect_images(exec.clone()));
+    }
     info!(node = %node_name, "node-agent starting");
     let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
@@ -253,8 +277,39 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for dir in mounted_dirs {
         let _ = warren_isolation::home::unmount_below(&dir);
     }
+    if let Some(images) = images {
+        images.store().unmount_all();
+    }
     served
 }
+
+/// Opens the image store (remounting what an earlier run left), or `None`
+/// with OCI images turned off.
+fn open_images(dir: PathBuf, disk: u64, insecure: Vec<String>, pull_wait: Duration) -> anyhow::Result<Option<Arc<images::Images>>> {
+    if disk == 0 {
+        info!("OCI images turned off (--image-disk 0): sandboxes run the host image only");
+        return Ok(None);
+    }
+    let store = warren_image::Store::open(&dir, warren_image::Limits::default(), disk, insecure).with_context(|| format!("opening the image store {}", dir.display()))?;
+    info!(dir = %dir.display(), images = store.images().len(), bytes = store.bytes(), budget_bytes = disk, "image store ready");
+    Ok(Some(Arc::new(images::Images::new(Arc::new(store), pull_wait))))
+}
+
+/// Keeps the image store within its disk budget (every minute).
+async fn collect_images(exec: Arc<Executor>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Some(images) = exec.images() {
+            images::collect(images, exec.pool(), IMAGE_POOL_IDLE).await;
+        }
+    }
+}
+
+/// An image unused this long stops holding pooled sandboxes, so the
+/// collector may remove it when the store is over budget.
+const IMAGE_POOL_IDLE: Duration = Duration::from_secs(600);
 
 fn read_token(path: Option<&Path>) -> anyhow::Result<Option<String>> {
     let Some(path) = path else { return Ok(None) };

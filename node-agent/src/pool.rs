@@ -62,7 +62,7 @@ impl Pool {
                     stale.push(p);
                 }
             }
-            self.start_filler(&mut inner, shape);
+            self.start_filler(&mut inner, shape.clone());
             found
         };
         for p in stale {
@@ -82,8 +82,8 @@ impl Pool {
         if !inner.ready.contains_key(&shape) && inner.ready.len() >= MAX_SHAPES {
             return;
         }
-        inner.ready.entry(shape).or_default();
-        inner.filling.insert(shape, true);
+        inner.ready.entry(shape.clone()).or_default();
+        inner.filling.insert(shape.clone(), true);
         let pool = self.clone();
         tokio::spawn(async move { pool.fill(shape).await }.instrument(info_span!("pool_fill")));
     }
@@ -94,16 +94,16 @@ impl Pool {
                 let mut inner = self.lock();
                 let have = inner.ready.get(&shape).map_or(0, VecDeque::len);
                 if inner.closed || have >= self.target {
-                    inner.filling.insert(shape, false);
+                    inner.filling.insert(shape.clone(), false);
                     return;
                 }
             }
-            match prepare(&self.env, shape).await {
+            match prepare(&self.env, shape.clone()).await {
                 Ok(p) => {
                     let leftover = {
                         let mut inner = self.lock();
                         if inner.closed { Some(p) } else {
-                            inner.ready.entry(shape).or_default().push_back(p);
+                            inner.ready.entry(shape.clone()).or_default().push_back(p);
                             None
                         }
                     };
@@ -113,10 +113,29 @@ impl Pool {
                 }
                 Err(e) => {
                     warn!(error = %e, "preparing a pooled sandbox failed");
-                    self.lock().filling.insert(shape, false);
+                    self.lock().filling.insert(shape.clone(), false);
                     return;
                 }
             }
+        }
+    }
+
+    /// Stops keeping sandboxes of the image `digest` and tears down those
+    /// ready, so the image is no longer in use (before it is collected).
+    pub async fn forget(&self, digest: &str) {
+        let dropped: Vec<Prepared> = {
+            let mut inner = self.lock();
+            let shapes: Vec<Shape> = inner.ready.keys().filter(|s| s.rootfs.digest() == Some(digest)).cloned().collect();
+            shapes
+                .iter()
+                .flat_map(|s| {
+                    inner.filling.remove(s);
+                    inner.ready.remove(s).unwrap_or_default()
+                })
+                .collect()
+        };
+        for p in dropped {
+            p.discard().await;
         }
     }
 

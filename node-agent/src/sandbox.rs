@@ -85,18 +85,64 @@ pub struct SandboxEnv {
     pub output_stall: Duration,
 }
 
-/// What must match between a prepared sandbox and a request: the mounts'
-/// sizes fixed when the sandbox is built (the home is mounted at Go).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The root filesystem a sandbox is built on.
+#[derive(Debug, Clone)]
+pub enum Rootfs {
+    /// The node's own `/usr`, read-only (development).
+    Host,
+    /// A warm OCI image. Holding it keeps the image in use: the store's
+    /// collector never removes it while any sandbox (pooled or running) has it.
+    Image {
+        /// Manifest digest (compared and hashed instead of the image).
+        digest: Arc<str>,
+        /// The image.
+        image: Arc<warren_image::Image>,
+    },
+}
+
+impl Rootfs {
+    /// The root of a warm image.
+    pub fn image(image: Arc<warren_image::Image>) -> Rootfs {
+        Rootfs::Image { digest: image.digest().into(), image }
+    }
+
+    /// The image's digest; `None` for `host`.
+    pub fn digest(&self) -> Option<&str> {
+        match self {
+            Rootfs::Host => None,
+            Rootfs::Image { digest, .. } => Some(digest),
+        }
+    }
+}
+
+impl PartialEq for Rootfs {
+    fn eq(&self, other: &Rootfs) -> bool {
+        self.digest() == other.digest()
+    }
+}
+
+impl Eq for Rootfs {}
+
+impl std::hash::Hash for Rootfs {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest().hash(state)
+    }
+}
+
+/// What must match between a prepared sandbox and a request: the root and
+/// the mounts' sizes fixed when the sandbox is built (the home is mounted at Go).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// `/tmp` size.
     pub tmp_bytes: u64,
+    /// The root filesystem.
+    pub rootfs: Rootfs,
 }
 
 impl Shape {
-    /// The shape a spec needs.
-    pub fn of(limits: &Limits) -> Shape {
-        Shape { tmp_bytes: limits.tmp_bytes }
+    /// The shape a spec needs on `rootfs`.
+    pub fn of(limits: &Limits, rootfs: Rootfs) -> Shape {
+        Shape { tmp_bytes: limits.tmp_bytes, rootfs }
     }
 }
 
@@ -115,6 +161,8 @@ pub struct Prepared {
     userns: Option<OwnedFd>,
     slot: Slot,
     output_stall: Duration,
+    /// Keeps the image in use while the sandbox exists.
+    _rootfs: Rootfs,
 }
 
 /// Output and progress of a running execution.
@@ -243,13 +291,17 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         host_gid: slot.host_id(),
         mount_dir: env.mount_dir.clone(),
         etc_dir: env.etc_dir.clone(),
+        image_root: match &shape.rootfs {
+            Rootfs::Host => None,
+            Rootfs::Image { image, .. } => Some(image.root().to_path_buf()),
+        },
         tmp_bytes: shape.tmp_bytes,
         home_dir: home_dir.clone(),
         data_dir: data_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
     let output_stall = env.output_stall;
-    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall };
+    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, _rootfs: shape.rootfs };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
         prepared.wait_ready().await

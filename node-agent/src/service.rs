@@ -17,7 +17,7 @@ use warren_isolation::spec::{ExecRequest, Language};
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
-use crate::executor::{Admission, ExecError, Executor, Extras};
+use crate::executor::{Admission, ExecError, Executor, Extras, WarmedImage};
 use crate::keyslots::KeySlots;
 use crate::running::Running;
 use crate::sandbox::{Event, Outcome};
@@ -36,8 +36,10 @@ pub struct NodeReport {
     pub running: u32,
     /// Concurrency limit.
     pub max_executions: u32,
-    /// Languages the image provides.
+    /// Languages the host image provides.
     pub languages: Vec<Language>,
+    /// OCI images warm here: (reference, digest).
+    pub images: Vec<(String, String)>,
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -59,6 +61,8 @@ pub trait Backend: Send + Sync + 'static {
     fn report(&self) -> NodeReport;
     /// How long a caller may take none of an execution's output.
     fn output_stall(&self) -> Duration;
+    /// Pulls an image (unless warm) and finds its interpreters.
+    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send;
 }
 
 impl Backend for Executor {
@@ -91,11 +95,16 @@ impl Backend for Executor {
             running: self.running(),
             max_executions: self.max_executions(),
             languages: self.languages(),
+            images: self.warm_images(),
         }
     }
 
     fn output_stall(&self) -> Duration {
         Executor::output_stall(self)
+    }
+
+    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send {
+        Executor::warm_image(self, reference, auth)
     }
 }
 
@@ -143,7 +152,10 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let admitted = async {
             let thread = convert::thread_options(req.thread.take())?;
             let mounts = convert::mounts(std::mem::take(&mut req.mounts))?;
-            self.backend.admit(convert::exec_request(req)?, Extras { thread, mounts }).await.map_err(|e| convert::to_status(&e))
+            let image_pull = convert::pull_auth(req.image_pull.take())?;
+            let image_digest = std::mem::take(&mut req.image_digest);
+            let extras = Extras { thread, mounts, image_digest, image_pull };
+            self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| convert::to_status(&e))
         }
         .instrument(span.clone())
         .await?;
@@ -222,7 +234,21 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             max_executions: r.max_executions,
             languages: r.languages.into_iter().map(|l| pb::Language::from(l) as i32).collect(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            images: r.images.into_iter().map(|(reference, digest)| pb::WarmImageInfo { reference, digest }).collect(),
         }))
+    }
+
+    async fn warm_image(&self, req: Request<pb::WarmImageRequest>) -> Result<Response<pb::WarmImageResponse>, Status> {
+        let span = info_span!("warm_image", trace_id = %trace_of(&req));
+        async {
+            let req = req.into_inner();
+            let auth = convert::pull_auth(req.image_pull)?;
+            let warmed = self.backend.warm_image(&req.image, &auth).await.map_err(|e| convert::to_status(&e))?;
+            info!(image = %req.image, digest = %warmed.digest, "image warm");
+            Ok(Response::new(convert::warmed(warmed)))
+        }
+        .instrument(span)
+        .await
     }
 }
 

@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 use tonic::{Code, Request, Status};
 use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, Language, SpecError};
-use warren_node_agent::executor::{ExecError, Extras};
+use warren_node_agent::executor::{ExecError, Extras, WarmedImage};
 use warren_node_agent::sandbox::{Event, Failure, Outcome};
 use warren_node_agent::service::{AgentService, Backend, NodeReport, TRACE_HEADER};
 use warren_node_agent::threads::{ThreadError, ThreadKey, ThreadOptions};
@@ -39,6 +39,7 @@ struct Seen {
     /// Set when the flood's sender found the stream gone (the execution is killed).
     flood_cut_off: bool,
     deleted: Vec<ThreadKey>,
+    pull_auth: Vec<String>,
 }
 
 struct Double {
@@ -117,11 +118,22 @@ impl Backend for Double {
             running: 3,
             max_executions: 32,
             languages: vec![Language::Python, Language::Bash],
+            images: vec![("reg.example:5000/py:3.12".into(), format!("sha256:{}", "a".repeat(64)))],
         }
     }
 
     fn output_stall(&self) -> Duration {
         Duration::from_secs(2)
+    }
+
+    async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> Result<WarmedImage, ExecError> {
+        self.seen.lock().unwrap().pull_auth.push(format!("{auth:?}"));
+        match reference {
+            "slow" => Err(ExecError::ImagePulling(reference.into())),
+            "missing" => Err(ExecError::Image("registry: manifest unknown".into())),
+            "BAD REF" => Err(ExecError::ImageReference("not a reference".into())),
+            _ => Ok(WarmedImage { digest: format!("sha256:{}", "b".repeat(64)), languages: vec![(Language::Python, "3.12.1".into())], bytes: 42 }),
+        }
     }
 }
 
@@ -170,16 +182,34 @@ async fn status_reports_the_backend() {
 }
 
 #[tokio::test]
+async fn warm_image_answers_what_is_warm_and_maps_refusals() {
+    let (double, seen) = Double::new(Script::FailToStart);
+    let service = AgentService::new(double);
+    let creds = |pairs: &[(&str, &str)]| Some(pb::Credentials { values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() });
+    let warm = |image: &str, image_pull| service.warm_image(Request::new(pb::WarmImageRequest { image: image.into(), image_pull }));
+    let ok = warm("reg.example:5000/py:3.12", creds(&[("username", "robot"), ("password", "hunter2")])).await.unwrap().into_inner();
+    assert_eq!(ok.digest, format!("sha256:{}", "b".repeat(64)));
+    assert_eq!(ok.languages, [pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }]);
+    assert_eq!(seen.lock().unwrap().pull_auth, ["Basic(robot, <redacted>)"], "credentials reach the backend, never a log");
+    assert_refused(&warm("slow", None).await.unwrap_err(), Code::Unavailable, Reason::ImagePulling, "image");
+    assert_refused(&warm("missing", None).await.unwrap_err(), Code::FailedPrecondition, Reason::Image, "image");
+    assert_refused(&warm("BAD REF", None).await.unwrap_err(), Code::InvalidArgument, Reason::InvalidField, "image");
+    let extra = warm("x", creds(&[("username", "u"), ("password", "p"), ("token", "t")])).await.unwrap_err();
+    assert_refused(&extra, Code::InvalidArgument, Reason::InvalidField, "image_pull");
+    let status = service.status(Request::new(pb::StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!(status.images, [pb::WarmImageInfo { reference: "reg.example:5000/py:3.12".into(), digest: format!("sha256:{}", "a".repeat(64)) }]);
+}
+
+#[tokio::test]
 async fn what_this_agent_cannot_provide_is_refused_before_admission() {
     type Tweak = fn(&mut pb::ExecuteRequest);
-    let cases: [(&str, Tweak); 6] = [
+    let cases: [(&str, Tweak); 5] = [
         ("network", |r| r.network = pb::NetworkPolicy::Unrestricted as i32),
         ("network", |r| r.network = 99),
         ("egress", |r| r.egress.push(pb::EgressRule { host: "pypi.org".into(), ..Default::default() })),
         // Providers this agent has no client for.
         ("mounts[0].provider", |r| r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), provider: "ftp".into(), bucket: "b".into(), ..Default::default() })),
         ("connectors", |r| r.connectors.push(pb::ConnectorGrant { name: "db".into(), ..Default::default() })),
-        ("image_digest", |r| r.image_digest = "sha256:00".into()),
     ];
     let (double, seen) = Double::new(Script::Run(vec![], Outcome::default()));
     let service = AgentService::new(double);

@@ -45,6 +45,7 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
             connectors: Vec::new(),
             // Set by the service when the executing agent counts the key.
             key_slot: None,
+            image_pull: s.image.pull.map(|c| pb::Credentials { values: c.0.into_iter().collect() }),
         }
     }
 }
@@ -189,6 +190,8 @@ pub fn refused(status: &tonic::Status, thread_id: Option<&str>, key_limit: u32) 
         Reason::SandboxSetup => return (ExecError::NodeRefused("the node could not set up a sandbox"), true),
         // The key's slot was taken with the execution, on its counting agent.
         Reason::KeyConcurrency => ExecError::KeyConcurrency(key_limit),
+        Reason::ImagePulling => ExecError::ImagePulling,
+        Reason::Image => ExecError::ImageUnavailable(status.message().strip_prefix("image: ").unwrap_or(status.message()).to_string()),
         Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => {
             return (ExecError::NodeRefused("the node-agent could not be reached"), true)
         }

@@ -50,6 +50,12 @@ pub enum ExecError {
     /// The node died mid-execution; the code may have partly run.
     #[error("the node running this execution stopped before it finished; the code may have partly run")]
     NodeLost,
+    /// The sandbox's image is being pulled to the chosen node; nothing ran.
+    #[error("the sandbox image is being pulled to the node; nothing ran, retry shortly")]
+    ImagePulling,
+    /// The node could not pull the sandbox's image (registry or image refused); nothing ran.
+    #[error("the sandbox image is unavailable on the node: {0}")]
+    ImageUnavailable(String),
     /// A documented option this server does not offer yet.
     #[error("{0}")]
     NotImplemented(&'static str),

@@ -39,8 +39,11 @@ pub struct ThreadSpec {
 pub struct ImageRef {
     /// `host` or an OCI reference.
     pub reference: String,
-    /// The digest the reference was pinned to; `None` for `host`.
+    /// The digest the reference was pinned to; `None` for `host` (or an
+    /// image not resolved yet: the agent resolves the tag).
     pub digest: Option<String>,
+    /// Registry credentials for the agent's pull.
+    pub pull: Option<warren_core::secret::Credentials>,
 }
 
 /// How the caller receives the result.
@@ -107,7 +110,7 @@ impl ExecutionSpec {
             env: env.into_iter().collect(),
             timeout: Duration::from_secs(timeout.into()),
             limits: key.limits,
-            image: ImageRef { reference: key.image.clone(), digest: None },
+            image: ImageRef { reference: key.image.clone(), digest: key.image_digest.clone(), pull: key.image_pull.clone() },
             network: key.network,
             thread: req.thread_id.clone().map(|id| ThreadSpec {
                 id,

@@ -125,6 +125,11 @@ impl Image {
         write_json(&self.dir.join("image.json"), &*record)
     }
 
+    /// Time since it was last used.
+    pub fn idle_for(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(now().saturating_sub(self.last_used.load(Ordering::Relaxed)))
+    }
+
     /// Marks the image used now (for the LRU collector).
     pub fn touch(&self) {
         self.last_used.store(now(), Ordering::Relaxed);

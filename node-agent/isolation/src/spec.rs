@@ -23,6 +23,8 @@ pub trait LanguageExt {
     fn script_name(self) -> &'static str;
     /// Environment the interpreter needs to behave well in a sandbox.
     fn interpreter_env(self) -> &'static [(&'static str, &'static str)];
+    /// A program printing the interpreter's version (`3.11.2`) and nothing else.
+    fn version_probe(self) -> &'static str;
 }
 
 impl LanguageExt for Language {
@@ -31,6 +33,14 @@ impl LanguageExt for Language {
             Language::Python => &["/usr/bin/python3", "/usr/local/bin/python3"],
             Language::Node => &["/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"],
             Language::Bash => &["/bin/bash", "/usr/bin/bash"],
+        }
+    }
+
+    fn version_probe(self) -> &'static str {
+        match self {
+            Language::Python => "import sys; print('%d.%d.%d' % sys.version_info[:3])",
+            Language::Node => "console.log(process.versions.node)",
+            Language::Bash => "echo \"${BASH_VERSINFO[0]}.${BASH_VERSINFO[1]}.${BASH_VERSINFO[2]}\"",
         }
     }
 
@@ -117,7 +127,8 @@ pub struct ExecRequest {
     pub timeout: Duration,
     /// Requested limits.
     pub limits: LimitRequest,
-    /// Root filesystem name; empty or `host`.
+    /// Root filesystem: empty or `host`, or an OCI reference (the node-agent's
+    /// executor resolves it; validation here leaves it alone).
     pub image: String,
 }
 
@@ -165,9 +176,6 @@ impl ExecRequest {
         }
         if self.timeout > policy.max_timeout {
             return Err(err("timeout", format!("must be at most {}s on this node", policy.max_timeout.as_secs())));
-        }
-        if !(self.image.is_empty() || self.image == "host") {
-            return Err(err("image", "only the \"host\" image is supported by this node"));
         }
         validate_env(&self.env)?;
         let limits = resolve_limits(&self.limits, policy)?;
@@ -302,7 +310,6 @@ mod tests {
             (ExecRequest { timeout: Duration::ZERO, ..req() }, "timeout"),
             (ExecRequest { timeout: Duration::from_secs(3601), ..req() }, "timeout"),
             (ExecRequest { id: "../etc".into(), ..req() }, "execution_id"),
-            (ExecRequest { image: "docker.io/x".into(), ..req() }, "image"),
             (ExecRequest { limits: LimitRequest { memory_bytes: Some(1 << 50), ..Default::default() }, ..req() }, "limits.memory_bytes"),
             (ExecRequest { limits: LimitRequest { pids: Some(1), ..Default::default() }, ..req() }, "limits.pids"),
             (ExecRequest { limits: LimitRequest { cpu_millis: Some(99_000), ..Default::default() }, ..req() }, "limits.cpu_millis"),

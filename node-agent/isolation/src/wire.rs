@@ -38,8 +38,13 @@ pub struct SupervisorConfig {
     pub host_gid: u32,
     /// Empty directory the sandbox's root tmpfs is mounted on (inside its own mount namespace).
     pub mount_dir: PathBuf,
-    /// The prepared `/etc` to bind read-only (see `rootfs::prepare_etc`).
+    /// The prepared `/etc` to bind read-only (see `rootfs::prepare_etc`);
+    /// unused with an image, which brings its own.
     pub etc_dir: PathBuf,
+    /// A mounted OCI image root (read-only overlay with Warren's mount
+    /// points) to bind as `/`; `None` builds the `host` root from `/usr`.
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
     /// Size of `/tmp`.
     pub tmp_bytes: u64,
     /// Host directory (holding an empty `sandbox/`) bound as the sandbox's

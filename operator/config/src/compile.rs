@@ -426,6 +426,8 @@ pub fn effective_key(
         max_concurrency,
         max_threads,
         image: sb.image.clone(),
+        image_digest: None,
+        image_pull: None,
         languages: sb.languages.clone(),
         limits: sb.limits,
         network,

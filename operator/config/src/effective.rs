@@ -32,8 +32,17 @@ pub struct EffectiveKey {
     /// field) means no limit.
     #[serde(default)]
     pub max_threads: u32,
-    /// Root filesystem.
+    /// Root filesystem: `host` or an OCI reference.
     pub image: String,
+    /// The manifest digest the operator resolved the image to (warm on
+    /// nodes); absent for `host` and in single-machine mode, where the
+    /// agent resolves the tag itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// Registry credentials from the Sandbox's pull secret (published only
+    /// in the keys Secret, never logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull: Option<warren_core::secret::Credentials>,
     /// Languages offered.
     pub languages: Vec<Language>,
     /// Per-execution limits.

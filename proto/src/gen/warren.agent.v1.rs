@@ -26,7 +26,10 @@ pub struct ExecuteRequest {
     #[prost(message, optional, tag = "6")]
     pub limits: ::core::option::Option<Limits>,
     /// Root filesystem reference: "host" (the node's own /usr, read-only) or an
-    /// OCI reference. Empty means "host".
+    /// OCI reference. Empty means "host". An image not warm on this node is
+    /// pulled first; when that takes longer than the agent's pull wait the call
+    /// is refused with UNAVAILABLE (REFUSAL_REASON_IMAGE_PULLING) while the pull
+    /// goes on, so a retry finds it warm.
     #[prost(string, tag = "7")]
     pub image: ::prost::alloc::string::String,
     #[prost(enumeration = "NetworkPolicy", tag = "8")]
@@ -61,6 +64,46 @@ pub struct ExecuteRequest {
     /// the execution has ended.
     #[prost(message, optional, tag = "14")]
     pub key_slot: ::core::option::Option<KeySlotRequest>,
+    /// Registry credentials for pulling `image` ("username", "password").
+    #[prost(message, optional, tag = "15")]
+    pub image_pull: ::core::option::Option<Credentials>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WarmImageRequest {
+    /// OCI reference, optionally pinned ("repo:tag@sha256:…").
+    #[prost(string, tag = "1")]
+    pub image: ::prost::alloc::string::String,
+    /// Registry credentials ("username", "password").
+    #[prost(message, optional, tag = "2")]
+    pub image_pull: ::core::option::Option<Credentials>,
+}
+/// An interpreter an image provides.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ImageLanguage {
+    #[prost(enumeration = "Language", tag = "1")]
+    pub language: i32,
+    /// Version it reported, e.g. "3.11.2".
+    #[prost(string, tag = "2")]
+    pub version: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WarmImageResponse {
+    /// Manifest digest of what is warm ("sha256:…"): pin later calls to it.
+    #[prost(string, tag = "1")]
+    pub digest: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "2")]
+    pub languages: ::prost::alloc::vec::Vec<ImageLanguage>,
+    /// Uncompressed size of its layers.
+    #[prost(uint64, tag = "3")]
+    pub bytes: u64,
+}
+/// An image warm on a node.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WarmImageInfo {
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub digest: ::prost::alloc::string::String,
 }
 /// One storage mount: where it appears and what backs it.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -305,7 +348,7 @@ pub struct Exited {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusRequest {}
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct StatusResponse {
     #[prost(string, tag = "1")]
     pub node_name: ::prost::alloc::string::String,
@@ -322,6 +365,9 @@ pub struct StatusResponse {
     pub languages: ::prost::alloc::vec::Vec<i32>,
     #[prost(string, tag = "6")]
     pub agent_version: ::prost::alloc::string::String,
+    /// OCI images warm on this node (placement prefers these nodes).
+    #[prost(message, repeated, tag = "7")]
+    pub images: ::prost::alloc::vec::Vec<WarmImageInfo>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {
@@ -467,6 +513,10 @@ pub enum RefusalReason {
     Unsupported = 10,
     /// HoldKeySlot: the key holds its limit of slots.
     KeyConcurrency = 11,
+    /// The image is being pulled to this node; retry shortly.
+    ImagePulling = 12,
+    /// The image could not be pulled or was refused (see the message).
+    Image = 13,
 }
 impl RefusalReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -487,6 +537,8 @@ impl RefusalReason {
             Self::ThreadStore => "REFUSAL_REASON_THREAD_STORE",
             Self::Unsupported => "REFUSAL_REASON_UNSUPPORTED",
             Self::KeyConcurrency => "REFUSAL_REASON_KEY_CONCURRENCY",
+            Self::ImagePulling => "REFUSAL_REASON_IMAGE_PULLING",
+            Self::Image => "REFUSAL_REASON_IMAGE",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -504,6 +556,8 @@ impl RefusalReason {
             "REFUSAL_REASON_THREAD_STORE" => Some(Self::ThreadStore),
             "REFUSAL_REASON_UNSUPPORTED" => Some(Self::Unsupported),
             "REFUSAL_REASON_KEY_CONCURRENCY" => Some(Self::KeyConcurrency),
+            "REFUSAL_REASON_IMAGE_PULLING" => Some(Self::ImagePulling),
+            "REFUSAL_REASON_IMAGE" => Some(Self::Image),
             _ => None,
         }
     }
@@ -794,6 +848,35 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "HoldKeySlot"));
             self.inner.server_streaming(req, path, codec).await
         }
+        /// WarmImage pulls an OCI image onto this node (unless it is warm), mounts
+        /// its read-only root and finds its interpreters, then answers with what it
+        /// found. Refusals: INVALID_ARGUMENT (a bad reference), FAILED_PRECONDITION
+        /// with REFUSAL_REASON_IMAGE (the registry or the image refused: not found,
+        /// unauthorized, digest mismatch, hostile or oversized layers).
+        pub async fn warm_image(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WarmImageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::WarmImageResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/WarmImage",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "WarmImage"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -862,6 +945,18 @@ pub mod node_agent_server {
             request: tonic::Request<super::KeySlotRequest>,
         ) -> std::result::Result<
             tonic::Response<Self::HoldKeySlotStream>,
+            tonic::Status,
+        >;
+        /// WarmImage pulls an OCI image onto this node (unless it is warm), mounts
+        /// its read-only root and finds its interpreters, then answers with what it
+        /// found. Refusals: INVALID_ARGUMENT (a bad reference), FAILED_PRECONDITION
+        /// with REFUSAL_REASON_IMAGE (the registry or the image refused: not found,
+        /// unauthorized, digest mismatch, hostile or oversized layers).
+        async fn warm_image(
+            &self,
+            request: tonic::Request<super::WarmImageRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::WarmImageResponse>,
             tonic::Status,
         >;
     }
@@ -1161,6 +1256,51 @@ pub mod node_agent_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/WarmImage" => {
+                    #[allow(non_camel_case_types)]
+                    struct WarmImageSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::WarmImageRequest>
+                    for WarmImageSvc<T> {
+                        type Response = super::WarmImageResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WarmImageRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::warm_image(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WarmImageSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

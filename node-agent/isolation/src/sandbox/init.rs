@@ -45,7 +45,7 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         // The agent discarded this sandbox.
         _ => sys::exit_now(0),
     };
-    run_program(&mut ctrl, &go, &cfg.seccomp_bpf)
+    run_program(&mut ctrl, &go, cfg)
 }
 
 fn fail(ctrl: &mut UnixStream, stage: &str, e: &dyn std::fmt::Display) -> ! {
@@ -66,13 +66,14 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
     rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))
 }
 
-fn run_program(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> ! {
+fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig) -> ! {
+    let bpf = &cfg.seccomp_bpf[..];
     if let Home::Tmpfs { bytes } = go.home {
         if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
             fail(ctrl, "home", &e);
         }
     }
-    if let Err(e) = rootfs::install_script(&go.script_name, &go.code) {
+    if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
         fail(ctrl, "script", &e);
     }
     let launch = match program::Launch::new(go) {

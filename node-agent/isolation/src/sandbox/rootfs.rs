@@ -15,6 +15,12 @@
 //! └── run/warren  the program text
 //! ```
 //!
+//! With an OCI image, `/` is instead a read-only bind of the image's root
+//! (an overlay the agent mounted once, whose top layer holds the mount
+//! points below and the identity files in `/etc`), and `/run/warren` is a
+//! small tmpfs of its own; `/proc`, `/dev`, `/tmp`, `/home` and `/data` are
+//! the same.
+//!
 //! Nothing is created on the host: every mount lives and dies with the
 //! sandbox's mount namespace. The links back are `/home` and `/data`, which
 //! receive (never send) mounts the agent makes under the sandbox's dirs.
@@ -91,9 +97,14 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
         .map_err(nix_io)
         .map_err(ctx("make-slave", Path::new("/")))?;
-    tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
-    mirror_usr(root)?;
-    populate_etc(root, &cfg.etc_dir)?;
+    match &cfg.image_root {
+        None => {
+            tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
+            mirror_usr(root)?;
+            populate_etc(root, &cfg.etc_dir)?;
+        }
+        Some(image) => bind_readonly(image, root, MsFlags::MS_NODEV)?,
+    }
     mount_proc(root)?;
     populate_dev(root)?;
     let tmp = root.join("tmp");
@@ -103,6 +114,10 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     bind_receiving(&cfg.data_dir, &root.join("data"))?;
     mkdir(&root.join("run"), 0o755)?;
     mkdir(&root.join("run/warren"), 0o755)?;
+    if cfg.image_root.is_some() {
+        // Code is at most 1 MiB; the image's root is read-only.
+        tmpfs(&root.join("run/warren"), "size=2m,nr_inodes=16,mode=0755", MsFlags::MS_NOEXEC)?;
+    }
     pivot(root)
 }
 
@@ -121,19 +136,25 @@ pub fn mount_home_tmpfs(bytes: u64) -> io::Result<()> {
     tmpfs(Path::new(HOME), &opts, MsFlags::empty()).map_err(|e| io::Error::other(e.to_string()))
 }
 
-/// Writes the program text and makes the root read-only (called at Go time).
-pub fn install_script(name: &str, code: &str) -> io::Result<()> {
+/// Writes the program text and makes what holds it read-only (called at Go
+/// time): the root tmpfs of a `host` root, the `/run/warren` tmpfs of an image.
+pub fn install_script(name: &str, code: &str, image: bool) -> io::Result<()> {
     let path = Path::new(SCRIPT_DIR).join(name);
     fs::write(&path, code)?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(None::<&str>, "/", None::<&str>, flags, None::<&str>).map_err(nix_io)
+    match image {
+        false => mount(None::<&str>, "/", None::<&str>, flags, None::<&str>).map_err(nix_io),
+        true => mount(None::<&str>, SCRIPT_DIR, None::<&str>, flags | MsFlags::MS_NOEXEC, Some("size=2m,nr_inodes=16,mode=0755")).map_err(nix_io),
+    }
 }
 
+/// Creates a mount point with `mode`; one that exists (an image's, on its
+/// read-only root) is used as it is.
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     match fs::DirBuilder::new().mode(mode).create(path) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(ctx("mkdir", path)(e)),
     }
     // The umask may have cut bits (sticky /tmp, 0755 dirs).

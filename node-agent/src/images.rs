@@ -1,0 +1,151 @@
+//! OCI images on this node: the store, pulls a call waits for only so long,
+//! tag → digest resolution kept off the hot path, and the collector.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+use warren_image::{Image, PullAuth, PullError, Store};
+
+use crate::executor::ExecError;
+
+/// A tag resolved this long ago is re-resolved in the background (calls
+/// keep using the known digest meanwhile).
+const TAG_REFRESH: Duration = Duration::from_secs(300);
+
+/// The node's images.
+pub struct Images {
+    store: Arc<Store>,
+    pull_wait: Duration,
+    /// Tag reference → (manifest digest, when resolved).
+    tags: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Images {
+    /// Images from `store`; a call waits at most `pull_wait` for a pull.
+    pub fn new(store: Arc<Store>, pull_wait: Duration) -> Images {
+        Images { store, pull_wait, tags: Mutex::default() }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    fn tags(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+        self.tags.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The warm image for a call: `reference` pinned to `digest` when the
+    /// control plane resolved one. A warm image costs a map lookup; a cold
+    /// one is pulled, and a pull longer than the pull wait refuses the call
+    /// with [`ExecError::ImagePulling`] while it goes on.
+    pub async fn for_call(&self, reference: &str, digest: &str, auth: &PullAuth) -> Result<Arc<Image>, ExecError> {
+        let pinned = pin(reference, digest)?;
+        let known = match pinned.rsplit_once('@') {
+            Some((_, d)) => Some(d.to_string()),
+            None => self.tags().get(&pinned).map(|(d, at)| (d.clone(), at.elapsed() > TAG_REFRESH)).and_then(|(d, stale)| {
+                if stale {
+                    self.refresh_tag(&pinned, auth);
+                }
+                Some(d)
+            }),
+        };
+        if let Some(image) = known.as_deref().and_then(|d| self.store.get(d)) {
+            image.touch();
+            return Ok(image);
+        }
+        self.pull(&pinned, auth, Some(self.pull_wait)).await
+    }
+
+    /// Pulls (unless warm) and waits for it, at most `wait` when given; the
+    /// pull goes on in the background past the wait.
+    pub async fn pull(&self, reference: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<Arc<Image>, ExecError> {
+        let store = self.store.clone();
+        let (r, a) = (reference.to_string(), auth.clone());
+        let task = tokio::spawn(async move { store.pull(&r, &a).await });
+        let joined = match wait {
+            None => task.await,
+            Some(wait) => tokio::time::timeout(wait, task).await.map_err(|_| ExecError::ImagePulling(reference.to_string()))?,
+        };
+        let image = joined.map_err(|e| ExecError::Image(format!("pull task failed: {e}")))?.map_err(pull_error)?;
+        if !reference.contains('@') {
+            self.tags().insert(reference.to_string(), (image.digest(), Instant::now()));
+        }
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.collect(0));
+        Ok(image)
+    }
+
+    fn refresh_tag(&self, reference: &str, auth: &PullAuth) {
+        // Marked fresh now, so one call (not every call) starts the refresh.
+        if let Some(entry) = self.tags().get_mut(reference) {
+            entry.1 = Instant::now();
+        }
+        let (store, r, a) = (self.store.clone(), reference.to_string(), auth.clone());
+        tokio::spawn(async move {
+            if let Err(e) = store.pull(&r, &a).await {
+                warn!(reference = %r, error = %e, "re-resolving an image tag failed; calls keep the known digest");
+            }
+        });
+    }
+}
+
+/// `reference` pinned to `digest` (`repo:tag@sha256:…`); a reference that
+/// carries another digest is refused.
+fn pin(reference: &str, digest: &str) -> Result<String, ExecError> {
+    if reference.is_empty() || reference.len() > 512 || reference.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(ExecError::ImageReference(format!("{reference:?} is not an image reference")));
+    }
+    if digest.is_empty() {
+        return Ok(reference.to_string());
+    }
+    if !warren_image::digest::is_sha256(digest) {
+        return Err(ExecError::ImageReference(format!("image_digest {digest:?} is not sha256:<64 hex>")));
+    }
+    match reference.rsplit_once('@') {
+        Some((_, d)) if d == digest => Ok(reference.to_string()),
+        Some(_) => Err(ExecError::ImageReference("image and image_digest name different digests".into())),
+        None => Ok(format!("{reference}@{digest}")),
+    }
+}
+
+fn pull_error(e: PullError) -> ExecError {
+    match e {
+        PullError::Reference(..) => ExecError::ImageReference(e.to_string()),
+        other => ExecError::Image(other.to_string()),
+    }
+}
+
+/// Keeps the store within its budget: images idle past `idle` lose their
+/// pooled sandboxes (which hold them in use), then the collector runs.
+pub async fn collect(images: &Images, pool: &crate::pool::Pool, idle: Duration) {
+    for image in images.store.images() {
+        if image.idle_for() > idle {
+            pool.forget(&image.digest()).await;
+        }
+    }
+    let store = images.store.clone();
+    match tokio::task::spawn_blocking(move || store.collect(0)).await {
+        Ok(r) if r.images > 0 => info!(images = r.images, layers = r.layers, bytes = r.bytes, "image collector pass"),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "image collector pass failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_pinned_to_the_control_planes_digest() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(pin("reg:5000/py:3.12", "").unwrap(), "reg:5000/py:3.12");
+        assert_eq!(pin("reg:5000/py:3.12", &d).unwrap(), format!("reg:5000/py:3.12@{d}"));
+        assert_eq!(pin(&format!("py@{d}"), &d).unwrap(), format!("py@{d}"));
+        assert!(pin(&format!("py@sha256:{}", "b".repeat(64)), &d).is_err(), "two different digests");
+        assert!(pin("py", "md5:00").is_err());
+        assert!(pin("", "").is_err() && pin("a b", "").is_err() && pin(&"a".repeat(513), "").is_err());
+    }
+}
