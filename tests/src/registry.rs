@@ -133,3 +133,113 @@ pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     }
     b.into_inner().expect("tar in memory")
 }
+
+/// A layer holding copies of host files: each path (file or directory
+/// tree, minus `__pycache__`) with every symlink on the way kept as a
+/// symlink, so the layer resolves like the host. Enough to build a small
+/// runnable image (bash, python) without a container daemon.
+pub fn host_layer(paths: &[&str]) -> Vec<u8> {
+    let mut layer = HostLayer { tar: tar::Builder::new(Vec::new()), seen: std::collections::HashSet::new() };
+    for p in paths {
+        layer.add(std::path::PathBuf::from(p));
+    }
+    layer.tar.into_inner().expect("tar in memory")
+}
+
+struct HostLayer {
+    tar: tar::Builder<Vec<u8>>,
+    seen: std::collections::HashSet<std::path::PathBuf>,
+}
+
+/// `a/b/../c` → `a/c` (the paths walked hold no symlinks, so this is exact).
+fn lexical(path: &std::path::Path) -> std::path::PathBuf {
+    let mut out = std::path::PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+impl HostLayer {
+    fn header(meta: &std::fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+        use std::os::unix::fs::MetadataExt;
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(meta.mode() & 0o7777);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_size(size);
+        h
+    }
+
+    fn add(&mut self, path: std::path::PathBuf) {
+        let mut cur = std::path::PathBuf::from("/");
+        let parts: Vec<_> = path.components().skip(1).collect();
+        for (i, part) in parts.iter().enumerate() {
+            let next = cur.join(part);
+            let meta = std::fs::symlink_metadata(&next).unwrap_or_else(|e| panic!("{}: {e}", next.display()));
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&next).expect("readlink");
+                if self.seen.insert(next.clone()) {
+                    let mut h = Self::header(&meta, tar::EntryType::Symlink, 0);
+                    self.tar.append_link(&mut h, next.strip_prefix("/").unwrap(), &target).expect("tar symlink");
+                }
+                let resolved = lexical(&if target.is_absolute() { target } else { cur.join(target) });
+                let rest: std::path::PathBuf = parts[i + 1..].iter().collect();
+                return self.add(resolved.join(rest));
+            }
+            cur = next;
+        }
+        self.add_real(&cur);
+    }
+
+    fn add_real(&mut self, path: &std::path::Path) {
+        if !self.seen.insert(path.to_path_buf()) {
+            return;
+        }
+        let meta = std::fs::symlink_metadata(path).expect("stat");
+        let rel = path.strip_prefix("/").unwrap();
+        if meta.is_dir() {
+            let mut h = Self::header(&meta, tar::EntryType::Directory, 0);
+            self.tar.append_data(&mut h, rel, std::io::empty()).expect("tar dir");
+            let mut entries: Vec<_> = std::fs::read_dir(path).expect("read_dir").map(|e| e.unwrap().path()).collect();
+            entries.sort();
+            for entry in entries.into_iter().filter(|e| !e.ends_with("__pycache__")) {
+                let m = std::fs::symlink_metadata(&entry).expect("stat");
+                if m.file_type().is_symlink() {
+                    if self.seen.insert(entry.clone()) {
+                        let mut h = Self::header(&m, tar::EntryType::Symlink, 0);
+                        let target = std::fs::read_link(&entry).expect("readlink");
+                        self.tar.append_link(&mut h, entry.strip_prefix("/").unwrap(), target).expect("tar symlink");
+                    }
+                } else {
+                    self.add_real(&entry);
+                }
+            }
+        } else if meta.is_file() {
+            let mut h = Self::header(&meta, tar::EntryType::Regular, meta.len());
+            self.tar.append_data(&mut h, rel, std::fs::File::open(path).expect("open")).expect("tar file");
+        }
+    }
+}
+
+/// A small runnable image from this machine's files: bash in the base
+/// layer, Python 3 on top (no node).
+pub fn bash_python_image() -> TestImage {
+    let base = host_layer(&["/usr/bin/bash", "/bin/sh", "/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libtinfo.so.6", "/lib/x86_64-linux-gnu/libselinux.so.1", "/lib/x86_64-linux-gnu/libpcre2-8.so.0", "/usr/bin/cat", "/usr/bin/id"]);
+    let python = host_layer(&[
+        "/usr/bin/python3",
+        "/usr/lib/python3.11",
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib/x86_64-linux-gnu/libz.so.1",
+        "/lib/x86_64-linux-gnu/libexpat.so.1",
+    ]);
+    TestImage { layers: vec![base, python], env: vec!["IMAGE_FLAVOUR=lite".into()], ..TestImage::default() }
+}
