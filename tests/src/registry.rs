@@ -135,7 +135,7 @@ pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
 }
 
 /// A layer holding copies of host files: each path (file or directory
-/// tree, minus `__pycache__`) with every symlink on the way kept as a
+/// tree, compiled bytecode included, as in a real image) with every symlink on the way kept as a
 /// symlink, so the layer resolves like the host. Enough to build a small
 /// runnable image (bash, python) without a container daemon.
 pub fn host_layer(paths: &[&str]) -> Vec<u8> {
@@ -211,7 +211,7 @@ impl HostLayer {
             self.tar.append_data(&mut h, rel, std::io::empty()).expect("tar dir");
             let mut entries: Vec<_> = std::fs::read_dir(path).expect("read_dir").map(|e| e.unwrap().path()).collect();
             entries.sort();
-            for entry in entries.into_iter().filter(|e| !e.ends_with("__pycache__")) {
+            for entry in entries {
                 let m = std::fs::symlink_metadata(&entry).expect("stat");
                 if m.file_type().is_symlink() {
                     if self.seen.insert(entry.clone()) {
