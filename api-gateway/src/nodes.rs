@@ -28,6 +28,8 @@ pub struct Node {
     healthy: AtomicBool,
     capacity: AtomicU32,
     in_flight: AtomicU32,
+    /// OCI images warm on it (their references and digests), from `Status`.
+    warm: std::sync::RwLock<std::collections::HashSet<String>>,
 }
 
 impl Node {
@@ -39,6 +41,7 @@ impl Node {
             healthy: AtomicBool::new(false),
             capacity: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
+            warm: Default::default(),
         })
     }
 
@@ -57,6 +60,11 @@ impl Node {
         if self.healthy.swap(false, Ordering::AcqRel) {
             warn!(node = %self.address, "node-agent marked unhealthy after a failed call");
         }
+    }
+
+    /// Whether `image` (a reference or digest) is warm here.
+    pub fn has_warm(&self, image: &str) -> bool {
+        self.warm.read().map(|w| w.contains(image)).unwrap_or(false)
     }
 
     fn free(&self) -> u32 {
@@ -166,7 +174,7 @@ impl Nodes {
     /// Takes a slot on the healthy node with the most free slots, waiting up
     /// to `wait` for one to free up. 503 when none can take the request.
     pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ExecError> {
-        self.lease_for(None, wait).await
+        self.lease_for(None, None, wait).await
     }
 
     /// The healthy node a thread belongs on: rendezvous hashing of the node
@@ -177,16 +185,19 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).max_by_key(|n| rendezvous(&n.name(), thread)).cloned()
     }
 
-    /// Like [`Nodes::lease`]; with a thread, only on the thread's node.
-    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, wait: Duration) -> Result<Lease, ExecError> {
+    /// Like [`Nodes::lease`]; with a thread, only on the thread's node;
+    /// with an image (digest, or reference when none is pinned), on a node
+    /// where it is warm if one has a free slot, else on any (which pulls it).
+    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, image: Option<&str>, wait: Duration) -> Result<Lease, ExecError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.freed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let leased = match thread {
-                None => self.try_lease(),
-                Some(t) => self.home_of(t).and_then(|n| self.try_lease_on(&n)),
+            let leased = match (thread, image) {
+                (Some(t), _) => self.home_of(t).and_then(|n| self.try_lease_on(&n)),
+                (None, Some(image)) => self.try_lease_where(|n| n.has_warm(image)).or_else(|| self.try_lease()),
+                (None, None) => self.try_lease(),
             };
             if let Some(lease) = leased {
                 return Ok(lease);
@@ -213,9 +224,14 @@ impl Nodes {
     }
 
     fn try_lease(self: &Arc<Self>) -> Option<Lease> {
+        self.try_lease_where(|_| true)
+    }
+
+    /// A slot on the healthy node with the most free slots among those `fits` accepts.
+    fn try_lease_where(self: &Arc<Self>, fits: impl Fn(&Node) -> bool) -> Option<Lease> {
         let nodes = self.snapshot();
         loop {
-            let usable = || nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0);
+            let usable = || nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0 && fits(n));
             let most = usable().map(|n| n.free()).max()?;
             let ties: Vec<&Arc<Node>> = usable().filter(|n| n.free() == most).collect();
             let Some(best) = ties.get(self.turn.fetch_add(1, Ordering::Relaxed) % ties.len().max(1)) else { continue };
@@ -243,6 +259,9 @@ async fn check(node: &Node) {
             node.capacity.store(s.max_executions, Ordering::Release);
             if let Ok(mut n) = node.name.lock() {
                 n.clone_from(&s.node_name);
+            }
+            if let Ok(mut warm) = node.warm.write() {
+                *warm = s.images.iter().flat_map(|i| [i.reference.clone(), i.digest.clone()]).collect();
             }
             if !node.healthy.swap(true, Ordering::AcqRel) {
                 info!(node = %node.address, name = %s.node_name, capacity = s.max_executions, "node-agent healthy");

@@ -56,7 +56,11 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     };
     let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
     let ceilings = namespace.map_or(Ok(Ceilings::default()), |n| Ceilings::from_annotations(&n.metadata.annotations.unwrap_or_default()));
-    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections, ceilings);
+    let pull = match sandbox.as_ref().filter(|sb| sb.spec.image != "host") {
+        Some(sb) => crate::warm::pull_secret(ctx, ns, sb.spec.image_pull_secret.as_ref().map(|r| r.name.as_str()), &sb.spec.image).await?,
+        None => Ok(None),
+    };
+    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections, ceilings, pull);
     let (ok, reason, message, prefix) = match &compiled {
         Ok(eff) => {
             publish(ctx, eff).await?;
@@ -69,6 +73,21 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
         }
     };
     set_status(key, ns, ctx, ok, reason, message, prefix).await
+}
+
+/// An OCI Sandbox as its status says it is warm: pinned to the digest the
+/// nodes hold, offering the languages found there, with its pull
+/// credentials. A `host` Sandbox is used as checked.
+fn as_warmed(checked: warren_config::compile::SandboxConfig, sb: &Sandbox, pull: Result<Option<warren_core::secret::Credentials>, String>) -> Result<warren_config::compile::SandboxConfig, String> {
+    if !checked.is_oci() {
+        return Ok(checked);
+    }
+    let status = sb.status.clone().unwrap_or_default();
+    let ready = crate::status::ready_of(&status.conditions).is_some_and(|(s, _)| s == "True");
+    match (status.image_digest, ready) {
+        (Some(digest), true) => Ok(checked.warmed(digest, status.languages, pull?)),
+        _ => Err(format!("Sandbox {} is not Ready: its image is not warm on any node yet", sb.name_any())),
+    }
 }
 
 /// The StorageConnections the Sandbox mounts, each with its credentials
@@ -126,17 +145,26 @@ fn compile(
     secret: Option<&Secret>,
     connections: &HashMap<String, Result<Connection, String>>,
     ceilings: Result<Ceilings, String>,
+    pull: Result<Option<warren_core::secret::Credentials>, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let at = Where { file: String::new(), object: format!("ApiKey {ns}/{}", key.name_any()) };
     let sandbox = match sandbox {
         None => None,
         Some(s) => {
             let sb_at = Where { file: String::new(), object: format!("Sandbox {ns}/{}", s.name_any()) };
-            Some(warren_config::check_sandbox(&sb_at, &s.spec).map_err(|e| ConfigError {
+            let checked = warren_config::check_sandbox(&sb_at, &s.spec).map_err(|e| ConfigError {
                 field: "spec.sandboxRef.name".into(),
                 reason: reasons::SANDBOX_NOT_FOUND,
                 message: format!("the Sandbox is not valid ({e})"),
                 ..e
+            })?;
+            Some(as_warmed(checked, s, pull).map_err(|message| ConfigError {
+                file: String::new(),
+                object: Some(at.object.clone()),
+                field: "spec.sandboxRef.name".into(),
+                reason: reasons::SANDBOX_NOT_READY,
+                message,
+                syntax: false,
             })?)
         }
     };

@@ -13,14 +13,16 @@ pub struct Context {
     pub agent_namespace: String,
     /// Labels of the node-agent pods.
     pub agent_selector: String,
+    /// How to reach node-agents (to warm images); `None` without credentials.
+    pub agents: Option<crate::warm::AgentAccess>,
     recorder: Recorder,
 }
 
 impl Context {
     /// Builds the context.
-    pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String) -> Context {
+    pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String, agents: Option<crate::warm::AgentAccess>) -> Context {
         let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector, agents }
     }
 
     /// Records an event on `obj` (best effort: a failed event never fails a reconcile).

@@ -15,6 +15,7 @@ pub mod credentials;
 pub mod ops;
 pub mod sandbox;
 pub mod status;
+pub mod warm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,23 @@ pub struct Args {
     /// warm on every node that runs one).
     #[arg(long, env = "WARREN_AGENT_SELECTOR", default_value = "app.kubernetes.io/component=node-agent")]
     pub agent_selector: String,
+    /// gRPC port of the node-agent pods (to warm images).
+    #[arg(long, env = "WARREN_AGENT_PORT", default_value_t = 7443)]
+    pub agent_port: u16,
+    /// File holding the bearer token of the node-agents.
+    #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
+    pub agent_token_file: Option<std::path::PathBuf>,
+    /// Client certificate for the node-agents (PEM; issued by the gateway
+    /// CA, the only CA agents accept callers from). Without the three TLS
+    /// files OCI Sandboxes stay `Ready=False` (nothing can warm them).
+    #[arg(long, env = "WARREN_AGENT_TLS_CERT_FILE")]
+    pub agent_tls_cert_file: Option<std::path::PathBuf>,
+    /// Client private key (PEM).
+    #[arg(long, env = "WARREN_AGENT_TLS_KEY_FILE")]
+    pub agent_tls_key_file: Option<std::path::PathBuf>,
+    /// CA bundle (PEM) agent certificates must chain to: the agent CA.
+    #[arg(long, env = "WARREN_AGENT_TLS_CA_FILE")]
+    pub agent_tls_ca_file: Option<std::path::PathBuf>,
     /// Address of the health (`/healthz`, `/readyz`) and metrics (`/metrics`) endpoint.
     #[arg(long, env = "WARREN_OPS_LISTEN", default_value = "0.0.0.0:8081")]
     pub ops_listen: std::net::SocketAddr,
@@ -109,7 +127,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
     }
     let publish = args.publish_namespace.clone().unwrap_or_else(|| args.namespace.clone());
-    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone()));
+    let agents = warm::AgentAccess::from_files(
+        args.agent_port,
+        args.agent_token_file.clone(),
+        args.agent_tls_cert_file.clone(),
+        args.agent_tls_key_file.clone(),
+        args.agent_tls_ca_file.clone(),
+    )
+    .context("loading the node-agent client credentials")?;
+    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents));
     let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
     ops.set_ready();
     tracing::info!(publish_namespace = %ctx.publish_namespace, agent_namespace = %ctx.agent_namespace, "operator starting");

@@ -92,7 +92,7 @@ impl ExecutionService {
         let qualified = key.qualified_name();
         let thread = spec.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
         let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
-        let lease = self.nodes.lease_for(spec.placement().as_deref(), self.queue_wait).await?;
+        let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.image.warm_key(), self.queue_wait).await?;
         let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node).await?;
         let mut audit = Audit::start(&spec.id, key, spec.language.as_str(), req.thread_id.as_deref(), &req.metadata, self.metrics.clone());
         audit.node(lease.node.name());

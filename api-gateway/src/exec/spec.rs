@@ -46,6 +46,18 @@ pub struct ImageRef {
     pub pull: Option<warren_core::secret::Credentials>,
 }
 
+impl ImageRef {
+    /// What nodes report warm for this image: its digest, or its reference
+    /// when the control plane pinned none; `None` for `host` (warm everywhere).
+    pub fn warm_key(&self) -> Option<&str> {
+        match (self.reference.as_str(), &self.digest) {
+            ("host", _) => None,
+            (_, Some(digest)) => Some(digest),
+            (reference, None) => Some(reference),
+        }
+    }
+}
+
 /// How the caller receives the result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delivery {

@@ -68,6 +68,8 @@ pub struct FakeAgent {
     pub cancel_gate: Option<Arc<tokio::sync::Semaphore>>,
     /// Node name `Status` reports (default `fake-node`).
     pub name: Option<&'static str>,
+    /// Image references `Status` reports warm.
+    pub images: Vec<&'static str>,
 }
 
 impl FakeAgent {
@@ -110,6 +112,8 @@ fn script(code: &str) -> Result<EventStream, Status> {
         "refuse:thread" => refused(Code::Aborted, RefusalReason::ThreadBusy, ""),
         "refuse:unsupported" => refused(Code::FailedPrecondition, RefusalReason::Unsupported, "network"),
         "refuse:transport" => Err(Status::unavailable("connection refused")),
+        "refuse:pulling" => Err(refuse(Code::Unavailable, RefusalReason::ImagePulling, "image", "image x is being pulled to this node; retry shortly")),
+        "refuse:image" => Err(refuse(Code::FailedPrecondition, RefusalReason::Image, "image", "image: registry: manifest unknown")),
         "lost" => ok(vec![started(), stdout("partial")]),
         "lost:error" => ok(vec![started(), Err(Status::internal("h2 reset"))]),
         "timeout" => ok(vec![started(), exited(pb::Exited { exit_code: 137, signal: 9, timed_out: true, ..Default::default() })]),
@@ -209,11 +213,12 @@ impl Agent for FakeAgent {
 
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
         let (down, capacity, name) = (self.down, self.capacity, self.name);
+        let images = self.images.iter().map(|r| pb::WarmImageInfo { reference: r.to_string(), digest: format!("sha256:{}", "c".repeat(64)) }).collect();
         async move {
             if down {
                 return Err(Status::unavailable("down"));
             }
-            Ok(pb::StatusResponse { node_name: name.unwrap_or("fake-node").into(), max_executions: capacity, ..Default::default() })
+            Ok(pb::StatusResponse { node_name: name.unwrap_or("fake-node").into(), max_executions: capacity, images, ..Default::default() })
         }
         .boxed()
     }

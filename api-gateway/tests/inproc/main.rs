@@ -6,6 +6,7 @@
 mod fake;
 mod errors;
 mod execute;
+mod images;
 mod stream;
 mod threads;
 
@@ -27,6 +28,9 @@ pub const GOOD: &str = "sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 pub const SOLO: &str = "sk-wrn-SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS";
 pub const OFF: &str = "sk-wrn-DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD";
 pub const BIG: &str = "sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
+pub const IMG: &str = "sk-wrn-IIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII";
+/// The OCI image of Sandbox `img`.
+pub const IMAGE: &str = "127.0.0.1:5000/warren/runtime:1";
 
 const MANIFESTS: &str = r#"
 apiVersion: warren.dev/v1alpha1
@@ -68,10 +72,20 @@ apiVersion: warren.dev/v1alpha1
 kind: ApiKey
 metadata: {name: big}
 spec: {sandboxRef: {name: big}, secretRef: {name: big}}
+---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: img}
+spec: {image: "127.0.0.1:5000/warren/runtime:1"}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: img}
+spec: {sandboxRef: {name: img}, secretRef: {name: img}}
 "#;
 
 fn secrets() -> String {
-    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG)]
+    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG), ("img", IMG)]
         .iter()
         .map(|(n, k)| format!("---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {n}}}\nstringData: {{key: {k}}}\n"))
         .collect()

@@ -7,6 +7,10 @@ pub const VALID: &str = "Valid";
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// Sandbox: valid, but asks for something this release does not offer.
 pub const UNSUPPORTED: &str = "Unsupported";
+/// Sandbox: no node could pull the image (or its pull secret is unusable).
+pub const IMAGE_PULL_FAILED: &str = "ImagePullFailed";
+/// Sandbox: `spec.languages` names a language the image does not have.
+pub const LANGUAGE_UNAVAILABLE: &str = "LanguageUnavailable";
 
 /// ApiKey: compiled and published for the gateways.
 pub const PUBLISHED: &str = "Published";
@@ -14,6 +18,9 @@ pub const PUBLISHED: &str = "Published";
 pub const DISABLED: &str = "Disabled";
 /// ApiKey: `spec.sandboxRef` names no valid Sandbox.
 pub const SANDBOX_NOT_FOUND: &str = "SandboxNotFound";
+/// ApiKey: the Sandbox's image is not warm on any node yet (or its pull
+/// secret is unusable).
+pub const SANDBOX_NOT_READY: &str = "SandboxNotReady";
 /// ApiKey: the key's Secret is missing or its entry is malformed.
 pub const SECRET_INVALID: &str = "SecretInvalid";
 /// ApiKey: the Secret is already used by an older ApiKey, which keeps it.

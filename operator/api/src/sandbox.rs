@@ -41,15 +41,21 @@ pub struct Resources {
     derive = "PartialEq",
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name": "Image", "type": "string", "jsonPath": ".spec.image"}"#,
+    printcolumn = r#"{"name": "Languages", "type": "string", "jsonPath": ".status.languages"}"#,
     printcolumn = r#"{"name": "Network", "type": "string", "jsonPath": ".spec.network"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxSpec {
-    /// Root filesystem: `host` (the node's own `/usr`, read-only). OCI image
-    /// references arrive with the image store.
+    /// Root filesystem: an OCI image reference (`registry/repo:tag`,
+    /// optionally `@sha256:…`), pulled and unpacked read-only on the nodes;
+    /// or `host` (the node's own `/usr`, read-only; for development).
     #[schemars(length(min = 1, max = 512))]
     pub image: String,
+    /// A `kubernetes.io/dockerconfigjson` Secret (same namespace) holding
+    /// credentials for the image's registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<LocalRef>,
     /// Languages offered (default: all the image has).
     #[schemars(length(min = 1, max = 3))]
     pub languages: Option<Vec<Language>>,
@@ -128,18 +134,36 @@ pub struct StorageMount {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxStatus {
-    /// `Ready`: True when the spec is valid and can run on this release's
-    /// node-agents. Reasons: `Valid`, `InvalidSpec`, `Unsupported`
-    /// (connectors are not offered yet).
+    /// `Ready`: True when the spec is valid and its image is warm on at
+    /// least one node. Reasons: `Valid`, `InvalidSpec`, `Unsupported`
+    /// (connectors are not offered yet), `ImagePullFailed`,
+    /// `LanguageUnavailable` (the spec lists a language the image lacks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status describes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Languages found in the image.
+    /// Languages offered: those the image has (and the spec allows).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub languages: Vec<Language>,
+    /// The interpreters found in the image, with the versions they report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interpreters: Vec<Interpreter>,
+    /// Manifest digest the image reference resolved to (re-resolved at
+    /// every resync, so a moved tag is picked up and warmed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// Nodes where the image is unpacked and ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warm_nodes: Vec<String>,
+}
+
+/// An interpreter found in a Sandbox's image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Interpreter {
+    /// `python`, `node` or `bash`.
+    pub language: Language,
+    /// What it reported, e.g. `3.11.2`.
+    pub version: String,
 }

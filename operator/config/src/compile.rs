@@ -42,8 +42,14 @@ impl Compiled {
 /// A validated Sandbox, before any key narrows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxConfig {
-    /// Root filesystem.
+    /// Root filesystem: `host` or an OCI reference.
     pub image: String,
+    /// The digest the operator warmed the image at (see [`SandboxConfig::resolved`]).
+    pub image_digest: Option<String>,
+    /// Registry credentials from the pull secret.
+    pub image_pull: Option<warren_core::secret::Credentials>,
+    /// The `imagePullSecret` name (resolved into `image_pull` by the compiler or the operator).
+    pub image_pull_secret: Option<String>,
     /// Languages offered.
     pub languages: Vec<Language>,
     /// Per-execution limits.
@@ -65,6 +71,21 @@ pub struct SandboxConfig {
 }
 
 impl SandboxConfig {
+    /// True for an OCI image (not `host`).
+    pub fn is_oci(&self) -> bool {
+        self.image != "host"
+    }
+
+    /// This Sandbox as the operator warmed it: pinned to `digest`,
+    /// offering `languages` (its status: the spec's within the image's),
+    /// pulled with `pull`.
+    pub fn warmed(mut self, digest: String, languages: Vec<Language>, pull: Option<warren_core::secret::Credentials>) -> SandboxConfig {
+        self.image_digest = Some(digest);
+        self.languages = languages;
+        self.image_pull = pull;
+        self
+    }
+
     /// Why this Sandbox cannot run code on this release's node-agent, if so.
     pub fn unsupported(&self) -> Option<&'static str> {
         (!self.connectors.is_empty()).then_some("connectors are not offered by this release's node-agent yet")
@@ -76,6 +97,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let (objects, mut errors) = manifest::parse(sources);
     let objects = dedupe(objects, &mut errors);
     let mut sandboxes = HashMap::new();
+    let mut sandbox_at = HashMap::new();
     let mut secrets = HashMap::new();
     let mut connections: Map<crate::types::StorageConnectionSpec> = HashMap::new();
     let mut ceilings: HashMap<String, Result<Ceilings, String>> = HashMap::new();
@@ -84,6 +106,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
             Kind::Sandbox => match sandbox(o) {
                 Ok(s) => {
                     sandboxes.insert((o.namespace.clone(), o.name.clone()), s);
+                    sandbox_at.insert((o.namespace.clone(), o.name.clone()), Where::of(o));
                 }
                 Err(e) => errors.push(e),
             },
@@ -110,6 +133,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
             Kind::ApiKey => {}
         }
     }
+    resolve_pull_secrets(&mut sandboxes, &sandbox_at, &secrets, &mut errors);
     let mut keys = Vec::new();
     for o in objects.iter().filter(|o| o.kind == Kind::ApiKey) {
         let ceiling = ceilings.get(&o.namespace).cloned().unwrap_or(Ok(Ceilings::default()));
@@ -119,6 +143,35 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
         }
     }
     Compiled { keys: refuse_shared_secrets(keys, &mut errors), errors }
+}
+
+/// Reads each Sandbox's `imagePullSecret` (a dockerconfigjson Secret among
+/// the manifests); a Sandbox whose secret is missing or unusable is
+/// refused, so its keys are too.
+fn resolve_pull_secrets(sandboxes: &mut Map<SandboxConfig>, at: &HashMap<(String, String), Where>, secrets: &Map<SecretBody>, errors: &mut Vec<ConfigError>) {
+    let mut refused = Vec::new();
+    for (id, sb) in sandboxes.iter_mut() {
+        let Some(name) = sb.image_pull_secret.clone() else { continue };
+        let config = secrets.get(&(id.0.clone(), name.clone())).and_then(|s| match s.string_data.get(".dockerconfigjson") {
+            Some(v) => Some(v.as_bytes().to_vec()),
+            None => s.data.get(".dockerconfigjson").cloned(),
+        });
+        let resolved = match config {
+            None => Err(format!("Secret {name:?} with a .dockerconfigjson entry is not among the manifests")),
+            Some(bytes) => crate::image::pull_credentials(&bytes, &sb.image),
+        };
+        match resolved {
+            Ok(creds) => sb.image_pull = creds,
+            Err(why) => {
+                let c = Checker { at: &at[id], reason: reasons::INVALID_SPEC };
+                errors.push(c.err("spec.imagePullSecret", why));
+                refused.push(id.clone());
+            }
+        }
+    }
+    for id in refused {
+        sandboxes.remove(&id);
+    }
 }
 
 /// Drops later objects with the same kind, namespace and name.
@@ -275,7 +328,10 @@ fn sandbox(o: &Object) -> Result<SandboxConfig, ConfigError> {
 pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, ConfigError> {
     let c = Checker { at, reason: reasons::INVALID_SPEC };
     if s.image != "host" {
-        return Err(c.err("spec.image", "only `host` (the node's own root filesystem, read-only) is supported in this release"));
+        crate::image::check_reference(&s.image).map_err(|why| c.err("spec.image", format!("not an OCI image reference or `host`: {why}")))?;
+    }
+    if s.image == "host" && s.image_pull_secret.is_some() {
+        return Err(c.err("spec.imagePullSecret", "the `host` image is not pulled"));
     }
     if s.network == Network::Unrestricted {
         return Err(c.err("spec.network", "Unrestricted is not offered by this release's node-agent yet; use Blocked"));
@@ -314,6 +370,9 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
     c.env("spec.env", &s.env)?;
     Ok(SandboxConfig {
         image: s.image.clone(),
+        image_digest: None,
+        image_pull: None,
+        image_pull_secret: s.image_pull_secret.as_ref().map(|r| r.name.clone()),
         languages,
         limits,
         max_timeout_seconds,
@@ -426,8 +485,8 @@ pub fn effective_key(
         max_concurrency,
         max_threads,
         image: sb.image.clone(),
-        image_digest: None,
-        image_pull: None,
+        image_digest: sb.image_digest.clone(),
+        image_pull: sb.image_pull.clone(),
         languages: sb.languages.clone(),
         limits: sb.limits,
         network,

@@ -10,6 +10,7 @@
 pub mod ceilings;
 pub mod compile;
 pub mod effective;
+pub mod image;
 mod error;
 pub mod key;
 pub mod manifest;

@@ -82,13 +82,35 @@ fn errors_name_file_object_and_field() {
         (sandbox("  env: [{name: A, value: x}, {name: A, value: y}]\n"), "spec.env[1]: A is set twice"),
         (sandbox("  network: Open\n"), "spec.network: unknown variant `Open`"),
         (sandbox("  languages: []\n"), "spec.languages: must list at least one language"),
-        (sandbox("").replace("image: host", "image: docker.io/python"), "spec.image: only `host`"),
+        (sandbox("").replace("image: host", "image: Docker.io/Python"), "spec.image: not an OCI image reference or `host`"),
+        (sandbox("").replace("image: host", "image: \"python:\""), "spec.image: not an OCI image reference or `host`: tag"),
+        (sandbox("  imagePullSecret: {name: regcred}\n"), "spec.imagePullSecret: the `host` image is not pulled"),
     ];
     for (sb, want) in cases {
         let e = one_error(&[("sb.yaml", sb)]);
         assert!(e.starts_with("sb.yaml: "), "{e}");
         assert!(e.contains(want), "{e:?} should contain {want:?}");
     }
+}
+
+#[test]
+fn oci_images_compile_with_their_pull_secret() {
+    let sb = sandbox("  imagePullSecret: {name: regcred}\n").replace("image: host", "image: 127.0.0.1:5000/warren/runtime:1");
+    let auth = "{\"auths\":{\"127.0.0.1:5000\":{\"username\":\"robot\",\"password\":\"hunter2\"}}}";
+    let regcred = format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: regcred}}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{auth}'\n");
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}---\n{regcred}", api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    let k = &c.keys[0];
+    assert_eq!(k.image, "127.0.0.1:5000/warren/runtime:1");
+    assert_eq!(k.image_digest, None, "single-machine mode: the agent resolves the tag");
+    let pull = k.image_pull.as_ref().expect("pull credentials");
+    assert_eq!((pull.0["username"].as_str(), pull.0["password"].as_str()), ("robot", "hunter2"));
+    assert!(!format!("{k:?}").contains("hunter2"), "credentials never print");
+
+    // A pull secret that is not there refuses the Sandbox, and so its keys.
+    let c = run(&[("a.yaml", format!("{sb}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert!(c.keys.is_empty());
+    assert!(c.errors.iter().any(|e| e.to_string().contains("spec.imagePullSecret: Secret \"regcred\"")), "{:?}", c.errors);
 }
 
 #[test]

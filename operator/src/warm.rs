@@ -1,0 +1,145 @@
+//! Warming a Sandbox's image on every node: the operator calls each
+//! node-agent's `WarmImage` (mutual TLS and the agent token, like a
+//! gateway), and reads the pull secret the image needs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams};
+use warren_core::secret::Credentials;
+use warren_proto::agent::{self as pb, node_agent_client::NodeAgentClient};
+use warren_proto::client::{AgentAddress, TcpTls};
+
+use crate::context::{Context, Error};
+
+/// Longest a node may take to pull and unpack an image for the operator.
+const WARM_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How the operator reaches node-agents.
+#[derive(Clone)]
+pub struct AgentAccess {
+    /// gRPC port of the agent pods.
+    pub port: u16,
+    /// Bearer token.
+    pub token: Option<Arc<str>>,
+    /// Client TLS (the gateway CA's certificate).
+    pub tls: TcpTls,
+}
+
+impl AgentAccess {
+    /// From the command line's files; `None` when none are given.
+    pub fn from_files(port: u16, token: Option<PathBuf>, cert: Option<PathBuf>, key: Option<PathBuf>, ca: Option<PathBuf>) -> anyhow::Result<Option<AgentAccess>> {
+        let tls = warren_proto::tls::TlsFiles::from_flags(cert, key, ca).map_err(anyhow::Error::msg)?;
+        let Some(tls) = tls else { return Ok(None) };
+        let token = match token {
+            Some(path) => Some(Arc::from(std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?.trim())),
+            None => None,
+        };
+        Ok(Some(AgentAccess { port, token, tls: Some(tls.client_config()?) }))
+    }
+}
+
+/// A running node-agent pod.
+#[derive(Debug, Clone)]
+pub struct AgentPod {
+    /// Node it runs on.
+    pub node: String,
+    /// Pod IP.
+    pub ip: String,
+}
+
+/// The running node-agent pods.
+pub async fn agent_pods(ctx: &Context) -> Result<Vec<AgentPod>, Error> {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ctx.agent_namespace).list(&ListParams::default().labels(&ctx.agent_selector)).await?;
+    let mut out: Vec<AgentPod> = pods
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| Some(AgentPod { node: p.spec?.node_name?, ip: p.status?.pod_ip? }))
+        .collect();
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(out)
+}
+
+/// Asks one agent to warm `image`.
+async fn warm_one(access: &AgentAccess, pod: &AgentPod, image: &str, pull: Option<&Credentials>) -> Result<pb::WarmImageResponse, String> {
+    let host = if pod.ip.contains(':') { format!("[{}]", pod.ip) } else { pod.ip.clone() };
+    let address = AgentAddress::Tcp(format!("https://{host}:{}", access.port));
+    let channel = warren_proto::client::connect(&address, &access.tls).await.map_err(|e| format!("cannot reach the node-agent: {e}"))?;
+    let mut request = tonic::Request::new(pb::WarmImageRequest {
+        image: image.to_string(),
+        image_pull: pull.map(|c| pb::Credentials { values: c.0.clone().into_iter().collect() }),
+    });
+    request.set_timeout(WARM_TIMEOUT);
+    if let Some(v) = access.token.as_ref().and_then(|t| format!("Bearer {t}").parse().ok()) {
+        request.metadata_mut().insert("authorization", v);
+    }
+    let reply = tokio::time::timeout(WARM_TIMEOUT, NodeAgentClient::new(channel).warm_image(request)).await.map_err(|_| "timed out".to_string())?;
+    reply.map(|r| r.into_inner()).map_err(|s| s.message().to_string())
+}
+
+/// Warms `image` on every agent in parallel: (node, result) per agent.
+pub async fn warm_everywhere(access: &AgentAccess, pods: &[AgentPod], image: &str, pull: Option<&Credentials>) -> Vec<(String, Result<pb::WarmImageResponse, String>)> {
+    let calls = pods.iter().map(|pod| async move { (pod.node.clone(), warm_one(access, pod, image, pull).await) });
+    futures_util::future::join_all(calls).await
+}
+
+/// What the nodes answered, summarised: the digest most nodes hold, the
+/// nodes holding it, its interpreters; or the first error when none could.
+pub fn summarise(results: Vec<(String, Result<pb::WarmImageResponse, String>)>) -> Result<(String, Vec<String>, Vec<(pb::Language, String)>), String> {
+    let mut by_digest: std::collections::BTreeMap<String, (Vec<String>, Vec<(pb::Language, String)>)> = Default::default();
+    let mut first_error = None;
+    for (node, result) in results {
+        match result {
+            Ok(r) => {
+                let entry = by_digest.entry(r.digest.clone()).or_default();
+                entry.0.push(node);
+                entry.1 = r.languages.iter().map(|l| (l.language(), l.version.clone())).collect();
+            }
+            Err(e) => {
+                first_error.get_or_insert(format!("node {node}: {e}"));
+            }
+        }
+    }
+    let best = by_digest.into_iter().max_by_key(|(_, (nodes, _))| nodes.len());
+    match best {
+        Some((digest, (mut nodes, languages))) => {
+            nodes.sort();
+            Ok((digest, nodes, languages))
+        }
+        None => Err(first_error.unwrap_or_else(|| "no node-agent is running".into())),
+    }
+}
+
+/// The registry credentials a Sandbox's `imagePullSecret` holds for its image.
+pub async fn pull_secret(ctx: &Context, ns: &str, secret: Option<&str>, image: &str) -> Result<Result<Option<Credentials>, String>, Error> {
+    let Some(name) = secret else { return Ok(Ok(None)) };
+    let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? else {
+        return Ok(Err(format!("imagePullSecret {name:?} does not exist")));
+    };
+    let data = s.data.unwrap_or_default();
+    let Some(config) = data.get(".dockerconfigjson") else {
+        return Ok(Err(format!("imagePullSecret {name:?} has no .dockerconfigjson entry (type kubernetes.io/dockerconfigjson)")));
+    };
+    Ok(warren_config::image::pull_credentials(&config.0, image).map_err(|e| format!("imagePullSecret {name:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(digest: &str) -> Result<pb::WarmImageResponse, String> {
+        Ok(pb::WarmImageResponse { digest: digest.into(), languages: vec![pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }], bytes: 1 })
+    }
+
+    #[test]
+    fn the_digest_most_nodes_hold_wins() {
+        let results = vec![("n3".to_string(), ok("sha256:new")), ("n1".to_string(), ok("sha256:old")), ("n2".to_string(), ok("sha256:new")), ("n4".to_string(), Err("registry: unauthorized".into()))];
+        let (digest, nodes, languages) = summarise(results).unwrap();
+        assert_eq!((digest.as_str(), nodes), ("sha256:new", vec!["n2".to_string(), "n3".to_string()]));
+        assert_eq!(languages, [(pb::Language::Python, "3.12.1".to_string())]);
+        assert_eq!(summarise(vec![("n1".into(), Err("registry: unauthorized".into()))]).unwrap_err(), "node n1: registry: unauthorized");
+        assert_eq!(summarise(vec![]).unwrap_err(), "no node-agent is running");
+    }
+}
