@@ -153,9 +153,15 @@ pub struct Operator {
 impl Operator {
     /// Starts the operator for Warren's `namespace`, publishing keys into `keys`.
     pub fn start(k: &EnvTest, namespace: &str, keys: &str) -> anyhow::Result<Operator> {
+        Operator::start_with(k, namespace, keys, &[])
+    }
+
+    /// Like [`Operator::start`], with further flags (e.g. node-agent credentials).
+    pub fn start_with(k: &EnvTest, namespace: &str, keys: &str, extra: &[String]) -> anyhow::Result<Operator> {
         use std::io::BufRead;
         let mut child = Command::new(crate::bin("warren-operator"))
             .args(["--namespace", namespace, "--publish-namespace", keys, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
+            .args(extra)
             .env("KUBECONFIG", k.kubeconfig_for_rustls())
             .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
