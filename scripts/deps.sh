@@ -15,19 +15,37 @@ ensure_deps() {
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   # The image tests pull from a real registry on loopback.
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
-  if ((${#missing[@]})); then
-    echo "==> installing Debian packages: ${missing[*]}"
-    local sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # The package enables a registry service on :5000; tests start their own on loopback.
-    if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
-      $sudo systemctl disable --now docker-registry >/dev/null 2>&1 || true
-    fi
+  command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+  apt_install "${missing[@]}"
+  # The package enables a registry service on :5000; tests start their own on loopback.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    $(sudo_if_needed) systemctl disable --now docker-registry >/dev/null 2>&1 || true
   fi
   if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo (Rust >= 1.88) is required; Debian's packaged Rust is too old" >&2
     exit 1
   fi
+}
+
+# What scripts/build-images.sh needs: Debian root filesystems and OCI images
+# without a container daemon.
+ensure_image_tools() {
+  local missing=()
+  command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+  command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+  apt_install "${missing[@]}"
+}
+
+sudo_if_needed() {
+  [ "$(id -u)" = 0 ] || echo sudo
+}
+
+# apt_install PACKAGE... : installs them (nothing when none are given).
+apt_install() {
+  (($#)) || return 0
+  echo "==> installing Debian packages: $*"
+  local sudo
+  sudo=$(sudo_if_needed)
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }

@@ -70,6 +70,21 @@ impl Drop for Registry {
     }
 }
 
+/// Pushes an OCI image layout archive (as `scripts/build-images.sh` writes,
+/// tag `latest`) to `reference` with skopeo; returns its manifest digest.
+pub fn push_oci_archive(archive: &std::path::Path, reference: &str) -> anyhow::Result<String> {
+    let out = Command::new("skopeo")
+        .args(["copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests"])
+        .arg(format!("oci-archive:{}:latest", archive.display()))
+        .arg(format!("docker://{reference}"))
+        .output()
+        .context("running skopeo (scripts/deps.sh installs it)")?;
+    anyhow::ensure!(out.status.success(), "skopeo copy failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("skopeo").args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"]).arg(format!("docker://{reference}")).output()?;
+    anyhow::ensure!(out.status.success(), "skopeo inspect failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// `sha256:<hex>` of bytes.
 pub fn sha256(data: &[u8]) -> String {
     format!("sha256:{}", Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect::<String>())
