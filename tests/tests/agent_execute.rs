@@ -84,7 +84,8 @@ async fn malformed_requests_get_invalid_argument_and_nothing_runs() {
         ("limits.cpu_millis", { let mut r = ok.clone(); r.limits = Some(Limits { cpu_millis: 64_000, ..Default::default() }); r }),
         ("env_vars.LD_PRELOAD", { let mut r = ok.clone(); r.env.insert("LD_PRELOAD".into(), "/tmp/x.so".into()); r }),
         ("env_vars.bad-name", { let mut r = ok.clone(); r.env.insert("bad-name".into(), "x".into()); r }),
-        ("image", { let mut r = ok.clone(); r.image = "evil.example/image".into(); r }),
+        // Malformed (never a real registry: tests stay on this machine).
+        ("image", { let mut r = ok.clone(); r.image = "not a reference".into(); r }),
         ("execution_id", { let mut r = ok.clone(); r.execution_id = "../../etc".into(); r }),
     ];
     for (field, req) in cases {
