@@ -10,8 +10,9 @@
 #
 #   scripts/build-images.sh [warren|warren-runtime ...]   (default: both)
 #
-# Writes target/images/<name>.oci.tar (an OCI image layout, tag `latest`;
-# `kube-envtest load-image` and `skopeo copy oci-archive:` take it) and
+# Writes target/images/<name>.oci.tar (an OCI image layout, tag `latest`,
+# named `<name>:<chart appVersion>` for containerd: `kube-envtest load-image`
+# imports it as the chart's default; `skopeo copy oci-archive:` takes it) and
 # prints each image's manifest digest. Reproducible: file times are clamped
 # to SOURCE_DATE_EPOCH (default: the last commit's time), so the same
 # package versions give the same digest. Downloaded .debs are kept in
@@ -24,6 +25,8 @@ ensure_deps
 ensure_image_tools
 
 OUT=${WARREN_IMAGES_DIR:-target/images}
+# Tag the images carry (the chart's appVersion: its default image tag).
+TAG=${WARREN_IMAGE_TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/warren/Chart.yaml)}
 SUITE=bookworm
 MIRROR=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY=${WARREN_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
@@ -75,6 +78,14 @@ package() {
   umoci config --no-history --image "$layout:latest" --created "$created" --author warren \
     --architecture amd64 --os linux "$@"
   umoci gc --layout "$layout"
+  # The name containerd gives it on import (`kube-envtest load-image`, `ctr images import`).
+  python3 - "$layout/index.json" "docker.io/library/$name:$TAG" <<'PY'
+import json, sys
+path, name = sys.argv[1], sys.argv[2]
+index = json.load(open(path))
+index["manifests"][0].setdefault("annotations", {})["io.containerd.image.name"] = name
+json.dump(index, open(path, "w"), separators=(",", ":"))
+PY
   rm -f "$OUT/$name.oci.tar"
   tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner -C "$layout" -cf "$OUT/$name.oci.tar" .
   local digest
@@ -102,7 +113,8 @@ build_warren() {
   rmdir "$root"
   rootfs warren "$root" "${WARREN_PACKAGES[@]}"
   for bin in warren-gateway warren-operator warren-node-agent warren-sandbox warren-agentctl; do
-    install -m 0755 "target/release/$bin" "$root/usr/local/bin/$bin"
+    # Stripped: the release profile keeps line tables for local profiling.
+    install -s -m 0755 "target/release/$bin" "$root/usr/local/bin/$bin"
   done
   package warren "$root" --config.cmd warren-gateway --config.label org.opencontainers.image.title=warren
 }

@@ -62,6 +62,26 @@ impl EnvTest {
         Ok(env)
     }
 
+    /// Adds the real node (`node1`: controllers, scheduler, containerd,
+    /// runc, CNI bridge `wrn-cni0` with gateway 10.244.0.1, a kubelet); one
+    /// per machine at a time. Stopped with the API server on drop.
+    pub fn start_node(&self) -> anyhow::Result<()> {
+        let out = Command::new(&self.tool).arg("start-node").arg(self.dir.path()).output().context("running kube-envtest start-node")?;
+        if !out.status.success() {
+            bail!("kube-envtest start-node failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Imports an OCI image layout tar into the node's containerd.
+    pub fn load_image(&self, tar: &Path) -> anyhow::Result<()> {
+        let out = Command::new(&self.tool).arg("load-image").arg(self.dir.path()).arg(tar).output().context("running kube-envtest load-image")?;
+        if !out.status.success() {
+            bail!("kube-envtest load-image {} failed:\n{}", tar.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig")
@@ -122,7 +142,7 @@ impl Drop for EnvTest {
     /// API server are gone, and SIGKILL whatever is left, so nothing outlives
     /// the test.
     fn drop(&mut self) {
-        let pids: Vec<i32> = ["apiserver.pid", "etcd.pid"]
+        let pids: Vec<i32> = ["apiserver.pid", "etcd.pid", "kubelet.pid", "containerd.pid", "scheduler.pid", "controller-manager.pid"]
             .iter()
             .filter_map(|f| std::fs::read_to_string(self.dir.path().join(f)).ok())
             .filter_map(|p| p.trim().parse().ok())
@@ -207,4 +227,22 @@ impl Drop for Operator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A copy of `examples/quickstart/` whose Sandbox runs `image` instead of
+/// the example's (a registry the test made, or `host` for tests of the
+/// control plane alone).
+pub fn quickstart_with_image(image: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart");
+    for entry in std::fs::read_dir(&example).expect("examples/quickstart") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read example");
+        let text: Vec<String> = text.lines().map(|l| if l.trim_start().starts_with("image:") { format!("  image: {image}") } else { l.to_string() }).collect();
+        std::fs::write(dir.path().join(path.file_name().expect("name")), text.join("\n") + "\n").expect("write copy");
+    }
+    dir
 }

@@ -19,6 +19,12 @@ fn repo(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel).display().to_string()
 }
 
+/// The quickstart on `host`: these tests are about the control plane with
+/// local agents (`cluster_images.rs` and `real_node.rs` run the example's image).
+fn quickstart_on_host() -> tempfile::TempDir {
+    warren_e2e::kube::quickstart_with_image("host")
+}
+
 fn secret_value(k: &EnvTest, secret: &str) -> Option<String> {
     use base64::Engine as _;
     let out = k.kubectl(&["get", "secret", secret, "-o", "jsonpath={.data.key}"]);
@@ -72,7 +78,7 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     gw.wait_ready(Duration::from_secs(20)).unwrap();
 
     // The example: the operator generates the key, marks the ApiKey Ready and publishes it.
-    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
     let mut key = None;
     assert!(wait_for(Duration::from_secs(30), || {
         key = secret_value(&k, "agent-key");
@@ -112,7 +118,7 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
 
     // Re-applying the same manifests changes nothing: no status churn, no new key.
     let before = resource_versions(&k);
-    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(resource_versions(&k), before, "re-applying changed objects");
     assert_eq!(secret_value(&k, "agent-key").as_deref(), Some(key.as_str()));
@@ -213,7 +219,7 @@ async fn the_gateway_finds_agent_pods_by_label() {
     ];
     args.extend(gateway_tls.iter().map(String::as_str));
     let gw = Gateway::start_with_env(&[], &args, &[("KUBECONFIG", kubeconfig.as_str())], false).await.unwrap();
-    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
     let mut key = None;
     assert!(wait_for(Duration::from_secs(30), || {
         key = secret_value(&k, "agent-key");
@@ -265,7 +271,7 @@ async fn a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the
         return;
     }
     let (k, _operator) = cluster();
-    k.kubectl_ok(&["apply", "-f", &repo("examples/quickstart")]);
+    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
     let published = |k: &EnvTest| !k.kubectl(&["get", "secrets", "-n", KEYS, "-o", "name"]).stdout.is_empty();
     assert!(wait_for(Duration::from_secs(30), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
     // The example key asks for maxConcurrency 16.

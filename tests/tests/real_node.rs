@@ -1,0 +1,171 @@
+//! The whole product on a real kubelet (kube-envtest `start-node`): the
+//! images `scripts/build-images.sh` builds (`warren` loaded into the node's
+//! containerd, `warren-runtime` pushed to Debian's docker-registry on the
+//! node bridge's gateway address, where pods reach it), `helm install`,
+//! `examples/quickstart/` (its image pointed at that registry), and calls to
+//! the gateway pod: python, node and bash inside the runtime image on the
+//! DaemonSet's agent; a thread that survives the agent pod being deleted and
+//! recreated; `helm upgrade`; and `helm uninstall` leaving no cgroups,
+//! mounts or processes on the node.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+use warren_e2e::gateway::wait_for;
+use warren_e2e::kube::EnvTest;
+use warren_e2e::registry::{push_oci_archive, Registry};
+use warren_e2e::{http, skip_unless_root};
+
+const NS: &str = "warren-system";
+/// The CNI bridge's gateway: this machine, as pods see it.
+const BRIDGE_IP: &str = "10.244.0.1";
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+fn helm(k: &EnvTest, args: &[&str]) -> String {
+    let out = Command::new(warren_e2e::helm::helm().unwrap()).arg("--kubeconfig").arg(k.kubeconfig()).args(args).output().unwrap();
+    assert!(out.status.success(), "helm {args:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn jsonpath(k: &EnvTest, args: &[&str], path: &str) -> String {
+    let mut all: Vec<&str> = args.to_vec();
+    let p = format!("jsonpath={path}");
+    all.extend(["-o", &p]);
+    String::from_utf8_lossy(&k.kubectl(&all).stdout).trim().to_string()
+}
+
+fn rollout(k: &EnvTest, what: &str) {
+    k.kubectl_ok(&["rollout", "status", what, "-n", NS, "--timeout=180s"]);
+}
+
+fn gateway_addr(k: &EnvTest) -> SocketAddr {
+    let ip = jsonpath(k, &["get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=gateway", "--field-selector=status.phase=Running"], "{.items[0].status.podIP}");
+    format!("{ip}:8080").parse().unwrap_or_else(|_| panic!("gateway pod IP {ip:?}"))
+}
+
+fn execute(addr: SocketAddr, key: &str, body: serde_json::Value) -> http::Response {
+    http::raw(addr, &http::execute_request(addr, key, &body, false)).expect("HTTP to the gateway pod")
+}
+
+/// Lines of this machine's mount table below `dir`.
+fn mounts_below(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&dir))).map(String::from).collect()
+}
+
+/// Cgroup directories named like the agent's sandbox parent, anywhere.
+fn warren_cgroups() -> Vec<String> {
+    let out = Command::new("find").args(["/sys/fs/cgroup", "-type", "d", "-name", "warren*"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+fn warren_processes() -> Vec<String> {
+    let out = Command::new("pgrep").args(["-a", "-f", "warren-(node-agent|sandbox|gateway|operator)"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
+    if skip_unless_root("warren_runs_on_a_real_node_from_helm_install_to_uninstall") {
+        return;
+    }
+    let (warren, runtime) = (repo("target/images/warren.oci.tar"), repo("target/images/warren-runtime.oci.tar"));
+    assert!(warren.exists() && runtime.exists(), "build the images first: scripts/build-images.sh (scripts/test.sh does)");
+    let k = EnvTest::start().unwrap();
+    k.start_node().unwrap();
+    k.load_image(&warren).unwrap();
+    let registry = Registry::start_on(BRIDGE_IP).unwrap();
+    let image = format!("{}/warren/warren-runtime:0.1.0", registry.addr);
+    push_oci_archive(&runtime, &image).unwrap();
+
+    let state = tempfile::Builder::new().prefix("warren-node-state-").tempdir().unwrap();
+    let state_dir = state.path().display().to_string();
+    let base = [
+        "--namespace", NS, "--create-namespace",
+        "--set", "image.pullPolicy=Never",
+        "--set", &format!("nodeAgent.stateDir={state_dir}"),
+        "--set", "threads.store=node",
+        "--set", &format!("nodeAgent.images.insecureRegistries={{{}}}", registry.addr),
+    ];
+    let chart = repo("charts/warren").display().to_string();
+    let mut install = vec!["install", "warren", chart.as_str()];
+    install.extend(base);
+    helm(&k, &install);
+    rollout(&k, "daemonset/warren-node-agent");
+    rollout(&k, "deployment/warren-gateway");
+    rollout(&k, "deployment/warren-operator");
+
+    // The quickstart, its Sandbox on the runtime image in this registry.
+    let quickstart = warren_e2e::kube::quickstart_with_image(&image);
+    k.kubectl_ok(&["apply", "-n", "default", "-f", quickstart.path().to_str().unwrap()]);
+    let ready = |kind: &str, name: &str| jsonpath(&k, &["get", kind, name, "-n", "default"], r#"{.status.conditions[?(@.type=="Ready")].status}"#) == "True";
+    assert!(wait_for(Duration::from_secs(300), || ready("sandbox", "default")), "Sandbox not Ready: {}", jsonpath(&k, &["get", "sandbox", "default"], "{.status}"));
+    assert_eq!(jsonpath(&k, &["get", "sandbox", "default"], "{.status.warmNodes}"), r#"["node1"]"#);
+    assert!(wait_for(Duration::from_secs(60), || ready("apikey", "agent")));
+    let key = {
+        use base64::Engine as _;
+        let b64 = jsonpath(&k, &["get", "secret", "agent-key", "-n", "default"], "{.data.key}");
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
+    };
+
+    let gw = gateway_addr(&k);
+    let first = |addr| {
+        let mut last = None;
+        let ok = wait_for(Duration::from_secs(60), || {
+            let r = execute(addr, &key, json!({"code": "print(6 * 7)"}));
+            let ok = r.status == 200;
+            last = Some(r.text());
+            ok
+        });
+        assert!(ok, "the gateway never ran code: {last:?}");
+    };
+    first(gw);
+    for (language, code, want) in [
+        ("python", "import sys, os; print(sys.version_info[0], os.path.exists('/usr/bin/npm'))", "3 True\n"),
+        ("node", "console.log(process.versions.node.split('.')[0] >= 18, require('os').userInfo().uid)", "true 1000\n"),
+        ("bash", "jq --version >/dev/null && git --version >/dev/null && sqlite3 --version >/dev/null && echo tools", "tools\n"),
+    ] {
+        let r = execute(gw, &key, json!({"code": code, "language": language}));
+        assert_eq!(r.status, 200, "{language}: {}", r.text());
+        assert_eq!(r.json()["stdout"], want, "{language}: {}", r.text());
+    }
+
+    // A thread survives its agent pod being deleted and recreated.
+    let r = execute(gw, &key, json!({"code": "echo kept > ~/note", "language": "bash", "thread_id": "t1"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let old = jsonpath(&k, &["get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=node-agent"], "{.items[0].metadata.name}");
+    k.kubectl_ok(&["delete", "pod", &old, "-n", NS, "--wait=true", "--timeout=120s"]);
+    rollout(&k, "daemonset/warren-node-agent");
+    let mut last = None;
+    let kept = wait_for(Duration::from_secs(120), || {
+        let r = execute(gw, &key, json!({"code": "cat ~/note", "language": "bash", "thread_id": "t1"}));
+        let ok = r.status == 200 && r.json()["stdout"] == "kept\n";
+        last = Some(r.text());
+        ok
+    });
+    assert!(kept, "thread lost with the agent pod: {last:?}");
+
+    // Upgrade: a changed setting rolls the agents; code still runs.
+    let mut upgrade = vec!["upgrade", "warren", chart.as_str()];
+    upgrade.extend(base);
+    upgrade.extend(["--set", "nodeAgent.poolSize=1"]);
+    helm(&k, &upgrade);
+    rollout(&k, "daemonset/warren-node-agent");
+    rollout(&k, "deployment/warren-gateway");
+    first(gateway_addr(&k));
+
+    // Uninstall: nothing of Warren stays on the node.
+    helm(&k, &["uninstall", "warren", "--namespace", NS, "--wait", "--timeout", "180s"]);
+    let gone = wait_for(Duration::from_secs(120), || {
+        jsonpath(&k, &["get", "pods", "-n", NS], "{.items[*].metadata.name}").is_empty() && warren_processes().is_empty()
+    });
+    assert!(gone, "pods or processes remain: {:?}", warren_processes());
+    assert!(wait_for(Duration::from_secs(60), || warren_cgroups().is_empty()), "cgroups remain: {:?}", warren_cgroups());
+    assert_eq!(mounts_below(state.path()), Vec::<String>::new(), "mounts remain under the state dir");
+}
