@@ -23,19 +23,18 @@ pub struct Registry {
 impl Registry {
     /// Starts `docker-registry` on loopback and waits until it answers.
     pub fn start() -> anyhow::Result<Registry> {
-        Registry::start_on("127.0.0.1")
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        Registry::start_at(format!("127.0.0.1:{port}").parse()?)
     }
 
-    /// Starts it on `ip`, a local address (loopback, or the gateway of a
+    /// Starts it on `addr`, a local address (loopback, or the gateway of a
     /// bridge this machine made, for pods to reach).
-    pub fn start_on(ip: &str) -> anyhow::Result<Registry> {
+    pub fn start_at(addr: SocketAddr) -> anyhow::Result<Registry> {
         let binary = std::path::Path::new("/usr/bin/docker-registry");
         if !binary.exists() {
             bail!("docker-registry is not installed: scripts/test.sh installs it (apt-get install docker-registry)");
         }
         let dir = tempfile::Builder::new().prefix("warren-registry-").tempdir()?;
-        let port = TcpListener::bind((ip, 0))?.local_addr()?.port();
-        let addr: SocketAddr = format!("{ip}:{port}").parse()?;
         let config = dir.path().join("config.yml");
         std::fs::write(
             &config,

@@ -52,6 +52,10 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         }
         assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
         assert_gateway_reads_secrets_only_in_the_keys_namespace(&rendered);
+        // Helm prints large numbers as floats unless told not to (the agent
+        // refused `--max-output-bytes=1.048576e+06` on a real node).
+        assert!(!rendered.lines().any(|l| l.trim_start().starts_with("- --") && l.contains("e+0")), "{name}: a float-formatted flag");
+        assert!(rendered.contains("--max-output-bytes=1048576"), "{name}");
         let file = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&file, &rendered).unwrap();
         // CRDs first (dry-run cannot create them for the custom objects).

@@ -41,12 +41,51 @@ fn jsonpath(k: &EnvTest, args: &[&str], path: &str) -> String {
 }
 
 fn rollout(k: &EnvTest, what: &str) {
-    k.kubectl_ok(&["rollout", "status", what, "-n", NS, "--timeout=180s"]);
+    let out = k.kubectl(&["rollout", "status", what, "-n", NS, "--timeout=180s"]);
+    assert!(out.status.success(), "{what} did not roll out: {}\n{}", String::from_utf8_lossy(&out.stderr), pod_logs());
 }
 
-fn gateway_addr(k: &EnvTest) -> SocketAddr {
-    let ip = jsonpath(k, &["get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=gateway", "--field-selector=status.phase=Running"], "{.items[0].status.podIP}");
-    format!("{ip}:8080").parse().unwrap_or_else(|_| panic!("gateway pod IP {ip:?}"))
+/// The last lines every Warren container logged (the API server cannot
+/// fetch logs here: the node's name does not resolve), for failure messages.
+fn pod_logs() -> String {
+    let out = Command::new("sh").args(["-c", &format!("for f in /var/log/pods/{NS}_*/*/*.log; do echo \"== $f\"; tail -n 8 \"$f\" | cut -c1-400; done")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// kube-envtest's API server listens on loopback, presents a self-signed
+/// CA as its serving certificate (rustls refuses that) and has no
+/// kube-proxy, so pods cannot use the `kubernetes` Service: the operator and
+/// the gateway run on the host network here, with a kubeconfig naming the
+/// real address, skipping verification of that one loopback certificate,
+/// and authenticating with the pod's own service-account token (the chart's
+/// RBAC is what they get). The agents do not talk to the API server and
+/// stay on the pod network. (Host ports allow one pod at a time: they are
+/// replaced, not rolled.)
+fn reach_the_api_server_from_the_host_network(k: &EnvTest) {
+    let server = jsonpath(k, &["config", "view", "--minify"], "{.clusters[0].cluster.server}");
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: envtest, cluster: {{server: \"{server}\", insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: sa, user: {{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}}}}]\n\
+         contexts: [{{name: envtest, context: {{cluster: envtest, user: sa, namespace: {NS}}}}}]\ncurrent-context: envtest\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
+    k.kubectl_ok(&["create", "configmap", "envtest-kubeconfig", "-n", NS, &format!("--from-file={}", dir.path().join("kubeconfig").display())]);
+    let patch = |container: &str| {
+        format!(
+            r#"{{"spec":{{"strategy":{{"type":"Recreate","rollingUpdate":null}},"template":{{"spec":{{"hostNetwork":true,"dnsPolicy":"ClusterFirstWithHostNet",
+            "volumes":[{{"name":"envtest-kubeconfig","configMap":{{"name":"envtest-kubeconfig"}}}}],
+            "containers":[{{"name":"{container}","env":[{{"name":"KUBECONFIG","value":"/etc/envtest/kubeconfig"}}],
+            "volumeMounts":[{{"name":"envtest-kubeconfig","mountPath":"/etc/envtest","readOnly":true}}]}}]}}}}}}}}"#
+        )
+    };
+    k.kubectl_ok(&["patch", "deployment", "warren-operator", "-n", NS, "-p", &patch("operator")]);
+    k.kubectl_ok(&["patch", "deployment", "warren-gateway", "-n", NS, "-p", &patch("gateway")]);
+}
+
+/// The gateway, on this machine's network (see above).
+fn gateway_addr(_k: &EnvTest) -> SocketAddr {
+    "127.0.0.1:8080".parse().unwrap()
 }
 
 fn execute(addr: SocketAddr, key: &str, body: serde_json::Value) -> http::Response {
@@ -80,9 +119,11 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     let k = EnvTest::start().unwrap();
     k.start_node().unwrap();
     k.load_image(&warren).unwrap();
-    let registry = Registry::start_on(BRIDGE_IP).unwrap();
-    let image = format!("{}/warren/warren-runtime:0.1.0", registry.addr);
-    push_oci_archive(&runtime, &image).unwrap();
+    // The bridge gets its address with the first pod: the registry starts
+    // after the install, on a port chosen now (the agents are told it).
+    let port = std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port();
+    let registry_addr: SocketAddr = format!("{BRIDGE_IP}:{port}").parse().unwrap();
+    let image = format!("{registry_addr}/warren/warren-runtime:0.1.0");
 
     let state = tempfile::Builder::new().prefix("warren-node-state-").tempdir().unwrap();
     let state_dir = state.path().display().to_string();
@@ -91,15 +132,20 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
         "--set", "image.pullPolicy=Never",
         "--set", &format!("nodeAgent.stateDir={state_dir}"),
         "--set", "threads.store=node",
-        "--set", &format!("nodeAgent.images.insecureRegistries={{{}}}", registry.addr),
+        // One gateway: it serves on the host network here (below), one port.
+        "--set", "gateway.replicas=1",
+        "--set", &format!("nodeAgent.images.insecureRegistries={{{registry_addr}}}"),
     ];
     let chart = repo("charts/warren").display().to_string();
     let mut install = vec!["install", "warren", chart.as_str()];
     install.extend(base);
     helm(&k, &install);
+    reach_the_api_server_from_the_host_network(&k);
     rollout(&k, "daemonset/warren-node-agent");
     rollout(&k, "deployment/warren-gateway");
     rollout(&k, "deployment/warren-operator");
+    let _registry = Registry::start_at(registry_addr).unwrap();
+    push_oci_archive(&runtime, &image).unwrap();
 
     // The quickstart, its Sandbox on the runtime image in this registry.
     let quickstart = warren_e2e::kube::quickstart_with_image(&image);
