@@ -106,15 +106,19 @@ build_runtime() {
 }
 
 build_warren() {
-  echo "==> warren: release build of the binaries"
-  cargo build --release --locked --bins -p warren-api-gateway -p warren-operator -p warren-node-agent -p warren-isolation
+  # WARREN_IMAGE_PROFILE=dev reuses the test build (scripts/test.sh: the
+  # tests check behaviour; published images and benchmarks use release).
+  local profile=${WARREN_IMAGE_PROFILE:-release} bindir
+  case $profile in release) bindir=target/release ;; dev) bindir=target/debug ;; *) echo "WARREN_IMAGE_PROFILE: release or dev" >&2; exit 2 ;; esac
+  echo "==> warren: $profile build of the binaries"
+  cargo build --profile "$profile" --locked --bins -p warren-api-gateway -p warren-operator -p warren-node-agent -p warren-isolation
   local root
   root=$(mktemp -d "$OUT/.rootfs-warren.XXXX")
   rmdir "$root"
   rootfs warren "$root" "${WARREN_PACKAGES[@]}"
   for bin in warren-gateway warren-operator warren-node-agent warren-sandbox warren-agentctl; do
     # Stripped: the release profile keeps line tables for local profiling.
-    install -s -m 0755 "target/release/$bin" "$root/usr/local/bin/$bin"
+    install -s -m 0755 "$bindir/$bin" "$root/usr/local/bin/$bin"
   done
   package warren "$root" --config.cmd warren-gateway --config.label org.opencontainers.image.title=warren
 }

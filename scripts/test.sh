@@ -24,6 +24,13 @@ if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azu
 fi
 # The e2e tests start the workspace's binaries; build them first.
 cargo build --workspace --bins --locked
+# The real-node test installs Warren's images on a kube-envtest node: build
+# them (the `warren` image from the build above; ~2 min) and the node's
+# Kubernetes binaries (cached per machine; ~4 min once).
+WARREN_IMAGE_PROFILE=dev scripts/build-images.sh
+KUBE_ENVTEST=${WARREN_KUBE_ENVTEST:-$(cd .. && pwd)/shared/tools/kube-envtest}
+[ -x "$KUBE_ENVTEST" ] || KUBE_ENVTEST=/work/shared/tools/kube-envtest
+"$KUBE_ENVTEST" install-node
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast
 else
