@@ -64,6 +64,40 @@ pub fn skip_unless_root(test: &str) -> bool {
     true
 }
 
+/// A node-agent serving TCP with mutual TLS and a bearer token, as the
+/// DaemonSet's pods do; with what a caller needs to reach it.
+pub struct TcpAgent {
+    /// The agent.
+    pub agent: Agent,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// File holding its token.
+    pub token: PathBuf,
+    /// Certificates of both sides.
+    pub pki: pki::Pki,
+    _dir: tempfile::TempDir,
+}
+
+impl TcpAgent {
+    /// Starts one reporting node name `node` and waits until it listens
+    /// (its Unix socket requires the token too, so the harness cannot probe it).
+    pub fn start(node: &str) -> anyhow::Result<TcpAgent> {
+        let dir = tempfile::tempdir()?;
+        let token = dir.path().join("token");
+        std::fs::write(&token, "test-token-0123456789abcdef")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let listen = format!("127.0.0.1:{port}");
+        let pki = pki::Pki::new();
+        let mut args = pki.tcp_agent_args(&listen, &token);
+        args.extend(["--node-name".to_string(), node.to_string()]);
+        let agent = Agent::start_no_wait(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        if !gateway::wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()) {
+            bail!("the agent does not listen on {listen}");
+        }
+        Ok(TcpAgent { agent, port, token, pki, _dir: dir })
+    }
+}
+
 /// A running node-agent, killed and cleaned up on drop.
 pub struct Agent {
     child: Option<Child>,

@@ -134,22 +134,34 @@ impl TestImage {
     }
 }
 
-/// Tar of `(path, content)` files (0644, root) plus `(path,)` directories,
-/// written with raw headers so tests may also express hostile entries.
+/// Tar of `(path, content)` files (0644, root) and directories (paths
+/// ending in `/`).
 pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let entries: Vec<(tar::EntryType, &str, &[u8])> =
+        files.iter().map(|(p, d)| (if p.ends_with('/') { tar::EntryType::Directory } else { tar::EntryType::Regular }, *p, *d)).collect();
+    tar_entries(&entries)
+}
+
+/// Tar of `(kind, path, data)` entries written with raw headers, so tests
+/// may express what no honest builder writes (`..`, absolute link
+/// targets). For symlinks and hard links `data` is the link target.
+pub fn tar_entries(entries: &[(tar::EntryType, &str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
+    for (kind, path, data) in entries {
+        let link = kind.is_symlink() || kind.is_hard_link();
         let mut h = tar::Header::new_gnu();
-        let kind = if path.ends_with('/') { tar::EntryType::Directory } else { tar::EntryType::Regular };
         h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
-        h.set_entry_type(kind);
-        h.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+        if link {
+            h.as_old_mut().linkname[..data.len()].copy_from_slice(data);
+        }
+        h.set_entry_type(*kind);
+        h.set_mode(if kind.is_dir() || kind.is_symlink() { 0o755 } else { 0o644 });
         h.set_uid(0);
         h.set_gid(0);
         h.set_mtime(1_700_000_000);
-        h.set_size(data.len() as u64);
+        h.set_size(if link { 0 } else { data.len() as u64 });
         h.set_cksum();
-        b.append(&h, *data).expect("tar in memory");
+        b.append(&h, if link { &b""[..] } else { *data }).expect("tar in memory");
     }
     b.into_inner().expect("tar in memory")
 }

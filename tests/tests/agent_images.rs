@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use warren_e2e::registry::{bash_python_image, tar_of, Registry, TestImage};
+use warren_e2e::registry::{bash_python_image, tar_entries, Registry, TestImage};
 use warren_e2e::{request, skip_unless_root, Agent};
 use warren_proto::agent::{self as pb, RefusalReason as Reason};
 use warren_proto::refusal::refusal_of;
@@ -95,25 +95,8 @@ async fn hostile_images_are_refused_at_the_call_and_the_host_image_still_works()
     }
     let registry = Registry::start().unwrap();
     let reference = registry.reference("evil/escape:1");
-    let mut escape = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Link);
-    h.set_path("shadow").unwrap();
-    h.set_size(0);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h.set_cksum();
-    // The host's shadow file, by absolute path (set_link_name would accept
-    // it; raw bytes keep the header exactly as an attacker writes it).
-    let target = b"/etc/shadow";
-    h.as_old_mut().linkname[..target.len()].copy_from_slice(target);
-    h.set_cksum();
-    escape.append(&h, &b""[..]).unwrap();
-    let mut layer = escape.into_inner().unwrap();
-    layer.truncate(layer.len() - 1024);
-    layer.extend(tar_of(&[("bin/", b"")]));
+    // A hard link to the host's shadow file, by absolute path.
+    let layer = tar_entries(&[(tar::EntryType::Link, "shadow", &b"/etc/shadow"[..]), (tar::EntryType::Directory, "bin/", &b""[..])]);
     TestImage { layers: vec![layer], ..TestImage::default() }.push(&reference).await.unwrap();
 
     let agent = Agent::start(&[]).await.unwrap();

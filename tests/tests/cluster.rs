@@ -3,7 +3,6 @@
 //! two real node-agents run the code. kube-envtest (Kubernetes 1.20) provides
 //! the API server; everything else runs as local processes.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -14,10 +13,6 @@ use warren_e2e::{skip_unless_root, Agent};
 const NS: &str = "warren-system";
 /// Where the keys are published: a namespace of their own, as the chart sets it up.
 const KEYS: &str = "warren-system-keys";
-
-fn repo(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel).display().to_string()
-}
 
 /// The quickstart on `host`: these tests are about the control plane with
 /// local agents (`cluster_images.rs` and `real_node.rs` run the example's image).
@@ -189,16 +184,8 @@ async fn the_gateway_finds_agent_pods_by_label() {
     let (k, _operator) = cluster();
     // An agent serving TCP with mutual TLS and a token, as the DaemonSet's pods do.
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "test-token-0123456789abcdef").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let listen = format!("127.0.0.1:{port}");
-    // (Its Unix socket requires the token too, so the harness cannot probe it: wait on TCP.)
-    let pki = warren_e2e::pki::Pki::new();
-    let mut agent_args = pki.tcp_agent_args(&listen, &token);
-    agent_args.extend(["--node-name".to_string(), "node-pod".to_string()]);
-    let _agent = Agent::start_no_wait(&agent_args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
+    let tcp = warren_e2e::TcpAgent::start("node-pod").unwrap();
+    let (port, token, pki) = (tcp.port, &tcp.token, &tcp.pki);
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
     let gateway_tls = pki.gateway_args();
     let port = port.to_string();

@@ -13,7 +13,7 @@ use serde_json::json;
 use warren_e2e::gateway::{wait_for, Gateway};
 use warren_e2e::kube::{EnvTest, Operator};
 use warren_e2e::registry::{bash_python_image, tar_of, Registry, TestImage};
-use warren_e2e::{skip_unless_root, Agent};
+use warren_e2e::{skip_unless_root, TcpAgent};
 
 const NS: &str = "warren-system";
 const KEYS: &str = "warren-system-keys";
@@ -51,15 +51,8 @@ async fn the_operator_warms_sandbox_images_and_keys_run_in_them() {
     k.kubectl_ok(&["create", "namespace", NS]);
     k.kubectl_ok(&["create", "namespace", KEYS]);
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "test-token-0123456789abcdef").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let listen = format!("127.0.0.1:{port}");
-    let pki = warren_e2e::pki::Pki::new();
-    let mut agent_args = pki.tcp_agent_args(&listen, &token);
-    agent_args.extend(["--node-name".to_string(), "node-a".to_string()]);
-    let _agent = Agent::start_no_wait(&agent_args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
-    assert!(wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(&listen).is_ok()), "agent does not listen");
+    let agent = TcpAgent::start("node-a").unwrap();
+    let (port, token, pki) = (agent.port, &agent.token, &agent.pki);
     // The agent's pod (no kubelet: its status is set by hand).
     k.kubectl_ok(&["create", "serviceaccount", "default", "-n", NS]);
     apply(

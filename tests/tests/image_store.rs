@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use warren_e2e::registry::{tar_of, Registry, TestImage};
+use warren_e2e::registry::{tar_entries, tar_of, Registry, TestImage};
 use warren_e2e::skip_unless_root;
 use warren_image::{LayerError, Limits, PullAuth, PullError, Store};
 
@@ -135,21 +135,7 @@ fn lying_hostile_and_oversized_images_are_refused_and_leave_nothing() {
     let lying = TestImage { layers: vec![base_layer()], diff_ids: Some(vec![warren_e2e::registry::sha256(b"other")]), ..TestImage::default() };
     assert!(matches!(refusal(pull("lying:1", lying)), LayerError::Refused(w) if w.contains("diff id")));
 
-    let mut escape = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Symlink);
-    h.set_path("up").unwrap();
-    h.set_link_name("../../../../../../tmp").unwrap();
-    h.set_size(0);
-    h.set_mode(0o777);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h.set_cksum();
-    escape.append(&h, &b""[..]).unwrap();
-    let mut escape = escape.into_inner().unwrap();
-    escape.truncate(escape.len() - 1024);
-    escape.extend(tar_of(&[("up/warren-escaped", b"x")]));
+    let escape = tar_entries(&[(tar::EntryType::Symlink, "up", &b"../../../../../../tmp"[..]), (tar::EntryType::Regular, "up/warren-escaped", &b"x"[..])]);
     let hostile = TestImage { layers: vec![escape], ..TestImage::default() };
     let refused = refusal(pull("hostile:1", hostile));
     assert!(matches!(&refused, LayerError::Refused(w) if w.contains("symlink")), "{refused:?}");
