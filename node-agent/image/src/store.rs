@@ -328,8 +328,10 @@ impl Store {
         let mut report = CollectReport::default();
         let mut candidates: Vec<(u64, String)> = self.lock().iter().map(|(hex, i)| (i.last_used.load(Ordering::Relaxed), hex.clone())).collect();
         candidates.sort();
+        // Read once, and again only after a removal changed it.
+        let mut bytes = self.bytes();
         for (_, hex) in candidates {
-            if self.bytes().saturating_add(room) <= self.budget {
+            if bytes.saturating_add(room) <= self.budget {
                 break;
             }
             let removed = {
@@ -348,9 +350,10 @@ impl Store {
                 }
                 report.images += 1;
                 report.layers += self.collect_layers();
+                bytes = self.bytes();
             }
         }
-        report.bytes = self.bytes();
+        report.bytes = bytes;
         report
     }
 

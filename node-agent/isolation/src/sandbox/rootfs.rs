@@ -42,6 +42,8 @@ pub const SANDBOX_UID: u32 = 1000;
 pub const HOME: &str = "/home/sandbox";
 /// Directory holding the program text.
 pub const SCRIPT_DIR: &str = "/run/warren";
+/// The tmpfs holding it on an image root (code is at most 1 MiB).
+const SCRIPT_TMPFS: &str = "size=2m,nr_inodes=16,mode=0755";
 
 /// Top-level entries that are symlinks into /usr on merged-/usr systems, or
 /// directories to bind read-only otherwise.
@@ -115,8 +117,8 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
     mkdir(&root.join("run"), 0o755)?;
     mkdir(&root.join("run/warren"), 0o755)?;
     if cfg.image_root.is_some() {
-        // Code is at most 1 MiB; the image's root is read-only.
-        tmpfs(&root.join("run/warren"), "size=2m,nr_inodes=16,mode=0755", MsFlags::MS_NOEXEC)?;
+        // The image's root is read-only: the program text gets its own tmpfs.
+        tmpfs(&root.join("run/warren"), SCRIPT_TMPFS, MsFlags::MS_NOEXEC)?;
     }
     pivot(root)
 }
@@ -145,7 +147,7 @@ pub fn install_script(name: &str, code: &str, image: bool) -> io::Result<()> {
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     match image {
         false => mount(None::<&str>, "/", None::<&str>, flags, None::<&str>).map_err(nix_io),
-        true => mount(None::<&str>, SCRIPT_DIR, None::<&str>, flags | MsFlags::MS_NOEXEC, Some("size=2m,nr_inodes=16,mode=0755")).map_err(nix_io),
+        true => mount(None::<&str>, SCRIPT_DIR, None::<&str>, flags | MsFlags::MS_NOEXEC, Some(SCRIPT_TMPFS)).map_err(nix_io),
     }
 }
 
