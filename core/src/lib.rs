@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod bounds;
+pub mod egress;
 pub mod env;
 pub mod ids;
 pub mod language;

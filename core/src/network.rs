@@ -2,6 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The sandbox's `/etc/hosts`.
+pub const SANDBOX_HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+/// The sandbox's `/etc/resolv.conf`: the node-agent's DNS proxy listens on
+/// the sandbox's own loopback (`Unrestricted` sandboxes only; elsewhere a
+/// lookup fails at once). Also the resolver libcs assume without one.
+pub const SANDBOX_RESOLV_CONF: &str = "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n";
+
 /// Outbound network policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -9,9 +16,9 @@ pub enum Network {
     /// Only loopback inside the sandbox: no DNS, no outbound connections.
     #[default]
     Blocked,
-    /// Outbound access through the node; private, link-local, metadata and
-    /// loopback ranges of the host stay unreachable. Not offered by this
-    /// release's node-agent yet: a Sandbox asking for it is not Ready.
+    /// Outbound access through the node (optionally narrowed to an egress
+    /// allowlist); private, shared, link-local, metadata and loopback ranges
+    /// and the node's own addresses stay unreachable.
     Unrestricted,
 }
 

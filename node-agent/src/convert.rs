@@ -8,7 +8,7 @@ use warren_isolation::spec::{ExecRequest, Language, LimitRequest};
 use warren_proto::agent::{self as pb, RefusalReason as Reason};
 use warren_proto::refusal::refuse;
 
-use crate::executor::ExecError;
+use crate::executor::{ExecError, NetworkRequest};
 use crate::keyslots::KeySlotError;
 use crate::sandbox::{Failure, Outcome};
 use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
@@ -50,16 +50,37 @@ pub fn exec_request(req: pb::ExecuteRequest) -> Result<ExecRequest, Status> {
 /// The first requested capability this agent cannot provide.
 fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
     // A value this agent does not know is refused like one it cannot provide.
-    let network = pb::NetworkPolicy::try_from(req.network);
-    if !matches!(network, Ok(pb::NetworkPolicy::Unspecified | pb::NetworkPolicy::Blocked)) {
+    if pb::NetworkPolicy::try_from(req.network).is_err() {
         Some("network")
-    } else if !req.egress.is_empty() {
-        Some("egress")
     } else if !req.connectors.is_empty() {
         Some("connectors")
     } else {
         None
     }
+}
+
+/// The network a request asks for, its allowlist checked.
+pub fn network(req: &pb::ExecuteRequest) -> Result<NetworkRequest, Status> {
+    let invalid = |msg: String| refuse(Code::InvalidArgument, Reason::InvalidField, "egress", format!("egress: {msg}"));
+    match pb::NetworkPolicy::try_from(req.network) {
+        Ok(pb::NetworkPolicy::Unrestricted) => {}
+        _ if req.egress.is_empty() => return Ok(NetworkRequest::Blocked),
+        _ => return Err(invalid("an allowlist needs NETWORK_POLICY_UNRESTRICTED".into())),
+    }
+    if req.egress.is_empty() {
+        return Ok(NetworkRequest::Unrestricted { allow: None });
+    }
+    let rules = req
+        .egress
+        .iter()
+        .map(|r| {
+            let ports = r.ports.iter().map(|p| u16::try_from(*p).map_err(|_| format!("{:?}: port {p} is out of range", r.host))).collect::<Result<_, _>>()?;
+            Ok(warren_core::egress::EgressRule { host: r.host.clone(), ports })
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(invalid)?;
+    let allow = warren_core::egress::parse_rules(&rules).map_err(invalid)?;
+    Ok(NetworkRequest::Unrestricted { allow: Some(allow) })
 }
 
 /// The mounts of a request, validated (their names become host paths).
@@ -151,6 +172,7 @@ pub fn to_status(e: &ExecError) -> Status {
         ExecError::ImagePulling(_) => (Code::Unavailable, Reason::ImagePulling, "image"),
         ExecError::Image(_) => (Code::FailedPrecondition, Reason::Image, "image"),
         ExecError::ImagesDisabled => (Code::FailedPrecondition, Reason::Unsupported, "image"),
+        ExecError::NetworkUnavailable => (Code::FailedPrecondition, Reason::Unsupported, "network"),
     };
     refuse(code, reason, field, e.to_string())
 }
@@ -206,11 +228,22 @@ pub fn exited(o: &Outcome) -> pb::Exited {
             Some(Failure::StorageSync(paths)) => paths.iter().take(100).cloned().collect(),
             _ => Vec::new(),
         },
+        blocked_egress: o
+            .blocked
+            .iter()
+            .map(|b| pb::BlockedEgress {
+                host: b.host.clone().unwrap_or_default(),
+                ip: b.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                port: b.port.into(),
+                protocol: b.protocol.into(),
+                count: b.count,
+            })
+            .collect(),
     }
 }
 
 /// Features → proto.
-pub fn features(f: &Features) -> pb::IsolationFeatures {
+pub fn features(f: &Features, network: bool) -> pb::IsolationFeatures {
     pb::IsolationFeatures {
         cgroup_version: f.cgroup_version,
         cgroup_controllers: f.cgroup_controllers.clone(),
@@ -218,6 +251,7 @@ pub fn features(f: &Features) -> pb::IsolationFeatures {
         seccomp: f.seccomp,
         overlayfs: f.overlayfs,
         missing: f.missing.clone(),
+        network,
     }
 }
 

@@ -16,6 +16,7 @@ use crate::lifecycle::thread_home::ThreadHomeResource;
 use crate::lifecycle::{Resources, SandboxView};
 use crate::pool::Pool;
 use crate::images::Images;
+use warren_network::NetPolicy;
 use crate::sandbox::{Event, Outcome, Rootfs, SandboxEnv, SandboxError, Shape};
 use crate::threads::{ThreadLock, ThreadOptions, Threads};
 
@@ -57,6 +58,9 @@ pub enum ExecError {
     /// This agent runs no OCI images (no image store).
     #[error("this node-agent runs only the host image")]
     ImagesDisabled,
+    /// `Unrestricted` network asked of a node without sandbox networking.
+    #[error("network: this node offers only Blocked sandboxes (no sandbox networking here)")]
+    NetworkUnavailable,
 }
 
 /// Admission for one execution: holding it counts as running.
@@ -67,7 +71,21 @@ pub struct Admission {
     image_env: Vec<(String, String)>,
     thread: Option<(ThreadOptions, ThreadLock)>,
     mounts: Vec<warren_storage::MountSpec>,
+    network: Option<Arc<NetPolicy>>,
     _permit: OwnedSemaphorePermit,
+}
+
+/// The network a request asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NetworkRequest {
+    /// Loopback only.
+    #[default]
+    Blocked,
+    /// Outbound through the node, limited to `allow` when set.
+    Unrestricted {
+        /// The egress allowlist.
+        allow: Option<Vec<warren_core::egress::Rule>>,
+    },
 }
 
 /// An image made warm on this node.
@@ -92,6 +110,8 @@ pub struct Extras {
     pub image_digest: String,
     /// Registry credentials for pulling the image.
     pub image_pull: warren_image::PullAuth,
+    /// Outbound network.
+    pub network: NetworkRequest,
 }
 
 /// Runs executions on this node.
@@ -170,7 +190,7 @@ impl Executor {
     pub fn new(env: Arc<SandboxEnv>, features: Features, threads: Arc<Threads>, config: ExecutorConfig) -> Executor {
         let pool = Pool::new(env.clone(), config.pool_size);
         if features.can_run_sandboxes() {
-            pool.warm(Shape::of(&config.policy.defaults, Rootfs::Host));
+            pool.warm(Shape::of(&config.policy.defaults, Rootfs::Host, None));
         }
         Executor {
             env,
@@ -236,6 +256,11 @@ impl Executor {
         &self.features
     }
 
+    /// Whether `Unrestricted` sandboxes are offered.
+    pub fn has_network(&self) -> bool {
+        self.env.net.is_some()
+    }
+
     /// Languages the image provides.
     pub fn languages(&self) -> Vec<Language> {
         self.interpreters.keys().copied().collect()
@@ -255,12 +280,17 @@ impl Executor {
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
     pub async fn admit(&self, mut req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
-        let Extras { thread, mounts, image_digest, image_pull } = extras;
+        let Extras { thread, mounts, image_digest, image_pull, network } = extras;
         let image = std::mem::take(&mut req.image);
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
         }
+        let network = match network {
+            NetworkRequest::Blocked => None,
+            NetworkRequest::Unrestricted { .. } if self.env.net.is_none() => return Err(ExecError::NetworkUnavailable),
+            NetworkRequest::Unrestricted { allow } => Some(Arc::new(NetPolicy::new(allow, spec.limits.cpu_millis))),
+        };
         let (rootfs, interpreter, image_env) = match image.as_str() {
             "" | "host" => {
                 let interpreter = self.interpreters.get(&spec.language).ok_or(ExecError::LanguageUnavailable(spec.language.as_str()))?;
@@ -291,7 +321,7 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, _permit: permit })
+        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, _permit: permit })
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
@@ -322,7 +352,7 @@ impl Executor {
         }
         let spec = &admission.spec;
         let t_acquired = t0.elapsed();
-        let sandbox = self.pool.claim(Shape::of(&spec.limits, admission.rootfs.clone())).await?;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits, admission.rootfs.clone(), admission.network.clone())).await?;
         let t_claimed = t0.elapsed();
         let prepared = match resources.is_empty() {
             true => Ok(()),
@@ -390,7 +420,7 @@ impl Executor {
     async fn probe(&self, language: Language, path: &str, rootfs: &Rootfs, image_env: &[(String, String)]) -> Option<String> {
         let req = ExecRequest { language: Some(language), code: language.version_probe().into(), timeout: PROBE_TIMEOUT, ..ExecRequest::default() };
         let spec = req.validate(&self.policy).ok()?;
-        let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone())).await.ok()?;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone(), None)).await.ok()?;
         let (tx, mut rx) = mpsc::channel(16);
         let collect = tokio::spawn(async move {
             let mut out = Vec::new();

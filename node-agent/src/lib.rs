@@ -133,6 +133,19 @@ pub struct Args {
     /// registries always are. Comma-separated.
     #[arg(long, env = "WARREN_INSECURE_REGISTRIES", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
+    /// Address range of `Unrestricted` sandboxes' veths (a /31 each, NATed
+    /// on the way out), or `off` to offer only `Blocked` sandboxes.
+    #[arg(long, env = "WARREN_SANDBOX_NETWORK", default_value = "100.127.0.0/16")]
+    pub sandbox_network: String,
+    /// Resolver (`ip:port`) the sandboxes' DNS proxies ask (default: the
+    /// first nameserver of the agent's /etc/resolv.conf).
+    #[arg(long, env = "WARREN_DNS_UPSTREAM")]
+    pub dns_upstream: Option<std::net::SocketAddr>,
+    /// Names of this agent's nftables table (`inet warren_<prefix>`) and
+    /// sandbox veths (`<prefix><slot>`); 1–6 of [a-z0-9]. One agent per node
+    /// needs no other; agents sharing a network namespace need distinct ones.
+    #[arg(long, env = "WARREN_NETWORK_PREFIX", default_value = "wrn")]
+    pub network_prefix: String,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -185,6 +198,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         image_disk,
         image_pull_wait_secs,
         insecure_registries,
+        sandbox_network,
+        dns_upstream,
+        network_prefix,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -224,6 +240,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut policy = NodePolicy::default();
     policy.defaults.max_output_bytes = max_output_bytes;
     let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
+    let net = start_network(&sandbox_network, dns_upstream, &network_prefix).await?;
     let env = Arc::new(SandboxEnv {
         layout,
         supervisor_binary,
@@ -235,6 +252,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         slots,
         idle_limits: policy.defaults,
         output_stall: Duration::from_secs(output_stall_secs),
+        net: net.clone(),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     // Storage mounts share the S3 connection setting of the thread store.
@@ -271,6 +289,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     info!(node = %node_name, "node-agent starting");
     let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token)).await;
     exec.shutdown().await;
+    if let Some(net) = net {
+        net.stop().await;
+    }
     if let Some(pool) = fuse_pool {
         let _ = tokio::task::spawn_blocking(move || pool.drain()).await;
     }
@@ -281,6 +302,51 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         images.store().unmount_all();
     }
     served
+}
+
+/// Sets up sandbox networking. A node that cannot (no nftables, no
+/// CAP_NET_ADMIN) still runs `Blocked` sandboxes and says why it offers no
+/// more; a malformed flag is an error.
+async fn start_network(range: &str, upstream: Option<std::net::SocketAddr>, prefix: &str) -> anyhow::Result<Option<Arc<warren_network::NodeNet>>> {
+    if range == "off" {
+        info!("sandbox networking off (--sandbox-network off): only Blocked sandboxes");
+        return Ok(None);
+    }
+    let sandbox_net = parse_range(range).with_context(|| format!("--sandbox-network {range:?}"))?;
+    let scope = warren_network::nft::Scope::new(prefix).with_context(|| format!("--network-prefix {prefix:?}: 1–6 of [a-z0-9], starting with a letter"))?;
+    let upstream = match upstream {
+        Some(u) => u,
+        None => {
+            let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+            match warren_network::node::first_nameserver(&conf) {
+                Some(u) => u,
+                None => {
+                    warn!("no nameserver in /etc/resolv.conf and no --dns-upstream: only Blocked sandboxes");
+                    return Ok(None);
+                }
+            }
+        }
+    };
+    match warren_network::NodeNet::start(warren_network::NodeNetConfig { sandbox_net, upstream_dns: upstream, scope }).await {
+        Ok(net) => {
+            info!(range, dns_upstream = %upstream, "sandbox networking ready: Unrestricted sandboxes offered");
+            Ok(Some(Arc::new(net)))
+        }
+        Err(e) => {
+            warn!(error = %e, "no sandbox networking: only Blocked sandboxes");
+            Ok(None)
+        }
+    }
+}
+
+fn parse_range(range: &str) -> anyhow::Result<(std::net::Ipv4Addr, u8)> {
+    let (addr, prefix) = range.split_once('/').context("expected an IPv4 CIDR such as 100.127.0.0/16")?;
+    let addr: std::net::Ipv4Addr = addr.parse().context("not an IPv4 address")?;
+    let prefix: u8 = prefix.parse().ok().filter(|p| (8..=30).contains(p)).context("prefix must be 8–30")?;
+    if u32::from(addr) & !(u32::MAX << (32 - u32::from(prefix))) != 0 {
+        bail!("host bits set");
+    }
+    Ok((addr, prefix))
 }
 
 /// Opens the image store (remounting what an earlier run left), or `None`

@@ -15,6 +15,8 @@ use warren_isolation::launch::{supervisor_command, with_fds_inherited, Superviso
 use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
 
+use warren_network::{Blocked, NetPolicy, SandboxNet};
+
 use crate::frames::Channel;
 use crate::output::Queue;
 use crate::slots::{Slot, Slots};
@@ -53,6 +55,12 @@ pub enum SandboxError {
     /// Setup did not finish in time.
     #[error("sandbox setup timed out")]
     Timeout,
+    /// The sandbox's network could not be set up.
+    #[error(transparent)]
+    Network(#[from] warren_network::node::NetError),
+    /// An `Unrestricted` sandbox was asked of a node without networking.
+    #[error("this node offers no sandbox networking")]
+    NoNetwork,
 }
 
 fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
@@ -83,6 +91,8 @@ pub struct SandboxEnv {
     /// How long a caller may take none of an execution's output before the
     /// execution is killed (see [`crate::output`]).
     pub output_stall: Duration,
+    /// Sandbox networking (`Unrestricted`); `None` when the node has none.
+    pub net: Option<Arc<warren_network::NodeNet>>,
 }
 
 /// The root filesystem a sandbox is built on.
@@ -129,20 +139,23 @@ impl std::hash::Hash for Rootfs {
     }
 }
 
-/// What must match between a prepared sandbox and a request: the root and
-/// the mounts' sizes fixed when the sandbox is built (the home is mounted at Go).
+/// What must match between a prepared sandbox and a request: the root, the
+/// mounts' sizes and the network fixed when the sandbox is built (the home
+/// is mounted at Go).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// `/tmp` size.
     pub tmp_bytes: u64,
     /// The root filesystem.
     pub rootfs: Rootfs,
+    /// `Unrestricted` network under this policy; `None`: `Blocked`.
+    pub network: Option<Arc<NetPolicy>>,
 }
 
 impl Shape {
-    /// The shape a spec needs on `rootfs`.
-    pub fn of(limits: &Limits, rootfs: Rootfs) -> Shape {
-        Shape { tmp_bytes: limits.tmp_bytes, rootfs }
+    /// The shape a spec needs on `rootfs` with `network`.
+    pub fn of(limits: &Limits, rootfs: Rootfs, network: Option<Arc<NetPolicy>>) -> Shape {
+        Shape { tmp_bytes: limits.tmp_bytes, rootfs, network }
     }
 }
 
@@ -161,6 +174,10 @@ pub struct Prepared {
     userns: Option<OwnedFd>,
     slot: Slot,
     output_stall: Duration,
+    /// Init's pid (host view); 0 until the supervisor reports it.
+    init_pid: i32,
+    /// The network of an `Unrestricted` sandbox.
+    net: Option<SandboxNet>,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
 }
@@ -204,6 +221,8 @@ pub struct Outcome {
     pub stderr_truncated: bool,
     /// What went wrong besides the program itself.
     pub failure: Option<Failure>,
+    /// Destinations the network policy refused.
+    pub blocked: Vec<Blocked>,
 }
 
 /// A failure of the sandbox or the thread home (never of the program).
@@ -301,10 +320,17 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
     let output_stall = env.output_stall;
-    let mut prepared = Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, _rootfs: shape.rootfs };
+    let network = shape.network;
+    let mut prepared =
+        Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, _rootfs: shape.rootfs };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
-        prepared.wait_ready().await
+        prepared.wait_ready().await?;
+        if let Some(policy) = network {
+            let net = env.net.as_ref().ok_or(SandboxError::NoNetwork)?;
+            prepared.net = Some(net.setup(prepared.slot.index(), prepared.init_pid, policy).await?);
+        }
+        Ok(())
     };
     let ready = tokio::time::timeout(PREPARE_TIMEOUT, ready).await.unwrap_or(Err(SandboxError::Timeout));
     match ready {
@@ -365,6 +391,7 @@ impl Prepared {
                         // init is the supervisor's unreaped child: its pid is its own.
                         let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/user")).map_err(io("open the sandbox's user namespace"))?;
                         self.userns = Some(ns.into());
+                        self.init_pid = init_pid;
                     }
                     Some(SupervisorEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "supervisor".into(), message: format!("unexpected {other:?}") }),
@@ -381,6 +408,9 @@ impl Prepared {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
+        if let Some(net) = self.net.take() {
+            net.teardown().await;
+        }
         remove_home_dir(&self.home_dir);
         remove_cgroup(self.cgroup).await;
     }
@@ -425,6 +455,9 @@ impl Prepared {
             }
         }
         self.account(&mut out);
+        if let Some(net) = &self.net {
+            out.blocked = net.blocked().await;
+        }
         debug!(exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
         (out, Teardown(self))
     }
@@ -545,6 +578,9 @@ impl Teardown {
         if tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await.is_err() {
             let _ = p.child.start_kill();
             let _ = p.child.wait().await;
+        }
+        if let Some(net) = p.net.take() {
+            net.teardown().await;
         }
         remove_home_dir(&p.home_dir);
         remove_cgroup(self.0.cgroup).await;

@@ -40,6 +40,8 @@ pub struct NodeReport {
     pub languages: Vec<Language>,
     /// OCI images warm here: (reference, digest).
     pub images: Vec<(String, String)>,
+    /// `Unrestricted` sandboxes are offered.
+    pub network: bool,
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -96,6 +98,7 @@ impl Backend for Executor {
             max_executions: self.max_executions(),
             languages: self.languages(),
             images: self.warm_images(),
+            network: self.has_network(),
         }
     }
 
@@ -154,7 +157,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             let mounts = convert::mounts(std::mem::take(&mut req.mounts))?;
             let image_pull = convert::pull_auth(req.image_pull.take())?;
             let image_digest = std::mem::take(&mut req.image_digest);
-            let extras = Extras { thread, mounts, image_digest, image_pull };
+            let network = convert::network(&req)?;
+            let extras = Extras { thread, mounts, image_digest, image_pull, network };
             self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| convert::to_status(&e))
         }
         .instrument(span.clone())
@@ -229,7 +233,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let r = self.backend.report();
         Ok(Response::new(pb::StatusResponse {
             node_name: r.node_name,
-            features: Some(convert::features(&r.features)),
+            features: Some(convert::features(&r.features, r.network)),
             running_executions: r.running,
             max_executions: r.max_executions,
             languages: r.languages.into_iter().map(|l| pb::Language::from(l) as i32).collect(),

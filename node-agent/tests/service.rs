@@ -119,6 +119,7 @@ impl Backend for Double {
             max_executions: 32,
             languages: vec![Language::Python, Language::Bash],
             images: vec![("reg.example:5000/py:3.12".into(), format!("sha256:{}", "a".repeat(64)))],
+            network: false,
         }
     }
 

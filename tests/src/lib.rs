@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod helm;
 pub mod http;
 pub mod kube;
+pub mod netlab;
 pub mod pki;
 pub mod python;
 pub mod registry;

@@ -95,8 +95,8 @@ pub fn build_top(top: &Path, base: &Path) -> io::Result<()> {
         ("passwd", merge_ids(&passwd, 7, "sandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash")),
         ("group", merge_ids(&group, 4, "sandbox:x:1000:")),
         ("hostname", "sandbox\n".to_string()),
-        ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string()),
-        ("resolv.conf", String::new()),
+        ("hosts", warren_core::network::SANDBOX_HOSTS.to_string()),
+        ("resolv.conf", warren_core::network::SANDBOX_RESOLV_CONF.to_string()),
     ];
     for (name, content) in files {
         let path = top.join("etc").join(name);

@@ -151,7 +151,7 @@ pub struct EgressRule {
     /// DNS name (exact or "\*.suffix") or CIDR.
     #[prost(string, tag = "1")]
     pub host: ::prost::alloc::string::String,
-    /// Allowed TCP ports; empty means 443.
+    /// Allowed TCP/UDP ports; empty means any port.
     #[prost(uint32, repeated, tag = "2")]
     pub ports: ::prost::alloc::vec::Vec<u32>,
 }
@@ -270,14 +270,14 @@ pub struct Limits {
     #[prost(uint64, tag = "8")]
     pub file_size_bytes: u64,
 }
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecuteEvent {
     #[prost(oneof = "execute_event::Event", tags = "1, 2, 3, 4")]
     pub event: ::core::option::Option<execute_event::Event>,
 }
 /// Nested message and enum types in `ExecuteEvent`.
 pub mod execute_event {
-    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Event {
         #[prost(message, tag = "1")]
         Started(super::Started),
@@ -306,7 +306,7 @@ pub struct OutputChunk {
     pub data: ::prost::alloc::vec::Vec<u8>,
 }
 /// Final event: how the program ended and what it used.
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Exited {
     /// Exit status; 128 + signal when killed by a signal; -1 if it never ran.
     #[prost(int32, tag = "1")]
@@ -345,6 +345,29 @@ pub struct Exited {
     /// whose changes could not be stored; at most 100.
     #[prost(string, repeated, tag = "13")]
     pub unsynced_paths: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Destinations the network policy refused during the call (UNRESTRICTED
+    /// only), most frequent first; at most 64.
+    #[prost(message, repeated, tag = "14")]
+    pub blocked_egress: ::prost::alloc::vec::Vec<BlockedEgress>,
+}
+/// One destination the network policy refused.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BlockedEgress {
+    /// The DNS name the program resolved it from, or asked for; may be empty.
+    #[prost(string, tag = "1")]
+    pub host: ::prost::alloc::string::String,
+    /// The address; empty for a name refused by the sandbox's resolver.
+    #[prost(string, tag = "2")]
+    pub ip: ::prost::alloc::string::String,
+    /// Destination port (53 for a refused name).
+    #[prost(uint32, tag = "3")]
+    pub port: u32,
+    /// "tcp", "udp" or "dns".
+    #[prost(string, tag = "4")]
+    pub protocol: ::prost::alloc::string::String,
+    /// Packets (or queries) refused.
+    #[prost(uint64, tag = "5")]
+    pub count: u64,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusRequest {}
@@ -386,6 +409,9 @@ pub struct IsolationFeatures {
     /// Why a required feature is missing, empty when the node can run sandboxes.
     #[prost(string, repeated, tag = "6")]
     pub missing: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The node offers NETWORK_POLICY_UNRESTRICTED (veth, nftables, shaping).
+    #[prost(bool, tag = "7")]
+    pub network: bool,
 }
 /// Interpreter used to run the code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

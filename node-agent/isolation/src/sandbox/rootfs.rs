@@ -221,13 +221,14 @@ fn mirror_usr(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Files written into the sandbox's `/etc` (no host identity, no resolver).
+/// Files written into the sandbox's `/etc` (no host identity; the resolver
+/// is the agent's per-sandbox DNS proxy).
 const GENERATED_ETC: [(&str, &str); 6] = [
     ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
     ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
     ("hostname", "sandbox\n"),
-    ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
-    ("resolv.conf", ""),
+    ("hosts", warren_core::network::SANDBOX_HOSTS),
+    ("resolv.conf", warren_core::network::SANDBOX_RESOLV_CONF),
     ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n"),
 ];
 
@@ -368,7 +369,7 @@ mod tests {
         let etc = dir.path().join("etc");
         prepare_etc(&etc).unwrap();
         assert!(fs::read_to_string(etc.join("passwd")).unwrap().contains("sandbox:x:1000:1000"));
-        assert_eq!(fs::read_to_string(etc.join("resolv.conf")).unwrap(), "");
+        assert_eq!(fs::read_to_string(etc.join("resolv.conf")).unwrap(), warren_core::network::SANDBOX_RESOLV_CONF);
         assert!(!etc.join("shadow").exists() && !etc.join("machine-id").exists());
         for rel in ETC_BINDS {
             let host = Path::new("/etc").join(rel);

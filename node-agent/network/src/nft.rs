@@ -1,0 +1,327 @@
+//! The nftables side (scripts are built purely; [`run`] hands one batch to
+//! `nft`, which applies it atomically).
+//!
+//! The node table jumps from a sandbox's interface to its own chain through
+//! a verdict map, so an interface without a chain (being set up, or torn
+//! down) matches nothing and falls to the final drop: default-deny.
+
+use std::fmt::Write as _;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+use warren_core::egress::{Rule, Target, FORBIDDEN_V4};
+
+use crate::policy::{Blocked, NetPolicy};
+
+/// Which table and interfaces belong to one agent: `inet warren_<prefix>`
+/// and veths named `<prefix><slot>` (one agent per node in production;
+/// tests run several side by side, each with its own prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// `inet warren_<prefix>`.
+    pub table: String,
+    /// Interface name prefix.
+    pub prefix: String,
+}
+
+impl Scope {
+    /// The scope of `prefix`: 1–6 lower-case letters and digits, starting
+    /// with a letter (interface names are at most 15 bytes).
+    pub fn new(prefix: &str) -> Option<Scope> {
+        let ok = (1..=6).contains(&prefix.len())
+            && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+            && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        ok.then(|| Scope { table: format!("inet warren_{prefix}"), prefix: prefix.to_string() })
+    }
+}
+/// Distinct refused destinations counted per sandbox.
+const BLOCKED_SET_SIZE: usize = 256;
+/// How a refused packet is answered: "administratively prohibited", so a
+/// connect fails at once (EHOSTUNREACH) instead of timing out.
+const REJECT: &str = "reject with icmpx admin-prohibited";
+
+/// The node table, replacing any previous one (and with it anything a
+/// crashed agent left behind). `sandbox_net` is the range sandbox addresses
+/// come from (masqueraded on the way out).
+pub fn node_table(scope: &Scope, sandbox_net: (Ipv4Addr, u8)) -> String {
+    let (table, if_prefix) = (&scope.table, &scope.prefix);
+    let forbidden: Vec<String> = FORBIDDEN_V4.iter().map(|(a, p)| format!("{a}/{p}")).collect();
+    let (net, prefix) = sandbox_net;
+    format!(
+        r#"add table {table}
+delete table {table}
+table {table} {{
+  set forbidden4 {{ type ipv4_addr; flags interval; elements = {{ {forbidden} }}; }}
+  map sandboxes {{ type ifname : verdict; }}
+  chain input {{
+    type filter hook input priority filter - 5; policy accept;
+    iifname "{if_prefix}*" drop
+  }}
+  chain forward {{
+    type filter hook forward priority filter - 5; policy accept;
+    oifname "{if_prefix}*" ct state established,related accept
+    oifname "{if_prefix}*" drop
+    iifname "{if_prefix}*" jump from_sandbox
+  }}
+  chain from_sandbox {{
+    meta nfproto ipv6 drop
+    fib daddr type {{ local, broadcast, multicast }} drop
+    ct state established,related accept
+    iifname vmap @sandboxes
+    drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {net}/{prefix} oifname != "{if_prefix}*" masquerade
+  }}
+}}
+"#,
+        forbidden = forbidden.join(", ")
+    )
+}
+
+/// Removes the node table (agent shutdown).
+pub fn drop_node_table(scope: &Scope) -> String {
+    let table = &scope.table;
+    format!("add table {table}\ndelete table {table}\n")
+}
+
+/// Names of one sandbox's chain and sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxNames {
+    /// Node end of the veth.
+    pub ifname: String,
+    /// The agent's table.
+    pub table: String,
+    n: usize,
+}
+
+impl SandboxNames {
+    /// Names for slot `n`.
+    pub fn new(scope: &Scope, n: usize) -> SandboxNames {
+        SandboxNames { ifname: format!("{}{n}", scope.prefix), table: scope.table.clone(), n }
+    }
+
+    /// The set of refused destinations.
+    pub fn blocked_set(&self) -> String {
+        format!("blk_{}", self.n)
+    }
+}
+
+/// The chain, sets and map entry of one sandbox.
+pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
+    let (n, table) = (names.n, &names.table);
+    let mut s = String::new();
+    let _ = writeln!(s, "add chain {table} sbx_{n}");
+    let _ = writeln!(
+        s,
+        "add set {table} blk_{n} {{ type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size {BLOCKED_SET_SIZE}; counter; }}"
+    );
+    let count = format!("meta l4proto {{ tcp, udp }} update @blk_{n} {{ ip daddr . meta l4proto . th dport }}");
+    let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {count}");
+    let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {REJECT}");
+    match &policy.allow {
+        None => {
+            let _ = writeln!(s, "add rule {table} sbx_{n} accept");
+        }
+        Some(rules) => {
+            let (any, ported) = static_elements(rules);
+            let _ = writeln!(s, "add set {table} any_{n} {{ type ipv4_addr; flags interval; }}");
+            let _ = writeln!(s, "add set {table} port_{n} {{ type ipv4_addr . inet_service; flags interval; }}");
+            let _ = writeln!(s, "add set {table} dany_{n} {{ type ipv4_addr; size 65536; }}");
+            let _ = writeln!(s, "add set {table} dport_{n} {{ type ipv4_addr . inet_service; size 65536; }}");
+            if !any.is_empty() {
+                let _ = writeln!(s, "add element {table} any_{n} {{ {} }}", any.join(", "));
+            }
+            if !ported.is_empty() {
+                let _ = writeln!(s, "add element {table} port_{n} {{ {} }}", ported.join(", "));
+            }
+            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @any_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @dany_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @port_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @dport_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} {count}");
+            let _ = writeln!(s, "add rule {table} sbx_{n} {REJECT}");
+        }
+    }
+    let _ = writeln!(s, "add element {table} sandboxes {{ \"{}\" : goto sbx_{n} }}", names.ifname);
+    s
+}
+
+/// Allows what the DNS proxy resolved for a name under `rule`.
+pub fn allow_resolved(names: &SandboxNames, rule: &Rule, ips: &[Ipv4Addr]) -> String {
+    let (n, table) = (names.n, &names.table);
+    let elements: Vec<String> = if rule.ports.is_empty() {
+        ips.iter().map(|ip| ip.to_string()).collect()
+    } else {
+        ips.iter().flat_map(|ip| rule.ports.iter().map(move |p| format!("{ip} . {p}"))).collect()
+    };
+    let set = if rule.ports.is_empty() { "dany" } else { "dport" };
+    format!("add element {table} {set}_{n} {{ {} }}\n", elements.join(", "))
+}
+
+/// Removes everything of one sandbox (each command on its own, so a
+/// missing piece does not keep the rest).
+pub fn sandbox_teardown(names: &SandboxNames) -> Vec<String> {
+    let (n, table) = (names.n, &names.table);
+    let mut v = vec![format!("delete element {table} sandboxes {{ \"{}\" }}\n", names.ifname), format!("flush chain {table} sbx_{n}\ndelete chain {table} sbx_{n}\n")];
+    v.extend(["blk", "any", "port", "dany", "dport"].iter().map(|set| format!("delete set {table} {set}_{n}\n")));
+    v
+}
+
+/// CIDR rules as set elements: any-port networks, and network . port pairs.
+/// Nested networks are collapsed into the wider one (interval sets refuse
+/// overlapping elements).
+fn static_elements(rules: &[Rule]) -> (Vec<String>, Vec<String>) {
+    let cidrs = |with_port: Option<u16>| -> Vec<(Ipv4Addr, u8)> {
+        let nets: Vec<(Ipv4Addr, u8)> = rules
+            .iter()
+            .filter(|r| match with_port {
+                None => r.ports.is_empty(),
+                Some(p) => r.ports.contains(&p),
+            })
+            .filter_map(|r| match r.target {
+                Target::Cidr(a, p) => Some((a, p)),
+                _ => None,
+            })
+            .collect();
+        collapse(nets)
+    };
+    let any = cidrs(None).iter().map(|(a, p)| format!("{a}/{p}")).collect();
+    let mut ports: Vec<u16> = rules.iter().filter(|r| matches!(r.target, Target::Cidr(..))).flat_map(|r| r.ports.iter().copied()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let ported = ports.iter().flat_map(|port| cidrs(Some(*port)).into_iter().map(move |(a, p)| format!("{a}/{p} . {port}"))).collect();
+    (any, ported)
+}
+
+fn contains(outer: (Ipv4Addr, u8), inner: (Ipv4Addr, u8)) -> bool {
+    let bits = if outer.1 == 0 { 0 } else { u32::MAX << (32 - u32::from(outer.1)) };
+    inner.1 >= outer.1 && u32::from(inner.0) & bits == u32::from(outer.0)
+}
+
+fn collapse(mut nets: Vec<(Ipv4Addr, u8)>) -> Vec<(Ipv4Addr, u8)> {
+    nets.sort_by_key(|(a, p)| (*p, *a));
+    nets.dedup();
+    let mut kept: Vec<(Ipv4Addr, u8)> = Vec::new();
+    for net in nets {
+        if !kept.iter().any(|k| contains(*k, net)) {
+            kept.push(net);
+        }
+    }
+    kept
+}
+
+/// Reads `nft -j list set` output of a sandbox's refused-destination set.
+pub fn parse_blocked(json: &[u8]) -> Vec<Blocked> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(json) else { return Vec::new() };
+    let sets = v.get("nftables").and_then(|n| n.as_array()).into_iter().flatten();
+    let elems = sets.filter_map(|o| o.get("set")?.get("elem")?.as_array()).flatten();
+    elems
+        .filter_map(|e| {
+            let e = e.get("elem")?;
+            let parts = e.get("val")?.get("concat")?.as_array()?;
+            let ip: IpAddr = parts.first()?.as_str()?.parse().ok()?;
+            let protocol = match parts.get(1)?.as_str()? {
+                "tcp" => "tcp",
+                "udp" => "udp",
+                _ => return None,
+            };
+            let port = u16::try_from(parts.get(2)?.as_u64()?).ok()?;
+            let count = e.get("counter").and_then(|c| c.get("packets")).and_then(|p| p.as_u64()).unwrap_or(1);
+            Some(Blocked { host: None, ip: Some(ip), port, protocol, count })
+        })
+        .collect()
+}
+
+/// Applies one script with `nft -f -`; its stdout is returned.
+pub async fn run(script: &str, args: &[&str]) -> io::Result<Vec<u8>> {
+    let mut cmd = tokio::process::Command::new("nft");
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    let mut child = cmd.spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes()).await?;
+    }
+    let out = child.wait_with_output().await?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(io::Error::other(format!("nft: {}", String::from_utf8_lossy(&out.stderr).trim())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use warren_core::egress::EgressRule;
+
+    use super::*;
+
+    fn scope() -> Scope {
+        Scope::new("wrn").unwrap()
+    }
+
+    fn rules(hosts: &[(&str, &[u16])]) -> Vec<Rule> {
+        hosts.iter().map(|(h, p)| Rule::parse(&EgressRule { host: h.to_string(), ports: p.to_vec() }).unwrap()).collect()
+    }
+
+    #[test]
+    fn node_table_refuses_forbidden_and_masquerades_the_sandbox_range() {
+        let t = node_table(&scope(), (Ipv4Addr::new(100, 127, 0, 0), 16));
+        assert!(t.contains("10.0.0.0/8") && t.contains("169.254.0.0/16") && t.contains("100.64.0.0/10"));
+        assert!(t.contains("ip saddr 100.127.0.0/16 oifname != \"wrn*\" masquerade"));
+        assert!(t.contains("iifname \"wrn*\" drop"), "sandboxes never reach the node itself");
+        assert!(t.starts_with("add table inet warren_wrn\ndelete table inet warren_wrn\n"), "replaces leftovers");
+    }
+
+    #[test]
+    fn scopes_keep_interface_names_short() {
+        assert_eq!(Scope::new("wrn").unwrap().table, "inet warren_wrn");
+        for bad in ["", "1ab", "toolong", "a-b", "Wrn"] {
+            assert!(Scope::new(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unrestricted_accepts_after_the_forbidden_check() {
+        let s = sandbox_rules(&SandboxNames::new(&scope(), 3), &NetPolicy::new(None, 1000));
+        let forbidden = s.find("@forbidden4 reject").unwrap();
+        assert!(s.find("sbx_3 accept").unwrap() > forbidden);
+        assert!(s.contains("\"wrn3\" : goto sbx_3"));
+        assert!(!s.contains("any_3"));
+    }
+
+    #[test]
+    fn allowlists_become_collapsed_sets_and_a_final_reject() {
+        let r = rules(&[("198.51.100.0/24", &[]), ("198.51.100.128/25", &[]), ("203.0.113.0/24", &[443, 80]), ("203.0.113.7", &[443]), ("api.example.com", &[])]);
+        let s = sandbox_rules(&SandboxNames::new(&scope(), 0), &NetPolicy::new(Some(r), 1000));
+        assert!(s.contains("add element inet warren_wrn any_0 { 198.51.100.0/24 }"), "{s}");
+        assert!(s.contains("add element inet warren_wrn port_0 { 203.0.113.0/24 . 80, 203.0.113.0/24 . 443 }"), "{s}");
+        assert!(s.trim_end().lines().rev().nth(1).unwrap().ends_with(REJECT), "{s}");
+    }
+
+    #[test]
+    fn resolved_addresses_go_to_the_rules_ports() {
+        let names = SandboxNames::new(&scope(), 7);
+        let ips = [Ipv4Addr::new(198, 51, 100, 10), Ipv4Addr::new(198, 51, 100, 11)];
+        let any = &rules(&[("a.test", &[])])[0];
+        assert_eq!(allow_resolved(&names, any, &ips), "add element inet warren_wrn dany_7 { 198.51.100.10, 198.51.100.11 }\n");
+        let ported = &rules(&[("a.test", &[443, 8443])])[0];
+        assert_eq!(allow_resolved(&names, ported, &ips[..1]), "add element inet warren_wrn dport_7 { 198.51.100.10 . 443, 198.51.100.10 . 8443 }\n");
+    }
+
+    #[test]
+    fn blocked_elements_parse_with_their_counters() {
+        let json = br#"{"nftables": [{"metainfo": {}}, {"set": {"name": "blk_1", "elem": [
+            {"elem": {"val": {"concat": ["10.200.0.10", "tcp", 80]}, "expires": 3599, "counter": {"packets": 2, "bytes": 120}}},
+            {"elem": {"val": {"concat": ["169.254.169.254", "udp", 53]}, "counter": {"packets": 1, "bytes": 29}}},
+            {"elem": {"val": {"concat": ["garbage", "tcp", 1]}}}]}}]}"#;
+        let b = parse_blocked(json);
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0], Blocked { host: None, ip: Some("10.200.0.10".parse().unwrap()), port: 80, protocol: "tcp", count: 2 });
+        assert_eq!(b[1].protocol, "udp");
+        assert!(parse_blocked(b"not json").is_empty());
+        assert!(parse_blocked(br#"{"nftables": [{"set": {"name": "blk_1"}}]}"#).is_empty());
+    }
+}

@@ -1,0 +1,201 @@
+//! Sandbox networking against hosts of our own (see `warren_e2e::netlab`):
+//! `Unrestricted` reaches public test hosts and nothing private, local or
+//! of the node; `Blocked` reaches nothing; allowlists by name and CIDR;
+//! refused destinations are reported; bandwidth is shaped; nothing is left
+//! behind after a call or after the agent stops.
+
+use std::time::Duration;
+
+use warren_e2e::netlab::{NetLab, BIG_BYTES};
+use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_proto::agent::{self as pb, EgressRule, ExecuteRequest, Language, NetworkPolicy};
+
+/// Python prelude: `tcp(host, port)` prints OPEN or the errno name.
+const PY: &str = r#"
+import errno, socket, sys, time, urllib.request
+def tcp(label, host, port=80, family=socket.AF_INET):
+    try:
+        addr = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+        s = socket.socket(family, socket.SOCK_STREAM); s.settimeout(5); s.connect(addr); s.close()
+        print(label, "OPEN")
+    except socket.gaierror as e:
+        print(label, "NORESOLVE")
+    except OSError as e:
+        print(label, errno.errorcode.get(e.errno, type(e).__name__))
+def get(label, url):
+    try:
+        print(label, urllib.request.urlopen(url, timeout=5).read().decode().strip())
+    except Exception as e:
+        print(label, "FAILED", type(e).__name__)
+"#;
+
+async fn start(lab: &NetLab, pool: &str) -> anyhow::Result<Agent> {
+    let mut args: Vec<String> = lab.agent_args();
+    args.extend(["--pool-size".to_string(), pool.to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Agent::start(&args).await
+}
+
+fn python(code: &str, network: NetworkPolicy, egress: Vec<EgressRule>) -> ExecuteRequest {
+    ExecuteRequest { network: network as i32, egress, ..request(Language::Python, &format!("{PY}\n{code}"), Duration::from_secs(60)) }
+}
+
+fn line<'a>(run: &'a Run, label: &str) -> &'a str {
+    run.stdout.lines().find_map(|l| l.strip_prefix(label).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no {label:?} line in:\n{}\n{}", run.stdout, run.stderr))
+}
+
+fn refused<'a>(run: &'a Run, ip: &str, port: u32) -> Option<&'a pb::BlockedEgress> {
+    run.exited.blocked_egress.iter().find(|b| b.ip == ip && b.port == port)
+}
+
+/// After a call: no veth, chain or set beyond those of the pool's ready
+/// sandboxes (a chain and up to five sets each).
+async fn assert_clean(lab: &NetLab, pooled: usize) {
+    let clean = || {
+        let rules = lab.sandbox_rules();
+        let chains = rules.iter().filter(|r| r.starts_with("chain ")).count();
+        lab.sandbox_links().len() <= pooled && chains <= pooled && rules.len() - chains <= 5 * chains
+    };
+    // Teardown runs right after the answer; give it a bounded moment.
+    for _ in 0..200 {
+        if clean() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(clean(), "left behind: {:?} {:?}", lab.sandbox_links(), lab.sandbox_rules());
+}
+
+#[tokio::test]
+async fn unrestricted_reaches_public_hosts_and_nothing_private_local_or_of_the_node() -> anyhow::Result<()> {
+    if skip_unless_root("unrestricted_reaches_public_hosts_and_nothing_private_local_or_of_the_node") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "0").await?;
+    // A listener on every address of the node: none may be reachable.
+    let node_listener = std::net::TcpListener::bind("0.0.0.0:0")?;
+    let node_port = node_listener.local_addr()?.port();
+    let code = format!(
+        r#"
+get("public-ip", "http://198.51.100.10/")
+get("public-name", "http://public.test/")
+tcp("private-ip", "10.200.0.10")
+tcp("private-name", "private.test")
+tcp("metadata-ip", "169.254.169.254")
+tcp("metadata-name", "metadata.test")
+tcp("rebind-1", "rebind.test")
+tcp("rebind-2", "rebind.test")
+tcp("node-lab", "{node}", {node_port})
+gw = [l.split() for l in open("/proc/net/route").read().splitlines()[1:]]
+gw = [socket.inet_ntoa(bytes.fromhex(f[2])[::-1]) for f in gw if f[1] == "00000000"][0]
+tcp("node-gateway", gw, {node_port})
+tcp("v6-loopback", "::1", 80, socket.AF_INET6)
+tcp("v6-metadata", "fd00:ec2::254", 80, socket.AF_INET6)
+tcp("v4-mapped", "::ffff:10.200.0.10", 80, socket.AF_INET6)
+"#,
+        node = lab.node_addr
+    );
+    let run = agent.run_request(python(&code, NetworkPolicy::Unrestricted, vec![])).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(line(&run, "public-ip"), "warren-lab");
+    assert_eq!(line(&run, "public-name"), "warren-lab");
+    for label in ["private-ip", "private-name", "metadata-ip", "metadata-name", "node-lab", "node-gateway"] {
+        assert_ne!(line(&run, label), "OPEN", "{label} must be unreachable:\n{}", run.stdout);
+    }
+    // The name rebinding to a private address: the public answer works, the private one does not.
+    assert_eq!(line(&run, "rebind-1"), "OPEN");
+    assert_ne!(line(&run, "rebind-2"), "OPEN");
+    for label in ["v6-loopback", "v6-metadata", "v4-mapped"] {
+        assert_ne!(line(&run, label), "OPEN", "{label}:\n{}", run.stdout);
+    }
+    // Refused destinations are reported, named by what the program resolved.
+    let private = refused(&run, "10.200.0.10", 80).unwrap_or_else(|| panic!("{:?}", run.exited.blocked_egress));
+    assert_eq!(private.protocol, "tcp");
+    assert!(private.count >= 3, "ip, name and rebind attempts: {private:?}");
+    assert!(["private.test", "rebind.test"].contains(&private.host.as_str()), "{private:?}");
+    assert_eq!(refused(&run, "169.254.169.254", 80).map(|b| b.host.as_str()), Some("metadata.test"));
+    assert!(refused(&run, "198.51.100.10", 80).is_none());
+    drop(node_listener);
+    assert_clean(&lab, 0).await;
+    agent.stop();
+    assert!(!lab.table_exists(), "the agent removes its table when it stops");
+    Ok(())
+}
+
+#[tokio::test]
+async fn blocked_reaches_nothing_and_allowlists_hold_by_name_cidr_and_port() -> anyhow::Result<()> {
+    if skip_unless_root("blocked_reaches_nothing_and_allowlists_hold_by_name_cidr_and_port") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "1").await?;
+    let code = r#"
+tcp("public-ip", "198.51.100.10")
+tcp("public-name", "public.test")
+"#;
+    let blocked = agent.run_request(python(code, NetworkPolicy::Blocked, vec![])).await?;
+    assert_eq!(line(&blocked, "public-ip"), "ENETUNREACH");
+    assert_eq!(line(&blocked, "public-name"), "NORESOLVE");
+    assert!(blocked.exited.blocked_egress.is_empty());
+
+    let allow = vec![
+        EgressRule { host: "public.test".into(), ports: vec![80] },
+        EgressRule { host: "198.51.100.11/32".into(), ports: vec![] },
+    ];
+    let code = r#"
+get("name-allowed", "http://public.test/")
+tcp("name-other-port", "public.test", 8080)
+tcp("name-not-listed", "other.test")
+tcp("cidr-allowed", "198.51.100.11")
+tcp("private", "10.200.0.10")
+"#;
+    let run = agent.run_request(python(code, NetworkPolicy::Unrestricted, allow.clone())).await?;
+    assert_eq!(line(&run, "name-allowed"), "warren-lab", "{}", run.stderr);
+    assert_ne!(line(&run, "name-other-port"), "OPEN");
+    assert_eq!(line(&run, "name-not-listed"), "NORESOLVE", "names outside the allowlist are not even looked up");
+    assert_eq!(line(&run, "cidr-allowed"), "OPEN");
+    assert_ne!(line(&run, "private"), "OPEN");
+    let dns = run.exited.blocked_egress.iter().find(|b| b.protocol == "dns").unwrap_or_else(|| panic!("{:?}", run.exited.blocked_egress));
+    assert_eq!((dns.host.as_str(), dns.ip.as_str(), dns.port), ("other.test", "", 53));
+    assert_eq!(refused(&run, "198.51.100.10", 8080).map(|b| b.host.as_str()), Some("public.test"));
+
+    // The allowlist binds addresses, not names: a program connecting by the
+    // address of an allowed name (without asking the resolver) gets nothing
+    // it was not given.
+    let run = agent.run_request(python(r#"tcp("raw-ip-before-dns", "198.51.100.10")"#, NetworkPolicy::Unrestricted, allow)).await?;
+    assert_ne!(line(&run, "raw-ip-before-dns"), "OPEN");
+    assert!(refused(&run, "198.51.100.10", 80).is_some());
+    assert_clean(&lab, 1).await;
+    agent.stop();
+    assert!(lab.sandbox_links().is_empty() && !lab.table_exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn bandwidth_is_shaped_per_cpu() -> anyhow::Result<()> {
+    if skip_unless_root("bandwidth_is_shaped_per_cpu") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "0").await?;
+    // Half a CPU: 100 Mbit/s each way.
+    let code = r#"
+t = time.monotonic()
+n = len(urllib.request.urlopen("http://198.51.100.10/big", timeout=60).read())
+print("bytes", n)
+print("mbits", n * 8 / (time.monotonic() - t) / 1e6)
+"#;
+    let mut req = python(code, NetworkPolicy::Unrestricted, vec![]);
+    req.limits = Some(pb::Limits { cpu_millis: 500, ..Default::default() });
+    let run = agent.run_request(req).await?;
+    assert_eq!(line(&run, "bytes"), BIG_BYTES.to_string(), "{}", run.stderr);
+    let mbits: f64 = line(&run, "mbits").parse()?;
+    eprintln!("download at 500m CPU: {mbits:.1} Mbit/s (cap 100)");
+    // The token bucket lets a burst through at line rate; over 24 MiB that
+    // is a few percent. Unshaped, a veth moves several Gbit/s.
+    assert!(mbits <= 110.0, "{mbits:.1} Mbit/s exceeds the 100 Mbit/s cap");
+    assert_clean(&lab, 0).await;
+    agent.stop();
+    Ok(())
+}
