@@ -33,6 +33,7 @@ fn key() -> EffectiveKey {
             ..Default::default()
         },
         network: warren_config::Network::Blocked,
+        egress: None,
         env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
         thread_retention: Default::default(),
         thread_max_bytes: 1 << 30,
@@ -110,6 +111,10 @@ fn the_spec_carries_the_keys_network_limits_and_thread() {
     let r = parse(br#"{"code":"x","thread_id":"t-1"}"#).unwrap();
     let s = plan(r, &k).unwrap();
     assert_eq!(s.network, warren_core::Network::Unrestricted, "the key's network is not dropped on the way");
+    k.egress = Some(vec![warren_core::egress::EgressRule { host: "api.example.com".into(), ports: vec![443] }]);
+    let wire = warren_proto::agent::ExecuteRequest::from(plan(parse(br#"{"code":"x"}"#).unwrap(), &k).unwrap());
+    assert_eq!(wire.network, warren_proto::agent::NetworkPolicy::Unrestricted as i32);
+    assert_eq!((wire.egress[0].host.as_str(), wire.egress[0].ports.as_slice()), ("api.example.com", &[443u32][..]), "nor its allowlist");
     assert_eq!(s.limits, k.limits);
     let t = s.thread.as_ref().unwrap();
     assert_eq!((t.id.as_str(), t.max_bytes), ("t-1", k.thread_max_bytes));

@@ -33,6 +33,9 @@ pub enum Outcome {
     /// A storage mount could not be set up (nothing ran), or changes under
     /// /data could not all be stored (the output is complete).
     StorageError(StorageFailure),
+    /// The program failed after the network policy refused it a
+    /// destination (`blocked_egress` says which).
+    Blocked,
 }
 
 /// How storage failed (the result's `error` value).
@@ -85,6 +88,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::ThreadError(_) => "thread_error",
             Outcome::StorageError(_) => "storage_error",
+            Outcome::Blocked => "blocked",
         }
     }
 
@@ -110,6 +114,9 @@ impl Outcome {
             Outcome::Seccomp
         } else if e.exit_code == 0 && e.signal == 0 {
             Outcome::Success
+        } else if !e.blocked_egress.is_empty() {
+            // Policy, not (necessarily) a bug: an agent can tell them apart.
+            Outcome::Blocked
         } else {
             Outcome::Failed
         }
@@ -125,6 +132,7 @@ impl Outcome {
             Outcome::ThreadError(t) => Some(t.code()),
             Outcome::StorageError(StorageFailure::Mount) => Some("storage_mount_error"),
             Outcome::StorageError(StorageFailure::Sync) => Some("storage_sync_error"),
+            Outcome::Blocked => Some("blocked"),
             _ => None,
         }
     }
@@ -142,11 +150,14 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, `storage_mount_error`, `storage_sync_error`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `blocked` (the program failed after the network policy refused it a destination), `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, `storage_mount_error`, `storage_sync_error`, or null.
     pub error: Option<String>,
     /// With `storage_sync_error`: the files under `/data` whose changes were not stored (absent otherwise).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unsynced_paths: Vec<String>,
+    /// Destinations the network policy refused during the call, most frequent first, at most 64 (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocked_egress: Vec<BlockedEgress>,
     /// Id of this execution (`trc_…`), also in the `X-Trace-Id` header and the audit log.
     pub trace_id: String,
     /// Wall time of the program, milliseconds.
@@ -178,6 +189,7 @@ impl ExecuteResult {
             exit_code: e.exit_code,
             error: outcome.error_code().map(str::to_string),
             unsynced_paths: e.unsynced_paths.clone(),
+            blocked_egress: e.blocked_egress.clone(),
             trace_id: trace_id.to_string(),
             duration_ms: e.wall_micros / 1000,
             cpu_ms: e.cpu_micros / 1000,
@@ -189,6 +201,23 @@ impl ExecuteResult {
             stderr_truncated: e.stderr_truncated,
         }
     }
+}
+
+/// One destination the network policy refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct BlockedEgress {
+    /// The DNS name the program resolved the address from, or asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The address; absent for a name the allowlist refused to resolve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Destination port (53 for a refused name).
+    pub port: u16,
+    /// `tcp`, `udp` or `dns`.
+    pub protocol: String,
+    /// Packets (or queries) refused.
+    pub count: u64,
 }
 
 /// One line of an `application/x-ndjson` execute response. `seq` increases
@@ -223,7 +252,7 @@ pub enum StreamEvent {
     Result {
         /// Execution id.
         trace_id: String,
-        /// `success`, `failed`, `timeout`, `oom`, `seccomp`, `sandbox_error`, `thread_error` or `node_lost`.
+        /// `success`, `failed`, `blocked`, `timeout`, `oom`, `seccomp`, `sandbox_error`, `thread_error`, `storage_error` or `node_lost`.
         status: String,
         /// The result object, with the whole output again.
         result: ExecuteResult,
@@ -311,6 +340,21 @@ mod tests {
         assert_eq!(v["unsynced_paths"], serde_json::json!(["/data/out/r.csv"]));
         let ok = serde_json::to_value(ExecuteResult::new("trc_x", &Exited::default(), String::new(), String::new())).unwrap();
         assert!(ok.get("unsynced_paths").is_none(), "absent unless something was not stored");
+    }
+
+    #[test]
+    fn a_failure_after_refused_egress_is_blocked_and_lists_the_destinations() {
+        let refused = crate::result::BlockedEgress { host: Some("private.test".into()), ip: Some("10.200.0.10".into()), port: 80, protocol: "tcp".into(), count: 2 };
+        let x = Exited { exit_code: 1, blocked_egress: vec![refused], ..Default::default() };
+        let v = serde_json::to_value(ExecuteResult::new("trc_x", &x, String::new(), String::new())).unwrap();
+        assert_eq!((v["success"].as_bool(), v["error"].as_str()), (Some(false), Some("blocked")));
+        assert_eq!(v["blocked_egress"], serde_json::json!([{"host": "private.test", "ip": "10.200.0.10", "port": 80, "protocol": "tcp", "count": 2}]));
+        // A program that handled the refusal and succeeded is a success; the list stays.
+        let ok = Exited { exit_code: 0, ..x.clone() };
+        let v = serde_json::to_value(ExecuteResult::new("trc_x", &ok, String::new(), String::new())).unwrap();
+        assert_eq!((v["success"].as_bool(), v["error"].as_str(), v["blocked_egress"][0]["port"].as_u64()), (Some(true), None, Some(80)));
+        // A plain failure, nothing refused: not blocked.
+        assert_eq!(Outcome::of(&Exited { exit_code: 1, ..Default::default() }), Outcome::Failed);
     }
 
     #[test]

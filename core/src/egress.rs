@@ -29,6 +29,18 @@ pub struct EgressRule {
     pub ports: Vec<u16>,
 }
 
+/// The egress section of a Sandbox or ApiKey.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Egress {
+    /// The only destinations reachable (with `network: Unrestricted`);
+    /// private, link-local and metadata ranges stay unreachable whatever
+    /// this says (Connectors reach private services).
+    #[cfg_attr(feature = "schema", schemars(length(min = 1, max = 64)))]
+    pub allow: Vec<EgressRule>,
+}
+
 /// What a rule's `host` designates.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -225,13 +237,28 @@ pub fn is_forbidden(ip: IpAddr) -> bool {
     }
 }
 
-/// Whether a CIDR rule overlaps a forbidden range (then only its public
-/// part is reachable; the check names the mistake early).
-pub fn cidr_overlaps_forbidden(addr: Ipv4Addr, prefix: u8) -> bool {
-    FORBIDDEN_V4.iter().any(|(net, p)| {
-        let shorter = (*p).min(prefix);
-        mask(addr, shorter) == mask(*net, shorter)
-    })
+/// Whether a CIDR lies wholly inside a forbidden range (a rule naming it
+/// could never reach anything; one merely overlapping, such as 0.0.0.0/0,
+/// reaches its public part).
+pub fn cidr_is_forbidden(addr: Ipv4Addr, prefix: u8) -> bool {
+    FORBIDDEN_V4.iter().any(|(net, p)| *p <= prefix && mask(addr, *p) == *net)
+}
+
+/// Checks an allowlist as a manifest states it: syntax, bounds, and no
+/// rule that could only ever name forbidden addresses.
+pub fn check_manifest_rules(rules: &[EgressRule]) -> Result<Vec<Rule>, String> {
+    if rules.is_empty() {
+        return Err("allow must list at least one destination (omit egress to allow every public one)".into());
+    }
+    let parsed = parse_rules(rules)?;
+    for r in &parsed {
+        if let Target::Cidr(a, p) = r.target {
+            if cidr_is_forbidden(a, p) {
+                return Err(format!("{a}/{p} is a private, link-local or reserved range that no sandbox may reach; reach private services through a Connector"));
+            }
+        }
+    }
+    Ok(parsed)
 }
 
 #[cfg(test)]
@@ -293,8 +320,13 @@ mod tests {
         for ip in ["198.51.100.10", "8.8.8.8", "100.128.0.1", "2001:db8::1", "::ffff:198.51.100.10"] {
             assert!(!is_forbidden(ip.parse().unwrap()), "{ip}");
         }
-        assert!(cidr_overlaps_forbidden(Ipv4Addr::new(10, 0, 0, 0), 16));
-        assert!(cidr_overlaps_forbidden(Ipv4Addr::new(0, 0, 0, 0), 0));
-        assert!(!cidr_overlaps_forbidden(Ipv4Addr::new(198, 51, 100, 0), 24));
+        assert!(cidr_is_forbidden(Ipv4Addr::new(10, 1, 0, 0), 16));
+        assert!(cidr_is_forbidden(Ipv4Addr::new(169, 254, 169, 254), 32));
+        assert!(!cidr_is_forbidden(Ipv4Addr::new(0, 0, 0, 0), 0), "overlapping is fine: its public part is reachable");
+        assert!(!cidr_is_forbidden(Ipv4Addr::new(198, 51, 100, 0), 24));
+        let rule = |h: &str| EgressRule { host: h.into(), ports: vec![] };
+        assert!(check_manifest_rules(&[rule("10.0.0.0/8")]).unwrap_err().contains("Connector"));
+        assert!(check_manifest_rules(&[]).is_err());
+        assert_eq!(check_manifest_rules(&[rule("0.0.0.0/0"), rule("a.test")]).unwrap().len(), 2);
     }
 }

@@ -273,9 +273,7 @@ mod tests {
     fn capabilities_this_agent_lacks_are_refused_not_dropped() {
         let base = || pb::ExecuteRequest { language: 1, code: "x".into(), timeout_ms: 1000, ..Default::default() };
         let cases: Vec<(pb::ExecuteRequest, &str)> = vec![
-            (pb::ExecuteRequest { network: pb::NetworkPolicy::Unrestricted as i32, ..base() }, "network"),
             (pb::ExecuteRequest { network: 99, ..base() }, "network"),
-            (pb::ExecuteRequest { egress: vec![pb::EgressRule::default()], ..base() }, "egress"),
             (pb::ExecuteRequest { connectors: vec![pb::ConnectorGrant::default()], ..base() }, "connectors"),
         ];
         for (req, field) in cases {
@@ -284,6 +282,26 @@ mod tests {
             assert_eq!(warren_proto::refusal::refusal_of(&s), (Reason::Unsupported, field.to_string()));
         }
         assert!(exec_request(pb::ExecuteRequest { network: pb::NetworkPolicy::Blocked as i32, ..base() }).is_ok());
+    }
+
+    #[test]
+    fn network_and_allowlists_are_checked() {
+        let base = || pb::ExecuteRequest { language: 1, code: "x".into(), timeout_ms: 1000, ..Default::default() };
+        let rule = |host: &str, ports: Vec<u32>| pb::EgressRule { host: host.into(), ports };
+        assert_eq!(network(&base()).unwrap(), NetworkRequest::Blocked);
+        let open = pb::ExecuteRequest { network: pb::NetworkPolicy::Unrestricted as i32, ..base() };
+        assert_eq!(network(&open).unwrap(), NetworkRequest::Unrestricted { allow: None });
+        let listed = pb::ExecuteRequest { egress: vec![rule("api.example.com", vec![443])], ..open.clone() };
+        assert!(matches!(network(&listed).unwrap(), NetworkRequest::Unrestricted { allow: Some(r) } if r.len() == 1));
+        for bad in [
+            pb::ExecuteRequest { egress: vec![rule("api.example.com", vec![])], ..base() },
+            pb::ExecuteRequest { egress: vec![rule("api.example.com", vec![70000])], ..open.clone() },
+            pb::ExecuteRequest { egress: vec![rule("*", vec![])], ..open.clone() },
+            pb::ExecuteRequest { egress: vec![rule("fd00::/8", vec![])], ..open.clone() },
+        ] {
+            let s = network(&bad).unwrap_err();
+            assert_eq!((s.code(), refusal_of(&s)), (Code::InvalidArgument, (Reason::InvalidField, "egress".to_string())));
+        }
     }
 
     #[test]

@@ -41,7 +41,7 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
             image_digest: s.image.digest.unwrap_or_default(),
             network: network as i32,
             mounts: s.mounts.into_iter().map(storage_mount).collect(),
-            egress: Vec::new(),
+            egress: s.egress.into_iter().map(|r| pb::EgressRule { host: r.host, ports: r.ports.into_iter().map(u32::from).collect() }).collect(),
             connectors: Vec::new(),
             // Set by the service when the executing agent counts the key.
             key_slot: None,
@@ -116,6 +116,8 @@ pub struct Exit {
     pub failure: Option<Failure>,
     /// With `StorageSync`: the `/data` paths whose changes were not stored.
     pub unsynced_paths: Vec<String>,
+    /// Destinations the network policy refused.
+    pub blocked_egress: Vec<crate::result::BlockedEgress>,
 }
 
 impl From<pb::Exited> for Exit {
@@ -143,6 +145,18 @@ impl From<pb::Exited> for Exit {
             stderr_truncated: x.stderr_truncated,
             failure,
             unsynced_paths: x.unsynced_paths,
+            blocked_egress: x
+                .blocked_egress
+                .into_iter()
+                .take(64)
+                .map(|b| crate::result::BlockedEgress {
+                    host: (!b.host.is_empty()).then_some(b.host),
+                    ip: (!b.ip.is_empty()).then_some(b.ip),
+                    port: u16::try_from(b.port).unwrap_or(0),
+                    protocol: b.protocol,
+                    count: b.count,
+                })
+                .collect(),
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct ExecutionSpec {
     pub image: ImageRef,
     /// Outbound network policy (the key's, after narrowing).
     pub network: Network,
+    /// With `Unrestricted`: the only destinations allowed (the key's).
+    pub egress: Vec<warren_core::egress::EgressRule>,
     /// The saved home, when the request names a thread.
     pub thread: Option<ThreadSpec>,
     /// How the result is delivered.
@@ -124,6 +126,7 @@ impl ExecutionSpec {
             limits: key.limits,
             image: ImageRef { reference: key.image.clone(), digest: key.image_digest.clone(), pull: key.image_pull.clone() },
             network: key.network,
+            egress: key.egress.clone().unwrap_or_default(),
             thread: req.thread_id.clone().map(|id| ThreadSpec {
                 id,
                 retention: key.thread_retention.duration(),

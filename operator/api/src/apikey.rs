@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{EnvVar, LocalRef, SecretKeyRef};
 use crate::sandbox::MountMode;
-use crate::Network;
+use crate::{Egress, Network};
 
 /// How an ApiKey narrows one of its Sandbox's mounts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -65,6 +65,11 @@ pub struct ApiKeySpec {
     pub max_threads: Option<u32>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
+    /// An egress allowlist within the Sandbox's: every rule must be covered
+    /// by one of the Sandbox's (or, without one, may name any public
+    /// destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
     /// Narrowings of the Sandbox's mounts: deeper prefixes, read-only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]

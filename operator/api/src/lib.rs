@@ -24,4 +24,5 @@ pub use common::{EnvVar, LocalRef, Quantity, ReadyStatus, SecretBody, SecretKeyR
 pub use connector::{Connector, ConnectorSpec, ConnectorType};
 pub use sandbox::{MountMode, Resources, Sandbox, SandboxSpec, SandboxStatus, StorageMount};
 pub use storage_connection::{StorageConnection, StorageConnectionSpec, StorageProvider};
+pub use warren_core::egress::{Egress, EgressRule};
 pub use warren_core::{Language, Network};

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{EnvVar, LocalRef, Quantity, ThreadRetention};
-use crate::{Language, Network};
+use crate::{Egress, Language, Network};
 
 /// Resources of each execution.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -70,6 +70,11 @@ pub struct SandboxSpec {
     /// Network policy (default Blocked).
     #[serde(default)]
     pub network: Network,
+    /// With `network: Unrestricted`: an allowlist of DNS names
+    /// (`api.example.com`, `*.example.com`) and IPv4 CIDRs, with ports; the
+    /// only destinations reachable. Without it every public one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
     /// Variables for every execution (ApiKey and request values win).
     #[serde(default)]
     #[schemars(length(max = 50))]

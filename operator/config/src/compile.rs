@@ -58,6 +58,8 @@ pub struct SandboxConfig {
     pub max_timeout_seconds: u32,
     /// Network policy.
     pub network: Network,
+    /// The egress allowlist (checked), with `Unrestricted`.
+    pub egress: Option<Vec<warren_core::egress::Rule>>,
     /// Variables.
     pub env: Vec<EnvVar>,
     /// Thread retention.
@@ -333,9 +335,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
     if s.image == "host" && s.image_pull_secret.is_some() {
         return Err(c.err("spec.imagePullSecret", "the `host` image is not pulled"));
     }
-    if s.network == Network::Unrestricted {
-        return Err(c.err("spec.network", "Unrestricted is not offered by this release's node-agent yet; use Blocked"));
-    }
+    let egress = check_egress(&c, s.network, s.egress.as_ref())?;
     let languages = match s.languages.clone() {
         Some(l) if l.is_empty() => return Err(c.err("spec.languages", "must list at least one language")),
         Some(mut l) => {
@@ -377,12 +377,23 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         limits,
         max_timeout_seconds,
         network: s.network,
+        egress,
         env: s.env.clone(),
         thread_retention: s.thread_retention,
         thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), bounds::THREAD_BYTES.default, bounds::THREAD_BYTES)?,
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
     })
+}
+
+/// An egress section: only with `Unrestricted`, every rule well-formed and
+/// able to reach something.
+fn check_egress(c: &Checker<'_>, network: Network, egress: Option<&crate::types::Egress>) -> Result<Option<Vec<warren_core::egress::Rule>>, ConfigError> {
+    match (network, egress) {
+        (_, None) => Ok(None),
+        (Network::Blocked, Some(_)) => Err(c.err("spec.egress", "an allowlist needs network: Unrestricted")),
+        (Network::Unrestricted, Some(e)) => warren_core::egress::check_manifest_rules(&e.allow).map(Some).map_err(|why| c.err("spec.egress.allow", why)),
+    }
 }
 
 fn check_mounts(c: &Checker<'_>, mounts: &[crate::types::StorageMount]) -> Result<Vec<crate::types::StorageMount>, ConfigError> {
@@ -467,6 +478,11 @@ pub fn effective_key(
         .network
         .narrowed(k.network)
         .ok_or_else(|| c.err("spec.network", "Unrestricted would widen the Sandbox's Blocked network; a key may only narrow it"))?;
+    let own = check_egress(&c, network, k.egress.as_ref())?;
+    let egress = match network {
+        Network::Blocked => None,
+        Network::Unrestricted => warren_core::egress::narrow(sb.egress.as_deref(), own.as_deref()).map_err(|e| c.err("spec.egress.allow", e))?,
+    };
     c.env("spec.env", &k.env)?;
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
@@ -490,6 +506,7 @@ pub fn effective_key(
         languages: sb.languages.clone(),
         limits: sb.limits,
         network,
+        egress: egress.map(|rules| rules.iter().map(warren_core::egress::Rule::to_wire).collect()),
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
         thread_max_bytes: sb.thread_max_bytes,

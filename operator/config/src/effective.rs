@@ -49,6 +49,10 @@ pub struct EffectiveKey {
     pub limits: Limits,
     /// Network policy after narrowing.
     pub network: Network,
+    /// With `Unrestricted`: the egress allowlist after narrowing (absent:
+    /// every public destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Vec<warren_core::egress::EgressRule>>,
     /// Sandbox variables overridden by the key's, sorted by name.
     pub env: Vec<(String, String)>,
     /// Thread retention of the Sandbox.

@@ -341,3 +341,43 @@ fn namespace_ceilings_refuse_keys_that_would_get_more() {
     let c = base("  resources: {cpu: 2}\n", "", namespace("elsewhere", "warren.dev/max-cpu: '1'"));
     assert!(c.errors.is_empty(), "{:?}", c.errors);
 }
+
+#[test]
+fn egress_allowlists_need_unrestricted_and_keys_only_narrow_them() {
+    let compile = |sb_extra: &str, key_extra: &str| run(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox(sb_extra), api_key("k", key_extra), secret("k-key", KEY_A)))]);
+    let errors = |c: &crate::Compiled| c.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    let open = "  network: Unrestricted\n";
+    let listed = "  network: Unrestricted\n  egress: {allow: [{host: '*.example.com', ports: [443]}, {host: 198.51.100.0/24}]}\n";
+    // No allowlist: every public destination; the key may introduce one.
+    let c = compile(open, "");
+    assert!(c.errors.is_empty(), "{}", errors(&c));
+    assert_eq!((c.keys[0].network, c.keys[0].egress.clone()), (crate::Network::Unrestricted, None));
+    let c = compile(open, "  egress: {allow: [{host: pypi.org}]}\n");
+    assert_eq!(c.keys[0].egress.as_ref().map(|e| e[0].host.as_str()), Some("pypi.org"));
+    // A listed Sandbox: the key inherits, narrows, or is refused for widening.
+    let c = compile(listed, "");
+    assert_eq!(c.keys[0].egress.as_ref().map(Vec::len), Some(2));
+    let c = compile(listed, "  egress: {allow: [{host: api.example.com, ports: [443]}, {host: 198.51.100.128/25, ports: [22]}]}\n");
+    assert!(c.errors.is_empty(), "{}", errors(&c));
+    for (key, want) in [
+        ("  egress: {allow: [{host: api.example.com}]}\n", "spec.egress.allow: \"api.example.com\" is not within the Sandbox's egress allowlist"),
+        ("  egress: {allow: [{host: evil.org, ports: [443]}]}\n", "is not within"),
+        ("  network: Blocked\n  egress: {allow: [{host: api.example.com, ports: [443]}]}\n", "spec.egress: an allowlist needs network: Unrestricted"),
+    ] {
+        let e = errors(&compile(listed, key));
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+    }
+    // A key downgrading to Blocked drops the allowlist with the network.
+    let c = compile(listed, "  network: Blocked\n");
+    assert_eq!((c.keys[0].network, c.keys[0].egress.clone()), (crate::Network::Blocked, None));
+    // The Sandbox's own section: only with Unrestricted, never a private range.
+    for (sb, want) in [
+        ("  egress: {allow: [{host: a.test}]}\n", "spec.egress: an allowlist needs network: Unrestricted"),
+        ("  network: Unrestricted\n  egress: {allow: [{host: 10.0.0.0/8}]}\n", "reach private services through a Connector"),
+        ("  network: Unrestricted\n  egress: {allow: []}\n", "at least one destination"),
+        ("  network: Unrestricted\n  egress: {allow: [{host: '*'}]}\n", "spec.egress.allow: \"*\""),
+    ] {
+        let e = errors(&compile(sb, ""));
+        assert!(e.contains(want), "{e:?} should contain {want:?}");
+    }
+}
