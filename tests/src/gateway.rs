@@ -120,9 +120,36 @@ kind: ApiKey
 metadata: {name: loud2}
 spec: {sandboxRef: {name: loud}}
 ---
+apiVersion: warren.dev/v1alpha1
+kind: Sandbox
+metadata: {name: net}
+spec:
+  image: host
+  languages: [python]
+  network: Unrestricted
+  egress:
+    allow: [{host: public.test}, {host: other.test}]
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: net}
+spec: {sandboxRef: {name: net}}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: netnarrow}
+spec:
+  sandboxRef: {name: net}
+  egress: {allow: [{host: public.test, ports: [80]}]}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: netoff}
+spec: {sandboxRef: {name: net}, network: Blocked}
+---
 ",
     );
-    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "few", "loud", "loud2"] {
+    for k in ["main", "single", "off", "short", "bashonly", "thr", "thr2", "tiny", "few", "loud", "loud2", "net", "netnarrow", "netoff"] {
         s.push_str(&secret(k));
     }
     s

@@ -199,3 +199,36 @@ print("mbits", n * 8 / (time.monotonic() - t) / 1e6)
     agent.stop();
     Ok(())
 }
+
+#[tokio::test]
+async fn the_http_result_says_blocked_and_keys_narrow_the_sandboxs_allowlist() -> anyhow::Result<()> {
+    if skip_unless_root("the_http_result_says_blocked_and_keys_narrow_the_sandboxs_allowlist") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "0").await?;
+    let gw = warren_e2e::gateway::Gateway::start(&[agent.address()], &[], true).await?;
+    let key = warren_e2e::gateway::key;
+    let body = |code: &str| serde_json::json!({"language": "python", "code": format!("{PY}\n{code}")});
+    // The program fails because the policy refused it: `blocked`, and where.
+    let r = gw.execute(&key("net"), &body("tcp('private', '10.200.0.10'); sys.exit(1)")).json();
+    assert_eq!((r["success"].as_bool(), r["error"].as_str()), (Some(false), Some("blocked")), "{r}");
+    let refused = &r["blocked_egress"][0];
+    assert_eq!((refused["ip"].as_str(), refused["port"].as_u64(), refused["protocol"].as_str()), (Some("10.200.0.10"), Some(80), Some("tcp")), "{r}");
+    // The Sandbox's allowlist, whole; then as the narrowing key has it.
+    let both = "get('public', 'http://public.test/'); tcp('other', 'other.test')";
+    let r = gw.execute(&key("net"), &body(both)).json();
+    assert_eq!((r["success"].as_bool(), r["stdout"].as_str()), (Some(true), Some("public warren-lab\nother OPEN\n")), "{r}");
+    assert!(r.get("blocked_egress").is_none(), "{r}");
+    let r = gw.execute(&key("netnarrow"), &body(both)).json();
+    assert_eq!(r["stdout"].as_str(), Some("public warren-lab\nother NORESOLVE\n"), "{r}");
+    assert_eq!((r["blocked_egress"][0]["host"].as_str(), r["blocked_egress"][0]["protocol"].as_str()), (Some("other.test"), Some("dns")), "{r}");
+    // A key that downgrades to Blocked: nothing reachable, nothing to report.
+    let r = gw.execute(&key("netoff"), &body("tcp('public', '198.51.100.10')")).json();
+    assert_eq!(r["stdout"].as_str(), Some("public ENETUNREACH\n"), "{r}");
+    assert!(r.get("blocked_egress").is_none(), "{r}");
+    drop(gw);
+    assert_clean(&lab, 0).await;
+    agent.stop();
+    Ok(())
+}
