@@ -41,7 +41,8 @@ RUNTIME_PACKAGES=(
   jq curl git sqlite3 postgresql-client mariadb-client redis-tools
   zip unzip xz-utils procps less file
 )
-WARREN_PACKAGES=(libseccomp2 ca-certificates)
+# nftables and iproute2: the agent's sandbox networking (nft, ip, tc).
+WARREN_PACKAGES=(libseccomp2 ca-certificates nftables iproute2)
 
 # rootfs NAME DIR PACKAGE... : a Debian root filesystem in DIR.
 rootfs() {

@@ -13,6 +13,8 @@ ensure_deps() {
   command -v unzip >/dev/null 2>&1 || missing+=(unzip)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  # Unrestricted sandboxes: the agent's nftables table (tc comes with iproute2).
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
   # The image tests pull from a real registry on loopback.
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)

@@ -240,7 +240,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut policy = NodePolicy::default();
     policy.defaults.max_output_bytes = max_output_bytes;
     let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
-    let net = start_network(&sandbox_network, dns_upstream, &network_prefix).await?;
+    // In a container /proc/sys is read-only; the agent's own clean proc (if
+    // it mounted one) is not.
+    let proc_dir = if state_dir.join("proc/sys").exists() { state_dir.join("proc") } else { PathBuf::from("/proc") };
+    let net = start_network(&sandbox_network, dns_upstream, &network_prefix, proc_dir).await?;
     let env = Arc::new(SandboxEnv {
         layout,
         supervisor_binary,
@@ -307,7 +310,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// Sets up sandbox networking. A node that cannot (no nftables, no
 /// CAP_NET_ADMIN) still runs `Blocked` sandboxes and says why it offers no
 /// more; a malformed flag is an error.
-async fn start_network(range: &str, upstream: Option<std::net::SocketAddr>, prefix: &str) -> anyhow::Result<Option<Arc<warren_network::NodeNet>>> {
+async fn start_network(range: &str, upstream: Option<std::net::SocketAddr>, prefix: &str, proc_dir: PathBuf) -> anyhow::Result<Option<Arc<warren_network::NodeNet>>> {
     if range == "off" {
         info!("sandbox networking off (--sandbox-network off): only Blocked sandboxes");
         return Ok(None);
@@ -327,7 +330,7 @@ async fn start_network(range: &str, upstream: Option<std::net::SocketAddr>, pref
             }
         }
     };
-    match warren_network::NodeNet::start(warren_network::NodeNetConfig { sandbox_net, upstream_dns: upstream, scope }).await {
+    match warren_network::NodeNet::start(warren_network::NodeNetConfig { sandbox_net, upstream_dns: upstream, scope, proc_dir }).await {
         Ok(net) => {
             info!(range, dns_upstream = %upstream, "sandbox networking ready: Unrestricted sandboxes offered");
             Ok(Some(Arc::new(net)))

@@ -181,6 +181,11 @@ impl Agent {
         cmd.arg("--listen-unix").arg(&socket).arg("--state-dir").arg(&state);
         cmd.arg("--cgroup-name").arg(&cgroup_name).arg("--uid-base").arg(uid_base.to_string());
         cmd.arg("--log-format").arg("plain").args(extra);
+        // Sandbox networking is node-wide state (an nftables table, veths):
+        // only tests that bring their own lab (`netlab`) turn it on.
+        if !extra.contains(&"--sandbox-network") {
+            cmd.args(["--sandbox-network", "off"]);
+        }
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;

@@ -232,3 +232,30 @@ async fn the_http_result_says_blocked_and_keys_narrow_the_sandboxs_allowlist() -
     agent.stop();
     Ok(())
 }
+
+#[tokio::test]
+async fn an_agent_crash_leaves_no_veth_and_the_next_start_no_rules() -> anyhow::Result<()> {
+    if skip_unless_root("an_agent_crash_leaves_no_veth_and_the_next_start_no_rules") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "2").await?;
+    let run = agent.run_request(python(r#"get("public", "http://198.51.100.10/")"#, NetworkPolicy::Unrestricted, vec![])).await?;
+    assert_eq!(line(&run, "public"), "warren-lab");
+    // The pool refills the shape: two ready sandboxes with their veths and chains.
+    let chains = || lab.sandbox_rules().iter().filter(|r| r.starts_with("chain ")).count();
+    let filled = warren_e2e::gateway::wait_for(Duration::from_secs(30), || lab.sandbox_links().len() == 2 && chains() == 2);
+    assert!(filled, "pool did not fill (or the call's sandbox was not torn down): {:?} {:?}", lab.sandbox_links(), lab.sandbox_rules());
+    agent.kill_hard();
+    // Each sandbox's supervisor kills it when the agent goes; its network
+    // namespace, and with it the veth pair, goes too.
+    let gone = warren_e2e::gateway::wait_for(Duration::from_secs(30), || lab.sandbox_links().is_empty());
+    assert!(gone, "veths outlived the agent: {:?}", lab.sandbox_links());
+    // The chains outlive a crash only until the next start replaces the table.
+    let mut again = start(&lab, "0").await?;
+    assert!(lab.table_exists());
+    assert!(lab.sandbox_rules().is_empty(), "{:?}", lab.sandbox_rules());
+    again.stop();
+    assert!(!lab.table_exists());
+    Ok(())
+}

@@ -83,10 +83,11 @@ pub fn in_netns<T: Send + 'static>(ns: &OwnedFd, f: impl FnOnce() -> io::Result<
 /// Inside the namespace: turns IPv6 off (the sandbox has no IPv6 route
 /// anyway; this also drops its link-local address) and configures `eth0`
 /// and its shaping.
-pub fn configure_inside(node: Ipv4Addr, sandbox: Ipv4Addr, rate_bits: u64) -> io::Result<()> {
+pub fn configure_inside(proc_dir: &std::path::Path, node: Ipv4Addr, sandbox: Ipv4Addr, rate_bits: u64) -> io::Result<()> {
     for knob in ["all", "default"] {
-        // /proc/sys/net shows the namespace of the thread opening it.
-        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1");
+        // /proc/sys/net shows the namespace of the thread opening it. Best
+        // effort: the node drops IPv6 from sandboxes anyway.
+        let _ = std::fs::write(proc_dir.join(format!("sys/net/ipv6/conf/{knob}/disable_ipv6")), "1");
     }
     command("ip", &["-batch".into(), "-".into()], Some(&sandbox_side(node, sandbox)))?;
     command("tc", &tbf_args("eth0", rate_bits), None)

@@ -26,6 +26,9 @@ pub struct NodeNetConfig {
     pub upstream_dns: SocketAddr,
     /// This agent's table and interface names.
     pub scope: nft::Scope,
+    /// A writable procfs (`/proc`, or in a container the agent's own clean
+    /// mount: the runtime's `/proc/sys` is read-only there).
+    pub proc_dir: std::path::PathBuf,
 }
 
 /// The node's sandbox networking, once set up.
@@ -58,7 +61,7 @@ impl NodeNet {
             let _ = link::command("ip", &["link".into(), "del".into(), ifname], None);
         }
         nft::run(&nft::node_table(&cfg.scope, cfg.sandbox_net), &["-f", "-"]).await.map_err(at("installing the node table"))?;
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(at("enabling IPv4 forwarding"))?;
+        std::fs::write(cfg.proc_dir.join("sys/net/ipv4/ip_forward"), "1").map_err(at("enabling IPv4 forwarding"))?;
         Ok(NodeNet { cfg })
     }
 
@@ -108,9 +111,10 @@ impl SandboxNet {
         .await
         .map_err(at("creating the veth pair"))?;
         let ns = self.netns.try_clone().map_err(at("duplicating the namespace handle"))?;
+        let proc_dir = cfg.proc_dir.clone();
         let socket = blocking(move || {
             link::in_netns(&ns, move || {
-                link::configure_inside(node, sandbox, rate)?;
+                link::configure_inside(&proc_dir, node, sandbox, rate)?;
                 std::net::UdpSocket::bind(SANDBOX_RESOLVER)
             })
         })
