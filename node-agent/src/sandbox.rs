@@ -456,7 +456,7 @@ impl Prepared {
         }
         self.account(&mut out);
         if let Some(net) = &self.net {
-            out.blocked = net.blocked().await;
+            out.blocked = net.blocked();
         }
         debug!(exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
         (out, Teardown(self))

@@ -23,6 +23,7 @@
 
 pub mod dns;
 pub mod link;
+pub mod nflog;
 pub mod nft;
 pub mod node;
 pub mod policy;

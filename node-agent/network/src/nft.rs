@@ -7,13 +7,13 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
 use warren_core::egress::{Rule, Target, FORBIDDEN_V4};
 
-use crate::policy::{Blocked, NetPolicy};
+use crate::policy::NetPolicy;
 
 /// Which table and interfaces belong to one agent: `inet warren_<prefix>`
 /// and veths named `<prefix><slot>` (one agent per node in production;
@@ -24,6 +24,8 @@ pub struct Scope {
     pub table: String,
     /// Interface name prefix.
     pub prefix: String,
+    /// NFLOG group refused packets are logged to.
+    pub group: u16,
 }
 
 impl Scope {
@@ -33,11 +35,12 @@ impl Scope {
         let ok = (1..=6).contains(&prefix.len())
             && prefix.starts_with(|c: char| c.is_ascii_lowercase())
             && prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        ok.then(|| Scope { table: format!("inet warren_{prefix}"), prefix: prefix.to_string() })
+        ok.then(|| Scope { table: format!("inet warren_{prefix}"), prefix: prefix.to_string(), group: crate::nflog::group_of(prefix) })
     }
 }
-/// Distinct refused destinations counted per sandbox.
-const BLOCKED_SET_SIZE: usize = 256;
+/// Refused packets logged per sandbox and second, at most (a flood is
+/// refused all the same, just not all reported).
+const LOG_RATE: u32 = 200;
 /// How a refused packet is answered: "administratively prohibited", so a
 /// connect fails at once (EHOSTUNREACH) instead of timing out.
 const REJECT: &str = "reject with icmpx admin-prohibited";
@@ -95,18 +98,14 @@ pub struct SandboxNames {
     pub ifname: String,
     /// The agent's table.
     pub table: String,
+    group: u16,
     n: usize,
 }
 
 impl SandboxNames {
     /// Names for slot `n`.
     pub fn new(scope: &Scope, n: usize) -> SandboxNames {
-        SandboxNames { ifname: format!("{}{n}", scope.prefix), table: scope.table.clone(), n }
-    }
-
-    /// The set of refused destinations.
-    pub fn blocked_set(&self) -> String {
-        format!("blk_{}", self.n)
+        SandboxNames { ifname: format!("{}{n}", scope.prefix), table: scope.table.clone(), group: scope.group, n }
     }
 }
 
@@ -115,11 +114,10 @@ pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
     let (n, table) = (names.n, &names.table);
     let mut s = String::new();
     let _ = writeln!(s, "add chain {table} sbx_{n}");
-    let _ = writeln!(
-        s,
-        "add set {table} blk_{n} {{ type ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout 1h; size {BLOCKED_SET_SIZE}; counter; }}"
-    );
-    let count = format!("meta l4proto {{ tcp, udp }} update @blk_{n} {{ ip daddr . meta l4proto . th dport }}");
+    // queue-threshold 1: the kernel sends each refused packet at once (the
+    // instance setting alone is not honoured by nft's log), so a call's
+    // refusals are queued before its program even sees the error.
+    let count = format!("meta l4proto {{ tcp, udp }} limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {} snaplen {} queue-threshold 1", names.group, crate::nflog::SNAPLEN);
     let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {count}");
     let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {REJECT}");
     match &policy.allow {
@@ -167,7 +165,7 @@ pub fn allow_resolved(names: &SandboxNames, rule: &Rule, ips: &[Ipv4Addr]) -> St
 pub fn sandbox_teardown(names: &SandboxNames) -> Vec<String> {
     let (n, table) = (names.n, &names.table);
     let mut v = vec![format!("delete element {table} sandboxes {{ \"{}\" }}\n", names.ifname), format!("flush chain {table} sbx_{n}\ndelete chain {table} sbx_{n}\n")];
-    v.extend(["blk", "any", "port", "dany", "dport"].iter().map(|set| format!("delete set {table} {set}_{n}\n")));
+    v.extend(["any", "port", "dany", "dport"].iter().map(|set| format!("delete set {table} {set}_{n}\n")));
     v
 }
 
@@ -212,28 +210,6 @@ fn collapse(mut nets: Vec<(Ipv4Addr, u8)>) -> Vec<(Ipv4Addr, u8)> {
         }
     }
     kept
-}
-
-/// Reads `nft -j list set` output of a sandbox's refused-destination set.
-pub fn parse_blocked(json: &[u8]) -> Vec<Blocked> {
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(json) else { return Vec::new() };
-    let sets = v.get("nftables").and_then(|n| n.as_array()).into_iter().flatten();
-    let elems = sets.filter_map(|o| o.get("set")?.get("elem")?.as_array()).flatten();
-    elems
-        .filter_map(|e| {
-            let e = e.get("elem")?;
-            let parts = e.get("val")?.get("concat")?.as_array()?;
-            let ip: IpAddr = parts.first()?.as_str()?.parse().ok()?;
-            let protocol = match parts.get(1)?.as_str()? {
-                "tcp" => "tcp",
-                "udp" => "udp",
-                _ => return None,
-            };
-            let port = u16::try_from(parts.get(2)?.as_u64()?).ok()?;
-            let count = e.get("counter").and_then(|c| c.get("packets")).and_then(|p| p.as_u64()).unwrap_or(1);
-            Some(Blocked { host: None, ip: Some(ip), port, protocol, count })
-        })
-        .collect()
 }
 
 /// Applies one script with `nft -f -`; its stdout is returned.
@@ -311,17 +287,4 @@ mod tests {
         assert_eq!(allow_resolved(&names, ported, &ips[..1]), "add element inet warren_wrn dport_7 { 198.51.100.10 . 443, 198.51.100.10 . 8443 }\n");
     }
 
-    #[test]
-    fn blocked_elements_parse_with_their_counters() {
-        let json = br#"{"nftables": [{"metainfo": {}}, {"set": {"name": "blk_1", "elem": [
-            {"elem": {"val": {"concat": ["10.200.0.10", "tcp", 80]}, "expires": 3599, "counter": {"packets": 2, "bytes": 120}}},
-            {"elem": {"val": {"concat": ["169.254.169.254", "udp", 53]}, "counter": {"packets": 1, "bytes": 29}}},
-            {"elem": {"val": {"concat": ["garbage", "tcp", 1]}}}]}}]}"#;
-        let b = parse_blocked(json);
-        assert_eq!(b.len(), 2);
-        assert_eq!(b[0], Blocked { host: None, ip: Some("10.200.0.10".parse().unwrap()), port: 80, protocol: "tcp", count: 2 });
-        assert_eq!(b[1].protocol, "udp");
-        assert!(parse_blocked(b"not json").is_empty());
-        assert!(parse_blocked(br#"{"nftables": [{"set": {"name": "blk_1"}}]}"#).is_empty());
-    }
 }

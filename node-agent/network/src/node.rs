@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tracing::warn;
 
 use crate::dns::DnsProxy;
+use crate::nflog::Refusals;
 use crate::link;
 use crate::nft::{self, SandboxNames};
 use crate::policy::{self, Blocked, NetPolicy};
@@ -32,9 +33,9 @@ pub struct NodeNetConfig {
 }
 
 /// The node's sandbox networking, once set up.
-#[derive(Debug)]
 pub struct NodeNet {
     cfg: NodeNetConfig,
+    refusals: Arc<Refusals>,
 }
 
 /// Why a sandbox's network could not be set up.
@@ -60,9 +61,10 @@ impl NodeNet {
         for ifname in link::leftover_links(&cfg.scope.prefix) {
             let _ = link::command("ip", &["link".into(), "del".into(), ifname], None);
         }
+        let refusals = Refusals::start(cfg.scope.group).map_err(at("receiving refused packets (NFLOG)"))?;
         nft::run(&nft::node_table(&cfg.scope, cfg.sandbox_net), &["-f", "-"]).await.map_err(at("installing the node table"))?;
         std::fs::write(cfg.proc_dir.join("sys/net/ipv4/ip_forward"), "1").map_err(at("enabling IPv4 forwarding"))?;
-        Ok(NodeNet { cfg })
+        Ok(NodeNet { cfg, refusals })
     }
 
     /// Removes the node table (sandboxes are gone by then).
@@ -79,7 +81,8 @@ impl NodeNet {
         let (node, sandbox) = link::addresses(self.cfg.sandbox_net, slot)
             .ok_or_else(|| at("addressing")(io::Error::other("the sandbox range has no address left for this slot")))?;
         let netns = link::open_netns(pid).map_err(at("opening the network namespace"))?;
-        let mut net = SandboxNet { names, netns, dns: None };
+        self.refusals.watch(sandbox);
+        let mut net = SandboxNet { names, netns, dns: None, address: sandbox, refusals: self.refusals.clone() };
         match net.build(&self.cfg, pid, node, sandbox, policy).await {
             Ok(()) => Ok(net),
             Err(e) => {
@@ -95,6 +98,9 @@ pub struct SandboxNet {
     names: SandboxNames,
     netns: OwnedFd,
     dns: Option<DnsProxy>,
+    /// The sandbox end's address (what refused packets come from).
+    address: Ipv4Addr,
+    refusals: Arc<Refusals>,
 }
 
 impl SandboxNet {
@@ -125,16 +131,8 @@ impl SandboxNet {
     }
 
     /// What was refused so far: the firewall's counts, named by the proxy.
-    pub async fn blocked(&self) -> Vec<Blocked> {
-        let set = format!("{} {}", self.names.table, self.names.blocked_set());
-        let args: Vec<&str> = ["-j", "list", "set"].into_iter().chain(set.split(' ')).collect();
-        let refused = match nft::run("", &args).await {
-            Ok(json) => nft::parse_blocked(&json),
-            Err(e) => {
-                warn!(error = %e, "reading refused destinations");
-                Vec::new()
-            }
-        };
+    pub fn blocked(&self) -> Vec<Blocked> {
+        let refused = self.refusals.refused(self.address);
         let (names, dns_refused) = self.dns.as_ref().map(DnsProxy::seen).unwrap_or_default();
         policy::report(refused, &names, &dns_refused)
     }
@@ -146,9 +144,14 @@ impl SandboxNet {
         // Deleting one end deletes both; it is gone already if the sandbox's
         // namespace died first.
         let _ = blocking(move || link::command("ip", &["link".into(), "del".into(), ifname], None)).await;
-        for step in nft::sandbox_teardown(&self.names) {
-            let _ = nft::run(&step, &["-f", "-"]).await;
+        // One batch normally; piece by piece when something was never made.
+        let steps = nft::sandbox_teardown(&self.names);
+        if nft::run(&steps.concat(), &["-f", "-"]).await.is_err() {
+            for step in steps {
+                let _ = nft::run(&step, &["-f", "-"]).await;
+            }
         }
+        self.refusals.forget(self.address);
     }
 }
 

@@ -1,0 +1,75 @@
+//! What an `Unrestricted` network adds to a call, against `Blocked`, in one
+//! run: N round trips of each, interleaved, through the real agent with its
+//! warm pool (the veth, chain and shaping are built while a sandbox is
+//! pooled; a call adds reading its refused-destination set and the
+//! teardown after the answer). Also: one HTTP GET to the lab's public host
+//! from inside the sandbox, to show the path works while measured. Needs
+//! root.
+//!
+//! `cargo bench -p warren-e2e --bench network` (N from WARREN_BENCH_RUNS, default 200).
+
+use std::time::{Duration, Instant};
+
+use warren_e2e::bench::{ms, percentile};
+use warren_e2e::netlab::NetLab;
+use warren_e2e::{is_root, request, Agent};
+use warren_proto::agent::{EgressRule, ExecuteRequest, Language, NetworkPolicy};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !is_root() {
+        eprintln!("SKIPPED network: needs root");
+        return;
+    }
+    let runs: usize = std::env::var("WARREN_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let gap = Duration::from_millis(std::env::var("WARREN_BENCH_GAP_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5));
+    let lab = NetLab::start().expect("network lab");
+    let args = lab.agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&args).await.expect("agent starts");
+    let mut client = agent.client().await.expect("client");
+    let req = |network: NetworkPolicy, egress: Vec<EgressRule>| ExecuteRequest { network: network as i32, egress, ..request(Language::Python, "print(1)", Duration::from_secs(30)) };
+    let variants = [
+        ("blocked", req(NetworkPolicy::Blocked, vec![])),
+        ("unrestricted", req(NetworkPolicy::Unrestricted, vec![])),
+        ("allowlist", req(NetworkPolicy::Unrestricted, vec![EgressRule { host: "public.test".into(), ports: vec![80] }])),
+    ];
+    let get = ExecuteRequest {
+        code: "import urllib.request; print(urllib.request.urlopen('http://public.test/', timeout=5).read().decode().strip())".into(),
+        ..variants[2].1.clone()
+    };
+    let fetched = agent.run_request(get).await.expect("GET from the sandbox");
+    assert_eq!(fetched.stdout, "warren-lab\n", "{}", fetched.stderr);
+    println!("network benchmark: {runs} runs per variant, interleaved (python print(1))");
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    for (_, r) in &variants {
+        for _ in 0..5 {
+            agent.run_request(r.clone()).await.unwrap();
+        }
+    }
+    for _ in 0..runs {
+        for (i, (_, r)) in variants.iter().enumerate() {
+            let t = Instant::now();
+            let mut stream = client.execute(r.clone()).await.unwrap().into_inner();
+            while let Some(ev) = stream.message().await.unwrap() {
+                if let Some(warren_proto::agent::execute_event::Event::Exited(e)) = ev.event {
+                    assert_eq!(e.exit_code, 0);
+                }
+            }
+            times[i].push(t.elapsed());
+            // Let the pool refill between calls, as between an agent's tool calls.
+            tokio::time::sleep(gap).await;
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    let (b50, b99) = (percentile(&times[0], 0.5), percentile(&times[0], 0.99));
+    println!("{:<13} {:>10} {:>10} {:>10} {:>10}", "network", "p50", "p99", "Δ p50", "Δ p99");
+    for (i, (name, _)) in variants.iter().enumerate() {
+        let (p50, p99) = (percentile(&times[i], 0.5), percentile(&times[i], 0.99));
+        println!("{:<13} {:>8.2}ms {:>8.2}ms {:>+8.2}ms {:>+8.2}ms", name, ms(p50), ms(p99), ms(p50) - ms(b50), ms(p99) - ms(b99));
+    }
+    drop(agent);
+    drop(lab);
+}
