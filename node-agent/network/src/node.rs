@@ -105,6 +105,7 @@ pub struct SandboxNet {
 
 impl SandboxNet {
     async fn build(&mut self, cfg: &NodeNetConfig, pid: i32, node: Ipv4Addr, sandbox: Ipv4Addr, policy: Arc<NetPolicy>) -> Result<(), NetError> {
+        let t0 = std::time::Instant::now();
         // The chain first: until it exists the interface matches nothing and
         // its traffic is dropped.
         nft::run(&nft::sandbox_rules(&self.names, &policy), &["-f", "-"]).await.map_err(at("installing the sandbox chain"))?;
@@ -116,6 +117,7 @@ impl SandboxNet {
         })
         .await
         .map_err(at("creating the veth pair"))?;
+        let t_veth = t0.elapsed();
         let ns = self.netns.try_clone().map_err(at("duplicating the namespace handle"))?;
         let proc_dir = cfg.proc_dir.clone();
         let socket = blocking(move || {
@@ -127,6 +129,8 @@ impl SandboxNet {
         .await
         .map_err(at("configuring inside the sandbox"))?;
         self.dns = Some(DnsProxy::spawn(socket, cfg.upstream_dns, policy, self.names.clone()).map_err(at("starting the DNS proxy"))?);
+        let us = |d: std::time::Duration| d.as_micros() as u64;
+        tracing::debug!(veth_us = us(t_veth), total_us = us(t0.elapsed()), "sandbox network set up");
         Ok(())
     }
 
@@ -137,13 +141,14 @@ impl SandboxNet {
         policy::report(refused, &names, &dns_refused)
     }
 
-    /// Stops the proxy and removes the veth, chain and sets.
+    /// Stops the proxy and removes the chain and sets; call once the
+    /// sandbox's processes are gone.
     pub async fn teardown(mut self) {
         self.dns = None;
-        let ifname = self.names.ifname.clone();
-        // Deleting one end deletes both; it is gone already if the sandbox's
-        // namespace died first.
-        let _ = blocking(move || link::command("ip", &["link".into(), "del".into(), ifname], None)).await;
+        // The veth pair goes with the sandbox's network namespace (our handle
+        // on it is dropped here; the kernel frees it once init is gone):
+        // deleting it by hand would only take the kernel's network lock twice.
+        drop(self.netns);
         // One batch normally; piece by piece when something was never made.
         let steps = nft::sandbox_teardown(&self.names);
         if nft::run(&steps.concat(), &["-f", "-"]).await.is_err() {
