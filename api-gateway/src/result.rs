@@ -36,6 +36,8 @@ pub enum Outcome {
     /// The program failed after the network policy refused it a
     /// destination (`blocked_egress` says which).
     Blocked,
+    /// A connector's credentials could not be set up; nothing ran.
+    CredentialError,
 }
 
 /// How storage failed (the result's `error` value).
@@ -89,6 +91,7 @@ impl Outcome {
             Outcome::ThreadError(_) => "thread_error",
             Outcome::StorageError(_) => "storage_error",
             Outcome::Blocked => "blocked",
+            Outcome::CredentialError => "credential_error",
         }
     }
 
@@ -104,6 +107,7 @@ impl Outcome {
             Some(Failure::ThreadLimit) => return thread(ThreadFailure::Limit),
             Some(Failure::StorageMount) => return Outcome::StorageError(StorageFailure::Mount),
             Some(Failure::StorageSync) => return Outcome::StorageError(StorageFailure::Sync),
+            Some(Failure::CredentialMount) => return Outcome::CredentialError,
             None => {}
         }
         if e.timed_out {
@@ -133,6 +137,7 @@ impl Outcome {
             Outcome::StorageError(StorageFailure::Mount) => Some("storage_mount_error"),
             Outcome::StorageError(StorageFailure::Sync) => Some("storage_sync_error"),
             Outcome::Blocked => Some("blocked"),
+            Outcome::CredentialError => Some("credential_mount_error"),
             _ => None,
         }
     }
@@ -150,7 +155,7 @@ pub struct ExecuteResult {
     pub stderr: String,
     /// Exit code; 128 + signal when killed; -1 when the process never ran.
     pub exit_code: i32,
-    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `blocked` (the program failed after the network policy refused it a destination), `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, `storage_mount_error`, `storage_sync_error`, or null.
+    /// `timeout`, `memory_limit_exceeded`, `security_policy_violation`, `blocked` (the program failed after the network policy refused it a destination), `sandbox_error`, `thread_mount_error`, `thread_state_too_large`, `thread_save_error`, `thread_conflict`, `thread_limit_reached`, `storage_mount_error`, `storage_sync_error`, `credential_mount_error`, or null.
     pub error: Option<String>,
     /// With `storage_sync_error`: the files under `/data` whose changes were not stored (absent otherwise).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -252,7 +257,7 @@ pub enum StreamEvent {
     Result {
         /// Execution id.
         trace_id: String,
-        /// `success`, `failed`, `blocked`, `timeout`, `oom`, `seccomp`, `sandbox_error`, `thread_error`, `storage_error` or `node_lost`.
+        /// `success`, `failed`, `blocked`, `timeout`, `oom`, `seccomp`, `sandbox_error`, `thread_error`, `storage_error`, `credential_error` or `node_lost`.
         status: String,
         /// The result object, with the whole output again.
         result: ExecuteResult,
@@ -367,6 +372,7 @@ mod tests {
             (Failure::ThreadLimit, "thread_limit_reached"),
             (Failure::StorageMount, "storage_mount_error"),
             (Failure::StorageSync, "storage_sync_error"),
+            (Failure::CredentialMount, "credential_mount_error"),
         ];
         for (failure, code) in cases {
             let x = Exited { exit_code: 0, failure: Some(failure), ..Default::default() };

@@ -13,7 +13,8 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::{Resource, ResourceExt};
-use warren_config::types::{ApiKey, ApiKeyStatus, Sandbox, StorageConnection};
+use warren_config::connector::EffectiveConnector;
+use warren_config::types::{ApiKey, ApiKeyStatus, Connector, Sandbox, StorageConnection};
 use warren_api::reasons;
 use warren_config::ceilings::Ceilings;
 use warren_config::storage::Connection;
@@ -50,9 +51,9 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
     }
     let secret = ensure_secret(key, ns, ctx).await?;
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
-    let connections = match &sandbox {
-        Some(sb) => connections_of(sb, ns, ctx).await?,
-        None => HashMap::new(),
+    let referenced = match &sandbox {
+        Some(sb) => Referenced { connections: connections_of(sb, ns, ctx).await?, connectors: connectors_of(sb, ns, ctx).await? },
+        None => Referenced::default(),
     };
     let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone()).get_opt(ns).await?;
     let ceilings = namespace.map_or(Ok(Ceilings::default()), |n| Ceilings::from_annotations(&n.metadata.annotations.unwrap_or_default()));
@@ -60,7 +61,7 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
         Some(sb) => crate::warm::pull_secret(ctx, ns, sb.spec.image_pull_secret.as_ref().map(|r| r.name.as_str()), &sb.spec.image).await?,
         None => Ok(None),
     };
-    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &connections, ceilings, pull);
+    let compiled = compile(key, ns, sandbox.as_ref(), secret.as_ref(), &referenced, ceilings, pull);
     let (ok, reason, message, prefix) = match &compiled {
         Ok(eff) => {
             publish(ctx, eff).await?;
@@ -88,6 +89,30 @@ fn as_warmed(checked: warren_config::compile::SandboxConfig, sb: &Sandbox, pull:
         (Some(digest), true) => Ok(checked.warmed(digest, status.languages, pull?)),
         _ => Err(format!("Sandbox {} is not Ready: its image is not warm on any node yet", sb.name_any())),
     }
+}
+
+/// The objects a Sandbox refers to, each with its credentials.
+#[derive(Default)]
+struct Referenced {
+    connections: HashMap<String, Result<Connection, String>>,
+    connectors: HashMap<String, Result<EffectiveConnector, String>>,
+}
+
+/// The Connectors the Sandbox offers, each with its credentials read from
+/// the one Secret it names.
+async fn connectors_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<EffectiveConnector, String>>, Error> {
+    let api = Api::<Connector>::namespaced(ctx.client.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+    let mut out = HashMap::new();
+    for r in &sb.spec.connectors {
+        if out.contains_key(&r.name) {
+            continue;
+        }
+        let Some(c) = api.get_opt(&r.name).await? else { continue };
+        let secret = secrets.get_opt(&c.spec.credentials_secret_ref.name).await?.map(|s| secret_body(&s));
+        out.insert(r.name.clone(), warren_config::connector::resolve(&r.name, &c.spec, secret.as_ref()));
+    }
+    Ok(out)
 }
 
 /// The StorageConnections the Sandbox mounts, each with its credentials
@@ -143,7 +168,7 @@ fn compile(
     ns: &str,
     sandbox: Option<&Sandbox>,
     secret: Option<&Secret>,
-    connections: &HashMap<String, Result<Connection, String>>,
+    referenced: &Referenced,
     ceilings: Result<Ceilings, String>,
     pull: Result<Option<warren_core::secret::Credentials>, String>,
 ) -> Result<EffectiveKey, ConfigError> {
@@ -169,7 +194,8 @@ fn compile(
         }
     };
     let body = secret.map(secret_body);
-    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), &|c| connections.get(c).cloned(), ceilings)
+    let lookups = warren_config::compile::Lookups { connection: &|c| referenced.connections.get(c).cloned(), connector: &|c| referenced.connectors.get(c).cloned() };
+    warren_config::effective_key(&at, ns, &key.name_any(), &key.spec, sandbox.as_ref(), body.as_ref(), lookups, ceilings)
 }
 
 pub(crate) fn secret_body(s: &Secret) -> SecretBody {

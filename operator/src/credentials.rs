@@ -83,6 +83,9 @@ pub async fn connector(cn: Arc<Connector>, ctx: Arc<Context>) -> Result<Action, 
     let secret = Some(cn.spec.credentials_secret_ref.name.clone());
     let old = cn.status.clone().map(|s| s.conditions).unwrap_or_default();
     let api = Api::<Connector>::namespaced(ctx.client.clone(), &cn.namespace().ok_or(Error::NoNamespace)?);
+    if let Err((field, why)) = warren_config::connector::check(&cn.spec) {
+        return write_ready(cn.as_ref(), &api, false, reasons::INVALID_SPEC, format!("{field}: {why}"), &old, &ctx).await;
+    }
     secret_ready(cn.as_ref(), &api, secret.as_deref(), cn.spec.kind.secret_entries(), &old, &ctx).await
 }
 

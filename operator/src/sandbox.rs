@@ -48,15 +48,12 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
     let at = Where { file: String::new(), object: format!("Sandbox {ns}/{}", sb.name_any()) };
     let verdict = match warren_config::check_sandbox(&at, &sb.spec) {
         Err(e) => Verdict::not_ready(reasons::INVALID_SPEC, e.to_string(), RESYNC),
-        Ok(c) => match c.unsupported() {
-            Some(why) => Verdict::not_ready(reasons::UNSUPPORTED, why.to_string(), RESYNC),
-            None if !c.is_oci() => {
-                let nodes = warm::agent_pods(&ctx).await?.into_iter().map(|p| p.node).collect();
-                let message = format!("image {} is available on every node", c.image);
-                Verdict { ok: true, reason: reasons::VALID, message, languages: c.languages, interpreters: Vec::new(), image_digest: None, warm_nodes: nodes, requeue: RESYNC }
-            }
-            None => warm_image(&sb, &ns, &ctx).await?,
-        },
+        Ok(c) if !c.is_oci() => {
+            let nodes = warm::agent_pods(&ctx).await?.into_iter().map(|p| p.node).collect();
+            let message = format!("image {} is available on every node", c.image);
+            Verdict { ok: true, reason: reasons::VALID, message, languages: c.languages, interpreters: Vec::new(), image_digest: None, warm_nodes: nodes, requeue: RESYNC }
+        }
+        Ok(_) => warm_image(&sb, &ns, &ctx).await?,
     };
     let old = sb.status.clone().unwrap_or_default();
     let conditions = status::ready(verdict.ok, verdict.reason, &verdict.message, sb.meta().generation, &old.conditions, now());

@@ -42,11 +42,28 @@ impl From<ExecutionSpec> for pb::ExecuteRequest {
             network: network as i32,
             mounts: s.mounts.into_iter().map(storage_mount).collect(),
             egress: s.egress.into_iter().map(|r| pb::EgressRule { host: r.host, ports: r.ports.into_iter().map(u32::from).collect() }).collect(),
-            connectors: Vec::new(),
+            connectors: s.connectors.into_iter().map(connector_grant).collect(),
             // Set by the service when the executing agent counts the key.
             key_slot: None,
             image_pull: s.image.pull.map(|c| pb::Credentials { values: c.0.into_iter().collect() }),
         }
+    }
+}
+
+/// A key's connector as the agent receives it.
+fn connector_grant(c: warren_config::connector::EffectiveConnector) -> pb::ConnectorGrant {
+    pb::ConnectorGrant {
+        name: c.name,
+        host: c.host.unwrap_or_default(),
+        credentials: Some(pb::Credentials { values: c.credentials.0.into_iter().collect() }),
+        kind: c.kind,
+        port: c.port.map_or(0, u32::from),
+        database: c.database.unwrap_or_default(),
+        username: c.username.unwrap_or_default(),
+        project: c.project.unwrap_or_default(),
+        endpoint: c.endpoint.unwrap_or_default(),
+        region: c.region.unwrap_or_default(),
+        custody: c.custody,
     }
 }
 
@@ -89,6 +106,8 @@ pub enum Failure {
     StorageMount,
     /// Changes under /data could not all be stored (`Exit::unsynced_paths`).
     StorageSync,
+    /// A connector's credentials could not be set up; nothing ran.
+    CredentialMount,
 }
 
 /// How the program ended and what it used.
@@ -132,6 +151,7 @@ impl From<pb::Exited> for Exit {
             pb::Failure::ThreadLimit => Some(Failure::ThreadLimit),
             pb::Failure::StorageMount => Some(Failure::StorageMount),
             pb::Failure::StorageSync => Some(Failure::StorageSync),
+            pb::Failure::CredentialMount => Some(Failure::CredentialMount),
         };
         Exit {
             exit_code: x.exit_code,

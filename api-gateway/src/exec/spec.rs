@@ -90,6 +90,8 @@ pub struct ExecutionSpec {
     pub network: Network,
     /// With `Unrestricted`: the only destinations allowed (the key's).
     pub egress: Vec<warren_core::egress::EgressRule>,
+    /// Connectors whose credentials the call gets (the key's).
+    pub connectors: Vec<warren_config::connector::EffectiveConnector>,
     /// The saved home, when the request names a thread.
     pub thread: Option<ThreadSpec>,
     /// How the result is delivered.
@@ -127,6 +129,7 @@ impl ExecutionSpec {
             image: ImageRef { reference: key.image.clone(), digest: key.image_digest.clone(), pull: key.image_pull.clone() },
             network: key.network,
             egress: key.egress.clone().unwrap_or_default(),
+            connectors: key.connectors.clone(),
             thread: req.thread_id.clone().map(|id| ThreadSpec {
                 id,
                 retention: key.thread_retention.duration(),

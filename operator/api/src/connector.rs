@@ -30,6 +30,32 @@ pub enum ConnectorType {
 }
 
 impl ConnectorType {
+    /// The wire name (`postgresql`, `mysql`, …).
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            ConnectorType::PostgreSQL => "postgresql",
+            ConnectorType::MySQL => "mysql",
+            ConnectorType::Redis => "redis",
+            ConnectorType::MongoDB => "mongodb",
+            ConnectorType::BigQuery => "bigquery",
+            ConnectorType::S3 => "s3",
+            ConnectorType::GCS => "gcs",
+            ConnectorType::Azure => "azure",
+            ConnectorType::GitHub => "github",
+        }
+    }
+
+    /// The service's port when none is given (services with an endpoint).
+    pub fn default_port(self) -> Option<u16> {
+        match self {
+            ConnectorType::PostgreSQL => Some(5432),
+            ConnectorType::MySQL => Some(3306),
+            ConnectorType::Redis => Some(6379),
+            ConnectorType::MongoDB => Some(27017),
+            _ => None,
+        }
+    }
+
     /// Entries the credentials Secret must hold.
     pub fn secret_entries(self) -> &'static [&'static str] {
         match self {
@@ -78,6 +104,19 @@ pub struct ConnectorSpec {
     pub username: Option<String>,
     /// Project (BigQuery, GCS).
     pub project: Option<String>,
+    /// S3: an S3-compatible endpoint URL (default: AWS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub endpoint: Option<String>,
+    /// S3: region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub region: Option<String>,
+    /// PostgreSQL: the node-agent's forwarder authenticates to the server on
+    /// the sandbox's behalf (SCRAM-SHA-256, md5); no password enters the
+    /// sandbox at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custody: Option<bool>,
     /// Secret with the credentials, by type: `password` (PostgreSQL, MySQL,
     /// MongoDB, Redis), `serviceAccountJson` (BigQuery, GCS), `accessKeyId` +
     /// `secretAccessKey` (S3), `connectionString` (Azure), `token` (GitHub).

@@ -88,10 +88,6 @@ impl SandboxConfig {
         self
     }
 
-    /// Why this Sandbox cannot run code on this release's node-agent, if so.
-    pub fn unsupported(&self) -> Option<&'static str> {
-        (!self.connectors.is_empty()).then_some("connectors are not offered by this release's node-agent yet")
-    }
 }
 
 /// Compiles `sources`.
@@ -102,6 +98,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let mut sandbox_at = HashMap::new();
     let mut secrets = HashMap::new();
     let mut connections: Map<crate::types::StorageConnectionSpec> = HashMap::new();
+    let mut connectors: Map<crate::types::ConnectorSpec> = HashMap::new();
     let mut ceilings: HashMap<String, Result<Ceilings, String>> = HashMap::new();
     for o in objects.iter() {
         match o.kind {
@@ -124,11 +121,15 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
                 }
                 Err(e) => errors.push(e),
             },
-            Kind::Connector => {
-                if let Err(e) = spec::<crate::types::ConnectorSpec>(o) {
-                    errors.push(e);
-                }
-            }
+            Kind::Connector => match spec::<crate::types::ConnectorSpec>(o) {
+                Ok(c) => match crate::connector::check(&c) {
+                    Ok(()) => {
+                        connectors.insert((o.namespace.clone(), o.name.clone()), c);
+                    }
+                    Err((field, why)) => errors.push(Checker { at: &Where::of(o), reason: reasons::INVALID_SPEC }.err(field, why)),
+                },
+                Err(e) => errors.push(e),
+            },
             Kind::Namespace => {
                 ceilings.insert(o.name.clone(), Ceilings::from_annotations(&o.annotations));
             }
@@ -139,7 +140,7 @@ pub fn compile(sources: &[Source<'_>]) -> Compiled {
     let mut keys = Vec::new();
     for o in objects.iter().filter(|o| o.kind == Kind::ApiKey) {
         let ceiling = ceilings.get(&o.namespace).cloned().unwrap_or(Ok(Ceilings::default()));
-        match api_key(o, &sandboxes, &secrets, &connections, ceiling) {
+        match api_key(o, &sandboxes, &secrets, (&connections, &connectors), ceiling) {
             Ok(k) => keys.push((o, k)),
             Err(e) => errors.push(e),
         }
@@ -423,7 +424,7 @@ fn api_key(
     o: &Object,
     sandboxes: &Map<SandboxConfig>,
     secrets: &Map<SecretBody>,
-    connections: &Map<crate::types::StorageConnectionSpec>,
+    (connections, connectors): (&Map<crate::types::StorageConnectionSpec>, &Map<crate::types::ConnectorSpec>),
     ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let k: ApiKeySpec = spec(o)?;
@@ -436,7 +437,12 @@ fn api_key(
         let creds = spec.credentials_secret_ref.as_ref().and_then(|r| secrets.get(&(ns.clone(), r.name.clone())));
         Some(crate::storage::connection(spec, creds))
     };
-    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, &connection, ceilings)
+    let connector = |c: &str| {
+        let spec = connectors.get(&(ns.clone(), c.to_string()))?;
+        let creds = secrets.get(&(ns.clone(), spec.credentials_secret_ref.name.clone()));
+        Some(crate::connector::resolve(c, spec, creds))
+    };
+    effective_key(&Where::of(o), &o.namespace, &o.name, &k, sb, secret, Lookups { connection: &connection, connector: &connector }, ceilings)
 }
 
 /// The Secret (name, entry) holding an ApiKey's key.
@@ -459,14 +465,15 @@ pub fn effective_key(
     k: &ApiKeySpec,
     sandbox: Option<&SandboxConfig>,
     secret: Option<&SecretBody>,
-    connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
+    lookups: Lookups<'_>,
     ceilings: Result<Ceilings, String>,
 ) -> Result<EffectiveKey, ConfigError> {
     let c = Checker { at, reason: reasons::INVALID_NARROWING };
     let sb = sandbox.ok_or_else(|| {
         c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name)).because(reasons::SANDBOX_NOT_FOUND)
     })?;
-    let storage = effective_mounts(&c, namespace, k, sb, connection)?;
+    let storage = effective_mounts(&c, namespace, k, sb, lookups.connection)?;
+    let connectors = effective_connectors(&c, k, sb, lookups.connector)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
         Some(t) => c.range("spec.maxTimeoutSeconds", t, (bounds::TIMEOUT_SECS.min, sb.max_timeout_seconds))?,
@@ -487,9 +494,6 @@ pub fn effective_key(
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
     let secret = secret_value(&c, namespace, name, k, secret)?;
-    if let Some(why) = sb.unsupported() {
-        return Err(c.err("spec.sandboxRef.name", format!("the Sandbox cannot run code: {why}")).because(reasons::SANDBOX_NOT_FOUND));
-    }
     let key = EffectiveKey {
         namespace: namespace.to_string(),
         name: name.to_string(),
@@ -511,6 +515,7 @@ pub fn effective_key(
         thread_retention: sb.thread_retention,
         thread_max_bytes: sb.thread_max_bytes,
         storage,
+        connectors,
     };
     let over = Checker { at, reason: reasons::CEILING_EXCEEDED };
     match ceilings.map(|c| c.exceeded_by(&key)) {
@@ -585,18 +590,39 @@ fn effective_mounts(
             },
         });
     }
-    check_connectors(c, k, sb)?;
     Ok(out)
 }
 
-/// Connectors are a subset of the Sandbox's.
-fn check_connectors(c: &Checker<'_>, k: &ApiKeySpec, sb: &SandboxConfig) -> Result<(), ConfigError> {
-    if let Some(chosen) = &k.connectors {
-        let offered: Vec<&str> = sb.connectors.iter().map(String::as_str).collect();
-        let chosen: Vec<&str> = chosen.iter().map(|r| r.name.as_str()).collect();
-        narrowing::narrow_connectors(&offered, Some(&chosen)).map_err(|e| c.err("spec.connectors", e))?;
+/// Where a key's referenced objects come from: the manifests (`compile`)
+/// or the API server (the operator).
+pub struct Lookups<'a> {
+    /// A StorageConnection with its credentials, by name.
+    pub connection: &'a dyn Fn(&str) -> Option<Result<Connection, String>>,
+    /// A Connector with its credentials, by name.
+    pub connector: &'a dyn Fn(&str) -> Option<Result<crate::connector::EffectiveConnector, String>>,
+}
+
+/// The key's connectors: a subset of the Sandbox's (all of them unless the
+/// key chooses), each found and with its credentials.
+fn effective_connectors(
+    c: &Checker<'_>,
+    k: &ApiKeySpec,
+    sb: &SandboxConfig,
+    connector: &dyn Fn(&str) -> Option<Result<crate::connector::EffectiveConnector, String>>,
+) -> Result<Vec<crate::connector::EffectiveConnector>, ConfigError> {
+    let offered: Vec<&str> = sb.connectors.iter().map(String::as_str).collect();
+    let chosen: Option<Vec<&str>> = k.connectors.as_ref().map(|l| l.iter().map(|r| r.name.as_str()).collect());
+    let names = narrowing::narrow_connectors(&offered, chosen.as_deref()).map_err(|e| c.err("spec.connectors", e))?;
+    let field = if k.connectors.is_some() { "spec.connectors" } else { "spec.sandboxRef.name" };
+    let mut out: Vec<crate::connector::EffectiveConnector> = Vec::with_capacity(names.len());
+    for name in names {
+        if out.iter().any(|o| o.name == name) {
+            continue;
+        }
+        let found = connector(name).ok_or_else(|| c.err(field, format!("Connector {name:?} was not found")))?;
+        out.push(found.map_err(|why| c.err(field, format!("Connector {name:?}: {why}")))?);
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Reads the key from its Secret. The value is never put in an error.

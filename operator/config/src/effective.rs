@@ -62,6 +62,10 @@ pub struct EffectiveKey {
     /// Storage mounts under `/data` (absent in keys published before mounts).
     #[serde(default)]
     pub storage: Vec<crate::storage::EffectiveMount>,
+    /// Connectors whose credentials every call gets (published only in the
+    /// keys Secret, never logged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connectors: Vec<crate::connector::EffectiveConnector>,
 }
 
 impl EffectiveKey {

@@ -9,6 +9,7 @@
 
 pub mod ceilings;
 pub mod compile;
+pub mod connector;
 pub mod effective;
 pub mod image;
 mod error;

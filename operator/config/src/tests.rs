@@ -207,7 +207,7 @@ fn namespaces_are_separate_tenants() {
 }
 
 #[test]
-fn storage_narrows_resolves_its_connection_and_connectors_are_not_offered_yet() {
+fn storage_narrows_and_resolves_its_connection() {
     let conn = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: c}\nspec: {provider: S3, bucket: b, prefix: shared, endpoint: 'http://s3.local:9000', credentialsSecretRef: {name: c-creds}}\n";
     let creds = "apiVersion: v1\nkind: Secret\nmetadata: {name: c-creds}\nstringData: {accessKeyId: AK, secretAccessKey: SK}\n";
     let sb = format!("{conn}---\n{creds}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}, mode: ReadWrite, prefix: acme}]\n"));
@@ -241,8 +241,34 @@ fn storage_narrows_resolves_its_connection_and_connectors_are_not_offered_yet() 
     let c = run(&[("a.yaml", format!("{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)))]);
     assert!(c.errors.is_empty(), "{:?}", c.errors);
     assert_eq!((c.keys[0].storage[0].provider.as_str(), c.keys[0].storage[0].credentials.0.len()), ("gcs", 0));
-    let e = errors(format!("{}---\n{}---\n{}", sandbox("  connectors: [{name: pg}]\n"), api_key("k", ""), secret("k-key", KEY_A)));
-    assert!(e.contains("connectors are not offered"), "{e}");
+}
+
+#[test]
+fn connectors_resolve_with_their_secrets_and_keys_choose_a_subset() {
+    let pg = "apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: pg}\nspec: {type: PostgreSQL, host: db.internal, database: app, username: agent, custody: true, credentialsSecretRef: {name: pg-creds}}\n";
+    let gh = "apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: gh}\nspec: {type: GitHub, credentialsSecretRef: {name: gh-creds}}\n";
+    let creds = "apiVersion: v1\nkind: Secret\nmetadata: {name: pg-creds}\nstringData: {password: hunter2}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: gh-creds}\nstringData: {token: ghp_x}\n";
+    let sb = sandbox("  connectors: [{name: pg}, {name: gh}]\n");
+    let compile = |key_extra: &str, extra_objects: &str| run(&[("a.yaml", format!("{pg}---\n{gh}---\n{creds}---\n{sb}---\n{}---\n{}{extra_objects}", api_key("k", key_extra), secret("k-key", KEY_A)))]);
+    let c = compile("", "");
+    assert!(c.errors.is_empty(), "{:?}", c.errors);
+    let names: Vec<&str> = c.keys[0].connectors.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["pg", "gh"]);
+    let p = &c.keys[0].connectors[0];
+    assert_eq!((p.kind.as_str(), p.host.as_deref(), p.port, p.custody), ("postgresql", Some("db.internal"), Some(5432), true));
+    assert_eq!(p.credentials.0.get("password").map(String::as_str), Some("hunter2"));
+    assert!(!format!("{:?}", c.keys[0]).contains("hunter2"), "credentials never print");
+    let c = compile("  connectors: [{name: gh}]\n", "");
+    assert_eq!(c.keys[0].connectors.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["gh"]);
+    let e = compile("  connectors: [{name: s3}]\n", "").errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert!(e.contains("connector \"s3\" is not one of the Sandbox's"), "{e}");
+    // A missing Connector or credentials Secret refuses the key, naming it.
+    let e = run(&[("a.yaml", format!("{pg}---\n{sb}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)))]).errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert!(e.contains("Connector \"pg\": its credentials Secret \"pg-creds\" was not found"), "{e}");
+    // A Connector checks its own fields.
+    let bad = "apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: r}\nspec: {type: Redis, host: cache, custody: true, credentialsSecretRef: {name: r}}\n";
+    let e = run(&[("a.yaml", bad.to_string())]).errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert!(e.contains("Connector default/r: spec.custody: credential custody is offered for PostgreSQL only"), "{e}");
 }
 
 #[test]

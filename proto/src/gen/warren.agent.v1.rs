@@ -155,18 +155,44 @@ pub struct EgressRule {
     #[prost(uint32, repeated, tag = "2")]
     pub ports: ::prost::alloc::vec::Vec<u32>,
 }
-/// A connector whose credentials the sandbox may use for one host.
+/// A connector: credentials the program gets for one call, as the files and
+/// variables the standard tools read, and (with an endpoint) a forwarder on
+/// the sandbox's loopback to that endpoint only.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ConnectorGrant {
+    /// Connector name (files and profiles are named after it): a DNS label.
     #[prost(string, tag = "1")]
     pub name: ::prost::alloc::string::String,
+    /// Service host (databases, Redis; GitHub Enterprise): a name or an IPv4
+    /// address. Inside the sandbox it resolves to the forwarder.
     #[prost(string, tag = "2")]
     pub host: ::prost::alloc::string::String,
-    /// Header name and value injected by the agent's egress proxy.
-    #[prost(string, tag = "3")]
-    pub header: ::prost::alloc::string::String,
+    /// The Secret's entries (password; serviceAccountJson; accessKeyId and
+    /// secretAccessKey; connectionString; token).
     #[prost(message, optional, tag = "4")]
     pub credentials: ::core::option::Option<Credentials>,
+    /// postgresql, mysql, redis, mongodb, bigquery, s3, gcs, azure, github.
+    #[prost(string, tag = "5")]
+    pub kind: ::prost::alloc::string::String,
+    /// Service port (0: the kind's default).
+    #[prost(uint32, tag = "6")]
+    pub port: u32,
+    #[prost(string, tag = "7")]
+    pub database: ::prost::alloc::string::String,
+    #[prost(string, tag = "8")]
+    pub username: ::prost::alloc::string::String,
+    /// Google Cloud project.
+    #[prost(string, tag = "9")]
+    pub project: ::prost::alloc::string::String,
+    /// S3-compatible endpoint URL (empty: AWS).
+    #[prost(string, tag = "10")]
+    pub endpoint: ::prost::alloc::string::String,
+    #[prost(string, tag = "11")]
+    pub region: ::prost::alloc::string::String,
+    /// PostgreSQL: the forwarder authenticates on the sandbox's behalf; no
+    /// password enters the sandbox.
+    #[prost(bool, tag = "12")]
+    pub custody: bool,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Refusal {
@@ -614,6 +640,8 @@ pub enum Failure {
     /// Changes the program made under /data could not all be stored
     /// (`unsynced_paths` names them); its output is complete.
     StorageSync = 9,
+    /// A connector's credentials or forwarder could not be set up; nothing ran.
+    CredentialMount = 10,
 }
 impl Failure {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -632,6 +660,7 @@ impl Failure {
             Self::ThreadLimit => "FAILURE_THREAD_LIMIT",
             Self::StorageMount => "FAILURE_STORAGE_MOUNT",
             Self::StorageSync => "FAILURE_STORAGE_SYNC",
+            Self::CredentialMount => "FAILURE_CREDENTIAL_MOUNT",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -647,6 +676,7 @@ impl Failure {
             "FAILURE_THREAD_LIMIT" => Some(Self::ThreadLimit),
             "FAILURE_STORAGE_MOUNT" => Some(Self::StorageMount),
             "FAILURE_STORAGE_SYNC" => Some(Self::StorageSync),
+            "FAILURE_CREDENTIAL_MOUNT" => Some(Self::CredentialMount),
             _ => None,
         }
     }

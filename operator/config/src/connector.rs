@@ -1,0 +1,199 @@
+//! Connectors as a key publishes them: checked, with their credentials read
+//! from the named Secret (pure).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use warren_core::secret::Credentials;
+
+use crate::types::{ConnectorSpec, ConnectorType, SecretBody};
+
+/// One connector of a key, as the agent receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveConnector {
+    /// Connector name.
+    pub name: String,
+    /// `postgresql`, `mysql`, `redis`, `mongodb`, `bigquery`, `s3`, `gcs`, `azure`, `github`.
+    pub kind: String,
+    /// Service host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Service port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// User name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Google Cloud project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// S3-compatible endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// S3 region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// PostgreSQL credential custody.
+    #[serde(default)]
+    pub custody: bool,
+    /// The Secret's entries the type needs.
+    #[serde(default)]
+    pub credentials: Credentials,
+}
+
+/// Checks a Connector on its own: `(field, why)` for the first problem.
+pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
+    use ConnectorType::*;
+    let needs_host = matches!(spec.kind, PostgreSQL | MySQL | Redis | MongoDB);
+    match (&spec.host, needs_host) {
+        (None, true) => return Err(("spec.host", format!("{:?} needs the service's host", spec.kind))),
+        (Some(h), _) if !is_host(h) => return Err(("spec.host", format!("{h:?} is not a DNS name or an IPv4 address (no scheme, no port)"))),
+        _ => {}
+    }
+    if spec.port.is_some() && !needs_host {
+        return Err(("spec.port", format!("{:?} has no port to set", spec.kind)));
+    }
+    if matches!(spec.kind, PostgreSQL | MySQL | MongoDB) && spec.username.is_none() {
+        return Err(("spec.username", format!("{:?} needs a user name", spec.kind)));
+    }
+    if spec.custody == Some(true) && spec.kind != PostgreSQL {
+        return Err(("spec.custody", "credential custody is offered for PostgreSQL only".into()));
+    }
+    if let Some(e) = &spec.endpoint {
+        if spec.kind != S3 {
+            return Err(("spec.endpoint", "only S3 connectors take an endpoint".into()));
+        }
+        if endpoint_host_port(e).is_none() {
+            return Err(("spec.endpoint", format!("{e:?} is not an http(s)://host[:port] URL")));
+        }
+    }
+    if spec.region.is_some() && spec.kind != S3 {
+        return Err(("spec.region", "only S3 connectors take a region".into()));
+    }
+    for (field, v) in [("spec.database", &spec.database), ("spec.username", &spec.username), ("spec.project", &spec.project), ("spec.region", &spec.region)] {
+        if let Some(v) = v {
+            if v.is_empty() || v.len() > 128 || v.chars().any(|c| c.is_control() || c.is_whitespace() || c == ':' || c == '\\') {
+                return Err((field, format!("{v:?}: 1–128 characters, no spaces, control characters, ':' or '\\'")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The connector `name` with its credentials from `secret`. The error names
+/// what is missing, never a value.
+pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) -> Result<EffectiveConnector, String> {
+    check(spec).map_err(|(field, why)| format!("{field}: {why}"))?;
+    let r = &spec.credentials_secret_ref;
+    let s = secret.ok_or_else(|| format!("its credentials Secret {:?} was not found", r.name))?;
+    let mut values = BTreeMap::new();
+    for entry in spec.kind.secret_entries() {
+        let v = match (s.string_data.get(*entry), s.data.get(*entry)) {
+            (Some(v), _) => v.clone(),
+            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {:?} entry {entry:?} is not UTF-8", r.name))?,
+            (None, None) => return Err(format!("its credentials Secret {:?} has no entry {entry:?}", r.name)),
+        };
+        // Keys and tokens never carry meaningful edge whitespace; JSON keeps its own.
+        let v = if *entry == "serviceAccountJson" { v } else { v.trim().to_string() };
+        values.insert((*entry).to_string(), v);
+    }
+    Ok(EffectiveConnector {
+        name: name.to_string(),
+        kind: spec.kind.wire_name().to_string(),
+        host: spec.host.clone(),
+        port: spec.port.or(spec.kind.default_port()),
+        database: spec.database.clone(),
+        username: spec.username.clone(),
+        project: spec.project.clone(),
+        endpoint: spec.endpoint.clone(),
+        region: spec.region.clone(),
+        custody: spec.custody == Some(true),
+        credentials: Credentials(values),
+    })
+}
+
+/// A DNS name or an IPv4 address.
+fn is_host(h: &str) -> bool {
+    if h.parse::<std::net::Ipv4Addr>().is_ok() {
+        return true;
+    }
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') && !l.starts_with('-'))
+}
+
+/// `(host, port)` of an `http(s)://host[:port][/…]` endpoint.
+pub fn endpoint_host_port(url: &str) -> Option<(String, u16)> {
+    let (rest, default) = match url.split_once("://") {
+        Some(("http", rest)) => (rest, 80),
+        Some(("https", rest)) => (rest, 443),
+        _ => return None,
+    };
+    let authority = rest.split('/').next()?;
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (authority, default),
+    };
+    is_host(host).then(|| (host.to_ascii_lowercase(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::LocalRef;
+
+    fn spec(kind: ConnectorType) -> ConnectorSpec {
+        ConnectorSpec {
+            kind,
+            host: Some("db.internal".into()),
+            port: None,
+            database: Some("app".into()),
+            username: Some("agent".into()),
+            project: None,
+            endpoint: None,
+            region: None,
+            custody: None,
+            credentials_secret_ref: LocalRef { name: "pg-creds".into() },
+        }
+    }
+
+    #[test]
+    fn connectors_resolve_with_defaults_and_their_secrets_entries() {
+        let secret = SecretBody { string_data: [("password".to_string(), " s3cret\n".to_string())].into(), ..Default::default() };
+        let c = resolve("pg", &spec(ConnectorType::PostgreSQL), Some(&secret)).unwrap();
+        assert_eq!((c.kind.as_str(), c.port, c.credentials.0.get("password").map(String::as_str)), ("postgresql", Some(5432), Some("s3cret")));
+        assert!(!format!("{c:?}").contains("s3cret"), "credentials never print");
+        assert!(resolve("pg", &spec(ConnectorType::PostgreSQL), None).unwrap_err().contains("\"pg-creds\" was not found"));
+        let e = resolve("pg", &spec(ConnectorType::S3), Some(&secret)).unwrap_err();
+        assert!(e.contains("no entry \"accessKeyId\"") || e.contains("spec.port") || e.contains("username"), "{e}");
+    }
+
+    #[test]
+    fn fields_are_checked_per_type() {
+        use ConnectorType::*;
+        let bad = |f: &dyn Fn(&mut ConnectorSpec)| {
+            let mut s = spec(PostgreSQL);
+            f(&mut s);
+            check(&s).unwrap_err().0
+        };
+        assert_eq!(bad(&|s| s.host = None), "spec.host");
+        assert_eq!(bad(&|s| s.host = Some("db.internal:5432".into())), "spec.host");
+        assert_eq!(bad(&|s| s.host = Some("http://db".into())), "spec.host");
+        assert_eq!(bad(&|s| s.username = None), "spec.username");
+        assert_eq!(bad(&|s| s.database = Some("a b".into())), "spec.database");
+        assert_eq!(bad(&|s| s.endpoint = Some("http://minio:9000".into())), "spec.endpoint");
+        let mut redis = spec(Redis);
+        redis.custody = Some(true);
+        assert_eq!(check(&redis).unwrap_err().0, "spec.custody");
+        let s3 = ConnectorSpec { host: None, username: None, database: None, endpoint: Some("http://127.0.0.1:9000".into()), region: Some("us-east-1".into()), ..spec(S3) };
+        assert_eq!(check(&s3), Ok(()));
+        assert_eq!(check(&ConnectorSpec { endpoint: Some("ftp://x".into()), ..s3.clone() }).unwrap_err().0, "spec.endpoint");
+        assert_eq!(check(&ConnectorSpec { port: Some(1), ..s3 }).unwrap_err().0, "spec.port");
+        assert_eq!(endpoint_host_port("https://S3.example.com/bucket"), Some(("s3.example.com".into(), 443)));
+        assert_eq!(endpoint_host_port("http://127.0.0.1:9000"), Some(("127.0.0.1".into(), 9000)));
+    }
+}
