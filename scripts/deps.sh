@@ -15,10 +15,24 @@ ensure_deps() {
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   # Unrestricted sandboxes: the agent's nftables table (tc comes with iproute2).
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
+  # Connector tests: real servers and the clients inside the sandbox.
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  # The sandbox's python is the system one (/usr/bin), whatever is on PATH.
+  /usr/bin/python3 -c 'import boto3' >/dev/null 2>&1 || missing+=(python3-boto3)
   # The image tests pull from a real registry on loopback.
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
   apt_install "${missing[@]}"
+  # The server packages enable services on their default ports; tests start
+  # their own on free loopback ports.
+  local pkg
+  for pkg in postgresql mariadb-server redis-server; do
+    if [[ " ${missing[*]} " == *" $pkg "* ]] && [ -d /run/systemd/system ]; then
+      $(sudo_if_needed) systemctl disable --now "${pkg%-server}" "$pkg" >/dev/null 2>&1 || true
+    fi
+  done
   # The package enables a registry service on :5000; tests start their own on loopback.
   if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
     $(sudo_if_needed) systemctl disable --now docker-registry >/dev/null 2>&1 || true

@@ -50,13 +50,40 @@ pub fn exec_request(req: pb::ExecuteRequest) -> Result<ExecRequest, Status> {
 /// The first requested capability this agent cannot provide.
 fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
     // A value this agent does not know is refused like one it cannot provide.
-    if pb::NetworkPolicy::try_from(req.network).is_err() {
-        Some("network")
-    } else if !req.connectors.is_empty() {
-        Some("connectors")
-    } else {
-        None
+    pb::NetworkPolicy::try_from(req.network).is_err().then_some("network")
+}
+
+/// The connectors of a request, checked.
+pub fn connectors(raw: Vec<pb::ConnectorGrant>) -> Result<Vec<crate::connectors::Grant>, Status> {
+    let invalid = |msg: String| refuse(Code::InvalidArgument, Reason::InvalidField, "connectors", format!("connectors: {msg}"));
+    if raw.len() > crate::connectors::MAX_CONNECTORS {
+        return Err(invalid(format!("at most {}", crate::connectors::MAX_CONNECTORS)));
     }
+    let grants: Vec<crate::connectors::Grant> = raw
+        .into_iter()
+        .map(|c| {
+            crate::connectors::check(crate::connectors::RawGrant {
+                name: c.name,
+                kind: c.kind,
+                host: c.host,
+                port: c.port,
+                database: c.database,
+                username: c.username,
+                project: c.project,
+                endpoint: c.endpoint,
+                region: c.region,
+                custody: c.custody,
+                credentials: c.credentials.map(|c| c.values.into_iter().collect()).unwrap_or_default(),
+            })
+        })
+        .collect::<Result<_, String>>()
+        .map_err(invalid)?;
+    for (i, g) in grants.iter().enumerate() {
+        if grants[..i].iter().any(|o| o.name == g.name) {
+            return Err(invalid(format!("{:?} is named twice", g.name)));
+        }
+    }
+    Ok(grants)
 }
 
 /// The network a request asks for, its allowlist checked.
@@ -206,6 +233,7 @@ fn failure(f: Option<&Failure>) -> (pb::Failure, String) {
         Some(Failure::ThreadLimit) => (pb::Failure::ThreadLimit, String::new()),
         Some(Failure::StorageMount(what)) => (pb::Failure::StorageMount, what.clone()),
         Some(Failure::StorageSync(_)) => (pb::Failure::StorageSync, String::new()),
+        Some(Failure::CredentialMount(step)) => (pb::Failure::CredentialMount, step.clone()),
     }
 }
 
@@ -274,7 +302,6 @@ mod tests {
         let base = || pb::ExecuteRequest { language: 1, code: "x".into(), timeout_ms: 1000, ..Default::default() };
         let cases: Vec<(pb::ExecuteRequest, &str)> = vec![
             (pb::ExecuteRequest { network: 99, ..base() }, "network"),
-            (pb::ExecuteRequest { connectors: vec![pb::ConnectorGrant::default()], ..base() }, "connectors"),
         ];
         for (req, field) in cases {
             let s = exec_request(req).unwrap_err();
@@ -282,6 +309,22 @@ mod tests {
             assert_eq!(warren_proto::refusal::refusal_of(&s), (Reason::Unsupported, field.to_string()));
         }
         assert!(exec_request(pb::ExecuteRequest { network: pb::NetworkPolicy::Blocked as i32, ..base() }).is_ok());
+    }
+
+    #[test]
+    fn connectors_are_checked_and_named_once() {
+        let grant = |name: &str| pb::ConnectorGrant {
+            name: name.into(),
+            kind: "redis".into(),
+            host: "cache".into(),
+            credentials: Some(pb::Credentials { values: [("password".to_string(), "x".to_string())].into() }),
+            ..Default::default()
+        };
+        assert_eq!(connectors(vec![grant("a"), grant("b")]).unwrap().len(), 2);
+        for bad in [vec![grant("a"), grant("a")], vec![grant("A")], vec![pb::ConnectorGrant { kind: "ftp".into(), ..grant("a") }], (0..17).map(|i| grant(&format!("c{i}"))).collect()] {
+            let s = connectors(bad).unwrap_err();
+            assert_eq!((s.code(), refusal_of(&s)), (Code::InvalidArgument, (Reason::InvalidField, "connectors".to_string())));
+        }
     }
 
     #[test]

@@ -72,6 +72,7 @@ pub struct Admission {
     thread: Option<(ThreadOptions, ThreadLock)>,
     mounts: Vec<warren_storage::MountSpec>,
     network: Option<Arc<NetPolicy>>,
+    connectors: Vec<crate::connectors::Grant>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -112,6 +113,8 @@ pub struct Extras {
     pub image_pull: warren_image::PullAuth,
     /// Outbound network.
     pub network: NetworkRequest,
+    /// Connectors whose credentials the program gets.
+    pub connectors: Vec<crate::connectors::Grant>,
 }
 
 /// Runs executions on this node.
@@ -280,7 +283,7 @@ impl Executor {
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
     pub async fn admit(&self, mut req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
-        let Extras { thread, mounts, image_digest, image_pull, network } = extras;
+        let Extras { thread, mounts, image_digest, image_pull, network, connectors } = extras;
         let image = std::mem::take(&mut req.image);
         let spec = req.validate(&self.policy)?;
         if !self.features.can_run_sandboxes() {
@@ -321,7 +324,7 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, _permit: permit })
+        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, _permit: permit })
     }
 
     /// Runs an admitted execution. Errors are returned only when nothing ran.
@@ -342,6 +345,10 @@ impl Executor {
             // Write spools live beside the overlay work dirs: cleared at start.
             resources.push(Box::new(StorageResource::new(mounts, self.stores.clone(), self.env.work_dir.clone())));
         }
+        let connectors = std::mem::take(&mut admission.connectors);
+        if !connectors.is_empty() {
+            resources.push(Box::new(crate::lifecycle::connectors::ConnectorResource::new(connectors)));
+        }
         let t0 = Instant::now();
         if let Err(failure) = resources.acquire().await {
             tokio::spawn(async move {
@@ -357,7 +364,17 @@ impl Executor {
         let prepared = match resources.is_empty() {
             true => Ok(()),
             false => {
-                let view = SandboxView { id: sandbox.id(), userns: sandbox.userns(), host_id: sandbox.host_id(), home_target: sandbox.home_target(), data_dir: sandbox.data_dir(), spec };
+                let view = SandboxView {
+                    id: sandbox.id(),
+                    userns: sandbox.userns(),
+                    host_id: sandbox.host_id(),
+                    home_target: sandbox.home_target(),
+                    data_dir: sandbox.data_dir(),
+                    conn_dir: sandbox.conn_dir(),
+                    init_pid: sandbox.init_pid(),
+                    dns_statics: sandbox.dns_statics(),
+                    spec,
+                };
                 resources.prepare(&view).await
             }
         };

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod connectors;
 pub mod convert;
 pub mod executor;
 pub mod frames;

@@ -246,6 +246,9 @@ pub enum Failure {
     StorageMount(String),
     /// Changes under these `/data` paths could not be stored.
     StorageSync(Vec<String>),
+    /// A connector's files, forwarder or names could not be set up (the
+    /// failing step, for the log); nothing ran.
+    CredentialMount(String),
 }
 
 impl Outcome {
@@ -274,9 +277,11 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
     let home_dir = env.homes_dir.join(&id);
     std::fs::create_dir_all(home_dir.join("sandbox")).map_err(io("create home dir"))?;
-    if let Err(e) = std::fs::create_dir(data_dir_of(&home_dir)) {
-        remove_home_dir(&home_dir);
-        return Err(SandboxError::Io { step: "create data dir", source: e });
+    for (dir, step) in [(data_dir_of(&home_dir), "create data dir"), (conn_dir_of(&home_dir), "create connectors dir")] {
+        if let Err(e) = std::fs::create_dir(dir) {
+            remove_home_dir(&home_dir);
+            return Err(SandboxError::Io { step, source: e });
+        }
     }
     let cgroup = match env.layout.create(&id, &env.idle_limits) {
         Ok(c) => c,
@@ -317,6 +322,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         tmp_bytes: shape.tmp_bytes,
         home_dir: home_dir.clone(),
         data_dir: data_dir_of(&home_dir),
+        conn_dir: conn_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
     };
     let output_stall = env.output_stall;
@@ -363,6 +369,21 @@ impl Prepared {
     /// on `<data_dir>/<name>` appears at `/data/<name>` inside.
     pub fn data_dir(&self) -> PathBuf {
         data_dir_of(&self.home_dir)
+    }
+
+    /// Host directory the sandbox sees as `/run/warren/connectors`.
+    pub fn conn_dir(&self) -> PathBuf {
+        conn_dir_of(&self.home_dir)
+    }
+
+    /// Init's pid (host view), for entering the sandbox's namespaces.
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// The names the sandbox's resolver answers itself (`Unrestricted`).
+    pub fn dns_statics(&self) -> Option<warren_network::dns::Statics> {
+        self.net.as_ref().and_then(|n| n.dns_statics().cloned())
     }
 
     /// The sandbox's user namespace (it maps the sandbox's ids).
@@ -613,8 +634,16 @@ fn data_dir_of(home_dir: &std::path::Path) -> PathBuf {
     PathBuf::from(d)
 }
 
+/// The sandbox's `/run/warren/connectors` on the host (see [`data_dir_of`]).
+fn conn_dir_of(home_dir: &std::path::Path) -> PathBuf {
+    let mut d = home_dir.as_os_str().to_owned();
+    d.push(".conn");
+    PathBuf::from(d)
+}
+
 fn remove_home_dir(dir: &std::path::Path) {
     let _ = std::fs::remove_dir(data_dir_of(dir));
+    let _ = std::fs::remove_dir(conn_dir_of(dir));
     let _ = std::fs::remove_dir(dir.join("sandbox"));
     if let Err(e) = std::fs::remove_dir(dir) {
         warn!(dir = %dir.display(), error = %e, "removing a sandbox home dir failed");

@@ -158,7 +158,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             let image_pull = convert::pull_auth(req.image_pull.take())?;
             let image_digest = std::mem::take(&mut req.image_digest);
             let network = convert::network(&req)?;
-            let extras = Extras { thread, mounts, image_digest, image_pull, network };
+            let connectors = convert::connectors(std::mem::take(&mut req.connectors))?;
+            let extras = Extras { thread, mounts, image_digest, image_pull, network, connectors };
             self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| convert::to_status(&e))
         }
         .instrument(span.clone())

@@ -22,6 +22,7 @@ pub mod pki;
 pub mod python;
 pub mod registry;
 pub mod s3;
+pub mod services;
 pub mod storage;
 pub mod azurite;
 

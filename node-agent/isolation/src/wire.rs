@@ -56,6 +56,9 @@ pub struct SupervisorConfig {
     /// mount-propagation slave like `/home`: storage mounts the agent makes
     /// on `<data_dir>/<name>` appear at `/data/<name>` inside.
     pub data_dir: PathBuf,
+    /// Host directory the sandbox sees as `/run/warren/connectors`: the
+    /// agent mounts a call's connector files there (RAM, outside the home).
+    pub conn_dir: PathBuf,
     /// Compiled seccomp filter (`struct sock_filter[]`).
     pub seccomp_bpf: Vec<u8>,
 }

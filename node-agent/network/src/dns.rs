@@ -6,7 +6,12 @@
 //!   so names cannot carry data out) and, for allowed names, adds the
 //!   answered addresses to the sandbox's allow sets *before* answering;
 //! - answers AAAA queries with no records (sandboxes have no IPv6 route);
+//! - answers the call's connector hosts itself, with the loopback address
+//!   of their forwarder ([`Statics`]);
 //! - remembers which name gave which address, to name refused destinations.
+//!
+//! A `Blocked` sandbox with connectors gets a proxy that knows only those
+//! names and refuses everything else: no lookup leaves the node.
 //!
 //! Enforcement never depends on the proxy: the firewall decides by address,
 //! so a program resolving names itself (or a name rebinding to a private
@@ -36,9 +41,14 @@ const MAX_MESSAGE: usize = 4096;
 /// Names remembered per sandbox, for reports.
 const MAX_REMEMBERED: usize = 1024;
 
+/// Names answered locally (connector hosts → their forwarders), set per call.
+pub type Statics = Arc<Mutex<BTreeMap<String, Ipv4Addr>>>;
+
 /// What to do with one query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// A connector host: its forwarder's address.
+    Static(Ipv4Addr),
     /// Outside the allowlist: REFUSED, never looked up.
     Refuse,
     /// Answer "no records" at once (AAAA: no IPv6 here).
@@ -48,8 +58,9 @@ pub enum Decision {
 }
 
 /// Decides a parsed query: `None` for anything that is not one plain
-/// question (dropped without an answer).
-pub fn decide(query: &Message, policy: &NetPolicy) -> Option<(String, Decision)> {
+/// question (dropped without an answer). Without a policy (a `Blocked`
+/// sandbox) only `statics` are answered.
+pub fn decide(query: &Message, policy: Option<&NetPolicy>, statics: &BTreeMap<String, Ipv4Addr>) -> Option<(String, Decision)> {
     if query.message_type() != MessageType::Query || query.queries().len() != 1 {
         return None;
     }
@@ -58,10 +69,13 @@ pub fn decide(query: &Message, policy: &NetPolicy) -> Option<(String, Decision)>
         return None;
     }
     let name = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
-    let decision = match policy.rule_for_name(&name) {
-        Err(()) => Decision::Refuse,
-        Ok(_) if q.query_type() == RecordType::AAAA => Decision::Empty,
-        Ok(rule) => Decision::Forward(rule.cloned()),
+    if let Some(ip) = statics.get(&name) {
+        return Some((name, if q.query_type() == RecordType::A { Decision::Static(*ip) } else { Decision::Empty }));
+    }
+    let decision = match policy.map(|p| p.rule_for_name(&name)) {
+        None | Some(Err(())) => Decision::Refuse,
+        Some(Ok(_)) if q.query_type() == RecordType::AAAA => Decision::Empty,
+        Some(Ok(rule)) => Decision::Forward(rule.cloned()),
     };
     Some((name, decision))
 }
@@ -91,6 +105,17 @@ pub struct Seen {
 pub struct DnsProxy {
     task: tokio::task::JoinHandle<()>,
     seen: Arc<Mutex<Seen>>,
+    statics: Statics,
+}
+
+/// Where an `Unrestricted` sandbox's lookups go, and what they may ask.
+pub struct Forwarding {
+    /// The node's resolver.
+    pub upstream: SocketAddr,
+    /// The sandbox's policy.
+    pub policy: Arc<NetPolicy>,
+    /// Its chain and sets (answers feed the allow sets).
+    pub names: SandboxNames,
 }
 
 impl Drop for DnsProxy {
@@ -100,14 +125,21 @@ impl Drop for DnsProxy {
 }
 
 impl DnsProxy {
-    /// Serves `socket` (bound inside the sandbox) until dropped.
-    pub fn spawn(socket: std::net::UdpSocket, upstream: SocketAddr, policy: Arc<NetPolicy>, names: SandboxNames) -> std::io::Result<DnsProxy> {
+    /// Serves `socket` (bound inside the sandbox) until dropped; without
+    /// `forwarding`, only the statics.
+    pub fn spawn(socket: std::net::UdpSocket, forwarding: Option<Forwarding>) -> std::io::Result<DnsProxy> {
         socket.set_nonblocking(true)?;
         let socket = Arc::new(UdpSocket::from_std(socket)?);
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let ctx = Arc::new(Ctx { socket, upstream, policy, names, seen: seen.clone() });
+        let statics = Statics::default();
+        let ctx = Arc::new(Ctx { socket, forwarding, statics: statics.clone(), seen: seen.clone() });
         let task = tokio::spawn(serve(ctx));
-        Ok(DnsProxy { task, seen })
+        Ok(DnsProxy { task, seen, statics })
+    }
+
+    /// The names this proxy answers itself.
+    pub fn statics(&self) -> &Statics {
+        &self.statics
     }
 
     /// What was seen so far.
@@ -119,9 +151,8 @@ impl DnsProxy {
 
 struct Ctx {
     socket: Arc<UdpSocket>,
-    upstream: SocketAddr,
-    policy: Arc<NetPolicy>,
-    names: SandboxNames,
+    forwarding: Option<Forwarding>,
+    statics: Statics,
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -144,7 +175,11 @@ async fn serve(ctx: Arc<Ctx>) {
 
 async fn answer(ctx: &Ctx, raw: &[u8]) -> Option<Vec<u8>> {
     let query = Message::from_vec(raw).ok()?;
-    let (name, decision) = decide(&query, &ctx.policy)?;
+    let decided = {
+        let statics = ctx.statics.lock().unwrap_or_else(|p| p.into_inner());
+        decide(&query, ctx.forwarding.as_ref().map(|f| f.policy.as_ref()), &statics)
+    };
+    let (name, decision) = decided?;
     let reply = |code| {
         let mut m = Message::error_msg(query.id(), query.op_code(), code);
         m.add_query(query.queries()[0].clone());
@@ -160,14 +195,24 @@ async fn answer(ctx: &Ctx, raw: &[u8]) -> Option<Vec<u8>> {
             reply(ResponseCode::Refused)
         }
         Decision::Empty => reply(ResponseCode::NoError),
+        Decision::Static(ip) => {
+            let mut m = Message::error_msg(query.id(), query.op_code(), ResponseCode::NoError);
+            let q = query.queries()[0].clone();
+            m.add_answer(hickory_proto::rr::Record::from_rdata(q.name().clone(), 60, RData::A(ip.into())));
+            m.add_query(q);
+            m.set_recursion_desired(query.recursion_desired()).set_recursion_available(true).set_authoritative(true);
+            m.to_vec().ok()
+        }
         Decision::Forward(rule) => {
-            let Some((bytes, msg)) = lookup(ctx.upstream, raw, &query).await else { return reply(ResponseCode::ServFail) };
+            // Forward is only decided with a forwarding policy.
+            let f = ctx.forwarding.as_ref()?;
+            let Some((bytes, msg)) = lookup(f.upstream, raw, &query).await else { return reply(ResponseCode::ServFail) };
             let ips = answered_v4(&msg);
             remember(&ctx.seen, &name, &ips);
             if let Some(rule) = rule {
                 let public: Vec<Ipv4Addr> = ips.into_iter().filter(|ip| !warren_core::egress::is_forbidden(IpAddr::V4(*ip))).collect();
                 if !public.is_empty() {
-                    if let Err(e) = nft::run(&nft::allow_resolved(&ctx.names, &rule, &public), &["-f", "-"]).await {
+                    if let Err(e) = nft::run(&nft::allow_resolved(&f.names, &rule, &public), &["-f", "-"]).await {
                         debug!(error = %e, "allowing resolved addresses failed");
                         return reply(ResponseCode::ServFail);
                     }
@@ -223,20 +268,31 @@ mod tests {
 
     #[test]
     fn allowlisted_names_are_forwarded_others_refused_and_aaaa_answered_empty() {
+        let none = BTreeMap::new();
         let rule = Rule::parse(&EgressRule { host: "*.example.com".into(), ports: vec![443] }).unwrap();
         let narrow = NetPolicy::new(Some(vec![rule.clone()]), 1000);
-        assert_eq!(decide(&query("API.example.com.", RecordType::A), &narrow), Some(("api.example.com".into(), Decision::Forward(Some(rule)))));
-        assert_eq!(decide(&query("evil.org.", RecordType::A), &narrow).unwrap().1, Decision::Refuse);
-        assert_eq!(decide(&query("evil.org.", RecordType::AAAA), &narrow).unwrap().1, Decision::Refuse);
-        assert_eq!(decide(&query("api.example.com.", RecordType::AAAA), &narrow).unwrap().1, Decision::Empty);
+        assert_eq!(decide(&query("API.example.com.", RecordType::A), Some(&narrow), &none), Some(("api.example.com".into(), Decision::Forward(Some(rule)))));
+        assert_eq!(decide(&query("evil.org.", RecordType::A), Some(&narrow), &none).unwrap().1, Decision::Refuse);
+        assert_eq!(decide(&query("evil.org.", RecordType::AAAA), Some(&narrow), &none).unwrap().1, Decision::Refuse);
+        assert_eq!(decide(&query("api.example.com.", RecordType::AAAA), Some(&narrow), &none).unwrap().1, Decision::Empty);
         let open = NetPolicy::new(None, 1000);
-        assert_eq!(decide(&query("anything.org.", RecordType::TXT), &open).unwrap().1, Decision::Forward(None));
+        assert_eq!(decide(&query("anything.org.", RecordType::TXT), Some(&open), &none).unwrap().1, Decision::Forward(None));
         let mut two = query("a.org.", RecordType::A);
         two.add_query(Query::query(Name::from_ascii("b.org.").unwrap(), RecordType::A));
-        assert_eq!(decide(&two, &open), None);
+        assert_eq!(decide(&two, Some(&open), &none), None);
         let mut response = query("a.org.", RecordType::A);
         response.set_message_type(MessageType::Response);
-        assert_eq!(decide(&response, &open), None);
+        assert_eq!(decide(&response, Some(&open), &none), None);
+    }
+
+    #[test]
+    fn connector_hosts_are_answered_locally_and_blocked_sandboxes_ask_nothing_else() {
+        let statics = BTreeMap::from([("db.internal".to_string(), Ipv4Addr::new(127, 0, 1, 1))]);
+        assert_eq!(decide(&query("DB.internal.", RecordType::A), None, &statics).unwrap().1, Decision::Static(Ipv4Addr::new(127, 0, 1, 1)));
+        assert_eq!(decide(&query("db.internal.", RecordType::AAAA), None, &statics).unwrap().1, Decision::Empty);
+        assert_eq!(decide(&query("example.com.", RecordType::A), None, &statics).unwrap().1, Decision::Refuse);
+        let open = NetPolicy::new(None, 1000);
+        assert_eq!(decide(&query("db.internal.", RecordType::A), Some(&open), &statics).unwrap().1, Decision::Static(Ipv4Addr::new(127, 0, 1, 1)), "the forwarder wins over the resolver");
     }
 
     #[test]

@@ -21,7 +21,9 @@
 //! removes whatever a crashed agent left; a sandbox's veth dies with its
 //! network namespace, and its chain and sets are removed at teardown.
 
+pub mod custody;
 pub mod dns;
+pub mod forward;
 pub mod link;
 pub mod nflog;
 pub mod nft;

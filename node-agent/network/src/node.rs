@@ -128,10 +128,16 @@ impl SandboxNet {
         })
         .await
         .map_err(at("configuring inside the sandbox"))?;
-        self.dns = Some(DnsProxy::spawn(socket, cfg.upstream_dns, policy, self.names.clone()).map_err(at("starting the DNS proxy"))?);
+        let forwarding = crate::dns::Forwarding { upstream: cfg.upstream_dns, policy, names: self.names.clone() };
+        self.dns = Some(DnsProxy::spawn(socket, Some(forwarding)).map_err(at("starting the DNS proxy"))?);
         let us = |d: std::time::Duration| d.as_micros() as u64;
         tracing::debug!(veth_us = us(t_veth), total_us = us(t0.elapsed()), "sandbox network set up");
         Ok(())
+    }
+
+    /// Names the sandbox's resolver answers itself (connector hosts).
+    pub fn dns_statics(&self) -> Option<&crate::dns::Statics> {
+        self.dns.as_ref().map(DnsProxy::statics)
     }
 
     /// What was refused so far: the firewall's counts, named by the proxy.

@@ -24,6 +24,7 @@
 //! recognisable and collected when the next agent starts (see
 //! `prepare_state_dir` in the crate root for homes and work dirs).
 
+pub mod connectors;
 pub mod storage;
 pub mod thread_home;
 
@@ -48,6 +49,12 @@ pub struct SandboxView<'a> {
     pub home_target: PathBuf,
     /// Host directory the sandbox sees as `/data`.
     pub data_dir: PathBuf,
+    /// Host directory the sandbox sees as `/run/warren/connectors`.
+    pub conn_dir: PathBuf,
+    /// Init's pid (host view): the way into the sandbox's namespaces.
+    pub init_pid: i32,
+    /// Names the sandbox's resolver answers itself (`Unrestricted` only).
+    pub dns_statics: Option<warren_network::dns::Statics>,
     /// The admitted execution.
     pub spec: &'a ExecSpec,
 }
@@ -197,7 +204,17 @@ mod tests {
     }
 
     fn view(spec: &ExecSpec) -> SandboxView<'_> {
-        SandboxView { id: "s1", userns: None, host_id: 1000, home_target: PathBuf::from("/nonexistent"), data_dir: PathBuf::from("/nonexistent"), spec }
+        SandboxView {
+            id: "s1",
+            userns: None,
+            host_id: 1000,
+            home_target: PathBuf::from("/nonexistent"),
+            data_dir: PathBuf::from("/nonexistent"),
+            conn_dir: PathBuf::from("/nonexistent"),
+            init_pid: 0,
+            dns_statics: None,
+            spec,
+        }
     }
 
     fn taken(log: &Log) -> Vec<String> {

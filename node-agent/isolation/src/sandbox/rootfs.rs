@@ -120,6 +120,7 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
         // The image's root is read-only: the program text gets its own tmpfs.
         tmpfs(&root.join("run/warren"), SCRIPT_TMPFS, MsFlags::MS_NOEXEC)?;
     }
+    bind_receiving(&cfg.conn_dir, &root.join("run/warren/connectors"))?;
     pivot(root)
 }
 

@@ -1,0 +1,114 @@
+//! Connector forwarders: a listener on the sandbox's own loopback for each
+//! connector endpoint, splicing every connection to that endpoint (and no
+//! other) from the node. A `Blocked` sandbox reaches its databases this way;
+//! so does an `Unrestricted` one whose database has a private address.
+//!
+//! Listeners are created inside the sandbox's network namespace (by a
+//! thread that entered it); the agent's runtime serves them from outside.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tracing::debug;
+
+use crate::custody::{self, PgLogin};
+use crate::link;
+
+/// Connections open at once per endpoint.
+const MAX_CONNECTIONS: usize = 64;
+/// How long reaching the endpoint may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One endpoint to serve inside a sandbox.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Where the sandbox connects (a loopback address, or the endpoint's own
+    /// IPv4 address, added to the sandbox's loopback).
+    pub listen: Ipv4Addr,
+    /// Port, the endpoint's own.
+    pub port: u16,
+    /// The endpoint, as the node reaches it.
+    pub target_host: String,
+    /// Its port.
+    pub target_port: u16,
+    /// PostgreSQL custody: log in on the sandbox's behalf.
+    pub custody: Option<Arc<PgLogin>>,
+}
+
+/// Running forwarders; dropping stops them (open connections included).
+pub struct Forwarders {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Forwarders {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Forwarders {
+    /// Listens for each endpoint inside `netns` and starts serving.
+    pub async fn start(netns: &OwnedFd, endpoints: Vec<Endpoint>) -> io::Result<Forwarders> {
+        let ns = netns.try_clone()?;
+        let binds: Vec<(Ipv4Addr, u16)> = endpoints.iter().map(|e| (e.listen, e.port)).collect();
+        let listeners = tokio::task::spawn_blocking(move || link::in_netns(&ns, move || bind_all(&binds))).await.map_err(io::Error::other)??;
+        let mut tasks = Vec::with_capacity(endpoints.len());
+        for (listener, endpoint) in listeners.into_iter().zip(endpoints) {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            tasks.push(tokio::spawn(serve(listener, Arc::new(endpoint))));
+        }
+        Ok(Forwarders { tasks })
+    }
+}
+
+/// Inside the namespace: loopback addresses for non-127 endpoints, then the
+/// listeners.
+fn bind_all(binds: &[(Ipv4Addr, u16)]) -> io::Result<Vec<std::net::TcpListener>> {
+    let mut added = Vec::new();
+    for (ip, _) in binds {
+        if !ip.is_loopback() && !added.contains(ip) {
+            link::command("ip", &["addr".into(), "add".into(), format!("{ip}/32"), "dev".into(), "lo".into()], None)?;
+            added.push(*ip);
+        }
+    }
+    binds.iter().map(|(ip, port)| std::net::TcpListener::bind((*ip, *port))).collect()
+}
+
+async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let Ok((client, _)) = listener.accept().await else { return };
+        let endpoint = endpoint.clone();
+        tokio::spawn(async move {
+            if let Err(e) = relay(client, &endpoint).await {
+                debug!(error = %e, host = %endpoint.target_host, "connector connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn relay(mut client: TcpStream, endpoint: &Endpoint) -> io::Result<()> {
+    // RFC 6761: `localhost` and names below it are this node's loopback,
+    // whatever a resolver would say.
+    let host = endpoint.target_host.as_str();
+    let host = if host == "localhost" || host.ends_with(".localhost") { "127.0.0.1" } else { host };
+    let target = (host, endpoint.target_port);
+    let mut server = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let _ = server.set_nodelay(true);
+    let _ = client.set_nodelay(true);
+    if let Some(login) = &endpoint.custody {
+        let login = custody::pg_login(&mut client, &mut server, login);
+        tokio::time::timeout(custody::HANDSHAKE_TIMEOUT, login).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    }
+    tokio::io::copy_bidirectional(&mut client, &mut server).await.map(|_| ())
+}

@@ -1,0 +1,192 @@
+//! Connectors against real servers on this machine (PostgreSQL, MariaDB,
+//! Redis from Debian, S3 via s3s-fs, Azure Blob via Azurite), with the real
+//! client tools inside the sandbox: credentials appear as the files and
+//! variables the tools read, endpoints are reached through the agent's
+//! forwarders from a `Blocked` sandbox, and PostgreSQL custody keeps every
+//! secret out of the sandbox.
+
+use std::time::Duration;
+
+use warren_e2e::services::{self, MariaDb, Postgres, Redis};
+use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_proto::agent::{ConnectorGrant, Credentials, ExecuteRequest, Language};
+
+fn creds(kv: &[(&str, &str)]) -> Option<Credentials> {
+    Some(Credentials { values: kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
+}
+
+fn grant(name: &str, kind: &str, host: &str, port: u16, kv: &[(&str, &str)]) -> ConnectorGrant {
+    ConnectorGrant { name: name.into(), kind: kind.into(), host: host.into(), port: port.into(), credentials: creds(kv), ..Default::default() }
+}
+
+fn python(code: &str, connectors: Vec<ConnectorGrant>) -> ExecuteRequest {
+    ExecuteRequest { connectors, ..request(Language::Python, code, Duration::from_secs(60)) }
+}
+
+fn line<'a>(run: &'a Run, label: &str) -> &'a str {
+    run.stdout.lines().find_map(|l| l.strip_prefix(label).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no {label:?} line in:\n{}\n{}", run.stdout, run.stderr))
+}
+
+/// Mounts of the agent's connector dirs present on the host now.
+fn connector_mounts() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().filter(|l| l.contains(".conn ")).count()
+}
+
+const TOOLS: &str = r#"
+import json, os, socket, subprocess, sys, urllib.parse, urllib.request
+def sh(label, cmd):
+    p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30)
+    print(label, (p.stdout.strip() or "ERR " + p.stderr.strip().replace("\n", " | ")))
+"#;
+
+#[tokio::test]
+async fn the_standard_tools_work_with_no_flags_through_forwarders_from_a_blocked_sandbox() -> anyhow::Result<()> {
+    if skip_unless_root("the_standard_tools_work_with_no_flags_through_forwarders_from_a_blocked_sandbox") {
+        return Ok(());
+    }
+    let (pg, my, redis) = (Postgres::start()?, MariaDb::start()?, Redis::start()?);
+    let s3 = warren_e2e::s3::S3Server::start()?;
+    s3.put("reports/q3.csv", b"from-s3");
+    let azurite = warren_e2e::azurite::Azurite::start()?;
+    let agent = Agent::start(&[]).await?;
+    let s3_creds: Vec<(String, String)> = s3.credentials();
+    let az_key = azurite.secret_key();
+    let az = format!("DefaultEndpointsProtocol=http;AccountName={};AccountKey={az_key};BlobEndpoint={};", warren_e2e::azurite::ACCOUNT, azurite.endpoint());
+    let connectors = vec![
+        ConnectorGrant { database: "app".into(), username: "agent".into(), ..grant("pg", "postgresql", "pg.localhost", pg.port, &[("password", services::PG_PASSWORD)]) },
+        ConnectorGrant { database: "app".into(), username: "agent".into(), ..grant("my", "mysql", "127.0.0.1", my.port, &[("password", services::MYSQL_PASSWORD)]) },
+        grant("cache", "redis", "localhost", redis.port, &[("password", services::REDIS_PASSWORD)]),
+        ConnectorGrant {
+            endpoint: s3.endpoint(),
+            region: "us-east-1".into(),
+            ..grant("lake", "s3", "", 0, &[("accessKeyId", &s3_creds[0].1), ("secretAccessKey", &s3_creds[1].1)])
+        },
+        grant("blob", "azure", "", 0, &[("connectionString", &az)]),
+        grant("gh", "github", "", 0, &[("token", "ghp_test_token")]),
+    ];
+    let code = format!(
+        r#"{TOOLS}
+sh("psql", "psql -tAc 'select body from notes'")
+sh("mysql", "mysql -N -e 'select body from notes'")
+sh("redis", 'redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" --no-auth-warning GET greeting')
+import boto3
+s3 = boto3.session.Session().client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+print("s3", s3.get_object(Bucket="{bucket}", Key="reports/q3.csv")["Body"].read().decode())
+cs = dict(kv.split("=", 1) for kv in os.environ["AZURE_STORAGE_CONNECTION_STRING"].split(";") if kv)
+import base64, hashlib, hmac, email.utils
+now = email.utils.formatdate(usegmt=True)
+# Path-style endpoints (the emulator's) sign the account name twice: /account/<url path>.
+path = "/" + cs["AccountName"] + urllib.parse.urlparse(cs["BlobEndpoint"]).path + "/{container}"
+canon = "GET\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:%s\nx-ms-version:2021-08-06\n%s\ncomp:list\nrestype:container" % (now, path)
+sig = base64.b64encode(hmac.new(base64.b64decode(cs["AccountKey"]), canon.encode(), hashlib.sha256).digest()).decode()
+req = urllib.request.Request(cs["BlobEndpoint"] + "/{container}?restype=container&comp=list", headers={{"x-ms-date": now, "x-ms-version": "2021-08-06", "Authorization": "SharedKey %s:%s" % (cs["AccountName"], sig)}})
+print("azure", urllib.request.urlopen(req, timeout=10).status)
+print("gh", os.environ.get("GH_TOKEN"))
+st = os.stat("/run/warren/connectors/pgpass")
+print("pgpass", oct(st.st_mode & 0o777), st.st_uid)
+print("home-clean", not any("pgpass" in f or "my.cnf" in f for _, _, fs in os.walk(os.environ["HOME"]) for f in fs))
+def reach(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close(); return "OPEN"
+    except OSError as e: return type(e).__name__
+print("other-port", reach({other}))
+try:
+    socket.create_connection(("198.51.100.10", 80), timeout=3).close(); print("internet OPEN")
+except OSError as e: print("internet", e.errno)
+"#,
+        bucket = warren_e2e::s3::BUCKET,
+        container = warren_e2e::azurite::CONTAINER,
+        other = my.port + 1,
+    );
+    let mounts_before = connector_mounts();
+    let run = agent.run_request(python(&code, connectors)).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(line(&run, "psql"), "from-postgres", "PostgreSQL by name (the sandbox's resolver answers the forwarder)");
+    assert_eq!(line(&run, "mysql"), "from-mariadb");
+    assert_eq!(line(&run, "redis"), "from-redis");
+    assert_eq!(line(&run, "s3"), "from-s3");
+    assert_eq!(line(&run, "azure"), "200");
+    assert_eq!(line(&run, "gh"), "ghp_test_token");
+    assert_eq!(line(&run, "pgpass"), "0o400 1000", "readable by the sandbox user only");
+    assert_eq!(line(&run, "home-clean"), "True");
+    assert_eq!(line(&run, "other-port"), "ConnectionRefusedError", "only the connectors' endpoints are forwarded");
+    assert_eq!(line(&run, "internet"), "101", "the sandbox stays Blocked (ENETUNREACH)");
+    // Gone when the call ends: the RAM mount is unmounted.
+    let gone = warren_e2e::gateway::wait_for(Duration::from_secs(10), || connector_mounts() <= mounts_before);
+    assert!(gone, "connector mounts left behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn postgres_custody_logs_in_for_the_sandbox_and_no_secret_is_inside() -> anyhow::Result<()> {
+    if skip_unless_root("postgres_custody_logs_in_for_the_sandbox_and_no_secret_is_inside") {
+        return Ok(());
+    }
+    let pg = Postgres::start()?;
+    let agent = Agent::start(&[]).await?;
+    let custody = |name: &str, host: &str, user: &str, password: &str, database: &str| ConnectorGrant {
+        custody: true,
+        username: user.into(),
+        database: database.into(),
+        ..grant(name, "postgresql", host, pg.port, &[("password", password)])
+    };
+    let code = format!(
+        r#"{TOOLS}
+sh("scram", "psql -tAc 'select current_user || (select body from notes)'")
+sh("md5", "psql -h legacy.localhost -U legacy -d postgres -tAc 'select current_user'")
+# The secrets, masked (XOR 0x55) so that this program never holds them:
+# every byte scanned is unmasked the same way and searched for the mask.
+X = bytes(b ^ 0x55 for b in range(256))
+masks = [bytes.fromhex("{pw_mask}"), bytes.fromhex("{legacy_mask}")]
+def leak(data):
+    t = data.translate(X)
+    return any(m in t for m in masks)
+found = []
+for k, v in os.environ.items():
+    if leak(v.encode()): found.append("env " + k)
+for root in ["/run", "/home", "/tmp", "/etc", "/data"]:
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            p = os.path.join(d, f)
+            try:
+                data = open(p, "rb").read(1 << 20)
+            except OSError:
+                continue
+            if leak(data): found.append("file " + p)
+for pid in os.listdir("/proc"):
+    if not pid.isdigit(): continue
+    for what in ["environ", "cmdline"]:
+        try:
+            data = open("/proc/%s/%s" % (pid, what), "rb").read()
+        except OSError:
+            continue
+        if leak(data): found.append("proc %s %s" % (pid, what))
+mem = open("/proc/self/mem", "rb")
+for l in open("/proc/self/maps").read().splitlines():
+    a, b = (int(x, 16) for x in l.split()[0].split("-"))
+    if "r" not in l.split()[1] or b - a > (256 << 20): continue
+    try:
+        mem.seek(a); data = mem.read(b - a)
+    except (OSError, ValueError, OverflowError):
+        continue
+    if leak(data): found.append("memory " + l.split()[-1])
+print("found", found)
+print("files", sorted(os.listdir("/run/warren/connectors")))
+"#,
+        pw_mask = mask(services::PG_PASSWORD),
+        legacy_mask = mask(services::PG_LEGACY_PASSWORD),
+    );
+    let connectors = vec![custody("pg", "pg.localhost", "agent", services::PG_PASSWORD, "app"), custody("old", "legacy.localhost", "legacy", services::PG_LEGACY_PASSWORD, "postgres")];
+    let run = agent.run_request(python(&code, connectors)).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(line(&run, "scram"), "agentfrom-postgres", "SCRAM-SHA-256 login by the forwarder");
+    assert_eq!(line(&run, "md5"), "legacy", "md5 login by the forwarder");
+    assert_eq!(line(&run, "found"), "[]", "no secret anywhere in the sandbox");
+    assert_eq!(line(&run, "files"), "[]", "custody writes no pgpass");
+    Ok(())
+}
+
+/// `s` XOR 0x55, hex: what the sandbox program searches for.
+fn mask(s: &str) -> String {
+    s.bytes().map(|b| format!("{:02x}", b ^ 0x55)).collect()
+}
