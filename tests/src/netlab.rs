@@ -10,7 +10,9 @@
 //! `warren-lab`; `/big` is [`BIG_BYTES`] of zeros):
 //! - "public" 198.51.100.10 and 198.51.100.11,
 //! - "private" 10.200.0.10,
-//! - a fake metadata server at 169.254.169.254.
+//! - a fake metadata server at 169.254.169.254,
+//! - a "private service" at 10.200.<n>.20 that the node itself reaches (as a
+//!   connector's forwarder must), unique per lab.
 //!
 //! DNS names: `public.test` → .10, `other.test` → .11, `private.test` →
 //! 10.200.0.10, `metadata.test` → 169.254.169.254, `rebind.test` →
@@ -35,6 +37,7 @@ pub struct NetLab {
     host_if: String,
     table: u32,
     rules: Vec<String>,
+    routes: Vec<String>,
     server: Option<Child>,
     dns_stop: Arc<AtomicBool>,
     dns_thread: Option<std::thread::JoinHandle<()>>,
@@ -46,6 +49,9 @@ pub struct NetLab {
     pub sandbox_net: String,
     /// An agent network prefix unique to this lab (`--network-prefix`).
     pub prefix: String,
+    /// A "private" address of this lab (10.200.<n>.20) the *node* reaches
+    /// (a host route, so a connector's forwarder can), serving HTTP on 80.
+    pub private_service: Ipv4Addr,
     _dir: tempfile::TempDir,
 }
 
@@ -75,6 +81,7 @@ impl NetLab {
             host_if: format!("wlab{u}h"),
             table: 41000 + u,
             rules: Vec::new(),
+            routes: Vec::new(),
             server: None,
             dns_stop,
             dns_thread: Some(dns_thread),
@@ -82,6 +89,7 @@ impl NetLab {
             node_addr: Ipv4Addr::new(192, 0, 2, 1 + u as u8),
             sandbox_net: format!("100.127.{u}.0/24"),
             prefix: format!("tl{u}"),
+            private_service: Ipv4Addr::new(10, 200, u as u8, 20),
             _dir: dir,
         };
         lab.build().context("building the network lab")?;
@@ -100,7 +108,8 @@ impl NetLab {
             ip(&full)
         };
         inside(&["link", "set", "lo", "up"])?;
-        for addr in ["198.51.100.10/24", "198.51.100.11/24", "10.200.0.10/24", "169.254.169.254/32"] {
+        let service = format!("{}/32", self.private_service);
+        for addr in ["198.51.100.10/24", "198.51.100.11/24", "10.200.0.10/24", "169.254.169.254/32", &service] {
             inside(&["addr", "add", addr, "dev", "lab0"])?;
         }
         inside(&["link", "set", "lab0", "up"])?;
@@ -109,6 +118,12 @@ impl NetLab {
             ip(&["route", "add", dst, "dev", &hif, "table", &table])?;
         }
         ip(&["route", "add", "unreachable", "default", "table", &table])?;
+        // The one lab address the node itself reaches (unique per lab, so
+        // parallel labs never share the route).
+        ip(&["route", "add", &service, "dev", &hif])?;
+        self.routes.push(service.clone());
+        // The node's lab address takes the lab's table (below): it needs the route too.
+        ip(&["route", "add", &service, "dev", &hif, "table", &table])?;
         // Sandbox traffic takes the lab's table; so does the reverse-path
         // check of the replies (addressed to the node's lab address).
         for (from, prio) in [(self.sandbox_net.clone(), 20000 + self.table % 1000), (format!("{node}/32"), 21000 + self.table % 1000)] {
@@ -194,6 +209,9 @@ impl Drop for NetLab {
             let _ = ip(&args);
         }
         let _ = ip(&["route", "flush", "table", &self.table.to_string()]);
+        for r in &self.routes {
+            let _ = ip(&["route", "del", r]);
+        }
         let _ = ip(&["link", "del", &self.host_if]);
         let _ = ip(&["netns", "del", &self.ns]);
         // A test that failed before its agent stopped leaves the agent's table.

@@ -259,3 +259,55 @@ async fn an_agent_crash_leaves_no_veth_and_the_next_start_no_rules() -> anyhow::
     assert!(!lab.table_exists());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_connector_is_the_only_way_from_unrestricted_to_a_private_address() -> anyhow::Result<()> {
+    if skip_unless_root("a_connector_is_the_only_way_from_unrestricted_to_a_private_address") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "0").await?;
+    // A service on the node's loopback, reached by a name below `localhost`.
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("index.html"), "node-local\n")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut local = std::process::Command::new("python3")
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let serving = warren_e2e::gateway::wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    assert!(serving, "local HTTP server did not start");
+    let private = lab.private_service.to_string();
+    assert!(std::net::TcpStream::connect((lab.private_service, 80)).is_ok(), "the node reaches the lab's private service");
+    let grant = |name: &str, host: &str, port: u16| pb::ConnectorGrant {
+        name: name.into(),
+        kind: "redis".into(),
+        host: host.into(),
+        port: port.into(),
+        credentials: Some(pb::Credentials { values: [("password".to_string(), "unused".to_string())].into() }),
+        ..Default::default()
+    };
+    let code = format!(
+        r#"
+get("private-connector", "http://{private}/")
+tcp("private-other", "10.200.0.10")
+get("named-connector", "http://web.localhost:{port}/")
+get("public", "http://198.51.100.10/")
+"#
+    );
+    let mut req = python(&code, NetworkPolicy::Unrestricted, vec![]);
+    req.connectors = vec![grant("lab", &private, 80), grant("web", "web.localhost", port)];
+    let run = agent.run_request(req).await;
+    let _ = local.kill();
+    let _ = local.wait();
+    let run = run?;
+    assert_eq!(line(&run, "private-connector"), "warren-lab", "through the forwarder: {}", run.stderr);
+    assert_ne!(line(&run, "private-other"), "OPEN", "other private addresses stay refused");
+    assert_eq!(line(&run, "named-connector"), "node-local", "the sandbox's resolver answers the connector's name");
+    assert_eq!(line(&run, "public"), "warren-lab", "the rest of the network is as Unrestricted as ever");
+    assert_clean(&lab, 0).await;
+    agent.stop();
+    Ok(())
+}
