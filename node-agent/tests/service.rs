@@ -202,23 +202,25 @@ async fn warm_image_answers_what_is_warm_and_maps_refusals() {
 }
 
 #[tokio::test]
-async fn what_this_agent_cannot_provide_is_refused_before_admission() {
+async fn what_this_agent_cannot_provide_or_cannot_accept_is_refused_before_admission() {
     type Tweak = fn(&mut pb::ExecuteRequest);
-    let cases: [(&str, Tweak); 5] = [
-        ("network", |r| r.network = pb::NetworkPolicy::Unrestricted as i32),
-        ("network", |r| r.network = 99),
-        ("egress", |r| r.egress.push(pb::EgressRule { host: "pypi.org".into(), ..Default::default() })),
+    let cases: [(Code, Reason, &str, Tweak); 4] = [
+        (Code::FailedPrecondition, Reason::Unsupported, "network", |r| r.network = 99),
         // Providers this agent has no client for.
-        ("mounts[0].provider", |r| r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), provider: "ftp".into(), bucket: "b".into(), ..Default::default() })),
-        ("connectors", |r| r.connectors.push(pb::ConnectorGrant { name: "db".into(), ..Default::default() })),
+        (Code::FailedPrecondition, Reason::Unsupported, "mounts[0].provider", |r| {
+            r.mounts.push(pb::StorageMount { mount_path: "/data/x".into(), provider: "ftp".into(), bucket: "b".into(), ..Default::default() })
+        }),
+        // An allowlist without Unrestricted, a connector without its kind.
+        (Code::InvalidArgument, Reason::InvalidField, "egress", |r| r.egress.push(pb::EgressRule { host: "pypi.org".into(), ..Default::default() })),
+        (Code::InvalidArgument, Reason::InvalidField, "connectors", |r| r.connectors.push(pb::ConnectorGrant { name: "db".into(), ..Default::default() })),
     ];
     let (double, seen) = Double::new(Script::Run(vec![], Outcome::default()));
     let service = AgentService::new(double);
-    for (field, tweak) in cases {
+    for (code, reason, field, tweak) in cases {
         let mut req = request("echo hi");
         tweak(&mut req);
         let err = collect(&service, req).await.unwrap_err();
-        assert_refused(&err, Code::FailedPrecondition, Reason::Unsupported, field);
+        assert_refused(&err, code, reason, field);
     }
     assert!(seen.lock().unwrap().admitted.is_empty(), "nothing reached the backend");
 }

@@ -1,8 +1,6 @@
 //! Connectors as a key publishes them: checked, with their credentials read
 //! from the named Secret (pure).
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 use warren_core::secret::Credentials;
 
@@ -88,19 +86,8 @@ pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
 /// what is missing, never a value.
 pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) -> Result<EffectiveConnector, String> {
     check(spec).map_err(|(field, why)| format!("{field}: {why}"))?;
-    let r = &spec.credentials_secret_ref;
-    let s = secret.ok_or_else(|| format!("its credentials Secret {:?} was not found", r.name))?;
-    let mut values = BTreeMap::new();
-    for entry in spec.kind.secret_entries() {
-        let v = match (s.string_data.get(*entry), s.data.get(*entry)) {
-            (Some(v), _) => v.clone(),
-            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {:?} entry {entry:?} is not UTF-8", r.name))?,
-            (None, None) => return Err(format!("its credentials Secret {:?} has no entry {entry:?}", r.name)),
-        };
-        // Keys and tokens never carry meaningful edge whitespace; JSON keeps its own.
-        let v = if *entry == "serviceAccountJson" { v } else { v.trim().to_string() };
-        values.insert((*entry).to_string(), v);
-    }
+    // Keys and tokens never carry meaningful edge whitespace; JSON keeps its own.
+    let values = crate::storage::secret_entries(&spec.credentials_secret_ref.name, secret, spec.kind.secret_entries(), &["serviceAccountJson"])?;
     Ok(EffectiveConnector {
         name: name.to_string(),
         kind: spec.kind.wire_name().to_string(),

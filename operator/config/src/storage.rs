@@ -27,17 +27,25 @@ pub struct Connection {
 /// is missing, never a value.
 pub fn connection(spec: &StorageConnectionSpec, secret: Option<&SecretBody>) -> Result<Connection, String> {
     let Some(r) = &spec.credentials_secret_ref else { return Ok(Connection { spec: spec.clone(), credentials: Credentials::default() }) };
-    let s = secret.ok_or_else(|| format!("its credentials Secret {:?} was not found", r.name))?;
+    let values = secret_entries(&r.name, secret, spec.provider.secret_entries(), &[])?;
+    Ok(Connection { spec: spec.clone(), credentials: Credentials(values) })
+}
+
+/// `entries` of the credentials Secret `name` (`secret`, when found), trimmed
+/// except those in `verbatim`. The error names what is missing, never a value.
+pub fn secret_entries(name: &str, secret: Option<&SecretBody>, entries: &[&str], verbatim: &[&str]) -> Result<BTreeMap<String, String>, String> {
+    let s = secret.ok_or_else(|| format!("its credentials Secret {name:?} was not found"))?;
     let mut values = BTreeMap::new();
-    for entry in spec.provider.secret_entries() {
+    for entry in entries {
         let v = match (s.string_data.get(*entry), s.data.get(*entry)) {
             (Some(v), _) => v.clone(),
-            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {:?} entry {entry:?} is not UTF-8", r.name))?,
-            (None, None) => return Err(format!("its credentials Secret {:?} has no entry {entry:?}", r.name)),
+            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {name:?} entry {entry:?} is not UTF-8"))?,
+            (None, None) => return Err(format!("its credentials Secret {name:?} has no entry {entry:?}")),
         };
-        values.insert((*entry).to_string(), v.trim().to_string());
+        let v = if verbatim.contains(entry) { v } else { v.trim().to_string() };
+        values.insert((*entry).to_string(), v);
     }
-    Ok(Connection { spec: spec.clone(), credentials: Credentials(values) })
+    Ok(values)
 }
 
 /// One mount of a key.
