@@ -109,11 +109,13 @@ impl SandboxNames {
     }
 }
 
-/// The chain, sets and map entry of one sandbox.
+/// The chain, sets and map entry of one sandbox. Anything of the same slot
+/// that a setup interrupted half-way left behind is emptied first: a
+/// sandbox never inherits another's rules or allowed addresses.
 pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
     let (n, table) = (names.n, &names.table);
     let mut s = String::new();
-    let _ = writeln!(s, "add chain {table} sbx_{n}");
+    let _ = writeln!(s, "add chain {table} sbx_{n}\nflush chain {table} sbx_{n}");
     // queue-threshold 1: the kernel sends each refused packet at once (the
     // instance setting alone is not honoured by nft's log), so a call's
     // refusals are queued before its program even sees the error.
@@ -126,10 +128,14 @@ pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
         }
         Some(rules) => {
             let (any, ported) = static_elements(rules);
-            let _ = writeln!(s, "add set {table} any_{n} {{ type ipv4_addr; flags interval; }}");
-            let _ = writeln!(s, "add set {table} port_{n} {{ type ipv4_addr . inet_service; flags interval; }}");
-            let _ = writeln!(s, "add set {table} dany_{n} {{ type ipv4_addr; size 65536; }}");
-            let _ = writeln!(s, "add set {table} dport_{n} {{ type ipv4_addr . inet_service; size 65536; }}");
+            for (set, spec) in [
+                ("any", "type ipv4_addr; flags interval;"),
+                ("port", "type ipv4_addr . inet_service; flags interval;"),
+                ("dany", "type ipv4_addr; size 65536;"),
+                ("dport", "type ipv4_addr . inet_service; size 65536;"),
+            ] {
+                let _ = writeln!(s, "add set {table} {set}_{n} {{ {spec} }}\nflush set {table} {set}_{n}");
+            }
             if !any.is_empty() {
                 let _ = writeln!(s, "add element {table} any_{n} {{ {} }}", any.join(", "));
             }
@@ -265,6 +271,7 @@ mod tests {
         let forbidden = s.find("@forbidden4 reject").unwrap();
         assert!(s.find("sbx_3 accept").unwrap() > forbidden);
         assert!(s.contains("\"wrn3\" : goto sbx_3"));
+        assert!(s.starts_with("add chain inet warren_wrn sbx_3\nflush chain inet warren_wrn sbx_3\n"), "leftovers of the slot are emptied first");
         assert!(!s.contains("any_3"));
     }
 
