@@ -167,12 +167,26 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretIncomplete".into())));
     k.kubectl_ok(&["patch", "secret", "gh-creds", "--type", "merge", "-p", r#"{"stringData":{"token":"ghp-not-real"}}"#]);
     assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("True".into(), "Valid".into())));
+    // A key of a Sandbox offering it gets its credentials in every call,
+    // published with the key by the operator (never in a log).
+    let with_gh = dir.path().join("with-gh.yaml");
+    std::fs::write(
+        &with_gh,
+        "apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {name: with-gh}\nspec: {image: host, languages: [bash], connectors: [{name: gh}]}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: gh-user}\nspec: {sandboxRef: {name: with-gh}}\n",
+    )
+    .unwrap();
+    k.kubectl_ok(&["apply", "-f", with_gh.to_str().unwrap()]);
+    assert!(wait_for(Duration::from_secs(30), || ready(&k, "apikey", "gh-user") == ("True".into(), "Published".into())));
+    let gh_key = secret_value(&k, "gh-user-key").expect("the key is generated");
+    let token = || gw.execute(&gh_key, &json!({"language": "bash", "code": "echo \"$GH_TOKEN\""})).json()["stdout"].as_str().map(str::to_string);
+    assert!(wait_for(Duration::from_secs(10), || token().as_deref() == Some("ghp-not-real\n")), "{:?}", token());
 
     // Deleted → 401 (the finalizer withdraws the published key).
     k.kubectl_ok(&["delete", "apikey", "agent", "--wait=true", "--timeout=30s"]);
     assert!(wait_for(Duration::from_secs(5), || status(&gw, &key) == 401));
     for line in operator.logs().iter().chain(gw.logs().iter()) {
-        assert!(!line.contains(&key) && !line.contains(&k2), "a log line holds a key: {line}");
+        assert!(!line.contains(&key) && !line.contains(&k2) && !line.contains("ghp-not-real"), "a log line holds a secret: {line}");
     }
 }
 

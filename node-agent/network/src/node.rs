@@ -112,6 +112,10 @@ impl SandboxNet {
         let ifname = self.names.ifname.clone();
         let rate = policy.rate_bits;
         blocking(move || {
+            // A pair an interrupted teardown left under this slot's name.
+            if std::path::Path::new("/sys/class/net").join(&ifname).exists() {
+                let _ = link::command("ip", &["link".into(), "del".into(), ifname.clone()], None);
+            }
             link::command("ip", &["-batch".into(), "-".into()], Some(&link::node_side(&ifname, pid, node)))?;
             link::command("tc", &link::tbf_args(&ifname, rate), None)
         })
@@ -147,14 +151,15 @@ impl SandboxNet {
         policy::report(refused, &names, &dns_refused)
     }
 
-    /// Stops the proxy and removes the chain and sets; call once the
+    /// Stops the proxy and removes the veth, chain and sets; call once the
     /// sandbox's processes are gone.
     pub async fn teardown(mut self) {
         self.dns = None;
-        // The veth pair goes with the sandbox's network namespace (our handle
-        // on it is dropped here; the kernel frees it once init is gone):
-        // deleting it by hand would only take the kernel's network lock twice.
-        drop(self.netns);
+        // Deleted now, not whenever the kernel gets to the dead namespace:
+        // the slot (its interface name and addresses) is reused as soon as
+        // this returns.
+        let ifname = self.names.ifname.clone();
+        let _ = blocking(move || link::command("ip", &["link".into(), "del".into(), ifname], None)).await;
         // One batch normally; piece by piece when something was never made.
         let steps = nft::sandbox_teardown(&self.names);
         if nft::run(&steps.concat(), &["-f", "-"]).await.is_err() {
