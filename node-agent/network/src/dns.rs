@@ -159,12 +159,16 @@ struct Ctx {
 async fn serve(ctx: Arc<Ctx>) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut buf = vec![0u8; MAX_MESSAGE];
+    // Queries in flight belong to this task: stopping the proxy aborts them,
+    // so none can touch the slot's sets after the sandbox is gone.
+    let mut in_flight = tokio::task::JoinSet::new();
     loop {
         let Ok((n, peer)) = ctx.socket.recv_from(&mut buf).await else { return };
+        while in_flight.try_join_next().is_some() {}
         let Ok(permit) = permits.clone().try_acquire_owned() else { continue };
         let query = buf[..n].to_vec();
         let ctx = ctx.clone();
-        tokio::spawn(async move {
+        in_flight.spawn(async move {
             if let Some(reply) = answer(&ctx, &query).await {
                 let _ = ctx.socket.send_to(&reply, peer).await;
             }

@@ -84,11 +84,14 @@ fn bind_all(binds: &[(Ipv4Addr, u16)]) -> io::Result<Vec<std::net::TcpListener>>
 
 async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Connections belong to this task: stopping the forwarder closes them.
+    let mut open = tokio::task::JoinSet::new();
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let Ok((client, _)) = listener.accept().await else { return };
+        while open.try_join_next().is_some() {}
         let endpoint = endpoint.clone();
-        tokio::spawn(async move {
+        open.spawn(async move {
             if let Err(e) = relay(client, &endpoint).await {
                 debug!(error = %e, host = %endpoint.target_host, "connector connection ended");
             }
