@@ -16,6 +16,7 @@
 
 pub mod bounds;
 pub mod egress;
+pub mod endpoint;
 pub mod env;
 pub mod ids;
 pub mod language;

@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use warren_core::endpoint::url_host_port;
+
 /// Where the connectors' files appear inside the sandbox.
 pub const DIR: &str = "/run/warren/connectors";
 /// Connectors per call, at most.
@@ -348,21 +350,6 @@ fn pairs(kv: &[(&str, &str)]) -> Vec<(String, String)> {
 /// Percent-encodes everything but unreserved characters (URI userinfo).
 fn pct(s: &str) -> String {
     s.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
-}
-
-/// `(host, port)` of an `http(s)://host[:port]…` URL.
-fn url_host_port(url: &str) -> Option<(String, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let default = match scheme {
-        "http" => 80,
-        "https" => 443,
-        _ => return None,
-    };
-    let authority = rest.split('/').next()?;
-    match authority.rsplit_once(':') {
-        Some((h, p)) => Some((h.to_ascii_lowercase(), p.parse().ok()?)),
-        None => Some((authority.to_ascii_lowercase(), default)),
-    }
 }
 
 /// Adds a forwarder for `host:port` (once), choosing where it listens: the

@@ -127,6 +127,18 @@ pub struct Run {
     pub chunks: Vec<(char, String)>,
 }
 
+impl Run {
+    /// What the program printed after `label ` on a line of stdout (tests
+    /// print one `label value` line per check); panics, showing the output,
+    /// when there is none.
+    pub fn line(&self, label: &str) -> &str {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(label).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {label:?} line in:\n{}\n{}", self.stdout, self.stderr))
+    }
+}
+
 impl Agent {
     /// Starts an agent with its own state dir and socket; waits until it answers.
     pub async fn start(extra: &[&str]) -> anyhow::Result<Agent> {

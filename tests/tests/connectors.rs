@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use warren_e2e::services::{self, MariaDb, Postgres, Redis};
-use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_e2e::{request, skip_unless_root, Agent};
 use warren_proto::agent::{ConnectorGrant, Credentials, ExecuteRequest, Language};
 
 fn creds(kv: &[(&str, &str)]) -> Option<Credentials> {
@@ -21,10 +21,6 @@ fn grant(name: &str, kind: &str, host: &str, port: u16, kv: &[(&str, &str)]) -> 
 
 fn python(code: &str, connectors: Vec<ConnectorGrant>) -> ExecuteRequest {
     ExecuteRequest { connectors, ..request(Language::Python, code, Duration::from_secs(60)) }
-}
-
-fn line<'a>(run: &'a Run, label: &str) -> &'a str {
-    run.stdout.lines().find_map(|l| l.strip_prefix(label).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no {label:?} line in:\n{}\n{}", run.stdout, run.stderr))
 }
 
 /// Mounts of the agent's connector dirs present on the host now.
@@ -101,16 +97,16 @@ except OSError as e: print("internet", e.errno)
     let mounts_before = connector_mounts();
     let run = agent.run_request(python(&code, connectors)).await?;
     assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(line(&run, "psql"), "from-postgres", "PostgreSQL by name (the sandbox's resolver answers the forwarder)");
-    assert_eq!(line(&run, "mysql"), "from-mariadb");
-    assert_eq!(line(&run, "redis"), "from-redis");
-    assert_eq!(line(&run, "s3"), "from-s3");
-    assert_eq!(line(&run, "azure"), "200");
-    assert_eq!(line(&run, "gh"), "ghp_test_token");
-    assert_eq!(line(&run, "pgpass"), "0o400 1000", "readable by the sandbox user only");
-    assert_eq!(line(&run, "home-clean"), "True");
-    assert_eq!(line(&run, "other-port"), "ConnectionRefusedError", "only the connectors' endpoints are forwarded");
-    assert_eq!(line(&run, "internet"), "101", "the sandbox stays Blocked (ENETUNREACH)");
+    assert_eq!(run.line("psql"), "from-postgres", "PostgreSQL by name (the sandbox's resolver answers the forwarder)");
+    assert_eq!(run.line("mysql"), "from-mariadb");
+    assert_eq!(run.line("redis"), "from-redis");
+    assert_eq!(run.line("s3"), "from-s3");
+    assert_eq!(run.line("azure"), "200");
+    assert_eq!(run.line("gh"), "ghp_test_token");
+    assert_eq!(run.line("pgpass"), "0o400 1000", "readable by the sandbox user only");
+    assert_eq!(run.line("home-clean"), "True");
+    assert_eq!(run.line("other-port"), "ConnectionRefusedError", "only the connectors' endpoints are forwarded");
+    assert_eq!(run.line("internet"), "101", "the sandbox stays Blocked (ENETUNREACH)");
     // Gone when the call ends: the RAM mount is unmounted.
     let gone = warren_e2e::gateway::wait_for(Duration::from_secs(10), || connector_mounts() <= mounts_before);
     assert!(gone, "connector mounts left behind");
@@ -179,10 +175,10 @@ print("files", sorted(os.listdir("/run/warren/connectors")))
     let connectors = vec![custody("pg", "pg.localhost", "agent", services::PG_PASSWORD, "app"), custody("old", "legacy.localhost", "legacy", services::PG_LEGACY_PASSWORD, "postgres")];
     let run = agent.run_request(python(&code, connectors)).await?;
     assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(line(&run, "scram"), "agentfrom-postgres", "SCRAM-SHA-256 login by the forwarder");
-    assert_eq!(line(&run, "md5"), "legacy", "md5 login by the forwarder");
-    assert_eq!(line(&run, "found"), "[]", "no secret anywhere in the sandbox");
-    assert_eq!(line(&run, "files"), "[]", "custody writes no pgpass");
+    assert_eq!(run.line("scram"), "agentfrom-postgres", "SCRAM-SHA-256 login by the forwarder");
+    assert_eq!(run.line("md5"), "legacy", "md5 login by the forwarder");
+    assert_eq!(run.line("found"), "[]", "no secret anywhere in the sandbox");
+    assert_eq!(run.line("files"), "[]", "custody writes no pgpass");
     Ok(())
 }
 

@@ -40,10 +40,6 @@ fn python(code: &str, network: NetworkPolicy, egress: Vec<EgressRule>) -> Execut
     ExecuteRequest { network: network as i32, egress, ..request(Language::Python, &format!("{PY}\n{code}"), Duration::from_secs(60)) }
 }
 
-fn line<'a>(run: &'a Run, label: &str) -> &'a str {
-    run.stdout.lines().find_map(|l| l.strip_prefix(label).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no {label:?} line in:\n{}\n{}", run.stdout, run.stderr))
-}
-
 fn refused<'a>(run: &'a Run, ip: &str, port: u32) -> Option<&'a pb::BlockedEgress> {
     run.exited.blocked_egress.iter().find(|b| b.ip == ip && b.port == port)
 }
@@ -98,16 +94,16 @@ tcp("v4-mapped", "::ffff:10.200.0.10", 80, socket.AF_INET6)
     );
     let run = agent.run_request(python(&code, NetworkPolicy::Unrestricted, vec![])).await?;
     assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(line(&run, "public-ip"), "warren-lab");
-    assert_eq!(line(&run, "public-name"), "warren-lab");
+    assert_eq!(run.line("public-ip"), "warren-lab");
+    assert_eq!(run.line("public-name"), "warren-lab");
     for label in ["private-ip", "private-name", "metadata-ip", "metadata-name", "node-lab", "node-gateway"] {
-        assert_ne!(line(&run, label), "OPEN", "{label} must be unreachable:\n{}", run.stdout);
+        assert_ne!(run.line(label), "OPEN", "{label} must be unreachable:\n{}", run.stdout);
     }
     // The name rebinding to a private address: the public answer works, the private one does not.
-    assert_eq!(line(&run, "rebind-1"), "OPEN");
-    assert_ne!(line(&run, "rebind-2"), "OPEN");
+    assert_eq!(run.line("rebind-1"), "OPEN");
+    assert_ne!(run.line("rebind-2"), "OPEN");
     for label in ["v6-loopback", "v6-metadata", "v4-mapped"] {
-        assert_ne!(line(&run, label), "OPEN", "{label}:\n{}", run.stdout);
+        assert_ne!(run.line(label), "OPEN", "{label}:\n{}", run.stdout);
     }
     // Refused destinations are reported, named by what the program resolved.
     let private = refused(&run, "10.200.0.10", 80).unwrap_or_else(|| panic!("{:?}", run.exited.blocked_egress));
@@ -135,8 +131,8 @@ tcp("public-ip", "198.51.100.10")
 tcp("public-name", "public.test")
 "#;
     let blocked = agent.run_request(python(code, NetworkPolicy::Blocked, vec![])).await?;
-    assert_eq!(line(&blocked, "public-ip"), "ENETUNREACH");
-    assert_eq!(line(&blocked, "public-name"), "NORESOLVE");
+    assert_eq!(blocked.line("public-ip"), "ENETUNREACH");
+    assert_eq!(blocked.line("public-name"), "NORESOLVE");
     assert!(blocked.exited.blocked_egress.is_empty());
 
     let allow = vec![
@@ -151,11 +147,11 @@ tcp("cidr-allowed", "198.51.100.11")
 tcp("private", "10.200.0.10")
 "#;
     let run = agent.run_request(python(code, NetworkPolicy::Unrestricted, allow.clone())).await?;
-    assert_eq!(line(&run, "name-allowed"), "warren-lab", "{}", run.stderr);
-    assert_ne!(line(&run, "name-other-port"), "OPEN");
-    assert_eq!(line(&run, "name-not-listed"), "NORESOLVE", "names outside the allowlist are not even looked up");
-    assert_eq!(line(&run, "cidr-allowed"), "OPEN");
-    assert_ne!(line(&run, "private"), "OPEN");
+    assert_eq!(run.line("name-allowed"), "warren-lab", "{}", run.stderr);
+    assert_ne!(run.line("name-other-port"), "OPEN");
+    assert_eq!(run.line("name-not-listed"), "NORESOLVE", "names outside the allowlist are not even looked up");
+    assert_eq!(run.line("cidr-allowed"), "OPEN");
+    assert_ne!(run.line("private"), "OPEN");
     let dns = run.exited.blocked_egress.iter().find(|b| b.protocol == "dns").unwrap_or_else(|| panic!("{:?}", run.exited.blocked_egress));
     assert_eq!((dns.host.as_str(), dns.ip.as_str(), dns.port), ("other.test", "", 53));
     assert_eq!(refused(&run, "198.51.100.10", 8080).map(|b| b.host.as_str()), Some("public.test"));
@@ -164,7 +160,7 @@ tcp("private", "10.200.0.10")
     // address of an allowed name (without asking the resolver) gets nothing
     // it was not given.
     let run = agent.run_request(python(r#"tcp("raw-ip-before-dns", "198.51.100.10")"#, NetworkPolicy::Unrestricted, allow)).await?;
-    assert_ne!(line(&run, "raw-ip-before-dns"), "OPEN");
+    assert_ne!(run.line("raw-ip-before-dns"), "OPEN");
     assert!(refused(&run, "198.51.100.10", 80).is_some());
     assert_clean(&lab, 1).await;
     agent.stop();
@@ -189,8 +185,8 @@ print("mbits", n * 8 / (time.monotonic() - t) / 1e6)
     let mut req = python(code, NetworkPolicy::Unrestricted, vec![]);
     req.limits = Some(pb::Limits { cpu_millis: 500, ..Default::default() });
     let run = agent.run_request(req).await?;
-    assert_eq!(line(&run, "bytes"), BIG_BYTES.to_string(), "{}", run.stderr);
-    let mbits: f64 = line(&run, "mbits").parse()?;
+    assert_eq!(run.line("bytes"), BIG_BYTES.to_string(), "{}", run.stderr);
+    let mbits: f64 = run.line("mbits").parse()?;
     eprintln!("download at 500m CPU: {mbits:.1} Mbit/s (cap 100)");
     // The token bucket lets a burst through at line rate; over 24 MiB that
     // is a few percent. Unshaped, a veth moves several Gbit/s.
@@ -241,7 +237,7 @@ async fn an_agent_crash_leaves_no_veth_and_the_next_start_no_rules() -> anyhow::
     let lab = NetLab::start()?;
     let mut agent = start(&lab, "2").await?;
     let run = agent.run_request(python(r#"get("public", "http://198.51.100.10/")"#, NetworkPolicy::Unrestricted, vec![])).await?;
-    assert_eq!(line(&run, "public"), "warren-lab");
+    assert_eq!(run.line("public"), "warren-lab");
     // The pool refills the shape: two ready sandboxes with their veths and chains.
     let chains = || lab.sandbox_rules().iter().filter(|r| r.starts_with("chain ")).count();
     let filled = warren_e2e::gateway::wait_for(Duration::from_secs(30), || lab.sandbox_links().len() == 2 && chains() == 2);
@@ -303,10 +299,10 @@ get("public", "http://198.51.100.10/")
     let _ = local.kill();
     let _ = local.wait();
     let run = run?;
-    assert_eq!(line(&run, "private-connector"), "warren-lab", "through the forwarder: {}", run.stderr);
-    assert_ne!(line(&run, "private-other"), "OPEN", "other private addresses stay refused");
-    assert_eq!(line(&run, "named-connector"), "node-local", "the sandbox's resolver answers the connector's name");
-    assert_eq!(line(&run, "public"), "warren-lab", "the rest of the network is as Unrestricted as ever");
+    assert_eq!(run.line("private-connector"), "warren-lab", "through the forwarder: {}", run.stderr);
+    assert_ne!(run.line("private-other"), "OPEN", "other private addresses stay refused");
+    assert_eq!(run.line("named-connector"), "node-local", "the sandbox's resolver answers the connector's name");
+    assert_eq!(run.line("public"), "warren-lab", "the rest of the network is as Unrestricted as ever");
     assert_clean(&lab, 0).await;
     agent.stop();
     Ok(())

@@ -56,9 +56,8 @@ impl Drop for Forwarders {
 impl Forwarders {
     /// Listens for each endpoint inside `netns` and starts serving.
     pub async fn start(netns: &OwnedFd, endpoints: Vec<Endpoint>) -> io::Result<Forwarders> {
-        let ns = netns.try_clone()?;
         let binds: Vec<(Ipv4Addr, u16)> = endpoints.iter().map(|e| (e.listen, e.port)).collect();
-        let listeners = tokio::task::spawn_blocking(move || link::in_netns(&ns, move || bind_all(&binds))).await.map_err(io::Error::other)??;
+        let listeners = link::in_netns(netns, move || bind_all(&binds)).await?;
         let mut tasks = Vec::with_capacity(endpoints.len());
         for (listener, endpoint) in listeners.into_iter().zip(endpoints) {
             listener.set_nonblocking(true)?;

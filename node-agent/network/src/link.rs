@@ -67,17 +67,16 @@ pub fn open_netns(pid: i32) -> io::Result<OwnedFd> {
     Ok(File::open(format!("/proc/{pid}/ns/net"))?.into())
 }
 
-/// Runs `f` on a new thread inside the network namespace `ns`.
-pub fn in_netns<T: Send + 'static>(ns: &OwnedFd, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+/// Runs `f` on a new thread inside the network namespace `ns` (which
+/// ends with it) and waits for its result without blocking the runtime.
+pub async fn in_netns<T: Send + 'static>(ns: &OwnedFd, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
     let ns = ns.try_clone()?;
-    std::thread::Builder::new()
-        .name("warren-netns".into())
-        .spawn(move || {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
-            f()
-        })?
-        .join()
-        .map_err(|_| io::Error::other("a thread inside a sandbox's network namespace panicked"))?
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("warren-netns".into()).spawn(move || {
+        let result = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from).and_then(|()| f());
+        let _ = tx.send(result);
+    })?;
+    rx.await.map_err(|_| io::Error::other("a thread inside a sandbox's network namespace panicked"))?
 }
 
 /// Inside the namespace: turns IPv6 off (the sandbox has no IPv6 route

@@ -122,13 +122,10 @@ impl SandboxNet {
         .await
         .map_err(at("creating the veth pair"))?;
         let t_veth = t0.elapsed();
-        let ns = self.netns.try_clone().map_err(at("duplicating the namespace handle"))?;
         let proc_dir = cfg.proc_dir.clone();
-        let socket = blocking(move || {
-            link::in_netns(&ns, move || {
-                link::configure_inside(&proc_dir, node, sandbox, rate)?;
-                std::net::UdpSocket::bind(SANDBOX_RESOLVER)
-            })
+        let socket = link::in_netns(&self.netns, move || {
+            link::configure_inside(&proc_dir, node, sandbox, rate)?;
+            std::net::UdpSocket::bind(SANDBOX_RESOLVER)
         })
         .await
         .map_err(at("configuring inside the sandbox"))?;

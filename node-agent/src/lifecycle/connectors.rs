@@ -108,9 +108,8 @@ impl Resource for ConnectorResource {
             let statics = match &sandbox.dns_statics {
                 Some(s) => s.clone(),
                 None => {
-                    let ns = netns.try_clone().map_err(|e| self.failure(sandbox, "sandbox resolver", e))?;
-                    let bind = move || warren_network::link::in_netns(&ns, || std::net::UdpSocket::bind(warren_network::node::SANDBOX_RESOLVER));
-                    let socket = tokio::task::spawn_blocking(bind).await.map_err(std::io::Error::other).and_then(|r| r).map_err(|e| self.failure(sandbox, "sandbox resolver", e))?;
+                    let bind = || std::net::UdpSocket::bind(warren_network::node::SANDBOX_RESOLVER);
+                    let socket = warren_network::link::in_netns(&netns, bind).await.map_err(|e| self.failure(sandbox, "sandbox resolver", e))?;
                     let proxy = DnsProxy::spawn(socket, None).map_err(|e| self.failure(sandbox, "sandbox resolver", e))?;
                     let s = proxy.statics().clone();
                     self.dns = Some(proxy);

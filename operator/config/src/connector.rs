@@ -2,6 +2,7 @@
 //! from the named Secret (pure).
 
 use serde::{Deserialize, Serialize};
+use warren_core::endpoint::{is_host, url_host_port};
 use warren_core::secret::Credentials;
 
 use crate::types::{ConnectorSpec, ConnectorType, SecretBody};
@@ -65,7 +66,7 @@ pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
         if spec.kind != S3 {
             return Err(("spec.endpoint", "only S3 connectors take an endpoint".into()));
         }
-        if endpoint_host_port(e).is_none() {
+        if url_host_port(e).is_none() {
             return Err(("spec.endpoint", format!("{e:?} is not an http(s)://host[:port] URL")));
         }
     }
@@ -101,31 +102,6 @@ pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) ->
         custody: spec.custody == Some(true),
         credentials: Credentials(values),
     })
-}
-
-/// A DNS name or an IPv4 address.
-fn is_host(h: &str) -> bool {
-    if h.parse::<std::net::Ipv4Addr>().is_ok() {
-        return true;
-    }
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') && !l.starts_with('-'))
-}
-
-/// `(host, port)` of an `http(s)://host[:port][/…]` endpoint.
-pub fn endpoint_host_port(url: &str) -> Option<(String, u16)> {
-    let (rest, default) = match url.split_once("://") {
-        Some(("http", rest)) => (rest, 80),
-        Some(("https", rest)) => (rest, 443),
-        _ => return None,
-    };
-    let authority = rest.split('/').next()?;
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().ok()?),
-        None => (authority, default),
-    };
-    is_host(host).then(|| (host.to_ascii_lowercase(), port))
 }
 
 #[cfg(test)]
@@ -180,7 +156,5 @@ mod tests {
         assert_eq!(check(&s3), Ok(()));
         assert_eq!(check(&ConnectorSpec { endpoint: Some("ftp://x".into()), ..s3.clone() }).unwrap_err().0, "spec.endpoint");
         assert_eq!(check(&ConnectorSpec { port: Some(1), ..s3 }).unwrap_err().0, "spec.port");
-        assert_eq!(endpoint_host_port("https://S3.example.com/bucket"), Some(("s3.example.com".into(), 443)));
-        assert_eq!(endpoint_host_port("http://127.0.0.1:9000"), Some(("127.0.0.1".into(), 9000)));
     }
 }
