@@ -119,7 +119,7 @@ impl From<ExecError> for ApiError {
             }
             ExecError::ThreadBusy(_) => Self::new(StatusCode::CONFLICT, "thread_busy", message),
             ExecError::ThreadNotFound(_) => Self::not_found(message),
-            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodesBusy | ExecError::NodeRefused(_) | ExecError::ThreadStore => {
+            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodesBusy | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore => {
                 Self::unavailable(message)
             }
             // A pull takes seconds: retrying at once would only add load.

@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 use crate::exec::{Delivery, ExecError, Exit, Lost, Run, RunEvent};
+use crate::ndjson;
+use crate::records::Recorder;
 use crate::request::{self, ExecuteRequest};
 use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
 use crate::state::AppState;
@@ -20,7 +22,6 @@ use crate::state::AppState;
 /// Largest request body. Code is at most 1 MiB, but JSON escaping can double
 /// it; env_vars add up to 64 KiB.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
-const NDJSON: &str = "application/x-ndjson";
 
 /// Run code in a fresh sandbox.
 ///
@@ -31,7 +32,10 @@ const NDJSON: &str = "application/x-ndjson";
     path = "/v1/sandbox/execute",
     tag = "execute",
     request_body(content = crate::openapi::ExecuteRequestDoc, content_type = "application/json"),
-    params(("Accept" = Option<String>, Header, description = "application/x-ndjson to stream events")),
+    params(
+        ("Accept" = Option<String>, Header, description = "application/x-ndjson to stream events"),
+        ("Prefer" = Option<String>, Header, description = "respond-async: answer 202 at once; the execution runs on and is read with /v1/executions/{trace_id}"),
+    ),
     responses(
         (status = 200, description = "The execution ran (whatever its exit code); NDJSON lines when streaming",
             content((ExecuteResult = "application/json"), (StreamEvent = "application/x-ndjson"))),
@@ -43,22 +47,30 @@ const NDJSON: &str = "application/x-ndjson";
         (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
         (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
         (status = 429, description = "The key is at its concurrency limit; see Retry-After", body = crate::error::ErrorBody),
-        (status = 501, description = "Asynchronous execution (Prefer: respond-async) is not offered yet", body = crate::error::ErrorBody),
+        (status = 202, description = "With Prefer: respond-async: accepted and running; poll GET /v1/executions/{trace_id} (Location)", body = Accepted),
+        (status = 501, description = "webhook_url: webhook delivery is not offered yet", body = crate::error::ErrorBody),
         (status = 502, description = "The node died mid-execution; the code may have partly run", body = crate::error::ErrorBody),
         (status = 503, description = "No node can run it now; nothing ran, safe to retry", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let delivery = if wants_stream(&headers) { Delivery::Streamed } else { Delivery::Collected };
+    let delivery = if prefers_async(&headers) {
+        Delivery::Async
+    } else if wants_stream(&headers) {
+        Delivery::Streamed
+    } else {
+        Delivery::Collected
+    };
     let run = match admit_and_start(&st, &headers, body, delivery).await {
         Ok(run) => run,
         Err(e) => return e.into_response(),
     };
     let trace = HeaderValue::from_str(&run.id).ok();
     let mut resp = match delivery {
-        Delivery::Streamed => streamed(run, &st.settings),
+        Delivery::Streamed => streamed(run, &st),
         Delivery::Collected => collected(run).await,
+        Delivery::Async => accepted(run, &st),
     };
     if let Some(t) = trace {
         resp.headers_mut().insert("x-trace-id", t);
@@ -66,33 +78,42 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     resp
 }
 
-/// Everything before the program runs: the key, the body, the service.
+/// Everything before the program runs: the key, the body, the service. An
+/// async execution starts only once its record is committed (its 202
+/// promises that the status can be read).
 async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<Run, ApiError> {
     let key = st.keys().authenticate(headers)?;
-    let req = read_request(st, headers, body).await?;
-    let admitted = st.service.admit(&key, req, delivery).await?;
+    let req = read_request(st, headers, body, delivery).await?;
+    let mut admitted = st.service.admit(&key, req, delivery).await?;
+    if delivery == Delivery::Async && !(&mut admitted.recorded).await.unwrap_or(false) {
+        return Err(ExecError::RecordStore.into());
+    }
     Ok(st.service.start(admitted).await?)
 }
 
 /// The body as a request; options this server does not offer are refused.
-async fn read_request(st: &AppState, headers: &HeaderMap, body: Body) -> Result<ExecuteRequest, ApiError> {
+async fn read_request(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<ExecuteRequest, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::unsupported_media_type());
     }
     let bytes = read_body(headers, body, st.settings.body_timeout).await?;
     let req = request::parse(&bytes)?;
-    let asynchronous = headers.get_all("prefer").iter().any(|v| v.to_str().is_ok_and(|s| s.contains("respond-async")));
-    if asynchronous {
-        return Err(ExecError::NotImplemented("asynchronous execution (Prefer: respond-async, webhooks) is not offered by this server yet; call without it").into());
+    if req.webhook_url.is_some() && delivery != Delivery::Async {
+        return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
     }
     if req.webhook_url.is_some() {
-        return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
+        return Err(ExecError::NotImplemented("webhook delivery is not offered by this server yet; poll GET /v1/executions/{trace_id} instead").into());
     }
     Ok(req)
 }
 
+/// `Prefer: respond-async` (RFC 7240), among other preferences.
+fn prefers_async(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+}
+
 fn wants_stream(headers: &HeaderMap) -> bool {
-    headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|s| s.contains(NDJSON)))
+    headers.get_all(header::ACCEPT).iter().any(|v| v.to_str().is_ok_and(|s| s.contains(ndjson::NDJSON)))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -133,76 +154,42 @@ async fn collected(mut run: Run) -> Response {
     match end {
         Ok(x) => {
             let result = ExecuteResult::new(&run.id, &x, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
-            run.finish(Outcome::of(&x), Some(x.exit_code));
+            run.finish(Outcome::of(&x), &result);
             (StatusCode::OK, axum::Json(result)).into_response()
         }
         Err(Lost) => run.lost().into_response(),
     }
 }
 
-fn line(ev: &StreamEvent) -> bytes::Bytes {
-    let mut v = serde_json::to_vec(ev).unwrap_or_default();
-    v.push(b'\n');
-    v.into()
-}
-
-/// Lines buffered between the relay task and the HTTP body.
-const STREAM_LINES: usize = 16;
-
 /// NDJSON response. The agent stream is relayed by a task of its own into a
 /// small channel the body drains, so a client that stops reading cannot
 /// hold the execution: after `stall` without taking a line, or as soon as
 /// it disconnects, the task ends, which drops the agent stream (the agent
 /// kills the sandbox) and releases the key slot, thread and node lease.
-fn streamed(run: Run, settings: &crate::state::Settings) -> Response {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(STREAM_LINES);
-    tokio::spawn(relay(run, tx, settings.keepalive, settings.stream_stall));
-    let body = async_stream::stream! {
-        while let Some(line) = rx.recv().await {
-            yield Ok::<_, std::convert::Infallible>(line);
-        }
-    };
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, NDJSON)
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|_| ApiError::unavailable("could not start the stream").into_response())
+/// Every line but keepalives is also recorded, for `…/output` to resume.
+fn streamed(run: Run, st: &AppState) -> Response {
+    let (tx, resp) = ndjson::response();
+    let rec = st.service.records.clone();
+    tokio::spawn(relay(run, tx, rec, st.settings.keepalive, st.settings.stream_stall));
+    resp
 }
 
-/// Hands one line to the body; false when the client left or took nothing
-/// for `stall`.
-async fn deliver(tx: &tokio::sync::mpsc::Sender<bytes::Bytes>, ev: &StreamEvent, stall: Duration) -> bool {
-    matches!(tokio::time::timeout(stall, tx.send(line(ev))).await, Ok(Ok(())))
-}
-
-async fn relay(mut run: Run, tx: tokio::sync::mpsc::Sender<bytes::Bytes>, keepalive: Duration, stall: Duration) {
+async fn relay(mut run: Run, tx: ndjson::Tx, rec: Recorder, keepalive: Duration, stall: Duration) {
     let mut lines = Lines::new(run.id.clone());
     loop {
         let ev = tokio::select! {
             ev = run.next() => ev,
             _ = tokio::time::sleep(keepalive) => {
-                if !deliver(&tx, &lines.keepalive(), stall).await { break; }
+                if !ndjson::deliver(&tx, &lines.keepalive(), stall).await { break; }
                 continue;
             }
             // The client left: dropping the agent stream kills the sandbox.
             _ = tx.closed() => break,
         };
-        let (out, done) = match ev {
-            Ok(RunEvent::Exited(x)) => {
-                let outcome = Outcome::of(&x);
-                run.finish(outcome, Some(x.exit_code));
-                (lines.exited(&x, outcome), true)
-            }
-            Ok(ev) => (lines.event(ev), false),
-            Err(Lost) => {
-                // Headers are sent: the failure goes in the last line.
-                let e = ApiError::from(run.lost());
-                (vec![lines.lost(e.body.error)], true)
-            }
-        };
+        let (out, done) = step(&mut run, &mut lines, ev);
+        ndjson::record(&rec, &run.id, &out);
         for ev in &out {
-            if !deliver(&tx, ev, stall).await {
+            if !ndjson::deliver(&tx, ev, stall).await {
                 if !done {
                     tracing::warn!(execution_id = %run.id, "the client stopped reading the stream; the execution is cancelled");
                 }
@@ -211,6 +198,57 @@ async fn relay(mut run: Run, tx: tokio::sync::mpsc::Sender<bytes::Bytes>, keepal
         }
         if done {
             return;
+        }
+    }
+}
+
+/// 202: the execution runs on in a task of the gateway, its lines recorded
+/// (the gateway's shutdown waits for it).
+fn accepted(run: Run, st: &AppState) -> Response {
+    let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
+    let location = format!("/v1/executions/{}", run.id);
+    st.tasks.spawn(drive(run, st.service.records.clone()));
+    (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+}
+
+/// The 202 body of an asynchronous execution.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Accepted {
+    /// Execution id: poll `GET /v1/executions/{trace_id}`.
+    pub trace_id: String,
+    /// `running`.
+    pub status: String,
+}
+
+async fn drive(mut run: Run, rec: Recorder) {
+    let mut lines = Lines::new(run.id.clone());
+    loop {
+        let ev = run.next().await;
+        let (out, done) = step(&mut run, &mut lines, ev);
+        ndjson::record(&rec, &run.id, &out);
+        if done {
+            return;
+        }
+    }
+}
+
+/// One agent event as stream lines, and whether it was the last; the end
+/// is recorded on the run.
+fn step(run: &mut Run, lines: &mut Lines, ev: Result<RunEvent, Lost>) -> (Vec<StreamEvent>, bool) {
+    match ev {
+        Ok(RunEvent::Exited(x)) => {
+            let outcome = Outcome::of(&x);
+            let out = lines.exited(&x, outcome);
+            if let Some(StreamEvent::Result { result, .. }) = out.last() {
+                run.finish(outcome, result);
+            }
+            (out, true)
+        }
+        Ok(ev) => (lines.event(ev), false),
+        Err(Lost) => {
+            // Headers are sent: the failure goes in the last line.
+            let e = ApiError::from(run.lost());
+            (vec![lines.lost(e.body.error)], true)
         }
     }
 }

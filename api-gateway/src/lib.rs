@@ -15,6 +15,9 @@ pub mod error;
 pub mod exec;
 pub mod execute;
 mod json;
+pub mod ndjson;
+pub mod records;
+pub mod executions;
 pub mod local_config;
 pub mod metrics;
 pub mod nodes;
@@ -122,6 +125,24 @@ pub struct Args {
     /// Longest wait for in-flight requests at shutdown, seconds.
     #[arg(long, default_value_t = 3600)]
     pub shutdown_timeout_secs: u64,
+    /// The execution record database: `sqlite:///path/records.db` (one
+    /// machine; created when missing) or `postgres://user@host/db` (every
+    /// replica shares it). The schema is migrated at start.
+    #[arg(long, env = "WARREN_RECORDS", default_value = "sqlite:///var/lib/warren/gateway/records.db", hide_env_values = true)]
+    pub records: String,
+    /// How long execution records are kept after they end, hours.
+    #[arg(long, default_value_t = 24 * 30, value_parser = clap::value_parser!(u64).range(1..=24 * 3650))]
+    pub record_retention_hours: u64,
+    /// How long their stdout, stderr and stream lines are kept, hours.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 3650))]
+    pub output_retention_hours: u64,
+    /// Most bytes of stdout (and of stderr) one record keeps.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(0..=64 << 20))]
+    pub record_output_max_bytes: u64,
+    /// A gateway whose heartbeat is older than this is gone: the executions
+    /// it was running end as `failed` / `gateway_lost`, seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub record_lease_secs: u64,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -164,6 +185,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (rx, reload) = reload;
 
+    let owner = warren_core::ids::random_id("gw_", 20, &mut |b: &mut [u8]| rand::fill(b));
+    let store = open_records(&args.records).await?;
+    store.heartbeat(&owner, records::now_ms()).await.context("writing this gateway's heartbeat to the record database")?;
+    let retention = records::Retention {
+        records: Duration::from_secs(args.record_retention_hours * 3600),
+        output: Duration::from_secs(args.output_retention_hours * 3600),
+        lease: Duration::from_secs(args.record_lease_secs),
+    };
+    let sweep = tokio::spawn(records::sweep_loop(store.clone(), owner.clone(), retention));
+    let recorder = records::Recorder::start(store, &owner, args.record_output_max_bytes as usize);
+    let tasks = tokio_util::task::TaskTracker::new();
     let state = state::AppState {
         keys: rx,
         service: exec::ExecutionService {
@@ -172,21 +204,35 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             budget: budget::OutputBudget::new(args.output_budget_mib << 20),
             metrics: Default::default(),
             queue_wait: Duration::from_millis(args.queue_wait_ms),
+            records: recorder.clone(),
         },
         settings: state::Settings {
             keepalive: Duration::from_millis(args.keepalive_ms),
             stream_stall: Duration::from_millis(args.stream_stall_ms),
             body_timeout: Duration::from_millis(args.body_timeout_ms),
+            record_lease: retention.lease,
         },
+        tasks: tasks.clone(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-    info!(addr = %listener.local_addr()?, agents = args.agents.len(), "gateway listening");
+    info!(addr = %listener.local_addr()?, agents = args.agents.len(), instance = %owner, "gateway listening");
     let limits = serve::HttpLimits { max_connections: args.max_connections as usize, header_timeout: Duration::from_millis(args.header_timeout_ms) };
     let stop = async {
         shutdown_signal().await;
         info!("shutting down: draining in-flight requests");
     };
-    serve::serve(listener, router::app(state), limits, stop, Duration::from_secs(args.shutdown_timeout_secs)).await;
+    let drain = Duration::from_secs(args.shutdown_timeout_secs);
+    serve::serve(listener, router::app(state), limits, stop, drain).await;
+    // Asynchronous executions have no connection to drain: wait for them too.
+    tasks.close();
+    if !tasks.is_empty() {
+        info!(executions = tasks.len(), "waiting for asynchronous executions");
+    }
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        tracing::warn!("asynchronous executions did not finish in time; they end as gateway_lost");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), recorder.flush()).await;
+    sweep.abort();
     health.abort();
     reload.abort();
     if let Some(d) = discovery {
@@ -194,6 +240,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("gateway stopped");
     Ok(())
+}
+
+/// Opens the record database, waiting up to a minute for it to accept
+/// connections (a database started alongside the gateway may be slower).
+async fn open_records(url: &str) -> anyhow::Result<records::Store> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match records::Store::open(url).await {
+            Ok(s) => return Ok(s),
+            Err(e @ records::StoreError::Scheme) => return Err(e.into()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(anyhow::Error::new(e).context("opening the execution record database (--records)")),
+            Err(e) => {
+                tracing::warn!(error = %e, "the execution record database is not available yet; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

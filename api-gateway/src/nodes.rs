@@ -154,6 +154,11 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).cloned().collect()
     }
 
+    /// The agent named `name` (as an execution record names its node).
+    pub fn named(&self, name: &str) -> Option<Arc<Node>> {
+        self.snapshot().iter().find(|n| n.name() == name).cloned()
+    }
+
 
     /// Checks every agent once.
     pub async fn check_all(&self) {

@@ -148,6 +148,11 @@ fn shown(key: &str) -> String {
     env::printable(key)
 }
 
+/// A metadata key: `^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`, 1–40 characters.
+pub fn is_metadata_key(k: &str) -> bool {
+    !k.is_empty() && k.len() <= MAX_METADATA_KEY && k.as_bytes()[0].is_ascii_alphanumeric() && k.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
 fn metadata(obj: &mut Map<String, Value>) -> Result<BTreeMap<String, String>, ApiError> {
     let Some(m) = object(obj, "metadata")? else { return Ok(BTreeMap::new()) };
     if m.len() > MAX_METADATA_KEYS {
@@ -156,11 +161,7 @@ fn metadata(obj: &mut Map<String, Value>) -> Result<BTreeMap<String, String>, Ap
     let mut out = BTreeMap::new();
     for (k, v) in m {
         let field = format!("metadata.{}", shown(&k));
-        let key_ok = !k.is_empty()
-            && k.len() <= MAX_METADATA_KEY
-            && k.as_bytes()[0].is_ascii_alphanumeric()
-            && k.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
-        if !key_ok {
+        if !is_metadata_key(&k) {
             return Err(ApiError::invalid(field, "keys must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ and be 1–40 characters"));
         }
         let Value::String(v) = v else {

@@ -18,6 +18,7 @@ fn key() -> EffectiveKey {
         max_timeout_seconds: 30,
         max_concurrency: 2,
         max_threads: 1000,
+        audit_namespace: false,
         storage: Vec::new(),
         image: "host".into(),
         image_digest: None,

@@ -126,8 +126,18 @@ impl Outcome {
         }
     }
 
+    /// The execution record's status: one of the terminal values the
+    /// Baponi SDK knows; an infrastructure failure is `failed` (its
+    /// [`Outcome::error_code`] says which).
+    pub fn status(self) -> &'static str {
+        match self {
+            Outcome::Success | Outcome::Failed | Outcome::Timeout | Outcome::Oom | Outcome::Seccomp | Outcome::Cancelled | Outcome::Blocked => self.as_str(),
+            Outcome::SandboxError | Outcome::NodeLost | Outcome::ThreadError(_) | Outcome::StorageError(_) | Outcome::CredentialError => "failed",
+        }
+    }
+
     /// The result's `error` value (the SDK's documented codes).
-    fn error_code(self) -> Option<&'static str> {
+    pub fn error_code(self) -> Option<&'static str> {
         match self {
             Outcome::Timeout => Some("timeout"),
             Outcome::Oom => Some("memory_limit_exceeded"),
@@ -138,7 +148,8 @@ impl Outcome {
             Outcome::StorageError(StorageFailure::Sync) => Some("storage_sync_error"),
             Outcome::Blocked => Some("blocked"),
             Outcome::CredentialError => Some("credential_mount_error"),
-            _ => None,
+            Outcome::NodeLost => Some("node_lost"),
+            Outcome::Success | Outcome::Failed | Outcome::Cancelled => None,
         }
     }
 }
@@ -266,6 +277,15 @@ pub enum StreamEvent {
         /// Sequence number.
         seq: u64,
     },
+}
+
+impl StreamEvent {
+    /// Its sequence number.
+    pub fn seq(&self) -> u64 {
+        match self {
+            StreamEvent::Status { seq, .. } | StreamEvent::Output { seq, .. } | StreamEvent::Keepalive { seq } | StreamEvent::Result { seq, .. } => *seq,
+        }
+    }
 }
 
 /// Turns a byte stream into text without splitting characters across chunks.

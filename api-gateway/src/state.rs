@@ -18,6 +18,8 @@ pub struct Settings {
     pub stream_stall: Duration,
     /// Longest wait for a request body.
     pub body_timeout: Duration,
+    /// A gateway silent this long is gone (its running executions end as `gateway_lost`).
+    pub record_lease: Duration,
 }
 
 /// Everything a handler needs; cheap to clone.
@@ -29,6 +31,8 @@ pub struct AppState {
     pub service: ExecutionService,
     /// Tunables.
     pub settings: Settings,
+    /// Asynchronous executions running in this gateway (shutdown waits for them).
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl AppState {

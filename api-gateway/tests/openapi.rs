@@ -19,5 +19,19 @@ fn every_documented_path_is_served_and_every_route_is_documented() {
     let (_, doc) = warren_api_gateway::router::build();
     let mut paths: Vec<&str> = doc.paths.paths.keys().map(String::as_str).collect();
     paths.sort();
-    assert_eq!(paths, ["/healthz", "/metrics", "/openapi.json", "/readyz", "/v1/sandbox/execute", "/v1/threads/{thread_id}"]);
+    assert_eq!(
+        paths,
+        [
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/readyz",
+            "/v1/executions",
+            "/v1/executions/{trace_id}",
+            "/v1/executions/{trace_id}/cancel",
+            "/v1/executions/{trace_id}/output",
+            "/v1/sandbox/execute",
+            "/v1/threads/{thread_id}"
+        ]
+    );
 }

@@ -56,6 +56,9 @@ pub enum ExecError {
     /// The node could not pull the sandbox's image (registry or image refused); nothing ran.
     #[error("the sandbox image is unavailable on the node: {0}")]
     ImageUnavailable(String),
+    /// The execution record could not be written (an async execution needs it); nothing ran.
+    #[error("the execution record store is unavailable; nothing ran, retry shortly")]
+    RecordStore,
     /// A documented option this server does not offer yet.
     #[error("{0}")]
     NotImplemented(&'static str),

@@ -36,6 +36,8 @@ pub struct ExecutionService {
     pub metrics: Arc<Metrics>,
     /// How long a request waits for a node slot or output budget.
     pub queue_wait: Duration,
+    /// The execution records.
+    pub records: crate::records::Recorder,
 }
 
 /// An admitted execution, not sent yet.
@@ -44,6 +46,8 @@ pub struct Admitted {
     /// The resolved execution.
     pub spec: ExecutionSpec,
     held: Held,
+    /// Resolves to true once its record is committed.
+    pub recorded: tokio::sync::oneshot::Receiver<bool>,
 }
 
 /// Everything one execution holds; dropping it releases the key slot, the
@@ -94,15 +98,29 @@ impl ExecutionService {
         let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
         let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.image.warm_key(), self.queue_wait).await?;
         let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node).await?;
-        let mut audit = Audit::start(&spec.id, key, spec.language.as_str(), req.thread_id.as_deref(), &req.metadata, self.metrics.clone());
-        audit.node(lease.node.name());
+        let record = crate::records::NewRecord {
+            trace_id: spec.id.clone(),
+            namespace: key.namespace.clone(),
+            key_name: key.name.clone(),
+            sandbox: key.sandbox.clone(),
+            language: spec.language.as_str(),
+            thread_id: req.thread_id.take(),
+            metadata: std::mem::take(&mut req.metadata),
+            mode: delivery.mode(),
+            node: lease.node.name(),
+            owner: self.records.owner.to_string(),
+            timeout_secs: spec.timeout.as_secs() as u32,
+            webhook_url: req.webhook_url.take(),
+            created_ms: crate::records::now_ms(),
+        };
+        let (audit, recorded) = Audit::start(record, &self.records, self.metrics.clone());
         let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, slot, _output: output };
-        Ok(Admitted { spec, held })
+        Ok(Admitted { spec, held, recorded })
     }
 
     /// Sends the execution to its node; an error means nothing ran.
     pub async fn start(&self, a: Admitted) -> Result<Run, ExecError> {
-        let Admitted { spec, mut held } = a;
+        let Admitted { spec, mut held, .. } = a;
         let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
         // The code moves into the wire request (up to 1 MiB not copied).
         let mut wire = pb::ExecuteRequest::from(spec);
@@ -202,10 +220,10 @@ impl Run {
         }
     }
 
-    /// Records how it ended.
-    pub fn finish(&mut self, outcome: Outcome, exit_code: Option<i32>) {
+    /// Records how it ended, with its result.
+    pub fn finish(&mut self, outcome: Outcome, result: &crate::result::ExecuteResult) {
         if let Some(live) = self.live.as_mut() {
-            live.held.audit.finish(outcome, exit_code);
+            live.held.audit.result(outcome, result);
         }
     }
 

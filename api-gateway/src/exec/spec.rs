@@ -65,6 +65,19 @@ pub enum Delivery {
     Collected,
     /// NDJSON events as they happen.
     Streamed,
+    /// 202 now; the events are recorded for status, output and webhook.
+    Async,
+}
+
+impl Delivery {
+    /// The record's delivery mode.
+    pub fn mode(self) -> crate::records::Mode {
+        match self {
+            Delivery::Collected => crate::records::Mode::Inline,
+            Delivery::Streamed => crate::records::Mode::Stream,
+            Delivery::Async => crate::records::Mode::Async,
+        }
+    }
 }
 
 /// One execution, fully resolved.

@@ -5,6 +5,7 @@
 
 mod fake;
 mod errors;
+mod executions;
 mod execute;
 mod images;
 mod stream;
@@ -17,7 +18,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use warren_api_gateway::{auth::KeyStore, budget::OutputBudget, exec::ExecutionService, nodes::Nodes, router, state};
+use warren_api_gateway::{auth::KeyStore, budget::OutputBudget, exec::ExecutionService, nodes::Nodes, records, router, state};
 use warren_api_gateway::exec::keyslot::counted_as;
 use warren_proto::client::AgentAddress;
 
@@ -71,7 +72,7 @@ spec: {sandboxRef: {name: sb}, secretRef: {name: off}, disabled: true}
 apiVersion: warren.dev/v1alpha1
 kind: ApiKey
 metadata: {name: big}
-spec: {sandboxRef: {name: big}, secretRef: {name: big}}
+spec: {sandboxRef: {name: big}, secretRef: {name: big}, auditScope: Namespace}
 ---
 apiVersion: warren.dev/v1alpha1
 kind: Sandbox
@@ -98,6 +99,8 @@ pub struct Gateway {
     /// Further nodes, when the gateway has more than one.
     pub others: Vec<FakeAgent>,
     pub state: state::AppState,
+    /// Holds the record database.
+    pub _records: tempfile::TempDir,
 }
 
 /// A gateway whose single node is `agent`.
@@ -116,6 +119,9 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
         agents.iter().enumerate().map(|(i, a)| (AgentAddress::Unix(format!("/fake/agent-{i}.sock").into()), Arc::new(a.clone()) as _)).collect(),
     );
     nodes.check_all().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = records::Store::open(&format!("sqlite://{}/records.db", dir.path().display())).await.unwrap();
+    store.heartbeat("gw_test", records::now_ms()).await.unwrap();
     let state = state::AppState {
         keys,
         service: ExecutionService {
@@ -124,15 +130,18 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             budget: OutputBudget::new(64 << 20),
             metrics: Default::default(),
             queue_wait: Duration::from_millis(50),
+            records: records::Recorder::start(store, "gw_test", 1 << 20),
         },
         settings: state::Settings {
             keepalive: Duration::from_secs(3600),
             stream_stall: Duration::from_secs(3600),
             body_timeout: Duration::from_secs(5),
+            record_lease: Duration::from_secs(30),
         },
+        tasks: Default::default(),
     };
     let agent = agents.remove(0);
-    Gateway { app: router::app(state.clone()), agent, others: agents, state }
+    Gateway { app: router::app(state.clone()), agent, others: agents, state, _records: dir }
 }
 
 /// A gateway with one healthy fake node of capacity 8.
@@ -177,6 +186,16 @@ impl Gateway {
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("body").to_bytes().to_vec();
         Answer { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// `GET path` with `key`.
+    pub async fn get(&self, key: &str, path: &str) -> Answer {
+        self.send(Request::get(path).header("authorization", format!("Bearer {key}")).body(Body::empty()).unwrap()).await
+    }
+
+    /// `POST path` with `key` and no body.
+    pub async fn post(&self, key: &str, path: &str) -> Answer {
+        self.send(Request::post(path).header("authorization", format!("Bearer {key}")).body(Body::empty()).unwrap()).await
     }
 
     /// `POST /v1/sandbox/execute` with `key` and a JSON body.

@@ -12,9 +12,11 @@ fn streaming(key: &str, code: &str) -> axum::http::Request<axum::body::Body> {
     req
 }
 
-#[tokio::test(start_paused = true)]
+// Time is paused once the gateway (and its record database) is open.
+#[tokio::test]
 async fn a_client_that_stops_reading_loses_its_execution_and_the_slot_is_freed() {
     let g = gateway().await.with_settings(|s| s.stream_stall = Duration::from_secs(2));
+    tokio::time::pause();
     // Headers are answered; the body is never read.
     let resp = g.app.clone().oneshot(streaming(SOLO, "flood")).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -24,9 +26,10 @@ async fn a_client_that_stops_reading_loses_its_execution_and_the_slot_is_freed()
     assert_eq!(g.execute(SOLO, serde_json::json!({"code": "x"})).await.status, StatusCode::OK);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn silence_gets_keepalive_lines_and_the_result_still_arrives() {
     let g = gateway().await.with_settings(|s| s.keepalive = Duration::from_secs(10));
+    tokio::time::pause();
     let lines = g.send(streaming(GOOD, "silent")).await.lines();
     let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["status", "keepalive", "keepalive", "result"], "25 s of silence, a keepalive every 10 s");

@@ -22,6 +22,17 @@ pub struct StorageNarrowing {
     pub mode: Option<MountMode>,
 }
 
+/// Which execution records an ApiKey may list (`GET /v1/executions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum AuditScope {
+    /// Its own executions only.
+    #[default]
+    Own,
+    /// Those of every ApiKey in its namespace (an auditor's key; it still
+    /// runs, reads and cancels only its own).
+    Namespace,
+}
+
 /// Binds an API key to a Sandbox. It may only narrow the Sandbox (lower
 /// timeout, stricter network, a concurrency limit, env overrides). The key
 /// itself lives in a Secret, so manifests in Git hold no secrets.
@@ -81,6 +92,10 @@ pub struct ApiKeySpec {
     #[serde(default)]
     #[schemars(length(max = 50))]
     pub env: Vec<EnvVar>,
+    /// Whose execution records the key may list: `Own` (default) or
+    /// `Namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_scope: Option<AuditScope>,
 }
 
 /// Observed state of an ApiKey.

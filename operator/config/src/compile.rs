@@ -504,6 +504,7 @@ pub fn effective_key(
         max_timeout_seconds,
         max_concurrency,
         max_threads,
+        audit_namespace: k.audit_scope == Some(warren_api::apikey::AuditScope::Namespace),
         image: sb.image.clone(),
         image_digest: sb.image_digest.clone(),
         image_pull: sb.image_pull.clone(),

@@ -28,6 +28,9 @@ pub struct EffectiveKey {
     pub max_timeout_seconds: u32,
     /// Most executions at once.
     pub max_concurrency: u32,
+    /// May list the execution records of every key in its namespace.
+    #[serde(default)]
+    pub audit_namespace: bool,
     /// Most live threads; 0 (published by an operator older than the
     /// field) means no limit.
     #[serde(default)]

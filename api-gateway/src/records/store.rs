@@ -1,0 +1,394 @@
+//! The record database: one schema and one set of statements for SQLite
+//! (embedded, zero setup) and PostgreSQL (shared by every replica), through
+//! sqlx's `Any` driver. Only types both speak: TEXT and BIGINT (booleans
+//! are 0/1), times as Unix milliseconds.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
+use sqlx::query::Query;
+use sqlx::{Any, AnyPool, AssertSqlSafe, Row as _};
+
+use super::model::{Filter, Finished, NewRecord, Row};
+
+/// A failure of the record database (never shown to callers as such).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no supported database.
+    #[error("--records must be a sqlite:// or postgres:// URL")]
+    Scheme,
+    /// The database refused or failed.
+    #[error("record database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Which database the URL named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// The record database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    kind: Kind,
+}
+
+/// The schema, in order; a database at version N runs steps N+1…
+const MIGRATIONS: &[&[&str]] = &[&[
+    "CREATE TABLE IF NOT EXISTS warren_executions (
+        trace_id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        key_name TEXT NOT NULL,
+        sandbox TEXT NOT NULL,
+        language TEXT NOT NULL,
+        thread_id TEXT,
+        metadata TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT,
+        exit_code BIGINT,
+        duration_ms BIGINT NOT NULL DEFAULT 0,
+        cpu_ms BIGINT NOT NULL DEFAULT 0,
+        peak_memory_bytes BIGINT NOT NULL DEFAULT 0,
+        stdout TEXT,
+        stderr TEXT,
+        stdout_truncated BIGINT NOT NULL DEFAULT 0,
+        stderr_truncated BIGINT NOT NULL DEFAULT 0,
+        output_expired BIGINT NOT NULL DEFAULT 0,
+        node TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        timeout_secs BIGINT NOT NULL,
+        cancel_requested BIGINT NOT NULL DEFAULT 0,
+        webhook_url TEXT,
+        webhook_status TEXT,
+        created_ms BIGINT NOT NULL,
+        completed_ms BIGINT
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_executions_by_key ON warren_executions (namespace, key_name, created_ms)",
+    "CREATE INDEX IF NOT EXISTS warren_executions_by_namespace ON warren_executions (namespace, created_ms)",
+    "CREATE INDEX IF NOT EXISTS warren_executions_open ON warren_executions (completed_ms, owner)",
+    "CREATE TABLE IF NOT EXISTS warren_execution_metadata (
+        trace_id TEXT NOT NULL,
+        k TEXT NOT NULL,
+        v TEXT NOT NULL,
+        PRIMARY KEY (trace_id, k)
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_execution_metadata_kv ON warren_execution_metadata (k, v)",
+    "CREATE TABLE IF NOT EXISTS warren_execution_events (
+        trace_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        line TEXT NOT NULL,
+        PRIMARY KEY (trace_id, seq)
+    )",
+    "CREATE TABLE IF NOT EXISTS warren_gateways (
+        id TEXT PRIMARY KEY,
+        heartbeat_ms BIGINT NOT NULL
+    )",
+]];
+
+/// Columns read back into a [`Row`].
+const COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
+    duration_ms, cpu_ms, peak_memory_bytes, stdout, stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
+    timeout_secs, cancel_requested, webhook_url, webhook_status, created_ms, completed_ms";
+
+/// The same columns without the output (list views).
+const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
+    duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
+    timeout_secs, cancel_requested, webhook_url, webhook_status, created_ms, completed_ms";
+
+type Q<'q> = Query<'q, Any, AnyArguments>;
+
+impl Store {
+    /// Connects to `url` (`sqlite:///path/records.db` — created when
+    /// missing — or `postgres://…`) and brings the schema up to date.
+    pub async fn open(url: &str) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (kind, url) = if let Some(path) = url.strip_prefix("sqlite://") {
+            let file = path.split('?').next().unwrap_or_default();
+            if let Some(dir) = std::path::Path::new(file).parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let create = if url.contains("mode=") { String::new() } else if url.contains('?') { "&mode=rwc".into() } else { "?mode=rwc".into() };
+            (Kind::Sqlite, format!("{url}{create}"))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Kind::Postgres, url.to_string())
+        } else {
+            return Err(StoreError::Scheme);
+        };
+        let mut opts = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(5)).max_connections(if kind == Kind::Sqlite { 4 } else { 10 });
+        if kind == Kind::Sqlite {
+            // WAL: readers never wait for the writer; several gateways may share the file.
+            opts = opts.after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000; PRAGMA synchronous=NORMAL").execute(conn).await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = opts.connect(&url).await?;
+        let store = Store { pool, kind };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if self.kind == Kind::Postgres {
+            // Replicas starting together migrate one at a time.
+            sqlx::query("SELECT pg_advisory_xact_lock(7243140471)").execute(&mut *tx).await?;
+        }
+        sqlx::query("CREATE TABLE IF NOT EXISTS warren_schema (version BIGINT NOT NULL)").execute(&mut *tx).await?;
+        let at: Option<i64> = sqlx::query("SELECT MAX(version) AS v FROM warren_schema").fetch_one(&mut *tx).await?.try_get("v")?;
+        let at = at.unwrap_or(0) as usize;
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(at) {
+            for stmt in *step {
+                sqlx::query(*stmt).execute(&mut *tx).await?;
+            }
+            sqlx::query("INSERT INTO warren_schema (version) VALUES ($1)").bind(i as i64 + 1).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Writes a batch of operations in one transaction.
+    pub(super) async fn apply(&self, ops: &[Write]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for op in ops {
+            for q in op.statements() {
+                q.execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// One record.
+    pub async fn get(&self, trace_id: &str) -> Result<Option<Row>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM warren_executions WHERE trace_id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(trace_id.to_string()).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| decode(&r)).transpose()?)
+    }
+
+    /// Stored stream lines after `seq`, in order, at most `limit`.
+    pub async fn lines_after(&self, trace_id: &str, seq: u64, limit: u32) -> Result<Vec<(u64, String)>, StoreError> {
+        let rows = sqlx::query("SELECT seq, line FROM warren_execution_events WHERE trace_id = $1 AND seq > $2 ORDER BY seq LIMIT $3")
+            .bind(trace_id.to_string())
+            .bind(seq as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get::<i64, _>("seq")? as u64, r.try_get("line")?))).collect()
+    }
+
+    /// Marks a running record as asked to cancel; the record as it is now.
+    pub async fn request_cancel(&self, trace_id: &str) -> Result<Option<Row>, StoreError> {
+        sqlx::query("UPDATE warren_executions SET cancel_requested = 1 WHERE trace_id = $1 AND completed_ms IS NULL")
+            .bind(trace_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        self.get(trace_id).await
+    }
+
+    /// Records matching `f`, newest first, without their output.
+    pub async fn query(&self, f: &Filter) -> Result<Vec<Row>, StoreError> {
+        let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM warren_executions e WHERE namespace = $1");
+        let mut binds: Vec<Bind> = vec![Bind::Text(f.namespace.clone())];
+        let clause = |sql: &mut String, binds: &mut Vec<Bind>, text: &str, values: Vec<Bind>| {
+            let mut t = text.to_string();
+            for v in values {
+                binds.push(v);
+                t = t.replacen('?', &format!("${}", binds.len()), 1);
+            }
+            sql.push_str(" AND ");
+            sql.push_str(&t);
+        };
+        if let Some(k) = &f.key_name {
+            clause(&mut sql, &mut binds, "key_name = ?", vec![Bind::Text(k.clone())]);
+        }
+        if let Some(t) = f.since_ms {
+            clause(&mut sql, &mut binds, "created_ms >= ?", vec![Bind::Int(t)]);
+        }
+        if let Some(t) = f.until_ms {
+            clause(&mut sql, &mut binds, "created_ms < ?", vec![Bind::Int(t)]);
+        }
+        if let Some(s) = &f.status {
+            clause(&mut sql, &mut binds, "status = ?", vec![Bind::Text(s.clone())]);
+        }
+        if let Some(t) = &f.thread_id {
+            clause(&mut sql, &mut binds, "thread_id = ?", vec![Bind::Text(t.clone())]);
+        }
+        for (k, v) in &f.metadata {
+            let exists = "EXISTS (SELECT 1 FROM warren_execution_metadata m WHERE m.trace_id = e.trace_id AND m.k = ? AND m.v = ?)";
+            clause(&mut sql, &mut binds, exists, vec![Bind::Text(k.clone()), Bind::Text(v.clone())]);
+        }
+        if let Some((t, id)) = &f.after {
+            let page = "(created_ms < ? OR (created_ms = ? AND trace_id < ?))";
+            clause(&mut sql, &mut binds, page, vec![Bind::Int(*t), Bind::Int(*t), Bind::Text(id.clone())]);
+        }
+        binds.push(Bind::Int(i64::from(f.limit)));
+        sql.push_str(&format!(" ORDER BY created_ms DESC, trace_id DESC LIMIT ${}", binds.len()));
+        // Only constant text and `$n` placeholders: every value is bound.
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            q = match b {
+                Bind::Text(s) => q.bind(s),
+                Bind::Int(i) => q.bind(i),
+            };
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok(decode(r)?)).collect()
+    }
+
+    /// This gateway is alive at `now`.
+    pub async fn heartbeat(&self, owner: &str, now: i64) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO warren_gateways (id, heartbeat_ms) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET heartbeat_ms = excluded.heartbeat_ms")
+            .bind(owner.to_string())
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Ends the records of gateways silent since `stale`: their stream is
+    /// gone, so their node killed the sandbox. Returns how many.
+    pub async fn end_orphans(&self, now: i64, stale: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE warren_executions SET status = CASE WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'failed' END, \
+             error = 'gateway_lost', completed_ms = $1 \
+             WHERE completed_ms IS NULL AND NOT EXISTS (SELECT 1 FROM warren_gateways g WHERE g.id = warren_executions.owner AND g.heartbeat_ms >= $2)",
+        )
+        .bind(now)
+        .bind(stale)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM warren_gateways WHERE heartbeat_ms < $1").bind(stale - 86_400_000).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Drops the output of records ended before `output_before` and whole
+    /// records ended before `record_before`.
+    pub async fn expire(&self, output_before: i64, record_before: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let old = "SELECT trace_id FROM warren_executions WHERE completed_ms < $1 AND output_expired = 0";
+        sqlx::query(AssertSqlSafe(format!("DELETE FROM warren_execution_events WHERE trace_id IN ({old})"))).bind(output_before).execute(&mut *tx).await?;
+        sqlx::query("UPDATE warren_executions SET stdout = NULL, stderr = NULL, output_expired = 1 WHERE completed_ms < $1 AND output_expired = 0")
+            .bind(output_before)
+            .execute(&mut *tx)
+            .await?;
+        let gone = "SELECT trace_id FROM warren_executions WHERE completed_ms < $1";
+        sqlx::query(AssertSqlSafe(format!("DELETE FROM warren_execution_metadata WHERE trace_id IN ({gone})"))).bind(record_before).execute(&mut *tx).await?;
+        sqlx::query(AssertSqlSafe(format!("DELETE FROM warren_execution_events WHERE trace_id IN ({gone})"))).bind(record_before).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM warren_executions WHERE completed_ms < $1").bind(record_before).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+enum Bind {
+    Text(String),
+    Int(i64),
+}
+
+/// One write the recorder batches.
+#[derive(Debug)]
+pub(super) enum Write {
+    Insert(Box<NewRecord>),
+    Finish(String, Box<Finished>),
+    Line(String, u64, String),
+}
+
+impl Write {
+    fn statements(&self) -> Vec<Q<'_>> {
+        match self {
+            Write::Insert(r) => {
+                let metadata = serde_json::to_string(&r.metadata).unwrap_or_else(|_| "{}".into());
+                let mut out = vec![sqlx::query(
+                    "INSERT INTO warren_executions (trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, \
+                     node, owner, timeout_secs, webhook_url, webhook_status, created_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14)",
+                )
+                .bind(r.trace_id.clone())
+                .bind(r.namespace.clone())
+                .bind(r.key_name.clone())
+                .bind(r.sandbox.clone())
+                .bind(r.language.to_string())
+                .bind(r.thread_id.clone())
+                .bind(metadata)
+                .bind(r.mode.as_str().to_string())
+                .bind(r.node.clone())
+                .bind(r.owner.clone())
+                .bind(i64::from(r.timeout_secs))
+                .bind(r.webhook_url.clone())
+                .bind(r.webhook_url.as_ref().map(|_| "pending".to_string()))
+                .bind(r.created_ms)];
+                for (k, v) in &r.metadata {
+                    out.push(
+                        sqlx::query("INSERT INTO warren_execution_metadata (trace_id, k, v) VALUES ($1, $2, $3)").bind(r.trace_id.clone()).bind(k.clone()).bind(v.clone()),
+                    );
+                }
+                out
+            }
+            Write::Finish(id, f) => vec![sqlx::query(
+                "UPDATE warren_executions SET \
+                 status = CASE WHEN cancel_requested = 1 AND $2 <> 'success' THEN 'cancelled' ELSE $3 END, \
+                 error = $4, exit_code = $5, duration_ms = $6, cpu_ms = $7, peak_memory_bytes = $8, stdout = $9, stderr = $10, \
+                 stdout_truncated = $11, stderr_truncated = $12, completed_ms = $13 \
+                 WHERE trace_id = $1 AND completed_ms IS NULL",
+            )
+            .bind(id.clone())
+            .bind(f.status.to_string())
+            .bind(f.status.to_string())
+            .bind(f.error.clone())
+            .bind(f.exit_code.map(i64::from))
+            .bind(f.duration_ms as i64)
+            .bind(f.cpu_ms as i64)
+            .bind(f.peak_memory_bytes as i64)
+            .bind(f.stdout.clone())
+            .bind(f.stderr.clone())
+            .bind(i64::from(f.stdout_truncated))
+            .bind(i64::from(f.stderr_truncated))
+            .bind(f.completed_ms)],
+            Write::Line(id, seq, line) => {
+                vec![sqlx::query("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES ($1, $2, $3)").bind(id.clone()).bind(*seq as i64).bind(line.clone())]
+            }
+        }
+    }
+}
+
+fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
+    let int = |c: &str| r.try_get::<i64, _>(c);
+    let metadata: String = r.try_get("metadata")?;
+    Ok(Row {
+        trace_id: r.try_get("trace_id")?,
+        namespace: r.try_get("namespace")?,
+        key_name: r.try_get("key_name")?,
+        sandbox: r.try_get("sandbox")?,
+        language: r.try_get("language")?,
+        thread_id: r.try_get("thread_id")?,
+        metadata: serde_json::from_str::<BTreeMap<String, String>>(&metadata).unwrap_or_default(),
+        mode: r.try_get("mode")?,
+        status: r.try_get("status")?,
+        error: r.try_get("error")?,
+        exit_code: r.try_get::<Option<i64>, _>("exit_code")?.map(|c| c as i32),
+        duration_ms: int("duration_ms")? as u64,
+        cpu_ms: int("cpu_ms")? as u64,
+        peak_memory_bytes: int("peak_memory_bytes")? as u64,
+        stdout: r.try_get("stdout")?,
+        stderr: r.try_get("stderr")?,
+        stdout_truncated: int("stdout_truncated")? != 0,
+        stderr_truncated: int("stderr_truncated")? != 0,
+        output_expired: int("output_expired")? != 0,
+        node: r.try_get("node")?,
+        owner: r.try_get("owner")?,
+        timeout_secs: int("timeout_secs")? as u32,
+        cancel_requested: int("cancel_requested")? != 0,
+        webhook_url: r.try_get("webhook_url")?,
+        webhook_status: r.try_get("webhook_status")?,
+        created_ms: int("created_ms")?,
+        completed_ms: r.try_get("completed_ms")?,
+    })
+}

@@ -1,0 +1,140 @@
+//! The recorder: writes leave the request path through a bounded channel to
+//! one task that commits them in batches, so an execution never waits for
+//! the database (an async submit waits for its own insert, which its 202
+//! promises).
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::model::{Finished, NewRecord};
+use super::store::{Store, Write};
+
+/// Queued writes before senders wait (each is small; output is capped).
+const QUEUE: usize = 8192;
+/// Most writes committed in one transaction.
+const BATCH: usize = 512;
+
+enum Op {
+    Write(Write, Option<oneshot::Sender<bool>>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Handle to the recording task; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<Op>,
+    store: Store,
+    /// This gateway instance's id (`gw_…`): the owner of what it runs.
+    pub owner: std::sync::Arc<str>,
+    /// Most bytes of stdout (and of stderr) a record keeps.
+    pub output_max: usize,
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Write(..) => "Write",
+            Op::Flush(_) => "Flush",
+        })
+    }
+}
+
+impl Recorder {
+    /// Starts the recording task for `store`, as gateway `owner`.
+    pub fn start(store: Store, owner: &str, output_max: usize) -> Recorder {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(run(store.clone(), rx));
+        Recorder { tx, store, owner: owner.into(), output_max }
+    }
+
+    /// The database, for reads.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Queues a new record; the receiver says whether it was committed.
+    pub fn insert(&self, r: NewRecord) -> oneshot::Receiver<bool> {
+        let (ack, done) = oneshot::channel();
+        self.send(Op::Write(Write::Insert(Box::new(r)), Some(ack)));
+        done
+    }
+
+    /// Queues the end of a record.
+    pub fn finish(&self, trace_id: &str, f: Finished) {
+        self.send(Op::Write(Write::Finish(trace_id.to_string(), Box::new(f)), None));
+    }
+
+    /// Queues one stream line (`seq` increasing per record).
+    pub fn line(&self, trace_id: &str, seq: u64, line: String) {
+        self.send(Op::Write(Write::Line(trace_id.to_string(), seq, line), None));
+    }
+
+    /// Resolves once everything queued before it is committed (or failed).
+    pub async fn flush(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(Op::Flush(ack)).await.is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    /// Never blocks the caller: a full queue hands the write to a task that waits.
+    fn send(&self, op: Op) {
+        if let Err(mpsc::error::TrySendError::Full(op)) = self.tx.try_send(op) {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(op).await;
+            });
+        }
+    }
+}
+
+async fn run(store: Store, mut rx: mpsc::Receiver<Op>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    while rx.recv_many(&mut batch, BATCH).await > 0 {
+        let mut writes = Vec::with_capacity(batch.len());
+        let mut acks = Vec::with_capacity(batch.len());
+        let mut flushes = Vec::new();
+        for op in batch.drain(..) {
+            match op {
+                Op::Write(w, ack) => {
+                    writes.push(w);
+                    acks.push(ack);
+                }
+                Op::Flush(f) => flushes.push(f),
+            }
+        }
+        let done = commit(&store, &writes).await;
+        for (ack, ok) in acks.into_iter().zip(done) {
+            if let Some(a) = ack {
+                let _ = a.send(ok);
+            }
+        }
+        for f in flushes {
+            let _ = f.send(());
+        }
+    }
+}
+
+/// Commits `writes` together; when the batch fails, each alone (one bad
+/// write must not lose the others), retrying a failing database once.
+/// Whether each was committed.
+async fn commit(store: &Store, writes: &[Write]) -> Vec<bool> {
+    if writes.is_empty() || store.apply(writes).await.is_ok() {
+        return vec![true; writes.len()];
+    }
+    let mut done = Vec::with_capacity(writes.len());
+    for w in writes {
+        let one = std::slice::from_ref(w);
+        let mut ok = store.apply(one).await.is_ok();
+        if !ok {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match store.apply(one).await {
+                Ok(()) => ok = true,
+                Err(e) => tracing::error!(error = %e, "an execution record could not be written"),
+            }
+        }
+        done.push(ok);
+    }
+    done
+}
