@@ -13,8 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 use crate::exec::{Delivery, ExecError, Exit, Lost, Run, RunEvent};
-use crate::ndjson;
-use crate::records::Recorder;
+use crate::ndjson::{self, Tape};
 use crate::request::{self, ExecuteRequest};
 use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
 use crate::state::AppState;
@@ -80,15 +79,23 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
 
 /// Everything before the program runs: the key, the body, the service. An
 /// async execution starts only once its record is committed (its 202
-/// promises that the status can be read).
+/// promises that the status can be read); a stream's headers wait for it
+/// too (they carry the trace id a client resumes with), while the program
+/// already starts.
 async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<Run, ApiError> {
     let key = st.keys().authenticate(headers)?;
     let req = read_request(st, headers, body, delivery).await?;
     let mut admitted = st.service.admit(&key, req, delivery).await?;
-    if delivery == Delivery::Async && !(&mut admitted.recorded).await.unwrap_or(false) {
+    let (_, recorded) = tokio::sync::oneshot::channel();
+    let mut recorded = std::mem::replace(&mut admitted.recorded, recorded);
+    if delivery == Delivery::Async && !(&mut recorded).await.unwrap_or(false) {
         return Err(ExecError::RecordStore.into());
     }
-    Ok(st.service.start(admitted).await?)
+    let run = st.service.start(admitted).await?;
+    if delivery == Delivery::Streamed {
+        let _ = recorded.await;
+    }
+    Ok(run)
 }
 
 /// The body as a request; options this server does not offer are refused.
@@ -162,19 +169,19 @@ async fn collected(mut run: Run) -> Response {
 }
 
 /// NDJSON response. The agent stream is relayed by a task of its own into a
-/// small channel the body drains, so a client that stops reading cannot
-/// hold the execution: after `stall` without taking a line, or as soon as
-/// it disconnects, the task ends, which drops the agent stream (the agent
-/// kills the sandbox) and releases the key slot, thread and node lease.
-/// Every line but keepalives is also recorded, for `…/output` to resume.
+/// small channel the body drains, and every line but keepalives is
+/// recorded. A client that disconnects, or takes no line for `stall`,
+/// detaches: the execution runs on to its end (within its timeout, holding
+/// its key slot) and the client resumes with `GET …/output?after_seq=N`,
+/// or stops it with `POST …/cancel`. The gateway's shutdown waits for it.
 fn streamed(run: Run, st: &AppState) -> Response {
     let (tx, resp) = ndjson::response();
-    let rec = st.service.records.clone();
-    tokio::spawn(relay(run, tx, rec, st.settings.keepalive, st.settings.stream_stall));
+    let tape = Tape::new(st.service.records.clone(), &run.id);
+    st.tasks.spawn(relay(run, tx, tape, st.settings.keepalive, st.settings.stream_stall));
     resp
 }
 
-async fn relay(mut run: Run, tx: ndjson::Tx, rec: Recorder, keepalive: Duration, stall: Duration) {
+async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration, stall: Duration) {
     let mut lines = Lines::new(run.id.clone());
     loop {
         let ev = tokio::select! {
@@ -183,15 +190,15 @@ async fn relay(mut run: Run, tx: ndjson::Tx, rec: Recorder, keepalive: Duration,
                 if !ndjson::deliver(&tx, &lines.keepalive(), stall).await { break; }
                 continue;
             }
-            // The client left: dropping the agent stream kills the sandbox.
             _ = tx.closed() => break,
         };
         let (out, done) = step(&mut run, &mut lines, ev);
-        ndjson::record(&rec, &run.id, &out);
+        tape.record(&out);
         for ev in &out {
             if !ndjson::deliver(&tx, ev, stall).await {
                 if !done {
-                    tracing::warn!(execution_id = %run.id, "the client stopped reading the stream; the execution is cancelled");
+                    tracing::info!(execution_id = %run.id, "the client left the stream; the execution runs on (resumable)");
+                    return drive(run, lines, tape).await;
                 }
                 return;
             }
@@ -200,6 +207,8 @@ async fn relay(mut run: Run, tx: ndjson::Tx, rec: Recorder, keepalive: Duration,
             return;
         }
     }
+    tracing::info!(execution_id = %run.id, "the client left the stream; the execution runs on (resumable)");
+    drive(run, lines, tape).await
 }
 
 /// 202: the execution runs on in a task of the gateway, its lines recorded
@@ -207,7 +216,9 @@ async fn relay(mut run: Run, tx: ndjson::Tx, rec: Recorder, keepalive: Duration,
 fn accepted(run: Run, st: &AppState) -> Response {
     let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
     let location = format!("/v1/executions/{}", run.id);
-    st.tasks.spawn(drive(run, st.service.records.clone()));
+    let tape = Tape::new(st.service.records.clone(), &run.id);
+    let lines = Lines::new(run.id.clone());
+    st.tasks.spawn(drive(run, lines, tape));
     (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
 }
 
@@ -220,12 +231,12 @@ pub struct Accepted {
     pub status: String,
 }
 
-async fn drive(mut run: Run, rec: Recorder) {
-    let mut lines = Lines::new(run.id.clone());
+/// Runs an execution with no client to its end, recording its lines.
+async fn drive(mut run: Run, mut lines: Lines, mut tape: Tape) {
     loop {
         let ev = run.next().await;
         let (out, done) = step(&mut run, &mut lines, ev);
-        ndjson::record(&rec, &run.id, &out);
+        tape.record(&out);
         if done {
             return;
         }

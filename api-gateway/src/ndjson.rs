@@ -56,11 +56,49 @@ pub async fn deliver_line(tx: &Tx, line: bytes::Bytes, stall: Duration) -> bool 
     matches!(tokio::time::timeout(stall, tx.send(line)).await, Ok(Ok(())))
 }
 
-/// Records every line but keepalives (which carry nothing to resume).
-pub fn record(rec: &Recorder, trace_id: &str, events: &[StreamEvent]) {
-    for ev in events {
-        if !matches!(ev, StreamEvent::Keepalive { .. }) {
-            rec.line(trace_id, ev.seq(), serde_json::to_string(ev).unwrap_or_default());
+/// Records an execution's lines (not keepalives) for `…/output` to
+/// resume, within the recorder's output size: output beyond it is not
+/// recorded, and the result's copy of the output is cut to it.
+#[derive(Debug)]
+pub struct Tape {
+    rec: Recorder,
+    trace_id: String,
+    kept: usize,
+}
+
+impl Tape {
+    /// An empty tape for `trace_id`.
+    pub fn new(rec: Recorder, trace_id: &str) -> Tape {
+        Tape { rec, trace_id: trace_id.to_string(), kept: 0 }
+    }
+
+    /// Records `events`.
+    pub fn record(&mut self, events: &[StreamEvent]) {
+        let max = self.rec.output_max;
+        for ev in events {
+            let line = match ev {
+                StreamEvent::Keepalive { .. } => continue,
+                StreamEvent::Output { data, .. } => {
+                    // stdout and stderr share twice the per-stream size.
+                    if self.kept + data.len() > 2 * max {
+                        continue;
+                    }
+                    self.kept += data.len();
+                    serde_json::to_string(ev)
+                }
+                StreamEvent::Result { trace_id, status, result, output_truncated, seq } if result.stdout.len() > max || result.stderr.len() > max => {
+                    let mut result = result.clone();
+                    let (out, out_cut) = crate::records::cut(&result.stdout, max);
+                    let (err, err_cut) = crate::records::cut(&result.stderr, max);
+                    (result.stdout, result.stderr) = (out, err);
+                    result.stdout_truncated |= out_cut;
+                    result.stderr_truncated |= err_cut;
+                    let cut = StreamEvent::Result { trace_id: trace_id.clone(), status: status.clone(), result, output_truncated: *output_truncated || out_cut || err_cut, seq: *seq };
+                    serde_json::to_string(&cut)
+                }
+                _ => serde_json::to_string(ev),
+            };
+            self.rec.line(&self.trace_id, ev.seq(), line.unwrap_or_default());
         }
     }
 }

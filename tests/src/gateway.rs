@@ -188,6 +188,10 @@ impl Gateway {
         for a in agents {
             cmd.arg("--agent").arg(a);
         }
+        // Its own record database unless the test shares one between gateways.
+        if !extra_args.contains(&"--records") {
+            cmd.arg("--records").arg(format!("sqlite://{}/records.db", dir.path().display()));
+        }
         let mut child = cmd.spawn().context("spawning warren-gateway")?;
         let stderr = child.stderr.take().context("stderr")?;
         let logs = Arc::new(Mutex::new(Vec::new()));

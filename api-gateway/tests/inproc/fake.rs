@@ -127,6 +127,14 @@ fn script(code: &str) -> Result<EventStream, Status> {
             let lines = (0..200).map(|i| stdout(&format!("line {i}\n")));
             Ok(futures_util::stream::iter(std::iter::once(started()).chain(lines)).chain(futures_util::stream::pending()).boxed())
         }
+        // Output, a pause, more output and the end.
+        "slow" => {
+            let rest = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                stdout("two\n")
+            });
+            Ok(futures_util::stream::iter(vec![started(), stdout("one\n")]).chain(rest).chain(futures_util::stream::iter(vec![exited(pb::Exited::default())])).boxed())
+        }
         // Silence longer than a keepalive period, then the end.
         "silent" => {
             let end = futures_util::stream::once(async {
