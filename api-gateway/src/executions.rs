@@ -194,9 +194,11 @@ async fn cancel(st: &AppState, headers: &HeaderMap, trace_id: &str) -> Result<Ca
 
 /// `after_seq` of a resumed stream.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct OutputQuery {
     /// Lines with a larger `seq` are sent (0: from the start).
     #[serde(default)]
+    #[param(minimum = 0)]
     pub after_seq: u64,
 }
 
@@ -218,8 +220,8 @@ pub struct OutputQuery {
     )
 )]
 pub async fn execution_output(State(st): State<AppState>, headers: HeaderMap, Path(trace_id): Path<String>, query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>) -> Response {
-    let Ok(Query(q)) = query else {
-        return ApiError::invalid("after_seq", "must be a non-negative integer").into_response();
+    let Some(Query(q)) = query.ok().filter(|q| i64::try_from(q.after_seq).is_ok()) else {
+        return ApiError::invalid("after_seq", "must be an integer from 0 to 2^63-1").into_response();
     };
     let row = match own(&st, &headers, &trace_id).await {
         Ok((_, row)) => row,
@@ -307,31 +309,37 @@ fn result_line(row: &Row, seq: u64) -> StreamEvent {
     StreamEvent::Result { trace_id: row.trace_id.clone(), status: row.status.clone(), result, output_truncated, seq }
 }
 
-/// Query of the audit list.
+/// Query of the audit list. Besides these, `metadata.<name>=<value>`
+/// (repeatable, at most 10) keeps executions whose metadata has that pair.
 #[derive(Debug, Default, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQueryDoc {
     /// Created at or after (RFC 3339).
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Created before (RFC 3339).
+    #[param(format = DateTime)]
     pub until: Option<String>,
     /// One status.
+    #[param(pattern = "^(running|success|failed|timeout|cancelled|blocked|oom|seccomp)$")]
     pub status: Option<String>,
     /// One thread.
+    #[param(pattern = "^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$")]
     pub thread_id: Option<String>,
-    /// One ApiKey of the namespace (keys with `auditScope: Namespace`; others see only their own).
+    /// One ApiKey of the namespace, or `*` for all (keys with `auditScope: Namespace`; others may name only themselves).
+    #[param(pattern = "^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?|\\*)$")]
     pub key: Option<String>,
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page, unchanged.
+    #[param(pattern = "^[0-9]{1,19}\\.trc_[A-Za-z0-9_-]{1,60}$")]
     pub cursor: Option<String>,
-    /// `metadata.<name>=<value>`: only executions whose metadata has it (repeatable, all must match).
-    #[param(rename = "metadata.<name>")]
-    pub metadata: Option<String>,
 }
 
 /// The audit query: this key's executions (or its namespace's, with
-/// `auditScope: Namespace`), newest first, paginated.
+/// `auditScope: Namespace`), newest first, paginated. Filter by metadata
+/// with `metadata.<name>=<value>` (repeatable; all must match).
 #[utoipa::path(
     get,
     path = "/v1/executions",

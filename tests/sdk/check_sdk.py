@@ -15,6 +15,7 @@ from baponi import (
     AsyncBaponi,
     AuthenticationError,
     Baponi,
+    BaponiError,
     ForbiddenError,
     KeepaliveEvent,
     OutputEvent,
@@ -148,6 +149,43 @@ def check_anthropic_tool():
     assert "oops" in text and "2" in text, text
 
 
+def check_async_execution():
+    """execute_webhook without a URL: 202, then poll, get and replay."""
+    c = client()
+    h = c.execute_webhook("print(6 * 7)", metadata={"job": "sdk"})
+    assert h.trace_id.startswith("trc_"), h.trace_id
+    st = h.wait(poll_interval=0.05, timeout=60)
+    assert (st.status, st.stdout, st.exit_code, st.error) == ("success", "42\n", 0, None), st
+    got = c.get_execution(h.trace_id)
+    assert (got.status, got.delivery_mode) == ("success", "async") and got.created_at and got.completed_at, got
+    events = list(c.reconnect_stream(h.trace_id))
+    assert isinstance(events[0], StatusEvent) and isinstance(events[-1], ResultEvent), events
+    assert events[-1].result.stdout == "42\n", events[-1]
+    after = list(c.reconnect_stream(h.trace_id, after_seq=events[0].seq))
+    assert [e.seq for e in after] == [e.seq for e in events[1:]], (after, events)
+    # Another key's view of it, and an id that never existed: 404.
+    for other, trace in ((client("bashonly"), h.trace_id), (c, "trc_doesnotexist0000")):
+        e = expect(BaponiError, lambda: other.get_execution(trace))
+        assert e.status_code == 404, repr(e)
+
+
+def check_cancel():
+    """A running async execution is cancelled where it runs; wait() sees it."""
+    c = client()
+    h = c.execute_webhook("import time\nprint('up', flush=True)\ntime.sleep(300)", timeout=60)
+    with c.reconnect_stream(h.trace_id) as s:
+        for ev in s:
+            if isinstance(ev, OutputEvent):
+                break
+    assert c.get_execution(h.trace_id).status == "running"
+    r = c.cancel_execution(h.trace_id)
+    assert (r.trace_id, r.status) == (h.trace_id, "cancelled"), r
+    st = h.wait(poll_interval=0.05, timeout=30)
+    assert st.status == "cancelled" and st.stdout == "up\n", st
+    # Cancelling what has ended answers with how it ended.
+    assert c.cancel_execution(h.trace_id).status == "cancelled"
+
+
 def check_sub_paths():
     # The key's Sandbox mounts a Local directory at /data/files; sub_paths
     # narrows it to files/in for one call, as the SDK sends it.
@@ -157,6 +195,16 @@ def check_sub_paths():
     assert r.success, r
 
 
-for check in (check_execute, check_stream, check_async, check_errors, check_rate_limit_and_thread_busy, check_anthropic_tool, check_sub_paths):
+for check in (
+    check_execute,
+    check_stream,
+    check_async,
+    check_errors,
+    check_rate_limit_and_thread_busy,
+    check_anthropic_tool,
+    check_sub_paths,
+    check_async_execution,
+    check_cancel,
+):
     check()
     print("ok", check.__name__, flush=True)

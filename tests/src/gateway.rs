@@ -245,6 +245,26 @@ impl Gateway {
         http::raw(self.addr, &http::execute_request(self.addr, key, body, false)).expect("HTTP request")
     }
 
+    /// `GET path` with the key.
+    pub fn get(&self, key: &str, path: &str) -> Response {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\n\r\n", self.addr);
+        http::raw(self.addr, req.as_bytes()).expect("HTTP request")
+    }
+
+    /// `POST path` with the key and no body.
+    pub fn post(&self, key: &str, path: &str) -> Response {
+        let req = format!("POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\nContent-Length: 0\r\n\r\n", self.addr);
+        http::raw(self.addr, req.as_bytes()).expect("HTTP request")
+    }
+
+    /// Kills the gateway (SIGKILL): no drain, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// `DELETE path` with the key.
     pub fn delete(&self, key: &str, path: &str) -> Response {
         let req = format!("DELETE {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\n\r\n", self.addr);

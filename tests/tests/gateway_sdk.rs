@@ -46,7 +46,7 @@ async fn the_baponi_sdk_works_against_warren() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(std::fs::read_to_string(data.path().join("out.txt")).ok().as_deref(), Some("from the sdk"), "{stdout}");
     assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool", "check_sub_paths"] {
+    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool", "check_sub_paths", "check_async_execution", "check_cancel"] {
         assert!(stdout.contains(&format!("ok {check}")), "{check} did not run:\n{stdout}");
     }
 }
