@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use crate::error::ApiError;
 use crate::exec::{Delivery, ExecError, Exit, Lost, Run, RunEvent};
 use crate::ndjson::{self, Tape};
+use crate::webhook::Hook;
 use crate::request::{self, ExecuteRequest};
 use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
 use crate::state::AppState;
@@ -47,7 +48,6 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
         (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
         (status = 429, description = "The key is at its concurrency limit; see Retry-After", body = crate::error::ErrorBody),
         (status = 202, description = "With Prefer: respond-async: accepted and running; poll GET /v1/executions/{trace_id} (Location)", body = Accepted),
-        (status = 501, description = "webhook_url: webhook delivery is not offered yet", body = crate::error::ErrorBody),
         (status = 502, description = "The node died mid-execution; the code may have partly run", body = crate::error::ErrorBody),
         (status = 503, description = "No node can run it now; nothing ran, safe to retry", body = crate::error::ErrorBody),
     ),
@@ -61,15 +61,15 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     } else {
         Delivery::Collected
     };
-    let run = match admit_and_start(&st, &headers, body, delivery).await {
-        Ok(run) => run,
+    let (run, hook) = match admit_and_start(&st, &headers, body, delivery).await {
+        Ok(started) => started,
         Err(e) => return e.into_response(),
     };
     let trace = HeaderValue::from_str(&run.id).ok();
     let mut resp = match delivery {
         Delivery::Streamed => streamed(run, &st),
         Delivery::Collected => collected(run).await,
-        Delivery::Async => accepted(run, &st),
+        Delivery::Async => accepted(run, &st, hook),
     };
     if let Some(t) = trace {
         resp.headers_mut().insert("x-trace-id", t);
@@ -82,9 +82,10 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
 /// promises that the status can be read); a stream's headers wait for it
 /// too (they carry the trace id a client resumes with), while the program
 /// already starts.
-async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<Run, ApiError> {
+async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<(Run, Option<Hook>), ApiError> {
     let key = st.keys().authenticate(headers)?;
     let req = read_request(st, headers, body, delivery).await?;
+    let hook = req.webhook_url.as_deref().map(|url| hook(st, &key, url)).transpose()?;
     let mut admitted = st.service.admit(&key, req, delivery).await?;
     let (_, recorded) = tokio::sync::oneshot::channel();
     let mut recorded = std::mem::replace(&mut admitted.recorded, recorded);
@@ -95,7 +96,17 @@ async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, deliver
     if delivery == Delivery::Streamed {
         let _ = recorded.await;
     }
-    Ok(run)
+    Ok((run, hook))
+}
+
+/// A webhook the key may ask for: a destination the policy allows, and a
+/// signing secret to sign it with.
+fn hook(st: &AppState, key: &warren_config::EffectiveKey, url: &str) -> Result<Hook, ApiError> {
+    let url = st.webhooks.check(url).map_err(|r| ApiError::invalid("webhook_url", r.to_string()))?;
+    let secret = key.webhook_secret.clone().ok_or_else(|| {
+        ApiError::invalid("webhook_url", "this API key has no webhook signing secret (entry webhook-secret of its Secret); ask the operator to add one")
+    })?;
+    Ok(Hook { url, secret })
 }
 
 /// The body as a request; options this server does not offer are refused.
@@ -107,9 +118,6 @@ async fn read_request(st: &AppState, headers: &HeaderMap, body: Body, delivery: 
     let req = request::parse(&bytes)?;
     if req.webhook_url.is_some() && delivery != Delivery::Async {
         return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
-    }
-    if req.webhook_url.is_some() {
-        return Err(ExecError::NotImplemented("webhook delivery is not offered by this server yet; poll GET /v1/executions/{trace_id} instead").into());
     }
     Ok(req)
 }
@@ -211,14 +219,20 @@ async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration
     drive(run, lines, tape).await
 }
 
-/// 202: the execution runs on in a task of the gateway, its lines recorded
-/// (the gateway's shutdown waits for it).
-fn accepted(run: Run, st: &AppState) -> Response {
+/// 202: the execution runs on in a task of the gateway, its lines recorded,
+/// then its webhook delivered (the gateway's shutdown waits for both).
+fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
     let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
     let location = format!("/v1/executions/{}", run.id);
-    let tape = Tape::new(st.service.records.clone(), &run.id);
-    let lines = Lines::new(run.id.clone());
-    st.tasks.spawn(drive(run, lines, tape));
+    let rec = st.service.records.clone();
+    let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone()), run.id.clone());
+    let webhooks = st.webhooks.clone();
+    st.tasks.spawn(async move {
+        drive(run, lines, tape).await;
+        if let Some(hook) = hook {
+            webhooks.deliver(rec, id, hook).await;
+        }
+    });
     (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
 }
 

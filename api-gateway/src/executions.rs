@@ -49,8 +49,11 @@ pub struct ExecutionStatus {
     pub completed_at: Option<String>,
     /// Where the result is delivered (async).
     pub webhook_url: Option<String>,
-    /// `pending`, `delivered`, `failed` or `refused`.
+    /// `pending`, `delivered`, `failed` (rejected, or every attempt failed) or `refused` (a destination the SSRF rules forbid).
     pub webhook_delivery_status: Option<String>,
+    /// Delivery attempts made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_attempts: Option<u32>,
     /// Interpreter.
     pub language: String,
     /// The thread it ran in.
@@ -74,7 +77,9 @@ pub struct ExecutionStatus {
 }
 
 impl ExecutionStatus {
-    fn of(r: Row) -> Self {
+    /// The record as the API shows it.
+    pub fn of(r: Row) -> Self {
+        let webhook_attempts = r.webhook_url.is_some().then_some(r.webhook_attempts);
         ExecutionStatus {
             trace_id: r.trace_id,
             status: r.status,
@@ -87,6 +92,7 @@ impl ExecutionStatus {
             created_at: records::rfc3339(r.created_ms),
             completed_at: r.completed_ms.map(records::rfc3339),
             webhook_url: r.webhook_url,
+            webhook_attempts,
             webhook_delivery_status: r.webhook_status,
             language: r.language,
             thread_id: r.thread_id,

@@ -28,6 +28,7 @@ pub mod router;
 pub mod serve;
 pub mod state;
 pub mod threads;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -143,6 +144,22 @@ pub struct Args {
     /// it was running end as `failed` / `gateway_lost`, seconds.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub record_lease_secs: u64,
+    /// A webhook host allowed although it resolves to a private, loopback or
+    /// link-local address (an internal receiver), and over http (repeatable).
+    #[arg(long = "webhook-allow-host", env = "WARREN_WEBHOOK_ALLOW_HOSTS", value_delimiter = ',')]
+    pub webhook_allow_hosts: Vec<String>,
+    /// Extra CA certificates (PEM) webhook receivers may chain to (besides the public roots).
+    #[arg(long, env = "WARREN_WEBHOOK_CA_FILE")]
+    pub webhook_ca_file: Option<PathBuf>,
+    /// Webhook attempts before a delivery is `failed`.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=webhook::MAX_ATTEMPTS as i64))]
+    pub webhook_attempts: u32,
+    /// Delay before a webhook's second attempt, milliseconds; ×4 for each further one (at most an hour).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub webhook_retry_base_ms: u64,
+    /// Longest one webhook attempt may take, seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub webhook_timeout_secs: u64,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -196,6 +213,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let sweep = tokio::spawn(records::sweep_loop(store.clone(), owner.clone(), retention));
     let recorder = records::Recorder::start(store, &owner, args.record_output_max_bytes as usize);
     let tasks = tokio_util::task::TaskTracker::new();
+    let webhooks = webhook::Webhooks::new(&webhook::Settings {
+        allowed: args.webhook_allow_hosts.clone(),
+        ca_file: args.webhook_ca_file.clone(),
+        attempts: args.webhook_attempts,
+        retry_base: Duration::from_millis(args.webhook_retry_base_ms),
+        timeout: Duration::from_secs(args.webhook_timeout_secs),
+    })?;
     let state = state::AppState {
         keys: rx,
         service: exec::ExecutionService {
@@ -212,6 +236,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             body_timeout: Duration::from_millis(args.body_timeout_ms),
             record_lease: retention.lease,
         },
+        webhooks,
         tasks: tasks.clone(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

@@ -221,8 +221,10 @@ fn sub_paths(obj: &mut Map<String, Value>) -> Result<Vec<String>, ApiError> {
 
 fn webhook_url(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
     let Some(u) = string(obj, "webhook_url")? else { return Ok(None) };
-    if u.len() > MAX_WEBHOOK_URL || !u.starts_with("https://") || u.chars().any(|c| c.is_control() || c == ' ') {
-        return Err(ApiError::invalid("webhook_url", "must be an https:// URL of at most 2048 characters"));
+    // Where it may point (https, public addresses) is the webhook policy's
+    // to decide, with the operator's allowed hosts.
+    if u.len() > MAX_WEBHOOK_URL || u.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(ApiError::invalid("webhook_url", "must be a URL of at most 2048 characters"));
     }
     Ok(Some(u))
 }

@@ -19,6 +19,7 @@ fn key() -> EffectiveKey {
         max_concurrency: 2,
         max_threads: 1000,
         audit_namespace: false,
+        webhook_secret: None,
         storage: Vec::new(),
         image: "host".into(),
         image_digest: None,

@@ -204,7 +204,9 @@ pub(crate) fn secret_body(s: &Secret) -> SecretBody {
 }
 
 /// The key's Secret; generated (and owned by the ApiKey) when the spec names
-/// none and it does not exist yet. An existing Secret is never rewritten.
+/// none and it does not exist yet, with a webhook signing secret beside the
+/// key (entry `webhook-secret`). An existing Secret is never rewritten:
+/// without that entry, its key's webhooks are refused until one is added.
 async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<Secret>, Error> {
     let (secret_name, entry) = warren_config::secret_ref(&key.name_any(), &key.spec);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
@@ -223,7 +225,7 @@ async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<S
             labels: Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), status::MANAGER.to_string())])),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([(entry, ByteString(value.into_bytes()))])),
+        data: Some(BTreeMap::from([(entry, ByteString(value.into_bytes())), (warren_config::WEBHOOK_SECRET_ENTRY.to_string(), ByteString(generate_webhook_secret().into_bytes()))])),
         type_: Some("Opaque".into()),
         ..Default::default()
     };
@@ -236,6 +238,14 @@ async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<S
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(api.get_opt(&secret.name_any()).await?),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `whsec_` + 43 base62 characters (256 bits).
+fn generate_webhook_secret() -> String {
+    warren_core::ids::random_id("whsec_", 43, &mut |b: &mut [u8]| {
+        use rand::RngCore;
+        rand::rng().fill_bytes(b)
+    })
 }
 
 fn generate_key() -> String {

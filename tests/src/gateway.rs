@@ -22,7 +22,12 @@ pub fn key(name: &str) -> String {
 }
 
 fn secret(name: &str) -> String {
-    format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-key}}\nstringData: {{key: {}}}\n---\n", key(name))
+    format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-key}}\nstringData: {{key: {}, webhook-secret: {}}}\n---\n", key(name), webhook_secret(name))
+}
+
+/// The webhook signing secret of test key `name` (in its Secret).
+pub fn webhook_secret(name: &str) -> String {
+    format!("whsec_test_{name}_{}", "0".repeat(32))
 }
 
 /// Manifests every gateway test starts from.

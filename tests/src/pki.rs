@@ -57,6 +57,23 @@ fn leaf(dir: &Path, name: &str, ca: &Ca) -> Leaf {
     out
 }
 
+/// A CA and a server certificate from it for `127.0.0.1` and `localhost`
+/// (a test's HTTPS server), written to `dir`: (the CA file, the leaf).
+pub fn loopback_server(dir: &Path) -> (PathBuf, Leaf) {
+    let ca = ca("warren-test-server-ca");
+    let ca_file = dir.join("server-ca.crt");
+    std::fs::write(&ca_file, ca.cert.pem()).expect("write ca");
+    let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("leaf params");
+    p.distinguished_name.push(DnType::CommonName, "127.0.0.1");
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().expect("leaf key");
+    let cert = p.signed_by(&key, &ca.cert, &ca.key).expect("leaf cert");
+    let out = Leaf { cert: dir.join("server.crt"), key: dir.join("server.key") };
+    std::fs::write(&out.cert, cert.pem()).expect("write cert");
+    std::fs::write(&out.key, key.serialize_pem()).expect("write key");
+    (ca_file, out)
+}
+
 impl Pki {
     /// Fresh CAs and leaves.
     pub fn new() -> Pki {

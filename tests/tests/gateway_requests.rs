@@ -136,6 +136,13 @@ fn cases(addr: SocketAddr) -> Vec<Case> {
         bad("sub_paths unknown mount", json(br#"{"code":"x","sub_paths":["/data/m/a"]}"#), "sub_paths[0]"),
         bad("webhook_url without Prefer", json(br#"{"code":"x","webhook_url":"https://example.invalid/h"}"#), "webhook_url"),
         bad("webhook_url over http", json(br#"{"code":"x","webhook_url":"http://example.invalid/h"}"#), "webhook_url"),
+        Case {
+            name: "webhook_url to the metadata address",
+            request: request(addr, "POST", "/v1/sandbox/execute", &[("Authorization", main.as_bytes()), ("Content-Type", b"application/json"), ("Prefer", b"respond-async")], br#"{"code":"x","webhook_url":"https://169.254.169.254/latest"}"#),
+            status: 400,
+            code: "invalid_request",
+            field: Some("webhook_url"),
+        },
         // Routing.
         Case { name: "GET on execute", request: request(addr, "GET", "/v1/sandbox/execute", &[("Authorization", main.as_bytes())], b""), status: 405, code: "method_not_allowed", field: None },
         Case { name: "unknown path", request: request(addr, "POST", "/v1/sandbox/../../etc/passwd", &[], b""), status: 404, code: "not_found", field: None },

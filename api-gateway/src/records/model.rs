@@ -160,6 +160,8 @@ pub struct Row {
     pub webhook_url: Option<String>,
     /// Webhook delivery state (`pending`, `delivered`, `failed`, `refused`).
     pub webhook_status: Option<String>,
+    /// Webhook attempts made.
+    pub webhook_attempts: u32,
     /// Admitted at.
     pub created_ms: i64,
     /// Ended at.

@@ -65,6 +65,7 @@ const MIGRATIONS: &[&[&str]] = &[&[
         cancel_requested BIGINT NOT NULL DEFAULT 0,
         webhook_url TEXT,
         webhook_status TEXT,
+        webhook_attempts BIGINT NOT NULL DEFAULT 0,
         created_ms BIGINT NOT NULL,
         completed_ms BIGINT
     )",
@@ -93,12 +94,12 @@ const MIGRATIONS: &[&[&str]] = &[&[
 /// Columns read back into a [`Row`].
 const COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, stdout, stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, created_ms, completed_ms";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms";
 
 /// The same columns without the output (list views).
 const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, created_ms, completed_ms";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms";
 
 type Q<'q> = Query<'q, Any, AnyArguments>;
 
@@ -299,6 +300,7 @@ pub(super) enum Write {
     Insert(Box<NewRecord>),
     Finish(String, Box<Finished>),
     Line(String, u64, String),
+    Webhook(String, &'static str, u32),
 }
 
 impl Write {
@@ -352,6 +354,10 @@ impl Write {
             .bind(i64::from(f.stdout_truncated))
             .bind(i64::from(f.stderr_truncated))
             .bind(f.completed_ms)],
+            Write::Webhook(id, status, attempts) => vec![sqlx::query("UPDATE warren_executions SET webhook_status = $2, webhook_attempts = $3 WHERE trace_id = $1")
+                .bind(id.clone())
+                .bind(status.to_string())
+                .bind(i64::from(*attempts))],
             Write::Line(id, seq, line) => {
                 vec![sqlx::query("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES ($1, $2, $3)").bind(id.clone()).bind(*seq as i64).bind(line.clone())]
             }
@@ -388,6 +394,7 @@ fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
         cancel_requested: int("cancel_requested")? != 0,
         webhook_url: r.try_get("webhook_url")?,
         webhook_status: r.try_get("webhook_status")?,
+        webhook_attempts: int("webhook_attempts")? as u32,
         created_ms: int("created_ms")?,
         completed_ms: r.try_get("completed_ms")?,
     })

@@ -70,6 +70,11 @@ impl Recorder {
         self.send(Op::Write(Write::Line(trace_id.to_string(), seq, line), None));
     }
 
+    /// Queues a webhook delivery's state.
+    pub fn webhook(&self, trace_id: &str, status: &'static str, attempts: u32) {
+        self.send(Op::Write(Write::Webhook(trace_id.to_string(), status, attempts), None));
+    }
+
     /// Resolves once everything queued before it is committed (or failed).
     pub async fn flush(&self) {
         let (ack, done) = oneshot::channel();

@@ -138,6 +138,14 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             body_timeout: Duration::from_secs(5),
             record_lease: Duration::from_secs(30),
         },
+        webhooks: warren_api_gateway::webhook::Webhooks::new(&warren_api_gateway::webhook::Settings {
+            allowed: Vec::new(),
+            ca_file: None,
+            attempts: 1,
+            retry_base: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+        })
+        .unwrap(),
         tasks: Default::default(),
     };
     let agent = agents.remove(0);

@@ -493,6 +493,7 @@ pub fn effective_key(
     c.env("spec.env", &k.env)?;
     let mut env: BTreeMap<String, String> = sb.env.iter().map(|v| (v.name.clone(), v.value().to_string())).collect();
     env.extend(k.env.iter().map(|v| (v.name.clone(), v.value().to_string())));
+    let webhook_secret = webhook_secret(&c, secret)?;
     let secret = secret_value(&c, namespace, name, k, secret)?;
     let key = EffectiveKey {
         namespace: namespace.to_string(),
@@ -504,6 +505,7 @@ pub fn effective_key(
         max_timeout_seconds,
         max_concurrency,
         max_threads,
+        webhook_secret,
         audit_namespace: k.audit_scope == Some(warren_api::apikey::AuditScope::Namespace),
         image: sb.image.clone(),
         image_digest: sb.image_digest.clone(),
@@ -627,6 +629,23 @@ fn effective_connectors(
 }
 
 /// Reads the key from its Secret. The value is never put in an error.
+/// The entry of the key's Secret that signs its webhooks.
+pub const WEBHOOK_SECRET_ENTRY: &str = "webhook-secret";
+
+/// The key's webhook signing secret, when its Secret has one.
+fn webhook_secret(c: &Checker<'_>, s: Option<&SecretBody>) -> Result<Option<warren_core::secret::SigningSecret>, ConfigError> {
+    let Some(s) = s else { return Ok(None) };
+    let value = match (s.string_data.get(WEBHOOK_SECRET_ENTRY), s.data.get(WEBHOOK_SECRET_ENTRY)) {
+        (Some(v), _) => v.clone(),
+        (None, Some(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        (None, None) => return Ok(None),
+    };
+    let c = &Checker { at: c.at, reason: reasons::SECRET_INVALID };
+    warren_core::secret::SigningSecret::new(&value)
+        .map(Some)
+        .ok_or_else(|| c.err("spec.secretRef", format!("entry {WEBHOOK_SECRET_ENTRY:?} must be 32–256 printable ASCII characters")))
+}
+
 fn secret_value(c: &Checker<'_>, namespace: &str, key_name: &str, k: &ApiKeySpec, s: Option<&SecretBody>) -> Result<String, ConfigError> {
     let (name, entry) = secret_ref(key_name, k);
     let field = "spec.secretRef";

@@ -28,6 +28,10 @@ pub struct EffectiveKey {
     pub max_timeout_seconds: u32,
     /// Most executions at once.
     pub max_concurrency: u32,
+    /// Signs its webhook deliveries (entry `webhook-secret` of the key's
+    /// Secret); without it, `webhook_url` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<warren_core::secret::SigningSecret>,
     /// May list the execution records of every key in its namespace.
     #[serde(default)]
     pub audit_namespace: bool,

@@ -20,7 +20,7 @@ pub mod published;
 pub mod storage;
 pub mod types;
 
-pub use compile::{check_sandbox, compile, effective_key, secret_holder, secret_ref, shared_key_message, Compiled, SandboxConfig, SecretClaim, Where};
+pub use compile::{check_sandbox, compile, effective_key, secret_holder, secret_ref, shared_key_message, Compiled, SandboxConfig, SecretClaim, Where, WEBHOOK_SECRET_ENTRY};
 pub use effective::{EffectiveKey, Limits};
 pub use error::ConfigError;
 pub use manifest::Source;
