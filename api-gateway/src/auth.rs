@@ -50,6 +50,11 @@ impl KeyStore {
         self.keys.len()
     }
 
+    /// The ApiKey `namespace/name` (what a signed file URL names).
+    pub fn named(&self, namespace: &str, name: &str) -> Option<Arc<EffectiveKey>> {
+        self.keys.iter().find(|k| k.namespace == namespace && k.name == name).cloned()
+    }
+
     /// Finds the key in `Authorization: Bearer …`.
     ///
     /// Every stored hash is compared, in constant time and without stopping at

@@ -77,6 +77,21 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request body exceeds {limit} bytes"))
     }
 
+    /// 413 with a reason.
+    pub fn too_large_message(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    /// 409.
+    pub fn conflict(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
+    }
+
+    /// 411: an upload must declare its length.
+    pub fn length_required() -> Self {
+        Self::new(StatusCode::LENGTH_REQUIRED, "length_required", "send the upload with a Content-Length header")
+    }
+
     /// 408: the body did not arrive in time.
     pub fn body_timeout(limit: std::time::Duration) -> Self {
         Self::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", format!("the request body did not arrive within {} seconds", limit.as_secs_f64()))

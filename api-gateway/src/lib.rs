@@ -14,6 +14,7 @@ pub mod discovery;
 pub mod error;
 pub mod exec;
 pub mod execute;
+pub mod files;
 mod json;
 pub mod ndjson;
 pub mod records;
@@ -160,6 +161,16 @@ pub struct Args {
     /// Longest one webhook attempt may take, seconds.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub webhook_timeout_secs: u64,
+    /// Public base URL of this gateway (`https://warren.example.com`) for
+    /// signed file URLs; without it, the request's Host (and X-Forwarded-Proto).
+    #[arg(long, env = "WARREN_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// How long a signed file URL is valid, seconds.
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    pub files_url_ttl_secs: u64,
+    /// Largest file upload, MiB (a thread's own size limit also applies).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub files_max_upload_mib: u64,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -210,6 +221,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output: Duration::from_secs(args.output_retention_hours * 3600),
         lease: Duration::from_secs(args.record_lease_secs),
     };
+    let fresh = warren_core::ids::random_id("", 64, &mut |b: &mut [u8]| rand::fill(b));
+    let signing_key = store.shared_secret("files-signing-key", &fresh).await.context("reading the file URL signing key")?;
+    let files = Arc::new(files::Settings {
+        signing_key: signing_key.into_bytes(),
+        public_url: args.public_url.clone(),
+        ttl: Duration::from_secs(args.files_url_ttl_secs),
+        max_upload: args.files_max_upload_mib << 20,
+    });
     let sweep = tokio::spawn(records::sweep_loop(store.clone(), owner.clone(), retention));
     let recorder = records::Recorder::start(store, &owner, args.record_output_max_bytes as usize);
     let tasks = tokio_util::task::TaskTracker::new();
@@ -237,6 +256,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             record_lease: retention.lease,
         },
         webhooks,
+        files,
         tasks: tasks.clone(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;

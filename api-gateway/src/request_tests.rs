@@ -69,7 +69,7 @@ fn fields_are_named() {
         (r#"{"code":"x","metadata":{"k":1}}"#, "metadata.k"),
         (r#"{"code":"x","env_vars":{"PATH":"/x"}}"#, "env_vars.PATH"),
         (r#"{"code":"x","sub_paths":["/data/a/../b"]}"#, "sub_paths[0]"),
-        (r#"{"code":"x","webhook_url":"http://x"}"#, "webhook_url"),
+        (r#"{"code":"x","webhook_url":"https://x y"}"#, "webhook_url"),
     ];
     for (body, field) in cases {
         assert_eq!(field_of(body).as_deref(), Some(field), "{body}");

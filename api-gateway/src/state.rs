@@ -31,6 +31,8 @@ pub struct AppState {
     pub service: ExecutionService,
     /// Tunables.
     pub settings: Settings,
+    /// File URLs.
+    pub files: std::sync::Arc<crate::files::Settings>,
     /// Webhook sender.
     pub webhooks: crate::webhook::Webhooks,
     /// Asynchronous executions running in this gateway (shutdown waits for them).

@@ -30,6 +30,10 @@ fn every_documented_path_is_served_and_every_route_is_documented() {
             "/v1/executions/{trace_id}",
             "/v1/executions/{trace_id}/cancel",
             "/v1/executions/{trace_id}/output",
+            "/v1/files/content/{token}",
+            "/v1/files/download_url",
+            "/v1/files/list",
+            "/v1/files/upload_url",
             "/v1/sandbox/execute",
             "/v1/threads/{thread_id}"
         ]

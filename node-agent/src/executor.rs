@@ -239,6 +239,11 @@ impl Executor {
         &self.pool
     }
 
+    /// The Files API over this node's threads and the platform store.
+    pub fn files(&self) -> crate::files::Files {
+        crate::files::Files::new(self.threads.clone(), self.stores.platform_store())
+    }
+
     /// The node's thread service.
     pub fn threads(&self) -> &Arc<Threads> {
         &self.threads

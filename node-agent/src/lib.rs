@@ -8,6 +8,7 @@ pub mod auth;
 pub mod connectors;
 pub mod convert;
 pub mod executor;
+pub mod files;
 pub mod frames;
 pub mod images;
 pub mod keyslots;

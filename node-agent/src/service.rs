@@ -65,6 +65,10 @@ pub trait Backend: Send + Sync + 'static {
     fn output_stall(&self) -> Duration;
     /// Pulls an image (unless warm) and finds its interpreters.
     fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send;
+    /// The Files API, when this backend offers it.
+    fn files(&self) -> Option<crate::files::Files> {
+        None
+    }
 }
 
 impl Backend for Executor {
@@ -109,6 +113,41 @@ impl Backend for Executor {
     fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send {
         Executor::warm_image(self, reference, auth)
     }
+
+    fn files(&self) -> Option<crate::files::Files> {
+        Some(Executor::files(self))
+    }
+}
+
+/// The target of a file request.
+fn file_target(req: &pb::FilesRequest) -> Result<crate::files::Target, Status> {
+    use pb::files_request::Target;
+    match &req.target {
+        Some(Target::Thread(t)) => Ok(crate::files::Target::Thread(convert::thread_options(Some(t.clone()))?.ok_or_else(|| Status::invalid_argument("thread: required"))?)),
+        Some(Target::VolumePrefix(p)) => Ok(crate::files::Target::Volume(p.clone())),
+        None => Err(Status::invalid_argument("target: a thread or a volume")),
+    }
+}
+
+/// The gRPC status of a file operation's failure.
+fn files_status(e: &crate::files::FilesError) -> Status {
+    use crate::files::FilesError;
+    match e {
+        FilesError::Invalid(why) => Status::invalid_argument(*why),
+        FilesError::NotFound => Status::not_found("no such file"),
+        FilesError::Size { .. } => Status::invalid_argument(e.to_string()),
+        FilesError::Thread(ThreadError::TooLarge { .. }) => Status::resource_exhausted(e.to_string()),
+        FilesError::Thread(t) => {
+            if matches!(t, ThreadError::Io { .. } | ThreadError::DiskLow { .. }) {
+                warn!(error = %t, "a file operation on a thread failed");
+            }
+            convert::thread_status(t)
+        }
+        FilesError::Store(_) => {
+            warn!(error = %e, "a file operation failed");
+            Status::unavailable("the store failed; retry shortly")
+        }
+    }
 }
 
 /// gRPC service over a [`Backend`].
@@ -139,6 +178,12 @@ type EventResult = Result<pb::ExecuteEvent, Status>;
 
 fn event(e: PbEvent) -> pb::ExecuteEvent {
     pb::ExecuteEvent { event: Some(e) }
+}
+
+impl<B: Backend> AgentService<B> {
+    fn files(&self) -> Result<crate::files::Files, Status> {
+        self.backend.files().ok_or_else(|| Status::unimplemented("this agent does not serve files"))
+    }
 }
 
 #[tonic::async_trait]
@@ -212,6 +257,41 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let was_running = self.running.cancel(&id).instrument(span.clone()).await;
         span.in_scope(|| info!(execution_id = %id, was_running, "cancel answered"));
         Ok(Response::new(pb::CancelResponse { was_running }))
+    }
+
+    async fn list_files(&self, req: Request<pb::FilesRequest>) -> Result<Response<pb::ListFilesResponse>, Status> {
+        let span = info_span!("list_files", trace_id = %trace_of(&req));
+        let (files, req) = (self.files()?, req.into_inner());
+        let target = file_target(&req)?;
+        let (list, truncated) = files.list(&target, &req.path).instrument(span).await.map_err(|e| files_status(&e))?;
+        let files = list.into_iter().map(|f| pb::FileInfo { path: f.path, size: f.size, modified: f.modified }).collect();
+        Ok(Response::new(pb::ListFilesResponse { files, truncated }))
+    }
+
+    type ReadFileStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::FileChunk, Status>> + Send>>;
+
+    async fn read_file(&self, req: Request<pb::FilesRequest>) -> Result<Response<Self::ReadFileStream>, Status> {
+        use futures_util::StreamExt;
+        let span = info_span!("read_file", trace_id = %trace_of(&req));
+        let (files, req) = (self.files()?, req.into_inner());
+        let target = file_target(&req)?;
+        let stream = files.read(&target, &req.path).instrument(span).await.map_err(|e| files_status(&e))?;
+        let chunks = stream.map(|c| c.map(|data| pb::FileChunk { data: data.to_vec() }).map_err(|_| Status::unavailable("reading the file failed")));
+        Ok(Response::new(Box::pin(chunks)))
+    }
+
+    async fn write_file(&self, req: Request<tonic::Streaming<pb::WriteFileRequest>>) -> Result<Response<pb::WriteFileResponse>, Status> {
+        use futures_util::StreamExt;
+        let span = info_span!("write_file", trace_id = %trace_of(&req));
+        let files = self.files()?;
+        let mut messages = req.into_inner();
+        let first = messages.message().await?.ok_or_else(|| Status::invalid_argument("the first message names the file"))?;
+        let target_req = first.target.ok_or_else(|| Status::invalid_argument("target: required on the first message"))?;
+        let target = file_target(&target_req)?;
+        let head = futures_util::stream::iter((!first.data.is_empty()).then(|| Ok(bytes::Bytes::from(first.data))));
+        let rest = messages.map(|m| m.map(|m| bytes::Bytes::from(m.data)).map_err(|_| crate::files::FilesError::Size { want: first.size, got: 0 }));
+        files.write(&target, &target_req.path, first.size, head.chain(rest)).instrument(span).await.map_err(|e| files_status(&e))?;
+        Ok(Response::new(pb::WriteFileResponse {}))
     }
 
     type HoldKeySlotStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::KeySlotEvent, Status>> + Send>>;

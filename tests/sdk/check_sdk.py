@@ -27,7 +27,7 @@ from baponi import (
 
 warnings.simplefilter("ignore")  # plain-http base URL warning: loopback only
 URL = os.environ["WARREN_URL"]
-KEYS = {name: os.environ[f"WARREN_KEY_{name.upper()}"] for name in ("main", "single", "off", "bashonly", "files")}
+KEYS = {name: os.environ[f"WARREN_KEY_{name.upper()}"] for name in ("main", "single", "off", "bashonly", "files", "vol")}
 
 
 def client(key="main", **kw):
@@ -186,6 +186,60 @@ def check_cancel():
     assert c.cancel_execution(h.trace_id).status == "cancelled"
 
 
+def send(signed, body=None):
+    """Uses a signed URL as the SDK hands it over (any HTTP client will do)."""
+    import httpx
+
+    return httpx.request(signed.method, signed.url, content=body, headers={h.name: h.value for h in signed.headers})
+
+
+def check_files():
+    """A file reaches a thread's home before a call; the results leave after it."""
+    import httpx
+
+    c = client()
+    data = b"a,b\n1,2\n"
+    u = c.upload_url(source="thread", id="sdk-files", path="in/data.csv", content_length=len(data), content_type="text/csv")
+    assert u.method == "PUT" and u.url.startswith(URL) and u.expires_at, u
+    r = send(u, data)
+    assert r.status_code == 201, (r.status_code, r.text)
+    code = "import os\nh = os.path.expanduser('~')\nprint(open(h + '/in/data.csv').read(), end='')\nopen(h + '/out.txt', 'w').write('result')"
+    r = c.execute(code, thread_id="sdk-files")
+    assert r.stdout == "a,b\n1,2\n", r
+    files = {f.path: f.size for f in c.list_files(source="thread", id="sdk-files")}
+    assert files.get("in/data.csv") == 8 and files.get("out.txt") == 6, files
+    assert [f.path for f in c.list_files(source="thread", id="sdk-files", path="in")] == ["in/data.csv"]
+    d = c.download_url(source="thread", id="sdk-files", path="out.txt")
+    assert d.method == "GET" and send(d).content == b"result"
+    # Single-purpose and tamper-proof: a download URL does not upload, a changed one is refused.
+    assert httpx.put(d.url, content=b"x").status_code == 403
+    assert httpx.get(d.url[:-3] + "AAA").status_code == 403
+    # Exactly the declared length.
+    u = c.upload_url(source="thread", id="sdk-files", path="in/b.txt", content_length=3)
+    assert send(u, b"too long").status_code == 400
+    # Another key's view: no such thread. A path out of the home: refused.
+    e = expect(BaponiError, lambda: client("bashonly").list_files(source="thread", id="sdk-files"))
+    assert e.status_code == 404, repr(e)
+    e = expect(APIValidationError, lambda: c.upload_url(source="thread", id="sdk-files", path="../etc/passwd", content_length=1))
+    assert "path" in e.message, repr(e)
+    assert send(c.download_url(source="thread", id="sdk-files", path="missing.txt")).status_code == 404
+
+
+def check_volume_files():
+    """A managed volume: uploaded files are under /data/<mount>, results come back."""
+    v = client("vol")
+    r = send(v.upload_url(source="volume", id="work", path="reports/in.txt", content_length=5), b"hello")
+    assert r.status_code == 201, (r.status_code, r.text)
+    r = v.execute("print(open('/data/work/reports/in.txt').read()); open('/data/work/reports/out.txt', 'w').write('done')")
+    assert r.stdout == "hello\n", r
+    files = {f.path: f.size for f in v.list_files(source="volume", id="work", path="reports")}
+    assert files == {"reports/in.txt": 5, "reports/out.txt": 4}, files
+    assert send(v.download_url(source="volume", id="work", path="reports/out.txt")).content == b"done"
+    # A volume the key does not mount is not there for it.
+    e = expect(BaponiError, lambda: v.list_files(source="volume", id="other"))
+    assert e.status_code == 404, repr(e)
+
+
 def check_sub_paths():
     # The key's Sandbox mounts a Local directory at /data/files; sub_paths
     # narrows it to files/in for one call, as the SDK sends it.
@@ -205,6 +259,8 @@ for check in (
     check_sub_paths,
     check_async_execution,
     check_cancel,
+    check_files,
+    check_volume_files,
 ):
     check()
     print("ok", check.__name__, flush=True)

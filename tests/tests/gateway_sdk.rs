@@ -29,24 +29,29 @@ async fn the_baponi_sdk_works_against_warren() {
         "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: files}}\nspec: {{provider: Local, bucket: {}}}\n---\n\
          apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-files}}\nspec: {{image: host, storage: [{{name: files, connectionRef: {{name: files}}, mode: ReadWrite}}]}}\n---\n\
          apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: files}}\nspec: {{sandboxRef: {{name: with-files}}}}\n---\n\
-         apiVersion: v1\nkind: Secret\nmetadata: {{name: files-key}}\nstringData: {{key: {}}}\n",
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: files-key}}\nstringData: {{key: {}}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-volume}}\nspec: {{image: host, storage: [{{name: work, volume: work, mode: ReadWrite}}]}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: vol}}\nspec: {{sandboxRef: {{name: with-volume}}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: vol-key}}\nstringData: {{key: {}}}\n",
         data.path().display(),
-        key("files")
+        key("files"),
+        key("vol")
     );
     std::fs::write(gw.manifest_dir().join("storage.yaml"), storage).unwrap();
-    let loaded = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || gw.execute(&key("files"), &serde_json::json!({"code": "print(1)"})).status == 200);
+    let loaded = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || gw.execute(&key("files"), &serde_json::json!({"code": "print(1)"})).status == 200 && gw.execute(&key("vol"), &serde_json::json!({"code": "print(1)"})).status == 200);
     assert!(loaded, "the storage manifests never loaded: {:?}", gw.logs());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/check_sdk.py");
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.arg(&script).env("WARREN_URL", format!("http://{}", gw.addr));
-    for k in ["main", "single", "off", "bashonly", "files"] {
+    for k in ["main", "single", "off", "bashonly", "files", "vol"] {
         cmd.env(format!("WARREN_KEY_{}", k.to_uppercase()), key(k));
     }
     let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(std::fs::read_to_string(data.path().join("out.txt")).ok().as_deref(), Some("from the sdk"), "{stdout}");
-    assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool", "check_sub_paths", "check_async_execution", "check_cancel"] {
+    let warnings: Vec<String> = gw.logs().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+    assert!(out.status.success(), "SDK checks failed:\n{stdout}\n{}\ngateway warnings: {warnings:#?}", String::from_utf8_lossy(&out.stderr));
+    for check in ["check_execute", "check_stream", "check_async", "check_errors", "check_rate_limit_and_thread_busy", "check_anthropic_tool", "check_sub_paths", "check_async_execution", "check_cancel", "check_files", "check_volume_files"] {
         assert!(stdout.contains(&format!("ok {check}")), "{check} did not run:\n{stdout}");
     }
 }

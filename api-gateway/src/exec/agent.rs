@@ -26,10 +26,27 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     /// Kills execution `execution_id` if it runs there; resolves once it has
     /// ended, true when it was running.
     fn cancel(&self, execution_id: &str) -> BoxFuture<'static, Result<bool, Status>>;
+    /// The Files API of this agent (doubles may have none).
+    fn files(&self) -> Option<&dyn FileAgent> {
+        None
+    }
     /// Takes a slot of ApiKey `key` (`namespace/name`) under `limit`;
     /// resolves once granted. The slot is held until the returned stream is
     /// dropped.
     fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>>;
+}
+
+/// A file's bytes, as the agent streams them.
+pub type FileStream = BoxStream<'static, Result<bytes::Bytes, Status>>;
+
+/// The file operations of the Files API (`trace_id` names the HTTP request).
+pub trait FileAgent: Send + Sync {
+    /// Lists regular files.
+    fn list_files(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ListFilesResponse, Status>>;
+    /// Streams one file.
+    fn read_file(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<FileStream, Status>>;
+    /// Stores one file of `size` bytes from `data`.
+    fn write_file(&self, target: pb::FilesRequest, size: u64, data: BoxStream<'static, bytes::Bytes>, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
 }
 
 /// A granted key slot: the open call that holds it on the counting agent.
@@ -87,6 +104,10 @@ impl Agent for GrpcAgent {
         async move { Ok(client.cancel(req).await?.into_inner().was_running) }.boxed()
     }
 
+    fn files(&self) -> Option<&dyn FileAgent> {
+        Some(self)
+    }
+
     fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
         let msg = pb::KeySlotRequest { key: key.to_string(), limit };
         let (mut client, req) = (self.client.clone(), self.request(msg, ""));
@@ -99,5 +120,37 @@ impl Agent for GrpcAgent {
             }
         }
         .boxed()
+    }
+}
+
+impl FileAgent for GrpcAgent {
+    fn list_files(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ListFilesResponse, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { Ok(client.list_files(req).await?.into_inner()) }.boxed()
+    }
+
+    fn read_file(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<FileStream, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { Ok(client.read_file(req).await?.into_inner().map(|c| c.map(|c| bytes::Bytes::from(c.data))).boxed()) }.boxed()
+    }
+
+    fn write_file(&self, target: pb::FilesRequest, size: u64, data: BoxStream<'static, bytes::Bytes>, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
+        // A channel-fed stream of a concrete type: what tonic's client
+        // streaming can prove Send for. The feeder stops when the call does.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut data = data;
+            if tx.send(pb::WriteFileRequest { target: Some(target), size, data: Vec::new() }).await.is_err() {
+                return;
+            }
+            while let Some(d) = data.next().await {
+                if tx.send(pb::WriteFileRequest { target: None, size: 0, data: d.to_vec() }).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let (mut client, req) = (self.client.clone(), self.request(messages, trace_id));
+        async move { client.write_file(req).await.map(|_| ()) }.boxed()
     }
 }

@@ -85,6 +85,10 @@ const MIGRATIONS: &[&[&str]] = &[&[
         line TEXT NOT NULL,
         PRIMARY KEY (trace_id, seq)
     )",
+    "CREATE TABLE IF NOT EXISTS warren_settings (
+        k TEXT PRIMARY KEY,
+        v TEXT NOT NULL
+    )",
     "CREATE TABLE IF NOT EXISTS warren_gateways (
         id TEXT PRIMARY KEY,
         heartbeat_ms BIGINT NOT NULL
@@ -242,6 +246,14 @@ impl Store {
         }
         let rows = q.fetch_all(&self.pool).await?;
         rows.iter().map(|r| Ok(decode(r)?)).collect()
+    }
+
+    /// A secret every replica shares (made once, on first use, from
+    /// `fresh`): the signing key of file URLs.
+    pub async fn shared_secret(&self, name: &str, fresh: &str) -> Result<String, StoreError> {
+        sqlx::query("INSERT INTO warren_settings (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING").bind(name.to_string()).bind(fresh.to_string()).execute(&self.pool).await?;
+        let row = sqlx::query("SELECT v FROM warren_settings WHERE k = $1").bind(name.to_string()).fetch_one(&self.pool).await?;
+        Ok(row.try_get("v")?)
     }
 
     /// This gateway is alive at `now`.

@@ -45,6 +45,8 @@ pub enum Kind {
 pub struct Stat {
     pub kind: Kind,
     pub size: u64,
+    /// Modification time, Unix seconds.
+    pub mtime: i64,
 }
 
 impl From<&FileStat> for Stat {
@@ -55,7 +57,7 @@ impl From<&FileStat> for Stat {
             SFlag::S_IFLNK => Kind::Symlink,
             _ => Kind::Other,
         };
-        Stat { kind, size: st.st_size.max(0) as u64 }
+        Stat { kind, size: st.st_size.max(0) as u64, mtime: st.st_mtime }
     }
 }
 
@@ -139,6 +141,17 @@ pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<Stat>> {
 /// Opens the directory `name` in `dir` (not a symlink to one).
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
     Ok(openat(dir, cstr(name)?.as_c_str(), DIR_FLAGS, Mode::empty())?)
+}
+
+/// Opens the regular file `name` in `dir` for reading (not a symlink to one).
+pub fn open_file_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<File> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let f = File::from(openat(dir, cstr(name)?.as_c_str(), flags, Mode::empty())?);
+    // O_NONBLOCK keeps a fifo from hanging the open; only regular files are served.
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(f)
 }
 
 /// Opens a new regular file `name` in `dir` for writing (fails if anything is there).

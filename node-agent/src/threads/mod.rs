@@ -16,6 +16,7 @@
 
 mod beneath;
 pub mod disk;
+pub mod files;
 pub mod layer;
 mod lock;
 pub mod manifest;
@@ -366,9 +367,15 @@ impl Threads {
     /// `ids`) as the thread's new state: durable when this returns `Ok`. On
     /// error the previous state stays published.
     pub async fn save(&self, restored: &Restored, upper: &Path, ids: layer::IdMap) -> Result<Saved, ThreadError> {
+        self.save_measured(restored, upper, ids, None).await
+    }
+
+    /// [`Threads::save`] of an upper directory whose size is known
+    /// (`diff_bytes`; `None`: the whole filesystem of `upper`, a call's own tmpfs).
+    async fn save_measured(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, diff_bytes: Option<u64>) -> Result<Saved, ThreadError> {
         let key = &restored.options.key;
         let spool = self.spool.join(new_id());
-        let result = self.save_inner(restored, upper, ids, &spool).await;
+        let result = self.save_inner(restored, upper, ids, &spool, diff_bytes).await;
         let _ = std::fs::remove_file(&spool);
         if result.is_err() {
             // The warm copy may be ahead of what is published: rebuild next time.
@@ -377,7 +384,7 @@ impl Threads {
         result
     }
 
-    async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path) -> Result<Saved, ThreadError> {
+    async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path, diff_bytes: Option<u64>) -> Result<Saved, ThreadError> {
         let (key, state) = (&restored.options.key, restored.state.clone());
         let prev = restored.manifest.as_ref();
         let t0 = std::time::Instant::now();
@@ -391,7 +398,11 @@ impl Threads {
         }
         if !unchanged {
             // The diff lives on its own tmpfs: what it uses bounds the save.
-            self.make_room(disk::save_needs(disk::used_bytes(upper).map_err(io_err("measuring the thread diff"))?))?;
+            let used = match diff_bytes {
+                Some(b) => b,
+                None => disk::used_bytes(upper).map_err(io_err("measuring the thread diff"))?,
+            };
+            self.make_room(disk::save_needs(used))?;
         }
         let (up, st, sp) = (upper.to_path_buf(), state.clone(), spool.to_path_buf());
         let delta = if unchanged {

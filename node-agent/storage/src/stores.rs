@@ -80,6 +80,11 @@ impl Stores {
         self
     }
 
+    /// The platform store's objects (managed volumes), when there is one.
+    pub fn platform_store(&self) -> Option<Arc<dyn ObjectStore>> {
+        self.platform.as_ref().map(|b| b.store.clone())
+    }
+
     /// Mounts take sessions from `pool`.
     pub fn with_fuse_pool(mut self, pool: Arc<FusePool>) -> Stores {
         self.fuse_pool = Some(pool);
