@@ -68,7 +68,8 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     let trace = HeaderValue::from_str(&run.id).ok();
     let mut resp = match delivery {
         Delivery::Streamed => streamed(run, &st),
-        Delivery::Collected => collected(run).await,
+        // The HTTP API never asks for the MCP delivery.
+        Delivery::Collected | Delivery::Mcp => collected(run).await,
         Delivery::Async => accepted(run, &st, hook),
     };
     if let Some(t) = trace {

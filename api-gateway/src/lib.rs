@@ -20,6 +20,7 @@ pub mod ndjson;
 pub mod records;
 pub mod executions;
 pub mod local_config;
+pub mod mcp;
 pub mod metrics;
 pub mod nodes;
 pub mod openapi;

@@ -89,6 +89,7 @@ pub fn build() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 pub fn app(state: AppState) -> Router {
     let (router, _) = build();
     router
+        .merge(crate::mcp::router(state.clone()))
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(state.clone(), count))

@@ -67,6 +67,8 @@ pub enum Delivery {
     Streamed,
     /// 202 now; the events are recorded for status, output and webhook.
     Async,
+    /// An MCP tool call: one result.
+    Mcp,
 }
 
 impl Delivery {
@@ -76,6 +78,7 @@ impl Delivery {
             Delivery::Collected => crate::records::Mode::Inline,
             Delivery::Streamed => crate::records::Mode::Stream,
             Delivery::Async => crate::records::Mode::Async,
+            Delivery::Mcp => crate::records::Mode::Mcp,
         }
     }
 }

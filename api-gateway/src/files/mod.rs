@@ -116,6 +116,7 @@ pub struct FileList {
 }
 
 /// What a key may do with one file location.
+#[derive(Clone)]
 struct Place {
     target: pb::files_request::Target,
     /// Thread: its home node's placement key.
@@ -188,14 +189,7 @@ pub async fn list(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Re
     let run = async {
         let key = st.keys().authenticate(&headers)?;
         let r: FileRequest = body(&st, &headers, b).await?;
-        let path = clean(r.path.as_deref().unwrap_or_default(), true)?;
-        let place = place(&key, &r.source, &r.id)?;
-        let node = node_for(&st, &place)?;
-        let files = node.agent().files().ok_or_else(no_files)?;
-        let req = pb::FilesRequest { target: Some(place.target), path };
-        let got = files.list_files(req, crate::router::request_id(&headers)).await.map_err(|s| refused(&s))?;
-        let files = got.files.into_iter().map(|f| FileEntry { path: f.path, size: f.size, modified: (f.modified > 0).then(|| crate::records::rfc3339(f.modified * 1000)) }).collect();
-        Ok::<_, ApiError>(FileList { files, truncated: got.truncated })
+        FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::router::request_id(&headers)).await
     };
     run.await.map_or_else(IntoResponse::into_response, |l| axum::Json(l).into_response())
 }
@@ -216,14 +210,11 @@ pub async fn put_content(State(st): State<AppState>, headers: HeaderMap, Path(to
             Some(n) if n != want => return Err(ApiError::invalid("Content-Length", format!("this URL takes exactly {want} bytes"))),
             Some(_) => {}
         }
-        let place = place(&key, source_name(g.source), &g.id)?;
-        let node = node_for(&st, &place)?;
-        let files = node.agent().files().ok_or_else(no_files)?;
-        let req = pb::FilesRequest { target: Some(place.target), path: g.path.clone() };
+        let access = FileAccess::new(&st, &key, source_name(g.source), &g.id)?;
         // The body as it arrives; a broken body ends the stream early and the
         // agent refuses the short upload.
         let data = b.into_data_stream().take_while(|c| futures_util::future::ready(c.is_ok())).filter_map(|c| futures_util::future::ready(c.ok())).boxed();
-        files.write_file(req, want, data, crate::router::request_id(&headers)).await.map_err(|s| refused(&s))?;
+        access.write_stream(&g.path, want, data, crate::router::request_id(&headers)).await?;
         tracing::info!(key = %key.qualified_name(), source = source_name(g.source), bytes = want, "file uploaded");
         Ok::<_, ApiError>(())
     };
@@ -240,11 +231,7 @@ pub async fn put_content(State(st): State<AppState>, headers: HeaderMap, Path(to
 pub async fn get_content(State(st): State<AppState>, headers: HeaderMap, Path(tok): Path<String>) -> Response {
     let run = async {
         let (g, key) = open(&st, &tok, Op::Get)?;
-        let place = place(&key, source_name(g.source), &g.id)?;
-        let node = node_for(&st, &place)?;
-        let files = node.agent().files().ok_or_else(no_files)?;
-        let req = pb::FilesRequest { target: Some(place.target), path: g.path.clone() };
-        let stream = files.read_file(req, crate::router::request_id(&headers)).await.map_err(|s| refused(&s))?;
+        let stream = FileAccess::new(&st, &key, source_name(g.source), &g.id)?.read(&g.path, crate::router::request_id(&headers)).await?;
         Ok::<_, ApiError>((g, stream))
     };
     match run.await {
@@ -298,6 +285,88 @@ fn signed(st: &AppState, headers: &HeaderMap, g: &Grant, method: &str, extra: Ve
         method: method.into(),
         headers: extra,
         expires_at: crate::records::rfc3339(g.exp * 1000),
+    }
+}
+
+/// What one key may do with one thread or volume: the Files API's calls to
+/// the node, shared by the HTTP handlers and the MCP tools.
+pub struct FileAccess<'a> {
+    st: &'a AppState,
+    key: &'a EffectiveKey,
+    source: String,
+    id: String,
+    place: Place,
+}
+
+impl<'a> FileAccess<'a> {
+    /// `source` (`thread`|`volume`) `id` of `key`; 400/404 when it has none.
+    pub fn new(st: &'a AppState, key: &'a EffectiveKey, source: &str, id: &str) -> Result<FileAccess<'a>, ApiError> {
+        Ok(FileAccess { st, key, source: source.to_string(), id: id.to_string(), place: place(key, source, id)? })
+    }
+
+    fn node(&self) -> Result<std::sync::Arc<crate::nodes::Node>, ApiError> {
+        node_for(self.st, &self.place)
+    }
+
+    fn request(&self, path: String) -> pb::FilesRequest {
+        pb::FilesRequest { target: Some(self.place.target.clone()), path }
+    }
+
+    /// Regular files at or below `path`.
+    pub async fn list(&self, path: &str, trace: &str) -> Result<FileList, ApiError> {
+        let req = self.request(clean(path, true)?);
+        let node = self.node()?;
+        let got = node.agent().files().ok_or_else(no_files)?.list_files(req, trace).await.map_err(|s| refused(&s))?;
+        let files = got.files.into_iter().map(|f| FileEntry { path: f.path, size: f.size, modified: (f.modified > 0).then(|| crate::records::rfc3339(f.modified * 1000)) }).collect();
+        Ok(FileList { files, truncated: got.truncated })
+    }
+
+    /// The file's bytes as they arrive.
+    pub async fn read(&self, path: &str, trace: &str) -> Result<crate::exec::agent::FileStream, ApiError> {
+        let req = self.request(clean(path, false)?);
+        let node = self.node()?;
+        node.agent().files().ok_or_else(no_files)?.read_file(req, trace).await.map_err(|s| refused(&s))
+    }
+
+    /// The whole file when it is at most `max` bytes; `None` when larger.
+    pub async fn read_small(&self, path: &str, max: u64, trace: &str) -> Result<Option<Vec<u8>>, ApiError> {
+        let listed = self.list(path, trace).await?;
+        let clean_path = clean(path, false)?;
+        let Some(f) = listed.files.iter().find(|f| f.path == clean_path) else { return Err(ApiError::not_found("no such file")) };
+        if f.size > max {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(f.size as usize);
+        let mut stream = self.read(path, trace).await?;
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk.map_err(|s| refused(&s))?);
+            if out.len() as u64 > max {
+                return Ok(None);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Stores `size` bytes from `data` at `path`.
+    pub async fn write_stream(&self, path: &str, size: u64, data: futures_util::stream::BoxStream<'static, bytes::Bytes>, trace: &str) -> Result<(), ApiError> {
+        if !self.place.writable {
+            return Err(ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly"));
+        }
+        let req = self.request(clean(path, false)?);
+        let node = self.node()?;
+        node.agent().files().ok_or_else(no_files)?.write_file(req, size, data, trace).await.map_err(|s| refused(&s))
+    }
+
+    /// Stores `data` at `path`.
+    pub async fn write(&self, path: &str, data: bytes::Bytes, trace: &str) -> Result<(), ApiError> {
+        let size = data.len() as u64;
+        self.write_stream(path, size, futures_util::stream::iter([data]).boxed(), trace).await
+    }
+
+    /// A signed download URL (base from `--public-url`, else `headers`' Host).
+    pub fn download_url(&self, path: &str, headers: &HeaderMap) -> Result<SignedUrl, ApiError> {
+        let g = grant(self.st, self.key, Op::Get, &self.source, &self.id, clean(path, false)?, None, None);
+        Ok(signed(self.st, headers, &g, "GET", Vec::new()))
     }
 }
 
