@@ -35,7 +35,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -47,8 +47,11 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         if name == "toggles" {
             assert!(rendered.contains("--thread-store=s3://warren-threads") && rendered.contains("http://minio.storage:9000"), "{rendered}");
             assert!(rendered.contains("secretRef: {name: s3-creds}"), "credentials come from the named Secret");
+            assert!(rendered.contains("secretKeyRef: {name: warren-records, key: url}") && !rendered.contains("--records=sqlite"), "replicas share PostgreSQL");
+            assert!(rendered.contains("--webhook-allow-host=hooks.internal") && rendered.contains("--public-url=https://warren.example.com"), "{rendered}");
         } else {
             assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");
+            assert!(rendered.contains("--records=sqlite:///var/lib/warren/gateway/records.db"), "one replica keeps its records in the pod");
         }
         assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
         assert_gateway_reads_secrets_only_in_the_keys_namespace(&rendered);
@@ -63,6 +66,9 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         assert!(applied.contains("daemonset.apps/warren-node-agent created (server dry run)"), "{applied}");
         assert!(applied.contains("deployment.apps/warren-gateway created (server dry run)"), "{applied}");
     }
+    // Replicas without a shared record database are refused at render time.
+    let alone = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "gateway.replicas=2"]).output().unwrap();
+    assert!(!alone.status.success() && String::from_utf8_lossy(&alone.stderr).contains("gateway.records.existingSecret"));
     // An s3 store without a bucket is refused at render time, with the reason.
     let missing = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "threads.store=s3"]).output().unwrap();
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("threads.s3.bucket is required"));
