@@ -15,17 +15,20 @@ SOCK=${WARREN_AGENT_SOCKET:-/run/warren/agent.sock}
 LISTEN=${WARREN_LISTEN:-127.0.0.1:8080}
 SECRETS=$PWD/.warren-local           # generated Secrets: never committed
 
-# The demo key lives in a Secret manifest outside Git, made once.
+# The demo key lives in a Secret manifest outside Git, made once, with the
+# secret its webhooks are signed with (what the operator generates in a cluster).
 mkdir -p "$SECRETS" && chmod 700 "$SECRETS"
-if [ ! -s "$SECRETS/demo-key.yaml" ]; then
-  KEY=$(python3 -c 'import secrets, string; a = string.ascii_letters + string.digits; print("sk-wrn-" + "".join(secrets.choice(a) for _ in range(40)))')
-  umask 077
-  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo-key\nstringData:\n  key: %s\n' "$KEY" >"$SECRETS/demo-key.yaml"
+random() { python3 -c 'import secrets, string, sys; a = string.ascii_letters + string.digits; print(sys.argv[1] + "".join(secrets.choice(a) for _ in range(int(sys.argv[2]))))' "$@"; }
+if [ ! -s "$SECRETS/demo-key.yaml" ] || ! grep -q webhook-secret "$SECRETS/demo-key.yaml"; then
+  KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml" 2>/dev/null)
+  KEY=${KEY:-$(random sk-wrn- 40)}
+  (umask 077; printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo-key\nstringData:\n  key: %s\n  webhook-secret: %s\n' "$KEY" "$(random whsec_ 43)" >"$SECRETS/demo-key.yaml")
 fi
 KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml")
+WEBHOOK_SECRET=$(sed -n 's/^  webhook-secret: //p' "$SECRETS/demo-key.yaml")
 # A second key, for the storage example (examples/local/storage.yaml).
 if [ ! -s "$SECRETS/files-key.yaml" ]; then
-  FKEY=$(python3 -c 'import secrets, string; a = string.ascii_letters + string.digits; print("sk-wrn-" + "".join(secrets.choice(a) for _ in range(40)))')
+  FKEY=$(random sk-wrn- 40)
   (umask 077; printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: files-key\nstringData:\n  key: %s\n' "$FKEY" >"$SECRETS/files-key.yaml")
 fi
 FILES_KEY=$(sed -n 's/^  key: //p' "$SECRETS/files-key.yaml")
@@ -37,7 +40,8 @@ mkdir -p "$DATA"
 "$BIN/warren-node-agent" --listen-unix "$SOCK" --state-dir "$STATE" --log-format plain &
 AGENT=$!
 for _ in $(seq 1 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
-"$BIN/warren-gateway" --listen "$LISTEN" --manifests examples/local,"$SECRETS" --agent "unix:$SOCK" --log-format plain &
+"$BIN/warren-gateway" --listen "$LISTEN" --manifests examples/local,"$SECRETS" --agent "unix:$SOCK" --log-format plain \
+  --records "sqlite://$STATE/gateway/records.db" &
 GATEWAY=$!
 trap 'kill -TERM $GATEWAY $AGENT 2>/dev/null; wait $GATEWAY $AGENT 2>/dev/null' EXIT INT TERM
 URL="http://$LISTEN"
@@ -76,6 +80,17 @@ Try it:
   # a managed volume: /data/scratch keeps files across calls (prints 1, 2, 3, ...), no bucket needed
   curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $FILES_KEY' -H 'Content-Type: application/json' \\
     -d '{"code": "echo run >> /data/scratch/runs; wc -l < /data/scratch/runs", "language": "bash"}'
+
+  # asynchronous: 202 now, then the status (and, with "webhook_url": "https://…", a signed
+  # POST of it, Warren-Signature = v1=HMAC-SHA256("\$timestamp.\$body", webhook secret $WEBHOOK_SECRET))
+  curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' -H 'Content-Type: application/json' \
+    -H 'Prefer: respond-async' -d '{"code": "import time; time.sleep(2); print(\"done\")", "metadata": {"job": "demo"}}'
+  curl -sS $URL/v1/executions/<trace_id> -H 'Authorization: Bearer $KEY'
+  # the audit log: this key's executions, filtered
+  curl -sS '$URL/v1/executions?metadata.job=demo&status=success' -H 'Authorization: Bearer $KEY'
+
+  # MCP (Claude Code: claude mcp add --transport http warren $URL/mcp --header "Authorization: Bearer $KEY")
+  #   tools: sandbox_execute, files_list, files_download, files_upload
 
   # the Baponi Python SDK (pip install baponi)
   python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'

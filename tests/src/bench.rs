@@ -57,11 +57,19 @@ impl Conn {
 
     /// `POST /v1/sandbox/execute`; returns status and body.
     pub async fn execute(&mut self, key: &str, body: &[u8]) -> anyhow::Result<(u16, bytes::Bytes)> {
-        let req = hyper::Request::post("/v1/sandbox/execute")
+        self.execute_with(key, body, &[]).await
+    }
+
+    /// [`Conn::execute`] with extra headers (`Prefer: respond-async`).
+    pub async fn execute_with(&mut self, key: &str, body: &[u8], headers: &[(&str, &str)]) -> anyhow::Result<(u16, bytes::Bytes)> {
+        let mut req = hyper::Request::post("/v1/sandbox/execute")
             .header("host", &self.host)
             .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(Full::new(bytes::Bytes::copy_from_slice(body)))?;
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(bytes::Bytes::copy_from_slice(body)))?;
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
         let status = resp.status().as_u16();

@@ -178,9 +178,16 @@ impl Gateway {
 
     /// [`Gateway::start`] with extra environment (e.g. `KUBECONFIG` for cluster mode).
     pub async fn start_with_env(agents: &[String], extra_args: &[&str], env: &[(&str, &str)], wait_ready: bool) -> anyhow::Result<Gateway> {
+        Gateway::start_binary(&crate::bin("warren-gateway"), true, agents, extra_args, env, wait_ready).await
+    }
+
+    /// [`Gateway::start_with_env`] with another `warren-gateway` build
+    /// (benchmarks compare against a baseline); `records`: it takes
+    /// `--records` (builds before execution records do not).
+    pub async fn start_binary(bin: &Path, records: bool, agents: &[String], extra_args: &[&str], env: &[(&str, &str)], wait_ready: bool) -> anyhow::Result<Gateway> {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("warren.yaml"), manifests())?;
-        let mut cmd = Command::new(crate::bin("warren-gateway"));
+        let mut cmd = Command::new(bin);
         cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json", "--reload-interval-ms", "100", "--health-interval-ms", "200"])
             .arg("--manifests")
             .arg(dir.path())
@@ -194,7 +201,7 @@ impl Gateway {
             cmd.arg("--agent").arg(a);
         }
         // Its own record database unless the test shares one between gateways.
-        if !extra_args.contains(&"--records") {
+        if records && !extra_args.contains(&"--records") {
             cmd.arg("--records").arg(format!("sqlite://{}/records.db", dir.path().display()));
         }
         let mut child = cmd.spawn().context("spawning warren-gateway")?;
