@@ -230,8 +230,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ttl: Duration::from_secs(args.files_url_ttl_secs),
         max_upload: args.files_max_upload_mib << 20,
     });
-    let sweep = tokio::spawn(records::sweep_loop(store.clone(), owner.clone(), retention));
-    let recorder = records::Recorder::start(store, &owner, args.record_output_max_bytes as usize);
+    let recorder = records::Recorder::start(store.clone(), &owner, args.record_output_max_bytes as usize);
     let tasks = tokio_util::task::TaskTracker::new();
     let webhooks = webhook::Webhooks::new(&webhook::Settings {
         allowed: args.webhook_allow_hosts.clone(),
@@ -240,6 +239,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         retry_base: Duration::from_millis(args.webhook_retry_base_ms),
         timeout: Duration::from_secs(args.webhook_timeout_secs),
     })?;
+    let takeover = Arc::new(webhook::Takeover { webhooks: webhooks.clone(), recorder: recorder.clone(), keys: rx.clone(), tasks: tasks.clone() });
+    let sweep = tokio::spawn(records::sweep_loop(store, owner.clone(), retention, takeover));
     let state = state::AppState {
         keys: rx,
         service: exec::ExecutionService {

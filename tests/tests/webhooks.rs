@@ -144,3 +144,31 @@ async fn webhooks_are_signed_retried_recorded_and_never_reach_private_addresses(
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("webhook signing secret"), "{}", r.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_gateways_webhook_is_delivered_by_another() {
+    if skip_unless_root("a_stopped_gateways_webhook_is_delivered_by_another") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, leaf) = warren_e2e::pki::loopback_server(dir.path());
+    let rx = Receiver::start(dir.path(), &leaf.cert, &leaf.key);
+    let agent = Agent::start(&[]).await.unwrap();
+    let (ca_arg, url) = (ca.display().to_string(), format!("sqlite://{}/records.db", dir.path().display()));
+    let args = ["--webhook-allow-host", "127.0.0.1", "--webhook-ca-file", ca_arg.as_str(), "--records", url.as_str(), "--record-lease-secs", "2"];
+    let mut first = Gateway::start(&[agent.address()], &args, true).await.unwrap();
+    let second = Gateway::start(&[agent.address()], &args, true).await.unwrap();
+    let body = json!({"code": "echo up; sleep 50", "language": "bash", "webhook_url": rx.url("127.0.0.1", "/ok")}).to_string();
+    let k = key("main");
+    let r = http::post(first.addr, "/v1/sandbox/execute", &[("Authorization", &format!("Bearer {k}")), ("Content-Type", "application/json"), ("Prefer", "respond-async")], body.as_bytes());
+    let trace = accepted(&r);
+    assert!(wait_for(Duration::from_secs(20), || second.get(&k, &format!("/v1/executions/{trace}")).status == 200));
+    first.kill();
+    // The second gateway ends the record (the sandbox died with the stream) and delivers it.
+    let v = settled(&second, &trace);
+    assert_eq!((v["status"].as_str(), v["error"].as_str(), v["webhook_delivery_status"].as_str()), (Some("failed"), Some("gateway_lost"), Some("delivered")), "{v}");
+    let got = rx.requests("/ok");
+    assert_eq!(got.len(), 1, "{got:?}");
+    let payload: serde_json::Value = serde_json::from_str(got[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!((payload["trace_id"].as_str(), payload["error"].as_str()), (Some(trace.as_str()), Some("gateway_lost")));
+}

@@ -18,7 +18,7 @@ mod writer;
 
 pub use model::{cut, Filter, Finished, Mode, NewRecord, Row, Status};
 pub use store::{Store, StoreError};
-pub use sweep::{sweep_loop, Retention};
+pub use sweep::{sweep_loop, Redeliver, Retention};
 pub use writer::Recorder;
 
 /// Milliseconds since the Unix epoch.

@@ -282,6 +282,24 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Takes over the pending webhooks of gateways silent since `stale`
+    /// (their executions ended, or were just ended as `gateway_lost`, and
+    /// nobody is delivering them): `owner` becomes their owner. Each is
+    /// claimed by exactly one gateway. (trace id, URL, namespace, key name).
+    pub async fn claim_webhooks(&self, owner: &str, stale: i64) -> Result<Vec<(String, String, String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "UPDATE warren_executions SET owner = $1 \
+             WHERE webhook_status = 'pending' AND completed_ms IS NOT NULL AND owner <> $1 \
+             AND NOT EXISTS (SELECT 1 FROM warren_gateways g WHERE g.id = warren_executions.owner AND g.heartbeat_ms >= $2) \
+             RETURNING trace_id, webhook_url, namespace, key_name",
+        )
+        .bind(owner.to_string())
+        .bind(stale)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("trace_id")?, r.try_get::<Option<String>, _>("webhook_url")?.unwrap_or_default(), r.try_get("namespace")?, r.try_get("key_name")?))).collect()
+    }
+
     /// Drops the output of records ended before `output_before` and whole
     /// records ended before `record_before`.
     pub async fn expire(&self, output_before: i64, record_before: i64) -> Result<(), StoreError> {

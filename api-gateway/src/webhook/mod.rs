@@ -155,6 +155,33 @@ impl Webhooks {
     }
 }
 
+/// Delivers the webhooks of gateways that stopped (their records say
+/// `pending`; the sweeper hands them over).
+pub struct Takeover {
+    /// Sender.
+    pub webhooks: Webhooks,
+    /// Records.
+    pub recorder: Recorder,
+    /// Keys (for the signing secret).
+    pub keys: tokio::sync::watch::Receiver<Arc<crate::auth::KeyStore>>,
+    /// Where the deliveries run (shutdown waits for them).
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl crate::records::Redeliver for Takeover {
+    fn redeliver(&self, trace_id: String, url: String, namespace: String, key_name: String) {
+        let secret = self.keys.borrow().named(&namespace, &key_name).and_then(|k| k.webhook_secret.clone());
+        let (url, secret) = match (self.webhooks.check(&url), secret) {
+            (Ok(url), Some(secret)) => (url, secret),
+            (Err(_), _) => return self.recorder.webhook(&trace_id, "refused", 0),
+            // The key (or its secret) is gone: nothing may be signed for it.
+            (_, None) => return self.recorder.webhook(&trace_id, "failed", 0),
+        };
+        let (webhooks, rec) = (self.webhooks.clone(), self.recorder.clone());
+        self.tasks.spawn(async move { webhooks.deliver(rec, trace_id, Hook { url, secret }).await });
+    }
+}
+
 enum Attempt {
     Delivered,
     Refused(String),
