@@ -21,8 +21,13 @@ fn quickstart_on_host() -> tempfile::TempDir {
 }
 
 fn secret_value(k: &EnvTest, secret: &str) -> Option<String> {
+    secret_entry(k, secret, "key")
+}
+
+fn secret_entry(k: &EnvTest, secret: &str, entry: &str) -> Option<String> {
     use base64::Engine as _;
-    let out = k.kubectl(&["get", "secret", secret, "-o", "jsonpath={.data.key}"]);
+    let path = format!("go-template={{{{index .data \"{entry}\"}}}}");
+    let out = k.kubectl(&["get", "secret", secret, "-o", &path]);
     let b64 = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
     (out.status.success() && !bytes.is_empty()).then(|| String::from_utf8_lossy(&bytes).into_owned())
@@ -68,7 +73,7 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
     let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
     let env = [("KUBECONFIG", kubeconfig.as_str())];
-    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS], &env, false).await.unwrap();
+    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS, "--webhook-allow-host", "127.0.0.1"], &env, false).await.unwrap();
     // Ready once the published keys were listed, even when there are none yet.
     gw.wait_ready(Duration::from_secs(20)).unwrap();
 
@@ -82,6 +87,13 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let key = key.unwrap();
     assert!(key.starts_with("sk-wrn-") && key.len() == 47, "{key}");
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "key never served; operator:\n{}\ngateway:\n{}", operator.logs().join("\n"), gw.logs().join("\n"));
+    // Generated with it: the webhook signing secret, which reaches the gateway (a
+    // webhook is accepted; its target, a closed loopback port, is allowed for the test).
+    let whsec = secret_entry(&k, "agent-key", "webhook-secret").unwrap_or_default();
+    assert!(whsec.starts_with("whsec_") && whsec.len() == 49, "{whsec}");
+    let hooked = json!({"code": "print(1)", "webhook_url": "https://127.0.0.1:1/hook"}).to_string();
+    let r = warren_e2e::http::post(gw.addr, "/v1/sandbox/execute", &[("Authorization", &format!("Bearer {key}")), ("Content-Type", "application/json"), ("Prefer", "respond-async")], hooked.as_bytes());
+    assert_eq!(r.status, 202, "{}", r.text());
     let r = gw.execute(&key, &json!({"code": "import os; print(os.environ['APP_ENV'])"}));
     assert_eq!(r.json()["stdout"], "production\n");
     assert_eq!(ready(&k, "apikey", "agent"), ("True".into(), "Published".into()));
