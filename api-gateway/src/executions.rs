@@ -239,8 +239,10 @@ pub async fn execution_output(State(st): State<AppState>, headers: HeaderMap, Pa
     resp
 }
 
-/// How often a resumed stream looks for new lines.
+/// How often a resumed stream looks for new lines: at first, and at most
+/// (it backs off while nothing new comes).
 const POLL: Duration = Duration::from_millis(100);
+const POLL_MAX: Duration = Duration::from_secs(1);
 
 async fn replay(store: Store, row: Row, mut last: u64, tx: ndjson::Tx, keepalive: Duration, stall: Duration, lease: Duration) {
     let id = row.trace_id.clone();
@@ -248,11 +250,13 @@ async fn replay(store: Store, row: Row, mut last: u64, tx: ndjson::Tx, keepalive
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(row.timeout_secs) + 60) + lease;
     let mut quiet = tokio::time::Instant::now();
     let mut ended = row.is_terminal();
+    let mut poll = POLL;
     while tokio::time::Instant::now() < deadline {
         let Ok(lines) = store.lines_after(&id, last, 256).await else { return };
         if let Some((seq, _)) = lines.last() {
             last = *seq;
             quiet = tokio::time::Instant::now();
+            poll = POLL;
             let done = lines.iter().any(|(_, l)| is_result_line(l));
             for (_, l) in lines {
                 let mut b = l.into_bytes();
@@ -280,7 +284,8 @@ async fn replay(store: Store, row: Row, mut last: u64, tx: ndjson::Tx, keepalive
             }
             quiet = tokio::time::Instant::now();
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(poll).await;
+        poll = (poll * 2).min(POLL_MAX);
         ended = matches!(store.get(&id).await, Ok(Some(r)) if r.is_terminal());
     }
 }

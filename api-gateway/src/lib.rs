@@ -239,6 +239,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         retry_base: Duration::from_millis(args.webhook_retry_base_ms),
         timeout: Duration::from_secs(args.webhook_timeout_secs),
     })?;
+    let webhook_stop = webhooks.clone();
     let takeover = Arc::new(webhook::Takeover { webhooks: webhooks.clone(), recorder: recorder.clone(), keys: rx.clone(), tasks: tasks.clone() });
     let sweep = tokio::spawn(records::sweep_loop(store, owner.clone(), retention, takeover));
     let state = state::AppState {
@@ -270,7 +271,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
     serve::serve(listener, router::app(state), limits, stop, drain).await;
-    // Asynchronous executions have no connection to drain: wait for them too.
+    // Asynchronous executions have no connection to drain: wait for them too
+    // (webhooks waiting to retry are left to the next gateway).
+    webhook_stop.stop();
     tasks.close();
     if !tasks.is_empty() {
         info!(executions = tasks.len(), "waiting for asynchronous executions");

@@ -73,6 +73,16 @@ fn accepted(r: &http::Response) -> String {
     r.json()["trace_id"].as_str().unwrap().to_string()
 }
 
+/// A receiver with a fresh test CA, and the gateway flags that trust it and
+/// allow its host (directory, receiver, flags).
+fn lab() -> (tempfile::TempDir, Receiver, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, leaf) = warren_e2e::pki::loopback_server(dir.path());
+    let rx = Receiver::start(dir.path(), &leaf.cert, &leaf.key);
+    let flags = vec!["--webhook-allow-host".into(), "127.0.0.1".into(), "--webhook-ca-file".into(), ca.display().to_string()];
+    (dir, rx, flags)
+}
+
 fn redirect(to: &str) -> String {
     format!("/redirect/{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(to))
 }
@@ -82,12 +92,10 @@ async fn webhooks_are_signed_retried_recorded_and_never_reach_private_addresses(
     if skip_unless_root("webhooks_are_signed_retried_recorded_and_never_reach_private_addresses") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, leaf) = warren_e2e::pki::loopback_server(dir.path());
-    let rx = Receiver::start(dir.path(), &leaf.cert, &leaf.key);
+    let (_dir, rx, mut flags) = lab();
     let agent = Agent::start(&[]).await.unwrap();
-    let ca_arg = ca.display().to_string();
-    let args = ["--webhook-allow-host", "127.0.0.1", "--webhook-ca-file", ca_arg.as_str(), "--webhook-retry-base-ms", "100", "--webhook-attempts", "4"];
+    flags.extend(["--webhook-retry-base-ms", "100", "--webhook-attempts", "4"].map(String::from));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let gw = Gateway::start(&[agent.address()], &args, true).await.unwrap();
 
     // Two failures, then delivered: three signed attempts, the result in the body.
@@ -150,12 +158,10 @@ async fn a_stopped_gateways_webhook_is_delivered_by_another() {
     if skip_unless_root("a_stopped_gateways_webhook_is_delivered_by_another") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (ca, leaf) = warren_e2e::pki::loopback_server(dir.path());
-    let rx = Receiver::start(dir.path(), &leaf.cert, &leaf.key);
+    let (dir, rx, mut flags) = lab();
     let agent = Agent::start(&[]).await.unwrap();
-    let (ca_arg, url) = (ca.display().to_string(), format!("sqlite://{}/records.db", dir.path().display()));
-    let args = ["--webhook-allow-host", "127.0.0.1", "--webhook-ca-file", ca_arg.as_str(), "--records", url.as_str(), "--record-lease-secs", "2"];
+    flags.extend(["--records".into(), format!("sqlite://{}/records.db", dir.path().display()), "--record-lease-secs".into(), "2".into()]);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut first = Gateway::start(&[agent.address()], &args, true).await.unwrap();
     let second = Gateway::start(&[agent.address()], &args, true).await.unwrap();
     let body = json!({"code": "echo up; sleep 50", "language": "bash", "webhook_url": rx.url("127.0.0.1", "/ok")}).to_string();

@@ -211,9 +211,9 @@ pub async fn put_content(State(st): State<AppState>, headers: HeaderMap, Path(to
             Some(_) => {}
         }
         let access = FileAccess::new(&st, &key, source_name(g.source), &g.id)?;
-        // The body as it arrives; a broken body ends the stream early and the
-        // agent refuses the short upload.
-        let data = b.into_data_stream().take_while(|c| futures_util::future::ready(c.is_ok())).filter_map(|c| futures_util::future::ready(c.ok())).boxed();
+        // The body as it arrives; a broken or stalled body (nothing for the
+        // body timeout) ends the stream early and the agent refuses the short upload.
+        let data = upload_body(b, st.settings.body_timeout);
         access.write_stream(&g.path, want, data, crate::router::request_id(&headers)).await?;
         tracing::info!(key = %key.qualified_name(), source = source_name(g.source), bytes = want, "file uploaded");
         Ok::<_, ApiError>(())
@@ -247,6 +247,17 @@ pub async fn get_content(State(st): State<AppState>, headers: HeaderMap, Path(to
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// An upload's chunks, ending at the first error or after `idle` without one.
+fn upload_body(b: Body, idle: Duration) -> futures_util::stream::BoxStream<'static, bytes::Bytes> {
+    let mut chunks = b.into_data_stream();
+    async_stream::stream! {
+        while let Ok(Some(Ok(chunk))) = tokio::time::timeout(idle, chunks.next()).await {
+            yield chunk;
+        }
+    }
+    .boxed()
 }
 
 fn source_name(s: Source) -> &'static str {

@@ -43,6 +43,9 @@ pub struct Webhooks {
     allowed: Arc<Allowed>,
     attempts: u32,
     retry_base: Duration,
+    /// Set when the gateway stops: deliveries waiting to retry leave their
+    /// record `pending`, for the next gateway to take over.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 /// A delivery to make once an execution ends.
@@ -81,7 +84,19 @@ impl Webhooks {
                 b = b.add_root_certificate(cert);
             }
         }
-        Ok(Webhooks { client: b.build().context("building the webhook client")?, allowed, attempts: s.attempts.clamp(1, MAX_ATTEMPTS), retry_base: s.retry_base })
+        Ok(Webhooks {
+            client: b.build().context("building the webhook client")?,
+            allowed,
+            attempts: s.attempts.clamp(1, MAX_ATTEMPTS),
+            retry_base: s.retry_base,
+            stopping: Default::default(),
+        })
+    }
+
+    /// Stops waiting to retry (at shutdown): those records stay `pending`
+    /// and another gateway (or this one's successor) delivers them.
+    pub fn stop(&self) {
+        self.stopping.cancel();
     }
 
     /// Checks a request's `webhook_url` at submit time.
@@ -105,7 +120,13 @@ impl Webhooks {
         let mut n = 0;
         let outcome = loop {
             n += 1;
-            tokio::time::sleep(policy::backoff(n, self.retry_base)).await;
+            tokio::select! {
+                () = tokio::time::sleep(policy::backoff(n, self.retry_base)) => {}
+                () = self.stopping.cancelled() => {
+                    tracing::info!(execution_id = %trace_id, "gateway stopping: the webhook stays pending for another gateway");
+                    return;
+                }
+            }
             match self.attempt(&hook, &trace_id, &body).await {
                 Attempt::Delivered => break "delivered",
                 Attempt::Refused(why) => {
