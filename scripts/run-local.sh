@@ -20,7 +20,7 @@ SECRETS=$PWD/.warren-local           # generated Secrets: never committed
 mkdir -p "$SECRETS" && chmod 700 "$SECRETS"
 random() { python3 -c 'import secrets, string, sys; a = string.ascii_letters + string.digits; print(sys.argv[1] + "".join(secrets.choice(a) for _ in range(int(sys.argv[2]))))' "$@"; }
 if [ ! -s "$SECRETS/demo-key.yaml" ] || ! grep -q webhook-secret "$SECRETS/demo-key.yaml"; then
-  KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml" 2>/dev/null)
+  KEY=$(sed -n 's/^  key: //p' "$SECRETS/demo-key.yaml" 2>/dev/null || true)
   KEY=${KEY:-$(random sk-wrn- 40)}
   (umask 077; printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: demo-key\nstringData:\n  key: %s\n  webhook-secret: %s\n' "$KEY" "$(random whsec_ 43)" >"$SECRETS/demo-key.yaml")
 fi
