@@ -152,6 +152,9 @@ impl WarrenMcp {
     async fn execute(&self, key: &EffectiveKey, args: Value) -> Result<CallToolResult, String> {
         let body = serde_json::to_vec(&args).map_err(|e| e.to_string())?;
         let req: ExecuteRequest = crate::request::parse(&body).map_err(said)?;
+        if req.webhook_url.is_some() {
+            return Err("webhook_url: not with sandbox_execute (the result is the tool's answer)".into());
+        }
         let service = &self.st.service;
         let admitted = service.admit(key, req, Delivery::Mcp).await.map_err(|e| said(e.into()))?;
         let mut run = service.start(admitted).await.map_err(|e| said(e.into()))?;
