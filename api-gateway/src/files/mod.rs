@@ -128,12 +128,12 @@ struct Place {
 
 const BODY_LIMIT: usize = 64 << 10;
 
-async fn body<T: serde::de::DeserializeOwned>(st: &AppState, headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
+/// A small JSON body, bounded in size and time.
+async fn body<T: serde::de::DeserializeOwned>(st: &AppState, body: Body) -> Result<T, ApiError> {
     let bytes = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(body, BODY_LIMIT))
         .await
         .map_err(|_| ApiError::body_timeout(st.settings.body_timeout))?
         .map_err(|_| ApiError::too_large(BODY_LIMIT))?;
-    let _ = headers;
     serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_json(format!("the body is not acceptable: {}", e.to_string().split(" at line").next().unwrap_or_default())))
 }
 
@@ -145,7 +145,7 @@ async fn body<T: serde::de::DeserializeOwned>(st: &AppState, headers: &HeaderMap
 pub async fn upload_url(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
         let key = st.keys().authenticate(&headers)?;
-        let r: UploadUrlRequest = body(&st, &headers, b).await?;
+        let r: UploadUrlRequest = body(&st, b).await?;
         let path = clean(&r.path, false)?;
         let place = place(&key, &r.source, &r.id)?;
         if !place.writable {
@@ -171,7 +171,7 @@ pub async fn upload_url(State(st): State<AppState>, headers: HeaderMap, b: Body)
 pub async fn download_url(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
         let key = st.keys().authenticate(&headers)?;
-        let r: FileRequest = body(&st, &headers, b).await?;
+        let r: FileRequest = body(&st, b).await?;
         let path = clean(r.path.as_deref().unwrap_or_default(), false)?;
         place(&key, &r.source, &r.id)?;
         let g = grant(&st, &key, Op::Get, &r.source, &r.id, path, None, None);
@@ -188,7 +188,7 @@ pub async fn download_url(State(st): State<AppState>, headers: HeaderMap, b: Bod
 pub async fn list(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
         let key = st.keys().authenticate(&headers)?;
-        let r: FileRequest = body(&st, &headers, b).await?;
+        let r: FileRequest = body(&st, b).await?;
         FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::router::request_id(&headers)).await
     };
     run.await.map_or_else(IntoResponse::into_response, |l| axum::Json(l).into_response())
