@@ -101,9 +101,12 @@ def check_errors():
 
 
 def hold(key, thread_id=None):
-    """Starts a long execution; returns once it runs, and a stopper."""
+    """Starts a long execution; returns once it runs, with a function that
+    cancels it through the SDK's stream (a client that only disconnects
+    would leave it running, resumable) and checks the answer."""
     started = threading.Event()
     stop = threading.Event()
+    answers = []
 
     def run():
         with client(key).execute_stream("echo go; sleep 30", language="bash", thread_id=thread_id) as s:
@@ -111,29 +114,36 @@ def hold(key, thread_id=None):
                 if isinstance(ev, OutputEvent):
                     started.set()
                     stop.wait(30)
+                    answers.append(s.cancel())
                     return
 
     t = threading.Thread(target=run)
     t.start()
     assert started.wait(30), "the held execution never started"
-    return stop, t
+
+    def release():
+        stop.set()
+        t.join()
+        assert [a.status for a in answers] == ["cancelled"], answers
+
+    return release
 
 
 def check_rate_limit_and_thread_busy():
-    stop, t = hold("single")
+    release = hold("single")
     try:
         e = expect(RateLimitError, lambda: client("single", max_retries=0).execute("print(1)"))
         assert e.status_code == 429 and e.retry_after == 1.0, repr(e)
     finally:
-        stop.set()
-        t.join()
-    stop, t = hold("main", thread_id="sdk-thread")
+        release()
+    # The cancelled execution gave its slot back.
+    assert client("single").execute("print(1)").stdout == "1\n"
+    release = hold("main", thread_id="sdk-thread")
     try:
         e = expect(ThreadBusyError, lambda: client().execute("print(1)", thread_id="sdk-thread"))
         assert e.status_code == 409 and e.error_type == "thread_busy", repr(e)
     finally:
-        stop.set()
-        t.join()
+        release()
 
 
 def check_anthropic_tool():

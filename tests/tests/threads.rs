@@ -101,7 +101,7 @@ async fn a_busy_thread_refuses_every_other_request_across_gateways() {
     let Some((agent, gw)) = setup("a_busy_thread_refuses_every_other_request_across_gateways", &[]).await else { return };
     let gw2 = Gateway::start(&[agent.address()], &[], true).await.unwrap();
     let holder = json!({"code": "echo holding; sleep 600", "language": "bash", "thread_id": "busy", "timeout": 600});
-    let (conn, _) = http::open_until(gw.addr, &http::execute_request(gw.addr, &key("thr"), &holder, true), "holding").unwrap();
+    let (conn, head) = http::open_until(gw.addr, &http::execute_request(gw.addr, &key("thr"), &holder, true), "holding").unwrap();
     let attempts: Vec<_> = (0..20)
         .map(|i| {
             let g = if i % 2 == 0 { gw.addr } else { gw2.addr };
@@ -117,8 +117,11 @@ async fn a_busy_thread_refuses_every_other_request_across_gateways() {
     }
     // Other threads run in parallel meanwhile.
     assert_eq!(ok(&run(&gw2, "thr", "bash", "echo free", Some("other"))), "free\n");
-    // Disconnecting kills the holder; then the thread is usable again.
+    // Cancelling the holder (its client only detaches by disconnecting) frees the thread.
     drop(conn);
+    let trace = head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim().to_string();
+    let c = gw.post(&key("thr"), &format!("/v1/executions/{trace}/cancel"));
+    assert_eq!((c.status, c.json()["status"].as_str()), (200, Some("cancelled")), "{}", c.text());
     let mut last = None;
     for _ in 0..300 {
         let r = gw2.execute(&key("thr"), &json!({"code": "echo ran", "language": "bash", "thread_id": "busy"}));
