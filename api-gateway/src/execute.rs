@@ -157,23 +157,9 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<b
 }
 
 async fn collected(mut run: Run) -> Response {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let end = loop {
-        match run.next().await {
-            Ok(RunEvent::Stdout(c)) => out.extend_from_slice(&c),
-            Ok(RunEvent::Stderr(c)) => err.extend_from_slice(&c),
-            Ok(RunEvent::Exited(x)) => break Ok(x),
-            Ok(RunEvent::Started) => {}
-            Err(lost) => break Err(lost),
-        }
-    };
-    match end {
-        Ok(x) => {
-            let result = ExecuteResult::new(&run.id, &x, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
-            run.finish(Outcome::of(&x), &result);
-            (StatusCode::OK, axum::Json(result)).into_response()
-        }
-        Err(Lost) => run.lost().into_response(),
+    match run.collect().await {
+        Ok(result) => (StatusCode::OK, axum::Json(result)).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 

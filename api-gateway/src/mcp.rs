@@ -21,10 +21,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 use warren_config::EffectiveKey;
 
-use crate::exec::{Delivery, RunEvent};
+use crate::exec::Delivery;
 use crate::files::FileAccess;
 use crate::request::ExecuteRequest;
-use crate::result::{ExecuteResult, Outcome};
+use crate::result::ExecuteResult;
 use crate::state::AppState;
 
 /// Largest file `files_download` returns inline (as text).
@@ -158,18 +158,7 @@ impl WarrenMcp {
         let service = &self.st.service;
         let admitted = service.admit(key, req, Delivery::Mcp).await.map_err(|e| said(e.into()))?;
         let mut run = service.start(admitted).await.map_err(|e| said(e.into()))?;
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let exit = loop {
-            match run.next().await {
-                Ok(RunEvent::Stdout(c)) => out.extend_from_slice(&c),
-                Ok(RunEvent::Stderr(c)) => err.extend_from_slice(&c),
-                Ok(RunEvent::Exited(x)) => break x,
-                Ok(RunEvent::Started) => {}
-                Err(_) => return Err(said(run.lost().into())),
-            }
-        };
-        let r = ExecuteResult::new(&run.id, &exit, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
-        run.finish(Outcome::of(&exit), &r);
+        let r = run.collect().await.map_err(|e| said(e.into()))?;
         Ok(execution_result(&r))
     }
 

@@ -269,6 +269,19 @@ impl Gateway {
         http::raw(self.addr, req.as_bytes()).expect("HTTP request")
     }
 
+    /// The execution record `trace` (read with `key_name`'s key) once `done`
+    /// holds for it; panics after 30 s. Records of plain calls are written
+    /// in the background, so a 404 only means "not yet".
+    pub fn record_when(&self, key_name: &str, trace: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        let held = wait_for(Duration::from_secs(30), || {
+            last = self.get(&key(key_name), &format!("/v1/executions/{trace}")).json();
+            done(&last)
+        });
+        assert!(held, "record {trace} never reached the expected state: {last}");
+        last
+    }
+
     /// Kills the gateway (SIGKILL): no drain, no goodbye.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -338,6 +351,11 @@ impl Drop for Gateway {
             let _ = c.wait();
         }
     }
+}
+
+/// Whether an execution record has ended.
+pub fn ended(record: &serde_json::Value) -> bool {
+    record["status"].as_str().is_some_and(|s| s != "running")
 }
 
 /// Polls `cond` every 20 ms until it holds or `limit` passes; returns whether

@@ -109,6 +109,11 @@ pub fn open_until(addr: SocketAddr, request: &[u8], marker: &str) -> std::io::Re
     Ok((s, String::from_utf8_lossy(&seen).into_owned()))
 }
 
+/// The `x-trace-id` header in the text of a response's head.
+pub fn trace_id(head: &str) -> String {
+    head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim().to_string()
+}
+
 /// An execute request as raw bytes (`Accept: application/x-ndjson` when `stream`).
 pub fn execute_request(addr: SocketAddr, key: &str, body: &serde_json::Value, stream: bool) -> Vec<u8> {
     let body = body.to_string();

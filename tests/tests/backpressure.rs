@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warren_e2e::gateway::{key, wait_agent_running, wait_for, Gateway};
+use warren_e2e::gateway::{ended, key, wait_agent_running, wait_for, Gateway};
 use warren_e2e::{http, request, skip_unless_root, Agent};
 use warren_proto::agent::{execute_event::Event, Language};
 
@@ -87,27 +87,16 @@ async fn an_ndjson_client_that_stops_reading_is_detached_and_the_deadline_still_
     // Read up to the first output, then nothing more while holding the
     // connection open: 64 MiB of output cannot fit the socket buffers.
     let (conn, head) = http::open_until(gw.addr, &http::execute_request(gw.addr, &key("loud"), &body, true), "xxxx").unwrap();
-    let trace = head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim().to_string();
+    let trace = http::trace_id(&head);
     assert!(wait_for(SETTLE, || agent.sandbox_processes().is_empty()), "the program outlived its 5 s deadline");
     assert!(wait_agent_running(&agent, 0).await);
     // Detached, it ran to its deadline; the record says so and holds no more than its size.
-    let record = wait_for_record(&gw, "loud", &trace);
+    let record = gw.record_when("loud", &trace, ended);
     assert_eq!(record["status"], "timeout", "{record}");
     assert!(record["stdout"].as_str().unwrap().len() <= 1 << 20 && record["stdout_truncated"] == true, "{}", record["stdout_truncated"]);
     drop(conn);
     // The key's slot is free again.
     assert_eq!(gw.execute(&key("loud"), &json!({"code": "print(1)"})).status, 200);
-}
-
-/// The ended record of `trace` (read with `key_name`'s key).
-fn wait_for_record(gw: &Gateway, key_name: &str, trace: &str) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    let ended = wait_for(SETTLE, || {
-        last = gw.get(&key(key_name), &format!("/v1/executions/{trace}")).json();
-        last["status"].as_str().is_some_and(|s| s != "running")
-    });
-    assert!(ended, "the record never ended: {last}");
-    last
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

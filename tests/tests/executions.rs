@@ -7,12 +7,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warren_e2e::gateway::{key, wait_agent_running, wait_for, Gateway};
+use warren_e2e::gateway::{ended, key, wait_agent_running, Gateway};
 use warren_e2e::services::{Postgres, PG_PASSWORD};
 use warren_e2e::{http, skip_unless_root, Agent};
-
-/// Bounded wait for records and sandboxes that end within seconds.
-const SETTLE: Duration = Duration::from_secs(30);
 
 /// Submits `code` (bash) asynchronously with `key("main")`; the trace id.
 fn submit(gw: &Gateway, code: &str, timeout: u32) -> String {
@@ -23,24 +20,9 @@ fn submit(gw: &Gateway, code: &str, timeout: u32) -> String {
     r.json()["trace_id"].as_str().unwrap().to_string()
 }
 
-/// The record of `trace` once `done` holds for it.
-fn record_when(gw: &Gateway, trace: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    let held = wait_for(SETTLE, || {
-        last = gw.get(&key("main"), &format!("/v1/executions/{trace}")).json();
-        done(&last)
-    });
-    assert!(held, "record {trace} never reached the expected state: {last}");
-    last
-}
-
-fn ended(v: &serde_json::Value) -> bool {
-    v["status"].as_str().is_some_and(|s| s != "running")
-}
-
 /// Until the sandbox prints its first line.
 fn started(gw: &Gateway, trace: &str) {
-    record_when(gw, trace, |_| true);
+    gw.record_when("main", trace, |_| true);
     let main = key("main");
     let req = format!("GET /v1/executions/{trace}/output HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {main}\r\n\r\n", gw.addr);
     http::open_until(gw.addr, req.as_bytes(), "\"output\"").expect("the program never printed");
@@ -60,7 +42,7 @@ async fn gateways_sharing_records_answer_cancel_and_end_each_others_executions()
 
     // An ended execution of the first gateway, read through the second.
     let done = submit(&first, "echo from-first", 30);
-    let v = record_when(&second, &done, ended);
+    let v = second.record_when("main", &done, ended);
     assert_eq!((v["status"].as_str(), v["stdout"].as_str(), v["metadata"]["suite"].as_str()), (Some("success"), Some("from-first\n"), Some("executions")), "{v}");
 
     // A running one, cancelled through the second: the node kills it.
@@ -69,7 +51,7 @@ async fn gateways_sharing_records_answer_cancel_and_end_each_others_executions()
     let c = second.post(&key("main"), &format!("/v1/executions/{running}/cancel"));
     assert_eq!((c.status, c.json()["status"].as_str()), (200, Some("cancelled")), "{}", c.text());
     assert!(wait_agent_running(&agent, 0).await, "the cancelled sandbox still runs");
-    let v = record_when(&second, &running, ended);
+    let v = second.record_when("main", &running, ended);
     assert_eq!((v["status"].as_str(), v["stdout"].as_str()), (Some("cancelled"), Some("up\n")), "{v}");
 
     // The first gateway dies mid-execution: its stream goes, the node kills
@@ -78,7 +60,7 @@ async fn gateways_sharing_records_answer_cancel_and_end_each_others_executions()
     started(&second, &orphan);
     first.kill();
     assert!(wait_agent_running(&agent, 0).await, "the sandbox outlived its gateway");
-    let v = record_when(&second, &orphan, ended);
+    let v = second.record_when("main", &orphan, ended);
     assert_eq!((v["status"].as_str(), v["error"].as_str()), (Some("failed"), Some("gateway_lost")), "{v}");
 
     // A restarted gateway on the same database still has every record.
@@ -103,7 +85,7 @@ async fn a_graceful_stop_waits_for_async_executions() {
     let trace = submit(&gw, "echo up; sleep 2; echo done", 30);
     started(&gw, &trace);
     gw.terminate();
-    assert!(gw.wait_exit(SETTLE).is_some_and(|s| s.success()), "the gateway did not stop cleanly");
+    assert!(gw.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()), "the gateway did not stop cleanly");
     let after = Gateway::start(&[agent.address()], &["--records", url.as_str()], true).await.unwrap();
     let v = after.get(&key("main"), &format!("/v1/executions/{trace}")).json();
     assert_eq!((v["status"].as_str(), v["stdout"].as_str()), (Some("success"), Some("up\ndone\n")), "{v}");
@@ -125,9 +107,9 @@ async fn postgresql_holds_the_records_of_every_replica() {
     assert_eq!(sync.status, 200, "{}", sync.text());
     let inline = sync.json()["trace_id"].as_str().unwrap().to_string();
     let trace = submit(&b, "echo async", 30);
-    let v = record_when(&a, &trace, ended);
+    let v = a.record_when("main", &trace, ended);
     assert_eq!((v["status"].as_str(), v["stdout"].as_str(), v["delivery_mode"].as_str()), (Some("success"), Some("async\n"), Some("async")), "{v}");
-    let v = record_when(&b, &inline, ended);
+    let v = b.record_when("main", &inline, ended);
     assert_eq!((v["stdout"].as_str(), v["delivery_mode"].as_str()), (Some("inline\n"), Some("inline")), "{v}");
     let lines = http::ndjson(&a.get(&key("main"), &format!("/v1/executions/{trace}/output?after_seq=1")));
     assert_eq!(lines.last().unwrap()["result"]["stdout"], "async\n", "{lines:?}");

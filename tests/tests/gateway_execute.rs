@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warren_e2e::gateway::{agent_running, key, wait_agent_running, wait_for, Gateway};
+use warren_e2e::gateway::{key, wait_agent_running, wait_for, Gateway};
 use warren_e2e::http;
 use warren_e2e::{skip_unless_root, Agent};
 
@@ -24,7 +24,7 @@ async fn setup_with_agent(test: &str, agent_args: &[&str], extra: &[&str]) -> Op
 /// Cancels the streamed execution whose response began with `head` (a
 /// client that disconnects only detaches from it).
 fn cancel(gw: &Gateway, key_name: &str, head: &str) {
-    let trace = head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim();
+    let trace = http::trace_id(head);
     let r = gw.post(&key(key_name), &format!("/v1/executions/{trace}/cancel"));
     assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("cancelled")), "{}", r.text());
 }
@@ -141,7 +141,7 @@ async fn a_client_that_disconnects_mid_stream_detaches_and_resumes_the_output() 
     let code = "echo started; sleep 1; echo done";
     let req = http::execute_request(gw.addr, &key("main"), &json!({"code": code, "language": "bash"}), true);
     let (conn, head) = http::open_until(gw.addr, &req, "started").unwrap();
-    let trace = head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim().to_string();
+    let trace = http::trace_id(&head);
     drop(conn);
     // The execution runs on without its client; the output resumes after the
     // lines already seen (status = 1, "started" = 2) and ends with the result.

@@ -119,7 +119,7 @@ async fn a_busy_thread_refuses_every_other_request_across_gateways() {
     assert_eq!(ok(&run(&gw2, "thr", "bash", "echo free", Some("other"))), "free\n");
     // Cancelling the holder (its client only detaches by disconnecting) frees the thread.
     drop(conn);
-    let trace = head.lines().find_map(|l| l.strip_prefix("x-trace-id: ")).expect("x-trace-id header").trim().to_string();
+    let trace = http::trace_id(&head);
     let c = gw.post(&key("thr"), &format!("/v1/executions/{trace}/cancel"));
     assert_eq!((c.status, c.json()["status"].as_str()), (200, Some("cancelled")), "{}", c.text());
     let mut last = None;

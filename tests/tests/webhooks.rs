@@ -59,13 +59,7 @@ fn submit(gw: &Gateway, key_name: &str, url: &str) -> http::Response {
 
 /// The record once its webhook is no longer pending.
 fn settled(gw: &Gateway, trace: &str) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    let done = wait_for(Duration::from_secs(30), || {
-        last = gw.get(&key("main"), &format!("/v1/executions/{trace}")).json();
-        last["webhook_delivery_status"].as_str().is_some_and(|s| s != "pending")
-    });
-    assert!(done, "the webhook never settled: {last}");
-    last
+    gw.record_when("main", trace, |v| v["webhook_delivery_status"].as_str().is_some_and(|s| s != "pending"))
 }
 
 fn accepted(r: &http::Response) -> String {

@@ -220,6 +220,24 @@ impl Run {
         }
     }
 
+    /// Runs to the end, collecting the output; the result is recorded. On a
+    /// broken stream the node is marked down and `NodeLost` returned.
+    pub async fn collect(&mut self) -> Result<crate::result::ExecuteResult, ExecError> {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let x = loop {
+            match self.next().await {
+                Ok(RunEvent::Stdout(c)) => out.extend_from_slice(&c),
+                Ok(RunEvent::Stderr(c)) => err.extend_from_slice(&c),
+                Ok(RunEvent::Exited(x)) => break x,
+                Ok(RunEvent::Started) => {}
+                Err(Lost) => return Err(self.lost()),
+            }
+        };
+        let result = crate::result::ExecuteResult::new(&self.id, &x, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
+        self.finish(Outcome::of(&x), &result);
+        Ok(result)
+    }
+
     /// Records how it ended, with its result.
     pub fn finish(&mut self, outcome: Outcome, result: &crate::result::ExecuteResult) {
         if let Some(live) = self.live.as_mut() {
