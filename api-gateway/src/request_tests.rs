@@ -139,6 +139,7 @@ fn sub_paths_narrow_their_mount_for_one_call() {
         region: None,
         credentials: Credentials::default(),
         max_write_bytes: 0,
+        ambient_identity: false,
     };
     k.storage = vec![m("lake"), m("ref")];
     let r = parse(br#"{"code":"x","sub_paths":["/data/lake/reports/2024"]}"#).unwrap();

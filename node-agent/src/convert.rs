@@ -124,6 +124,7 @@ pub fn mounts(raw: Vec<pb::StorageMount>) -> Result<Vec<warren_storage::MountSpe
             region: m.region,
             credentials: m.credentials.map(|c| c.values.into_iter().collect()).unwrap_or_default(),
             max_write_bytes: m.max_write_bytes,
+            ambient_identity: m.ambient_identity,
         })
         .collect();
     warren_storage::spec::validate(raw).map_err(|e| {
@@ -200,6 +201,8 @@ pub fn to_status(e: &ExecError) -> Status {
         ExecError::Image(_) => (Code::FailedPrecondition, Reason::Image, "image"),
         ExecError::ImagesDisabled => (Code::FailedPrecondition, Reason::Unsupported, "image"),
         ExecError::NetworkUnavailable => (Code::FailedPrecondition, Reason::Unsupported, "network"),
+        // A tenant's manifest asked for a host path: refused, naming it.
+        ExecError::MountRefused { field, .. } => (Code::PermissionDenied, Reason::InvalidField, field.as_str()),
     };
     refuse(code, reason, field, e.to_string())
 }

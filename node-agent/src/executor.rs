@@ -58,6 +58,10 @@ pub enum ExecError {
     /// This agent runs no OCI images (no image store).
     #[error("this node-agent runs only the host image")]
     ImagesDisabled,
+    /// A mount of something no tenant may mount: a `Local` directory
+    /// outside the roots the node's admin allowed, the platform's own store.
+    #[error("{field}: {why}")]
+    MountRefused { field: String, why: String },
     /// `Unrestricted` network asked of a node without sandbox networking.
     #[error("network: this node offers only Blocked sandboxes (no sandbox networking here)")]
     NetworkUnavailable,
@@ -291,6 +295,11 @@ impl Executor {
         let Extras { thread, mounts, image_digest, image_pull, network, connectors } = extras;
         let image = std::mem::take(&mut req.image);
         let spec = req.validate(&self.policy)?;
+        for (i, m) in mounts.iter().enumerate() {
+            if let Some(why) = self.stores.refuses(m) {
+                return Err(ExecError::MountRefused { field: format!("mounts[{i}].bucket"), why });
+            }
+        }
         if !self.features.can_run_sandboxes() {
             return Err(ExecError::MissingFeature(self.features.missing.join("; ")));
         }

@@ -148,6 +148,12 @@ pub struct Args {
     /// needs no other; agents sharing a network namespace need distinct ones.
     #[arg(long, env = "WARREN_NETWORK_PREFIX", default_value = "wrn")]
     pub network_prefix: String,
+    /// Directories beneath which `Local` StorageConnections may be mounted
+    /// (repeat or comma-separate). None by default: without an admin's
+    /// grant no tenant's manifest reaches the node's files. Each must be a
+    /// real directory away from the agent's state and the system's own.
+    #[arg(long = "local-storage-root", env = "WARREN_LOCAL_STORAGE_ROOTS", value_delimiter = ',')]
+    pub local_storage_roots: Vec<PathBuf>,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -203,6 +209,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         sandbox_network,
         dns_upstream,
         network_prefix,
+        local_storage_roots,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -228,6 +235,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let fuse_pool_dir = state_dir.join("fuse-pool");
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
+    let local_roots = {
+        // What no Local root may hold or lie inside: everything the agent keeps.
+        let mut reserved = vec![state_dir.clone()];
+        reserved.extend(image_store.clone());
+        reserved.extend(store_spec.strip_prefix("dir:").map(PathBuf::from));
+        reserved.extend(token_file.clone());
+        reserved.extend(sandbox_binary.clone());
+        reserved.extend(std::env::current_exe().ok());
+        warren_storage::local::LocalRoots::new(&local_storage_roots, &reserved).map_err(anyhow::Error::msg)?
+    };
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?.with_reserve(state_reserve));
     report_state_disk(&state_dir, state_reserve);
@@ -261,7 +278,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     // Storage mounts share the S3 connection setting of the thread store.
-    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle);
+    let platform_bucket = store_spec.strip_prefix("s3://").map(|b| b.split('/').next().unwrap_or(b).to_string());
+    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle).with_local_roots(local_roots).with_platform_bucket(platform_bucket);
     if storage_cache > 0 {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
         stores = stores.with_cache(Arc::new(cache));

@@ -42,6 +42,15 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
         StorageProvider::Local => return (true, reasons::VALID, "a directory on the nodes: each node checks it when mounting".into()),
         StorageProvider::S3 | StorageProvider::GCS | StorageProvider::Azure => {}
     }
+    // Without a Secret the operator lists nothing: a probe signed with its
+    // own identity would tell a tenant which buckets that identity reads.
+    if secret.is_none() {
+        return (
+            true,
+            reasons::VALID,
+            "no credentials Secret: nodes sign with their own identity only where the namespace's admin lent it (warren.dev/ambient-identity), else unsigned; each node checks it when mounting".into(),
+        );
+    }
     let body = secret.map(crate::apikey::secret_body);
     let conn = match warren_config::storage::connection(spec, body.as_ref()) {
         Ok(c) => c,

@@ -297,6 +297,20 @@ impl Agent {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// Waits up to `limit` for the agent to exit by itself (an agent that
+    /// refuses its configuration); `None` if it still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Stops the agent (SIGTERM, then wait).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

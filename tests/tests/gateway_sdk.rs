@@ -19,10 +19,12 @@ async fn the_baponi_sdk_works_against_warren() {
         return;
     }
     let venv = warren_e2e::python::venv("sdk-venv", SDK);
-    let agent = Agent::start(&[]).await.unwrap();
-    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
-    // A Local storage mount for check_sub_paths, declared like any other.
+    // A Local storage mount for check_sub_paths, declared like any other
+    // (its directory allowed by the agent's admin).
     let data = tempfile::tempdir().unwrap();
+    let root = data.path().canonicalize().unwrap().display().to_string();
+    let agent = Agent::start(&["--local-storage-root", &root]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
     std::fs::create_dir(data.path().join("in")).unwrap();
     std::fs::write(data.path().join("in/a.txt"), "a").unwrap();
     let storage = format!(
@@ -33,7 +35,7 @@ async fn the_baponi_sdk_works_against_warren() {
          apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-volume}}\nspec: {{image: host, storage: [{{name: work, volume: work, mode: ReadWrite}}]}}\n---\n\
          apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: vol}}\nspec: {{sandboxRef: {{name: with-volume}}}}\n---\n\
          apiVersion: v1\nkind: Secret\nmetadata: {{name: vol-key}}\nstringData: {{key: {}}}\n",
-        data.path().display(),
+        root,
         key("files"),
         key("vol")
     );

@@ -24,6 +24,7 @@ fn mount(az: &Azurite, name: &str, prefix: &str, mode: pb::MountMode) -> pb::Sto
         region: String::new(),
         credentials: Some(pb::Credentials { values: az.credentials().into_iter().collect() }),
         max_write_bytes: 256 << 20,
+        ambient_identity: false,
     }
 }
 

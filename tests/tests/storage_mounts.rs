@@ -20,6 +20,7 @@ fn mount(s3: &S3Server, name: &str, prefix: &str, mode: pb::MountMode) -> pb::St
         region: "us-east-1".into(),
         credentials: Some(pb::Credentials { values: s3.credentials().into_iter().collect() }),
         max_write_bytes: 0,
+        ambient_identity: false,
     }
 }
 
@@ -216,7 +217,8 @@ async fn a_local_directory_mounts_like_a_bucket() {
     std::fs::create_dir_all(dir.path().join("team/in")).unwrap();
     std::fs::write(dir.path().join("team/in/a.txt"), "alpha").unwrap();
     std::fs::write(dir.path().join("outside.txt"), "not yours").unwrap();
-    let agent = Agent::start(&[]).await.unwrap();
+    let root = dir.path().canonicalize().unwrap().display().to_string();
+    let agent = Agent::start(&["--local-storage-root", &root]).await.unwrap();
     let local = pb::StorageMount {
         mount_path: "/data/files".into(),
         provider: "local".into(),
@@ -229,6 +231,82 @@ async fn a_local_directory_mounts_like_a_bucket() {
     let run = run_with(&agent, code, vec![local]).await;
     assert_eq!((run.exited.exit_code, run.stdout.as_str()), (0, "alpha ['in']\n"), "{run:?}");
     assert_eq!(std::fs::read_to_string(dir.path().join("team/out.txt")).unwrap(), "beta");
+}
+
+fn local(dir: &str, prefix: &str) -> pb::StorageMount {
+    pb::StorageMount { mount_path: "/data/files".into(), provider: "local".into(), bucket: dir.into(), prefix: prefix.into(), mode: pb::MountMode::ReadWrite as i32, ..Default::default() }
+}
+
+/// The attacks of a tenant holding StorageConnection rights: `bucket: /`
+/// to read the host's /etc/shadow, the agent's own prepared /etc (where a
+/// planted `sitecustomize.py` ran in every other tenant's call), a symlink
+/// inside an ordinary directory leading out of it. Local directories are
+/// an admin's grant: refused unless beneath an allowed root, never
+/// overlapping the agent's state, never followed through a symlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_directories_are_an_admins_grant_and_never_lead_out() {
+    if skip_unless_root("local_directories_are_an_admins_grant_and_never_lead_out") {
+        return;
+    }
+    let refusal = |e: anyhow::Error| {
+        let s = e.downcast_ref::<tonic::Status>().unwrap_or_else(|| panic!("not a refusal: {e:#}"));
+        (s.code(), warren_proto::refusal::refusal_of(s).1, s.message().to_string())
+    };
+    let granted = tempfile::tempdir().unwrap();
+    let root = granted.path().canonicalize().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "hunter2").unwrap();
+    std::fs::create_dir_all(root.join("team")).unwrap();
+    std::fs::write(root.join("team/ok.txt"), "fine").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("team/out")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), root.join("team/secret")).unwrap();
+
+    // By default (no grant) even an ordinary directory is refused.
+    let plain = Agent::start(&[]).await.unwrap();
+    let mut req = request(pb::Language::Python, "print(1)", Duration::from_secs(30));
+    req.mounts = vec![local(&root.display().to_string(), "team")];
+    let (code, field, message) = refusal(plain.run_request(req).await.unwrap_err());
+    assert_eq!((code, field.as_str()), (tonic::Code::PermissionDenied, "mounts[0].bucket"), "{message}");
+    assert!(message.contains("--local-storage-root"), "the refusal says how an admin grants one: {message}");
+    drop(plain);
+
+    let root_s = root.display().to_string();
+    let agent = Agent::start(&["--local-storage-root", &root_s]).await.unwrap();
+    let state_etc = agent.state_dir().join("etc").display().to_string();
+    for (bucket, prefix) in [("/", "etc"), ("/etc", ""), (state_etc.as_str(), ""), (outside.path().to_str().unwrap(), "")] {
+        let mut req = request(pb::Language::Python, "print(open('/data/files/shadow').read())", Duration::from_secs(30));
+        req.mounts = vec![local(bucket, prefix)];
+        let (code, field, message) = refusal(agent.run_request(req).await.unwrap_err());
+        assert_eq!((code, field.as_str()), (tonic::Code::PermissionDenied, "mounts[0].bucket"), "{bucket}: {message}");
+    }
+    let code = r#"
+import os
+print(open('/data/files/ok.txt').read(), sorted(os.listdir('/data/files')))
+for p in ['/data/files/secret', '/data/files/out/secret']:
+    try:
+        print(p, open(p).read())
+    except OSError as e:
+        print(p, 'refused')
+try:
+    open('/data/files/out/planted', 'w').write('x'); print('planted')
+except OSError:
+    print('not planted')
+"#;
+    let run = run_with(&agent, code, vec![local(&root_s, "team")]).await;
+    assert_eq!(run.exited.exit_code, 0, "{run:?}");
+    assert!(!run.stdout.contains("hunter2"), "read through a symlink: {}", run.stdout);
+    assert!(run.stdout.starts_with("fine ['ok.txt']\n"), "symlinks are not listed: {}", run.stdout);
+    assert!(!outside.path().join("planted").exists(), "written through a symlinked directory");
+
+    // An admin's mistake is refused at start (the overlap with the agent's
+    // own state is a unit test of warren-storage's `local`).
+    let alias = root.join("alias");
+    std::os::unix::fs::symlink(outside.path(), &alias).unwrap();
+    for bad in ["/etc", "/", "/usr/lib", alias.to_str().unwrap()] {
+        let mut started = Agent::start_no_wait(&["--local-storage-root", bad]).unwrap();
+        let status = started.wait_exit(Duration::from_secs(30)).expect("the agent must refuse to start");
+        assert!(!status.success(), "{bad}");
+    }
 }
 
 /// A managed volume: kept in the agent's own platform store (here its

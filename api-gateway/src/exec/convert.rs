@@ -79,6 +79,7 @@ fn storage_mount(m: warren_config::storage::EffectiveMount) -> pb::StorageMount 
         region: m.region.unwrap_or_default(),
         credentials: (!m.credentials.0.is_empty()).then(|| pb::Credentials { values: m.credentials.0.into_iter().collect() }),
         max_write_bytes: m.max_write_bytes,
+        ambient_identity: m.ambient_identity,
     }
 }
 

@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod error;
 pub mod fuse;
+pub mod local;
 pub mod name;
 pub mod pool;
 pub mod probe;

@@ -61,8 +61,11 @@ pub struct MountSpec {
     /// Region (S3).
     pub region: Option<String>,
     /// `accessKeyId`/`secretAccessKey` for S3, `accountName`/`accountKey`
-    /// for Azure, `serviceAccountJson` for GCS; none: the node's identity.
+    /// for Azure, `serviceAccountJson` for GCS; none: unsigned requests, or
+    /// the node's identity where `ambient_identity` says so.
     pub credentials: Credentials,
+    /// An admin lent the node's cloud identity to this mount's namespace.
+    pub ambient_identity: bool,
     /// Write volume for the call.
     pub max_write_bytes: u64,
 }
@@ -102,6 +105,8 @@ pub struct RawMount {
     pub credentials: BTreeMap<String, String>,
     /// Write volume (0: default).
     pub max_write_bytes: u64,
+    /// The node's identity may sign (no credentials, admin's grant).
+    pub ambient_identity: bool,
 }
 
 /// Validates a call's mounts: names unique single segments under `/data`,
@@ -154,6 +159,7 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
             read_only: m.read_only,
             endpoint: opt(m.endpoint),
             region: opt(m.region),
+            ambient_identity: m.ambient_identity && m.credentials.is_empty(),
             credentials: Credentials(m.credentials),
             max_write_bytes: if m.max_write_bytes == 0 { DEFAULT_MAX_WRITE } else { m.max_write_bytes },
         });
@@ -173,9 +179,8 @@ impl MountSpec {
             Provider::S3 => self.s3(None).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Azure => self.azure().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Gcs => self.gcs().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            Provider::Local => object_store::local::LocalFileSystem::new_with_prefix(&self.bucket)
-                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
-                .map_err(|_| format!("the local directory {} is not usable", self.bucket)),
+            // Only beneath a root an admin allowed: see `crate::local`.
+            Provider::Local => Err("a local directory is served only beneath the agent's allowed roots".into()),
             Provider::Volume => Err("a volume is served from the agent's platform store".into()),
         }
     }
@@ -199,6 +204,9 @@ impl MountSpec {
         let c = &self.credentials.0;
         if let (Some(id), Some(secret)) = (c.get("accessKeyId"), c.get("secretAccessKey")) {
             b = b.with_access_key_id(id).with_secret_access_key(secret);
+        } else if !self.ambient_identity {
+            // Never the node's instance role or web identity unless lent.
+            b = b.with_skip_signature(true);
         }
         // The store's own error text may echo configuration: keep only
         // that it failed.
@@ -228,6 +236,9 @@ impl MountSpec {
         }
         if let Some(key) = c.get("accountKey") {
             b = b.with_access_key(key);
+        } else if !self.ambient_identity {
+            // Never the node's managed identity unless lent.
+            b = b.with_skip_signature(true);
         }
         b.build().map_err(|_| "the Azure client could not be configured".to_string())
     }
@@ -247,6 +258,9 @@ impl MountSpec {
         let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(&self.bucket).with_retry(RETRY).with_client_options(options);
         if let Some(key) = key {
             b = b.with_service_account_key(key);
+        } else if !self.ambient_identity {
+            // Never the metadata server's (workload) identity unless lent.
+            b = b.with_skip_signature(true);
         }
         b.build().map_err(|_| "the GCS client could not be configured (is serviceAccountJson a service account key?)".to_string())
     }
@@ -308,13 +322,51 @@ mod tests {
             let raw = RawMount { provider: "gcs".into(), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
             validate(vec![raw]).unwrap().remove(0).gcs().map(|_| ())
         };
-        assert!(gcs(&[]).is_ok(), "the node's identity");
+        assert!(gcs(&[]).is_ok(), "unsigned (or the node's identity with the admin's grant)");
         let key = r#"{"private_key": "k", "private_key_id": "id", "client_email": "sa@p.iam.gserviceaccount.com", "disable_oauth": true}"#;
         assert!(gcs(&[("serviceAccountJson", key)]).is_ok());
         let private = r#"{"private_key": "k", "private_key_id": "id", "client_email": "e", "disable_oauth": true, "gcs_base_url": "http://10.0.0.1:4443"}"#;
         assert!(gcs(&[("serviceAccountJson", private)]).is_ok(), "an endpoint named by the key");
         let e = gcs(&[("serviceAccountJson", "not json hunter2")]).unwrap_err();
         assert!(e.contains("serviceAccountJson") && !e.contains("hunter2"), "{e}");
+    }
+
+    /// What a store sees of a mount without credentials: without the
+    /// admin's grant the client never asks the node for an identity (the
+    /// metadata server, web identity, managed identity) and signs nothing.
+    #[tokio::test]
+    async fn without_credentials_or_a_grant_requests_go_unsigned() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let mut heads = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).await.unwrap();
+                heads.push(String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase());
+                s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await.unwrap();
+            }
+            heads
+        });
+        let s3 = RawMount { endpoint: endpoint.clone(), ..raw("/data/x") };
+        let az = RawMount { provider: "azure".into(), endpoint: format!("{endpoint}/acct"), credentials: [("accountName".to_string(), "acct".to_string())].into(), ..raw("/data/y") };
+        let specs = validate(vec![s3, az]).unwrap();
+        assert!(specs.iter().all(|m| !m.ambient_identity));
+        for m in &specs {
+            let store = m.store().unwrap();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(20), store.head(&Path::from("tenants/a/x"))).await.expect("the request never reached the store: the client went for an identity first");
+        }
+        let heads = server.await.unwrap();
+        assert_eq!(heads.len(), 2);
+        for h in heads {
+            assert!(!h.contains("\nauthorization:"), "signed with some identity: {h}");
+        }
+        let lent = validate(vec![RawMount { ambient_identity: true, ..raw("/data/x") }]).unwrap();
+        assert!(lent[0].ambient_identity, "the admin's grant reaches the client");
+        let with_keys = RawMount { ambient_identity: true, credentials: [("accessKeyId".to_string(), "a".to_string())].into(), ..raw("/data/x") };
+        assert!(!validate(vec![with_keys]).unwrap()[0].ambient_identity, "credentials win over the grant");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use object_store::ObjectStore;
 use sha2::Digest;
 
 use crate::cache::BodyCache;
+use crate::local::LocalRoots;
 use crate::pool::FusePool;
 use crate::spec::{MountSpec, Provider};
 
@@ -45,6 +46,11 @@ pub struct Stores {
     platform: Option<Backend>,
     /// FUSE sessions mounted ahead of calls.
     fuse_pool: Option<Arc<FusePool>>,
+    /// Where `Local` mounts may be (none unless an admin allowed some).
+    local_roots: LocalRoots,
+    /// The platform store's S3 bucket (thread state, volumes), never a
+    /// tenant's mount.
+    platform_bucket: Option<String>,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -53,6 +59,7 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
         h.update(part.as_bytes());
         h.update([0u8]);
     }
+    h.update([u8::from(spec.ambient_identity)]);
     for (k, v) in &spec.credentials.0 {
         h.update(k.as_bytes());
         h.update([0u8]);
@@ -65,7 +72,35 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None, local_roots: LocalRoots::none(), platform_bucket: None }
+    }
+
+    /// `Local` mounts may be beneath `roots`.
+    pub fn with_local_roots(mut self, roots: LocalRoots) -> Stores {
+        self.local_roots = roots;
+        self
+    }
+
+    /// The platform store lives in S3 bucket `bucket`: no mount may name it.
+    pub fn with_platform_bucket(mut self, bucket: Option<String>) -> Stores {
+        self.platform_bucket = bucket;
+        self
+    }
+
+    /// Why `spec` may not be mounted on this node, if it may not: a `Local`
+    /// directory outside the allowed roots, or the platform's own bucket
+    /// (whatever endpoint or credentials the mount names).
+    pub fn refuses(&self, spec: &MountSpec) -> Option<String> {
+        match spec.provider {
+            Provider::Local if !self.local_roots.admits(&spec.bucket) => Some(format!(
+                "{} is not beneath a directory this node allows for local storage (an admin grants roots with --local-storage-root)",
+                spec.bucket
+            )),
+            Provider::S3 if self.platform_bucket.as_deref() == Some(spec.bucket.as_str()) => {
+                Some("this is the platform's own bucket (thread state and volumes); no StorageConnection may mount it".into())
+            }
+            _ => None,
+        }
     }
 
     /// Mounts keep what they read in `cache`.
@@ -128,7 +163,8 @@ impl Stores {
                 let az = Arc::new(spec.azure()?);
                 Backend { store: az.clone(), pager: Some(az), id, cacheable: true }
             }
-            Provider::Local | Provider::Volume => Backend { store: spec.store()?, pager: None, id, cacheable: false },
+            Provider::Local => Backend { store: Arc::new(self.local_roots.store(&spec.bucket)?), pager: None, id, cacheable: false },
+            Provider::Volume => Backend { store: spec.store()?, pager: None, id, cacheable: false },
         };
         let mut kept = self.kept();
         if kept.len() >= MAX_CLIENTS {

@@ -20,6 +20,10 @@ pub const MAX_CONCURRENCY: &str = "warren.dev/max-concurrency";
 pub const MAX_THREAD_SIZE: &str = "warren.dev/max-thread-size";
 /// Live threads per key.
 pub const MAX_THREADS: &str = "warren.dev/max-threads";
+/// `"true"`: storage connections of the namespace that name no credentials
+/// Secret may sign with the node's cloud identity (instance role, workload
+/// identity, managed identity). Without it they make unsigned requests.
+pub const AMBIENT_IDENTITY: &str = "warren.dev/ambient-identity";
 
 /// The ceilings of one namespace; `None` leaves a dimension to the Sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,6 +38,9 @@ pub struct Ceilings {
     pub thread_bytes: Option<u64>,
     /// Live threads per key.
     pub threads: Option<u64>,
+    /// The admin lent the node's cloud identity to the namespace's storage
+    /// connections without credentials ([`AMBIENT_IDENTITY`]).
+    pub ambient_identity: bool,
 }
 
 impl Ceilings {
@@ -53,6 +60,11 @@ impl Ceilings {
             concurrency: read(MAX_CONCURRENCY, |s| s.trim().parse().ok(), "10")?,
             thread_bytes: read(MAX_THREAD_SIZE, quantity::bytes, "1Gi")?,
             threads: read(MAX_THREADS, |s| s.trim().parse().ok(), "1000")?,
+            ambient_identity: match annotations.get(AMBIENT_IDENTITY).map(|v| v.trim()) {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(v) => return Err(format!("namespace annotation {AMBIENT_IDENTITY}: {v:?} is not \"true\" or \"false\"")),
+            },
         })
     }
 
@@ -80,7 +92,9 @@ mod tests {
     #[test]
     fn annotations_parse_and_typos_are_errors() {
         let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), (MAX_THREADS, "50"), ("other", "x")])).unwrap();
-        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50) });
+        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50), ambient_identity: false });
+        assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "true")])).unwrap().ambient_identity);
+        assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "yes")])).is_err(), "a typo grants nothing");
         assert_eq!(Ceilings::from_annotations(&ann(&[])).unwrap(), Ceilings::default());
         let err = Ceilings::from_annotations(&ann(&[(MAX_MEMORY, "1 GB")])).unwrap_err();
         assert!(err.contains(MAX_MEMORY) && err.contains("1 GB"), "{err}");

@@ -472,7 +472,9 @@ pub fn effective_key(
     let sb = sandbox.ok_or_else(|| {
         c.err("spec.sandboxRef.name", format!("no valid Sandbox {:?} in namespace {namespace}", k.sandbox_ref.name)).because(reasons::SANDBOX_NOT_FOUND)
     })?;
-    let storage = effective_mounts(&c, namespace, k, sb, lookups.connection)?;
+    // Only an admin's Namespace annotation lends the node's identity.
+    let ambient = ceilings.as_ref().is_ok_and(|c| c.ambient_identity);
+    let storage = effective_mounts(&c, namespace, k, sb, lookups.connection, ambient)?;
     let connectors = effective_connectors(&c, k, sb, lookups.connector)?;
     let max_timeout_seconds = match k.max_timeout_seconds {
         None => sb.max_timeout_seconds,
@@ -537,6 +539,7 @@ fn effective_mounts(
     k: &ApiKeySpec,
     sb: &SandboxConfig,
     connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
+    ambient: bool,
 ) -> Result<Vec<EffectiveMount>, ConfigError> {
     for (i, n) in k.storage.iter().enumerate() {
         if !sb.storage.iter().any(|m| m.name == n.name) {
@@ -571,6 +574,7 @@ fn effective_mounts(
         out.push(match store {
             Some(conn) => EffectiveMount {
                 name: m.name.clone(),
+                ambient_identity: ambient && conn.credentials.0.is_empty() && conn.spec.provider != crate::types::StorageProvider::Local,
                 provider: crate::storage::provider_name(conn.spec.provider).to_string(),
                 bucket: conn.spec.bucket.clone(),
                 prefix,
@@ -590,6 +594,7 @@ fn effective_mounts(
                 region: None,
                 credentials: Default::default(),
                 max_write_bytes,
+                ambient_identity: false,
             },
         });
     }

@@ -17,8 +17,9 @@ pub use warren_core::secret::Credentials;
 pub struct Connection {
     /// The store.
     pub spec: StorageConnectionSpec,
-    /// Entries of the credentials Secret the provider needs; empty for the
-    /// node's ambient identity.
+    /// Entries of the credentials Secret the provider needs; empty without
+    /// a Secret (unsigned requests, or the node's identity where an admin
+    /// lent it to the namespace).
     pub credentials: Credentials,
 }
 
@@ -69,12 +70,17 @@ pub struct EffectiveMount {
     /// Region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
-    /// Credentials (empty: the node's identity).
+    /// Credentials (empty: unsigned requests, or the node's identity where
+    /// `ambient_identity` says so).
     #[serde(default)]
     pub credentials: Credentials,
     /// Most bytes one call may write to the mount.
     #[serde(default)]
     pub max_write_bytes: u64,
+    /// No credentials, and the namespace's admin lent the node's cloud
+    /// identity (`warren.dev/ambient-identity`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ambient_identity: bool,
 }
 
 /// The provider name of a managed volume (the agent's platform store).

@@ -190,6 +190,12 @@ pub struct StorageMount {
     /// before upload); 0: the node's default. Beyond it writes fail with ENOSPC.
     #[prost(uint64, tag = "9")]
     pub max_write_bytes: u64,
+    /// No credentials, and an admin lent the node's cloud identity to the
+    /// mount's namespace: the node's instance role, workload identity or
+    /// managed identity signs. Without it a mount with no credentials makes
+    /// unsigned requests (public buckets only).
+    #[prost(bool, tag = "10")]
+    pub ambient_identity: bool,
 }
 /// Secret material. Its Rust type prints as "Credentials(<redacted>)" so it
 /// never reaches a log through `{:?}`.
