@@ -41,6 +41,7 @@ pub struct NetLab {
     server: Option<Child>,
     dns_stop: Arc<AtomicBool>,
     dns_thread: Option<std::thread::JoinHandle<()>>,
+    dns_log: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
     /// The DNS server's address (pass as `--dns-upstream`).
     pub dns: SocketAddr,
     /// The node's own address facing the lab (sandboxes must not reach it).
@@ -73,7 +74,7 @@ impl NetLab {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("index.html"), "warren-lab\n")?;
         std::fs::File::create(dir.path().join("big"))?.set_len(BIG_BYTES)?;
-        let (dns, dns_stop, dns_thread) = dns_server()?;
+        let (dns, dns_stop, dns_thread, dns_log) = dns_server()?;
         // Last before the lab exists: from here on its Drop cleans up.
         let u = claim_namespace()?;
         let mut lab = NetLab {
@@ -85,6 +86,7 @@ impl NetLab {
             server: None,
             dns_stop,
             dns_thread: Some(dns_thread),
+            dns_log,
             dns,
             node_addr: Ipv4Addr::new(192, 0, 2, 1 + u as u8),
             sandbox_net: format!("100.127.{u}.0/24"),
@@ -185,6 +187,33 @@ impl NetLab {
             .collect()
     }
 
+    /// Starts a UDP echo host at `198.51.100.11:port` inside the lab; every
+    /// datagram it receives is appended (one line each) to the returned file.
+    pub fn udp_echo(&self, port: u16) -> anyhow::Result<std::path::PathBuf> {
+        let log = self._dir.path().join(format!("udp-{port}.log"));
+        let code = format!(
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('198.51.100.11', {port}))\n\
+             while True:\n    d, peer = s.recvfrom(2048)\n    open({log:?}, 'ab').write(d + b'\\n')\n    s.sendto(d, peer)\n",
+            log = log.to_string_lossy()
+        );
+        // Killed with everything else in the namespace on drop.
+        Command::new("ip").args(["netns", "exec", &self.ns, "python3", "-c", &code]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+        let probe = format!("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1); s.sendto(b'probe', ('198.51.100.11', {port})); s.recv(16)");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if run("ip", &["netns", "exec", &self.ns, "python3", "-c", &probe]).is_ok() {
+                return Ok(log);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("the lab's UDP echo host did not start")
+    }
+
+    /// Every message the lab's DNS server received so far, as received.
+    pub fn dns_log(&self) -> Vec<Vec<u8>> {
+        self.dns_log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Whether the agent's table exists.
     pub fn table_exists(&self) -> bool {
         Command::new("nft").args(["list", "table", "inet", &format!("warren_{}", self.prefix)]).output().is_ok_and(|o| o.status.success())
@@ -248,7 +277,7 @@ fn lab_answer(name: &str, rebinds: &AtomicU64) -> Option<Ipv4Addr> {
     }
 }
 
-type DnsServer = (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>);
+type DnsServer = (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>, Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
 
 fn dns_server() -> anyhow::Result<DnsServer> {
     let socket = UdpSocket::bind("127.0.0.1:0")?;
@@ -256,11 +285,18 @@ fn dns_server() -> anyhow::Result<DnsServer> {
     let addr = socket.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let logged = log.clone();
     let thread = std::thread::spawn(move || {
         let rebinds = AtomicU64::new(0);
         let mut buf = [0u8; 1500];
         while !stopped.load(Ordering::Relaxed) {
             let Ok((n, peer)) = socket.recv_from(&mut buf) else { continue };
+            if let Ok(mut l) = logged.lock() {
+                if l.len() < 10_000 {
+                    l.push(buf[..n].to_vec());
+                }
+            }
             let Ok(q) = Message::from_vec(&buf[..n]) else { continue };
             let Some(query) = q.queries().first().cloned() else { continue };
             let name = query.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
@@ -281,5 +317,5 @@ fn dns_server() -> anyhow::Result<DnsServer> {
             }
         }
     });
-    Ok((addr, stop, thread))
+    Ok((addr, stop, thread, log))
 }

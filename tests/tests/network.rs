@@ -307,3 +307,128 @@ get("public", "http://198.51.100.10/")
     agent.stop();
     Ok(())
 }
+
+/// The attack: a sandbox in a reused slot (same address, same interface
+/// name) sends from the source port its predecessor used, to a host its own
+/// allowlist refuses. The predecessor's connection is still in conntrack;
+/// before connections were marked per sandbox, "established" let the packet
+/// out around the allowlist.
+#[tokio::test]
+async fn a_reused_slot_inherits_none_of_its_predecessors_connections() -> anyhow::Result<()> {
+    if skip_unless_root("a_reused_slot_inherits_none_of_its_predecessors_connections") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let log = lab.udp_echo(5300)?;
+    let mut agent = start(&lab, "0").await?;
+    let send = |payload: &str| {
+        format!(
+            r#"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 40404)); s.settimeout(2)
+s.connect(("198.51.100.11", 5300))
+print("address", s.getsockname()[0])
+try:
+    s.send(b"{payload}"); print("echo", s.recv(64).decode())
+except OSError as e:
+    print("echo", errno.errorcode.get(e.errno, type(e).__name__))
+"#
+        )
+    };
+    let first = agent.run_request(python(&send("first"), NetworkPolicy::Unrestricted, vec![])).await?;
+    assert_eq!(first.line("echo"), "first", "the open sandbox reaches the host: {}", first.stderr);
+    // The slot is free once the first sandbox is gone (veth and cgroup);
+    // every attempt is an attack, and at least one must land in that slot.
+    let mut same_slot = 0;
+    for attempt in 0..5 {
+        assert_clean(&lab, 0).await;
+        for _ in 0..200 {
+            if agent.leftover_cgroups().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let allow = vec![EgressRule { host: "198.51.100.10/32".into(), ports: vec![80] }];
+        let second = agent.run_request(python(&send(&format!("second{attempt}")), NetworkPolicy::Unrestricted, allow)).await?;
+        assert_ne!(second.line("echo"), format!("second{attempt}"), "the allowlist holds on a flow the slot's previous sandbox opened");
+        assert!(refused(&second, "198.51.100.11", 5300).is_some(), "and it is reported: {:?}", second.exited.blocked_egress);
+        if second.line("address") == first.line("address") {
+            same_slot += 1;
+            break;
+        }
+    }
+    assert!(same_slot > 0, "no attempt took the first sandbox's slot: the test proved nothing");
+    let received = std::fs::read_to_string(&log)?;
+    assert!(!received.contains("second"), "a refused datagram reached the host: {received:?}");
+    assert_clean(&lab, 0).await;
+    agent.stop();
+    Ok(())
+}
+
+/// The attacks on the sandbox's resolver: a query for an allowed name that
+/// carries extra records or EDNS options full of data, and UPDATE, NOTIFY,
+/// IQUERY, STATUS and DSO messages naming that name (with a resolver that
+/// accepts updates, an UPDATE re-pointed the allowed name). The lab's
+/// resolver logs every message it receives: none of the program's bytes
+/// may reach it, only plain questions the proxy built.
+#[tokio::test]
+async fn the_dns_proxy_relays_nothing_it_did_not_build() -> anyhow::Result<()> {
+    if skip_unless_root("the_dns_proxy_relays_nothing_it_did_not_build") {
+        return Ok(());
+    }
+    let lab = NetLab::start()?;
+    let mut agent = start(&lab, "0").await?;
+    let code = r#"
+import struct
+def qname(n): return b''.join(bytes([len(l)]) + l.encode() for l in n.split('.')) + b'\0'
+def msg(opcode, name, qtype=1, an=b'', ancount=0, ar=b'', arcount=0):
+    hdr = struct.pack('>HHHHHH', 0x1234, (opcode << 11) | 0x100, 1, ancount, 0, arcount)
+    return hdr + qname(name) + struct.pack('>HH', qtype, 1) + an + ar
+def ask(label, m):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+    s.sendto(m, ('127.0.0.1', 53))
+    try:
+        r = s.recv(4096)
+        print(label, r[3] & 0xf, struct.unpack('>H', r[6:8])[0], b'SMUGGLED' in r)
+    except socket.timeout:
+        print(label, 'TIMEOUT')
+extra = qname('x.public.test') + struct.pack('>HHIH', 16, 1, 0, 15) + bytes([14]) + b'SMUGGLED-EXTRA'
+opt = b'\0' + struct.pack('>HHIH', 41, 1232, 0, 4 + 13) + struct.pack('>HH', 65001, 13) + b'SMUGGLED-EDNS'
+update = qname('public.test') + struct.pack('>HHIH', 1, 1, 60, 4) + bytes([198, 51, 100, 11])
+ask('plain', msg(0, 'PuBlIc.TeSt'))
+ask('extra', msg(0, 'public.test', ar=extra, arcount=1))
+ask('edns', msg(0, 'public.test', ar=opt, arcount=1))
+ask('answer-section', msg(0, 'public.test', an=update, ancount=1))
+for label, op in [('iquery', 1), ('status', 2), ('notify', 4), ('update', 5), ('dso', 6)]:
+    ask(label, msg(op, 'public.test', qtype=6, an=update, ancount=1))
+ask('axfr', msg(0, 'public.test', qtype=252))
+ask('smuggled-name', msg(0, 'SMUGGLED.public.test'))
+"#;
+    let allow = vec![EgressRule { host: "public.test".into(), ports: vec![80] }];
+    let run = agent.run_request(python(code, NetworkPolicy::Unrestricted, allow)).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    // rcode, answers, whether the reply echoed smuggled bytes.
+    assert_eq!(run.line("plain"), "0 1 False");
+    assert_eq!(run.line("edns"), "0 1 False", "an EDNS option is dropped, not relayed");
+    assert_eq!(run.line("extra"), "1 0 False", "extra records: FORMERR");
+    assert_eq!(run.line("answer-section"), "1 0 False");
+    for label in ["iquery", "status", "notify", "update", "dso"] {
+        assert_eq!(run.line(label), "4 0 False", "{label}: NOTIMP");
+    }
+    assert_eq!(run.line("axfr"), "5 0 False", "zone transfers: REFUSED");
+    assert!(run.line("smuggled-name").starts_with("5 0 "), "a name outside the allowlist: REFUSED: {}", run.line("smuggled-name"));
+    let received = lab.dns_log();
+    assert!(!received.is_empty(), "the allowed lookups reached the resolver");
+    for m in &received {
+        assert!(!m.windows(8).any(|w| w.eq_ignore_ascii_case(b"SMUGGLED")), "the program's bytes reached the resolver: {m:?}");
+        let header = |i: usize| u16::from_be_bytes([m[i], m[i + 1]]);
+        assert_eq!((m[2] >> 3) & 0xf, 0, "opcode QUERY only: {m:?}");
+        assert_eq!((header(4), header(6), header(8)), (1, 0, 0), "one question, no answer or authority records: {m:?}");
+        assert!(header(10) <= 1, "at most the proxy's own OPT: {m:?}");
+        let parsed = hickory_proto::op::Message::from_vec(m)?;
+        assert!(parsed.extensions().as_ref().is_none_or(|e| e.options().as_ref().is_empty()), "no EDNS option: {m:?}");
+        assert_eq!(parsed.queries()[0].name().to_ascii(), "public.test.", "the decided name, lower-cased");
+    }
+    agent.stop();
+    Ok(())
+}

@@ -2,9 +2,16 @@
 //! who asks without any address bookkeeping), forwards queries to the node's
 //! resolver from outside, and:
 //!
-//! - with an allowlist, refuses names outside it (no lookup leaves the node,
-//!   so names cannot carry data out) and, for allowed names, adds the
-//!   answered addresses to the sandbox's allow sets *before* answering;
+//! - with an allowlist, refuses names outside it (no lookup leaves the node)
+//!   and, for allowed names, adds the answered addresses to the sandbox's
+//!   allow sets *before* answering;
+//! - relays nothing the program built: it sends the resolver a query of its
+//!   own from the one decided question (opcode QUERY, class IN, lower-cased
+//!   name, its own EDNS, a fresh id), so no extra record, EDNS option, flag
+//!   or UPDATE/NOTIFY/IQUERY/STATUS/DSO message of the program's reaches the
+//!   resolver, and answers the program with a message of its own holding
+//!   only the records that answer that question (the name and the CNAME
+//!   chain it leads to);
 //! - answers AAAA queries with no records (sandboxes have no IPv6 route);
 //! - answers the call's connector hosts itself, with the loopback address
 //!   of their forwarder ([`Statics`]);
@@ -22,14 +29,15 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{DNSClass, RData, RecordType};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 use tracing::debug;
 use warren_core::egress::Rule;
 
 use crate::nft::{self, SandboxNames};
+use crate::setelem::SetWriter;
 use crate::policy::NetPolicy;
 
 /// Queries in flight per sandbox; more are dropped (the client retries).
@@ -40,6 +48,33 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_MESSAGE: usize = 4096;
 /// Names remembered per sandbox, for reports.
 const MAX_REMEMBERED: usize = 1024;
+/// The UDP payload the proxy's own queries offer (the DNS flag day size).
+const EDNS_PAYLOAD: u16 = 1232;
+/// Answers without EDNS fit this (RFC 1035).
+const PLAIN_UDP: usize = 512;
+/// CNAME links followed in an answer.
+const MAX_CHAIN: usize = 8;
+/// Addresses remembered as already in the allow sets, per sandbox.
+const MAX_ALLOWED: usize = 4096;
+
+/// Question types a program may ask about an allowed name: ordinary data,
+/// never zone transfers, meta or wildcard types.
+const ASKABLE: &[RecordType] = &[
+    RecordType::A,
+    RecordType::AAAA,
+    RecordType::CNAME,
+    RecordType::TXT,
+    RecordType::MX,
+    RecordType::SRV,
+    RecordType::NS,
+    RecordType::SOA,
+    RecordType::PTR,
+    RecordType::CAA,
+    RecordType::HTTPS,
+    RecordType::SVCB,
+    RecordType::NAPTR,
+    RecordType::TLSA,
+];
 
 /// Names answered locally (connector hosts → their forwarders), set per call.
 pub type Statics = Arc<Mutex<BTreeMap<String, Ipv4Addr>>>;
@@ -57,17 +92,32 @@ pub enum Decision {
     Forward(Option<Rule>),
 }
 
-/// Decides a parsed query: `None` for anything that is not one plain
-/// question (dropped without an answer). Without a policy (a `Blocked`
-/// sandbox) only `statics` are answered.
+/// Whether a message is one plain question the proxy may decide: `None`
+/// for a response (dropped), else the code of the refusal for anything but
+/// a standard query of one IN question of an ordinary type with no records
+/// of its own (an OPT aside, which is never passed on).
+pub fn screen(query: &Message) -> Option<Result<(), ResponseCode>> {
+    if query.message_type() != MessageType::Query {
+        return None;
+    }
+    Some(if query.op_code() != OpCode::Query {
+        Err(ResponseCode::NotImp)
+    } else if query.queries().len() != 1 || !query.answers().is_empty() || !query.name_servers().is_empty() || !query.additionals().is_empty() || !query.signature().is_empty() {
+        Err(ResponseCode::FormErr)
+    } else if query.queries()[0].query_class() != DNSClass::IN || !ASKABLE.contains(&query.queries()[0].query_type()) {
+        Err(ResponseCode::Refused)
+    } else {
+        Ok(())
+    })
+}
+
+/// Decides a screened query ([`screen`]; `None` for anything else).
+/// Without a policy (a `Blocked` sandbox) only `statics` are answered.
 pub fn decide(query: &Message, policy: Option<&NetPolicy>, statics: &BTreeMap<String, Ipv4Addr>) -> Option<(String, Decision)> {
-    if query.message_type() != MessageType::Query || query.queries().len() != 1 {
+    if screen(query) != Some(Ok(())) {
         return None;
     }
     let q = &query.queries()[0];
-    if q.query_class() != DNSClass::IN {
-        return None;
-    }
     let name = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
     if let Some(ip) = statics.get(&name) {
         return Some((name, if q.query_type() == RecordType::A { Decision::Static(*ip) } else { Decision::Empty }));
@@ -81,15 +131,92 @@ pub fn decide(query: &Message, policy: Option<&NetPolicy>, statics: &BTreeMap<St
 }
 
 /// The IPv4 addresses in an answer.
-pub fn answered_v4(answer: &Message) -> Vec<Ipv4Addr> {
-    answer
-        .answers()
+pub fn answered_v4(answers: &[Record]) -> Vec<Ipv4Addr> {
+    answers
         .iter()
         .filter_map(|r| match r.data() {
             RData::A(a) => Some(a.0),
             _ => None,
         })
         .collect()
+}
+
+fn lower(name: &Name) -> String {
+    name.to_ascii().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The query the proxy sends for the decided `name` and `qtype` (pure):
+/// nothing of the program's message but the question it decided on.
+pub fn upstream_query(id: u16, name: &str, qtype: RecordType) -> Option<Message> {
+    let mut m = Message::new();
+    m.set_id(id).set_message_type(MessageType::Query).set_op_code(OpCode::Query).set_recursion_desired(true);
+    m.add_query(Query::query(Name::from_ascii(format!("{name}.")).ok()?, qtype));
+    let mut edns = Edns::new();
+    edns.set_max_payload(EDNS_PAYLOAD);
+    m.set_edns(edns);
+    Some(m)
+}
+
+/// Whether `answer` is the resolver's answer to `sent`.
+pub fn answers_query(sent: &Message, answer: &Message) -> bool {
+    answer.id() == sent.id() && answer.message_type() == MessageType::Response && answer.op_code() == OpCode::Query && answer.queries() == sent.queries()
+}
+
+/// The records of `answer` that answer `question`: of class IN, owned by
+/// the asked name or by a name a kept CNAME leads to, of the asked type or
+/// CNAME (pure). Anything else the resolver (or whoever answered in its
+/// place) added is dropped.
+pub fn chain(question: &Query, answer: &Message) -> Vec<Record> {
+    let mut names = vec![lower(question.name())];
+    let mut kept = vec![false; answer.answers().len()];
+    for _ in 0..MAX_CHAIN {
+        let mut grew = false;
+        for (i, r) in answer.answers().iter().enumerate() {
+            if kept[i] || r.dns_class() != DNSClass::IN || !names.contains(&lower(r.name())) {
+                continue;
+            }
+            if let RData::CNAME(target) = r.data() {
+                kept[i] = true;
+                names.push(lower(&target.0));
+                grew = true;
+            } else if r.record_type() == question.query_type() {
+                kept[i] = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    answer.answers().iter().zip(kept).filter(|(_, k)| *k).map(|(r, _)| r.clone()).collect()
+}
+
+/// The proxy's answer to the program (pure): its id, flags and question,
+/// the resolver's code (NOERROR/NXDOMAIN; anything else SERVFAIL) and
+/// `records`; truncated when it would not fit the program's UDP size.
+pub fn reply_with(query: &Message, code: ResponseCode, records: Vec<Record>) -> Option<Vec<u8>> {
+    let code = if matches!(code, ResponseCode::NoError | ResponseCode::NXDomain) { code } else { ResponseCode::ServFail };
+    let mut m = Message::new();
+    m.set_id(query.id()).set_message_type(MessageType::Response).set_op_code(OpCode::Query).set_response_code(code);
+    m.set_recursion_desired(query.recursion_desired()).set_recursion_available(true);
+    m.add_queries(query.queries().to_vec());
+    let limit = match query.extensions() {
+        Some(_) => {
+            let mut edns = Edns::new();
+            edns.set_max_payload(EDNS_PAYLOAD);
+            m.set_edns(edns);
+            usize::from(EDNS_PAYLOAD)
+        }
+        None => PLAIN_UDP,
+    };
+    let without = m.clone();
+    m.add_answers(records);
+    let bytes = m.to_vec().ok()?;
+    if bytes.len() <= limit {
+        return Some(bytes);
+    }
+    let mut m = without;
+    m.set_truncated(true);
+    m.to_vec().ok()
 }
 
 /// What the proxy saw, for the call's report.
@@ -116,6 +243,8 @@ pub struct Forwarding {
     pub policy: Arc<NetPolicy>,
     /// Its chain and sets (answers feed the allow sets).
     pub names: SandboxNames,
+    /// The agent's netlink writer of set elements.
+    pub sets: Arc<SetWriter>,
 }
 
 impl Drop for DnsProxy {
@@ -132,7 +261,7 @@ impl DnsProxy {
         let socket = Arc::new(UdpSocket::from_std(socket)?);
         let seen = Arc::new(Mutex::new(Seen::default()));
         let statics = Statics::default();
-        let ctx = Arc::new(Ctx { socket, forwarding, statics: statics.clone(), seen: seen.clone() });
+        let ctx = Arc::new(Ctx { socket, forwarding, statics: statics.clone(), seen: seen.clone(), allowed: Mutex::default() });
         let task = tokio::spawn(serve(ctx));
         Ok(DnsProxy { task, seen, statics })
     }
@@ -154,6 +283,9 @@ struct Ctx {
     forwarding: Option<Forwarding>,
     statics: Statics,
     seen: Arc<Mutex<Seen>>,
+    /// Set elements already added for this sandbox: a repeated answer
+    /// touches no set.
+    allowed: Mutex<std::collections::HashSet<(String, Vec<u8>)>>,
 }
 
 async fn serve(ctx: Arc<Ctx>) {
@@ -179,17 +311,22 @@ async fn serve(ctx: Arc<Ctx>) {
 
 async fn answer(ctx: &Ctx, raw: &[u8]) -> Option<Vec<u8>> {
     let query = Message::from_vec(raw).ok()?;
+    let reply = |code| {
+        let mut m = Message::error_msg(query.id(), OpCode::Query, code);
+        if let Some(q) = query.queries().first().filter(|_| query.queries().len() == 1) {
+            m.add_query(q.clone());
+        }
+        m.set_recursion_desired(query.recursion_desired()).set_recursion_available(true);
+        m.to_vec().ok()
+    };
+    if let Err(code) = screen(&query)? {
+        return reply(code);
+    }
     let decided = {
         let statics = ctx.statics.lock().unwrap_or_else(|p| p.into_inner());
         decide(&query, ctx.forwarding.as_ref().map(|f| f.policy.as_ref()), &statics)
     };
     let (name, decision) = decided?;
-    let reply = |code| {
-        let mut m = Message::error_msg(query.id(), query.op_code(), code);
-        m.add_query(query.queries()[0].clone());
-        m.set_recursion_desired(query.recursion_desired()).set_recursion_available(true);
-        m.to_vec().ok()
-    };
     match decision {
         Decision::Refuse => {
             let mut seen = ctx.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,31 +337,48 @@ async fn answer(ctx: &Ctx, raw: &[u8]) -> Option<Vec<u8>> {
         }
         Decision::Empty => reply(ResponseCode::NoError),
         Decision::Static(ip) => {
-            let mut m = Message::error_msg(query.id(), query.op_code(), ResponseCode::NoError);
-            let q = query.queries()[0].clone();
-            m.add_answer(hickory_proto::rr::Record::from_rdata(q.name().clone(), 60, RData::A(ip.into())));
-            m.add_query(q);
-            m.set_recursion_desired(query.recursion_desired()).set_recursion_available(true).set_authoritative(true);
-            m.to_vec().ok()
+            let q = &query.queries()[0];
+            reply_with(&query, ResponseCode::NoError, vec![Record::from_rdata(q.name().clone(), 60, RData::A(ip.into()))])
         }
         Decision::Forward(rule) => {
             // Forward is only decided with a forwarding policy.
             let f = ctx.forwarding.as_ref()?;
-            let Some((bytes, msg)) = lookup(f.upstream, raw, &query).await else { return reply(ResponseCode::ServFail) };
-            let ips = answered_v4(&msg);
+            let qtype = query.queries()[0].query_type();
+            let Some(sent) = upstream_query(rand::random(), &name, qtype) else { return reply(ResponseCode::FormErr) };
+            let Some(got) = lookup(f.upstream, &sent).await else { return reply(ResponseCode::ServFail) };
+            let records = chain(&sent.queries()[0], &got);
+            let ips = answered_v4(&records);
             remember(&ctx.seen, &name, &ips);
             if let Some(rule) = rule {
                 let public: Vec<Ipv4Addr> = ips.into_iter().filter(|ip| !warren_core::egress::is_forbidden(IpAddr::V4(*ip))).collect();
-                if !public.is_empty() {
-                    if let Err(e) = nft::run(&nft::allow_resolved(&f.names, &rule, &public), &["-f", "-"]).await {
-                        debug!(error = %e, "allowing resolved addresses failed");
-                        return reply(ResponseCode::ServFail);
-                    }
+                if let Err(e) = allow(ctx, f, &rule, &public).await {
+                    debug!(error = %e, "allowing resolved addresses failed");
+                    return reply(ResponseCode::ServFail);
                 }
             }
-            Some(bytes)
+            // The program's own question (its case), the records as answered.
+            reply_with(&query, got.response_code(), records)
         }
     }
+}
+
+/// Adds to the sandbox's allow sets what is not there yet.
+async fn allow(ctx: &Ctx, f: &Forwarding, rule: &Rule, ips: &[Ipv4Addr]) -> std::io::Result<()> {
+    let (set, keys) = nft::resolved_elements(&f.names, rule, ips);
+    let fresh: Vec<Vec<u8>> = {
+        let allowed = ctx.allowed.lock().unwrap_or_else(|p| p.into_inner());
+        keys.into_iter().filter(|k| !allowed.contains(&(set.clone(), k.clone()))).collect()
+    };
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let (sets, table, to, keys) = (f.sets.clone(), f.names.bare_table().to_string(), set.clone(), fresh.clone());
+    tokio::task::spawn_blocking(move || sets.add(&table, &to, &keys)).await.map_err(std::io::Error::other)??;
+    let mut allowed = ctx.allowed.lock().unwrap_or_else(|p| p.into_inner());
+    if allowed.len() < MAX_ALLOWED {
+        allowed.extend(fresh.into_iter().map(|k| (set.clone(), k)));
+    }
+    Ok(())
 }
 
 fn remember(seen: &Mutex<Seen>, name: &str, ips: &[Ipv4Addr]) {
@@ -236,19 +390,20 @@ fn remember(seen: &Mutex<Seen>, name: &str, ips: &[Ipv4Addr]) {
     }
 }
 
-/// Asks the node's resolver; the answer must carry the query's id and question.
-async fn lookup(upstream: SocketAddr, raw: &[u8], query: &Message) -> Option<(Vec<u8>, Message)> {
+/// Asks the node's resolver; the answer must be a standard response with
+/// the query's id and question.
+async fn lookup(upstream: SocketAddr, sent: &Message) -> Option<Message> {
     let bind: SocketAddr = if upstream.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
     let socket = UdpSocket::bind(bind).await.ok()?;
     socket.connect(upstream).await.ok()?;
-    socket.send(raw).await.ok()?;
+    socket.send(&sent.to_vec().ok()?).await.ok()?;
     let mut buf = vec![0u8; MAX_MESSAGE];
     let wait = async {
         loop {
             let n = socket.recv(&mut buf).await.ok()?;
             let Ok(msg) = Message::from_vec(&buf[..n]) else { continue };
-            if msg.id() == query.id() && msg.message_type() == MessageType::Response && msg.queries() == query.queries() {
-                return Some((buf[..n].to_vec(), msg));
+            if answers_query(sent, &msg) {
+                return Some(msg);
             }
         }
     };
@@ -300,11 +455,67 @@ mod tests {
     }
 
     #[test]
-    fn only_a_records_count_as_answered_addresses() {
-        let mut m = query("a.test.", RecordType::A);
-        let name = Name::from_ascii("a.test.").unwrap();
-        m.add_answer(Record::from_rdata(name.clone(), 60, RData::A("198.51.100.10".parse::<Ipv4Addr>().unwrap().into())));
-        m.add_answer(Record::from_rdata(name.clone(), 60, RData::CNAME(hickory_proto::rr::rdata::CNAME(name.clone()))));
-        assert_eq!(answered_v4(&m), vec![Ipv4Addr::new(198, 51, 100, 10)]);
+    fn only_the_questions_chain_is_answered_and_only_its_a_records_count() {
+        let sent = upstream_query(9, "a.test", RecordType::A).unwrap();
+        let mut got = sent.clone();
+        got.set_message_type(MessageType::Response);
+        let name = |n: &str| Name::from_ascii(n).unwrap();
+        let a = |n: &str, ip: &str| Record::from_rdata(name(n), 60, RData::A(ip.parse::<Ipv4Addr>().unwrap().into()));
+        got.add_answer(Record::from_rdata(name("A.test."), 60, RData::CNAME(hickory_proto::rr::rdata::CNAME(name("b.test.")))));
+        got.add_answer(a("b.test.", "198.51.100.10"));
+        got.add_answer(a("smuggled.test.", "198.51.100.99"));
+        got.add_answer(Record::from_rdata(name("a.test."), 60, RData::TXT(hickory_proto::rr::rdata::TXT::new(vec!["data".into()]))));
+        let kept = chain(&sent.queries()[0], &got);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert_eq!(answered_v4(&kept), vec![Ipv4Addr::new(198, 51, 100, 10)]);
+        assert!(answers_query(&sent, &got));
+        let mut other = got.clone();
+        other.set_id(10);
+        assert!(!answers_query(&sent, &other), "another id");
+        let mut update = got.clone();
+        update.set_op_code(OpCode::Update);
+        assert!(!answers_query(&sent, &update));
+    }
+
+    #[test]
+    fn the_proxy_asks_only_its_own_question() {
+        let sent = upstream_query(42, "api.example.com", RecordType::A).unwrap();
+        assert_eq!((sent.id(), sent.op_code(), sent.queries().len()), (42, OpCode::Query, 1));
+        assert_eq!(sent.queries()[0].query_class(), DNSClass::IN);
+        assert!(sent.additionals().is_empty() && sent.answers().is_empty() && sent.name_servers().is_empty());
+        let edns = sent.extensions().as_ref().unwrap();
+        assert_eq!(edns.max_payload(), EDNS_PAYLOAD);
+        assert!(edns.options().as_ref().is_empty(), "no option of the program's");
+    }
+
+    #[test]
+    fn every_message_but_a_plain_question_is_refused() {
+        assert_eq!(screen(&query("a.test.", RecordType::A)), Some(Ok(())));
+        for op in [OpCode::Update, OpCode::Notify, OpCode::Status] {
+            let mut m = query("a.test.", RecordType::A);
+            m.set_op_code(op);
+            assert_eq!(screen(&m), Some(Err(ResponseCode::NotImp)), "{op:?}");
+        }
+        let mut extra = query("a.test.", RecordType::A);
+        extra.add_additional(Record::from_rdata(Name::from_ascii("x.a.test.").unwrap(), 0, RData::TXT(hickory_proto::rr::rdata::TXT::new(vec!["secret".into()]))));
+        assert_eq!(screen(&extra), Some(Err(ResponseCode::FormErr)));
+        for t in [RecordType::AXFR, RecordType::IXFR, RecordType::ANY, RecordType::NULL] {
+            assert_eq!(screen(&query("a.test.", t)), Some(Err(ResponseCode::Refused)), "{t:?}");
+        }
+        let mut response = query("a.test.", RecordType::A);
+        response.set_message_type(MessageType::Response);
+        assert_eq!(screen(&response), None);
+    }
+
+    #[test]
+    fn replies_are_built_fresh_and_fit_the_programs_udp_size() {
+        let q = query("a.test.", RecordType::A);
+        let many: Vec<Record> = (0..60).map(|i| Record::from_rdata(Name::from_ascii("a.test.").unwrap(), 60, RData::A(Ipv4Addr::new(198, 51, 100, i).into()))).collect();
+        let small = Message::from_vec(&reply_with(&q, ResponseCode::NoError, many[..2].to_vec()).unwrap()).unwrap();
+        assert_eq!((small.id(), small.answers().len(), small.truncated()), (7, 2, false));
+        let big = Message::from_vec(&reply_with(&q, ResponseCode::NoError, many.clone()).unwrap()).unwrap();
+        assert!(big.truncated() && big.answers().is_empty(), "over 512 bytes without EDNS");
+        let refused = Message::from_vec(&reply_with(&q, ResponseCode::Refused, vec![]).unwrap()).unwrap();
+        assert_eq!(refused.response_code(), ResponseCode::ServFail, "only NOERROR and NXDOMAIN pass");
     }
 }

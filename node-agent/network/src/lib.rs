@@ -29,6 +29,7 @@ pub mod nflog;
 pub mod nft;
 pub mod node;
 pub mod policy;
+pub mod setelem;
 
 pub use node::{NodeNet, NodeNetConfig, SandboxNet};
 pub use policy::{Blocked, NetPolicy};

@@ -48,6 +48,12 @@ const REJECT: &str = "reject with icmpx admin-prohibited";
 /// The node table, replacing any previous one (and with it anything a
 /// crashed agent left behind). `sandbox_net` is the range sandbox addresses
 /// come from (masqueraded on the way out).
+///
+/// Established traffic is accepted without the sandbox's chain only when
+/// its connection carries the mark of the sandbox now on the interface
+/// (`flows`): a slot's next occupant, whose address and interface name are
+/// the same, never inherits its predecessor's connections (their entries
+/// stay in conntrack until they time out) in either direction.
 pub fn node_table(scope: &Scope, sandbox_net: (Ipv4Addr, u8)) -> String {
     let (table, if_prefix) = (&scope.table, &scope.prefix);
     let forbidden: Vec<String> = FORBIDDEN_V4.iter().map(|(a, p)| format!("{a}/{p}")).collect();
@@ -58,20 +64,21 @@ delete table {table}
 table {table} {{
   set forbidden4 {{ type ipv4_addr; flags interval; elements = {{ {forbidden} }}; }}
   map sandboxes {{ type ifname : verdict; }}
+  set flows {{ type ifname . mark; }}
   chain input {{
     type filter hook input priority filter - 5; policy accept;
     iifname "{if_prefix}*" drop
   }}
   chain forward {{
     type filter hook forward priority filter - 5; policy accept;
-    oifname "{if_prefix}*" ct state established,related accept
+    oifname "{if_prefix}*" ct state established,related oifname . ct mark @flows accept
     oifname "{if_prefix}*" drop
     iifname "{if_prefix}*" jump from_sandbox
   }}
   chain from_sandbox {{
     meta nfproto ipv6 drop
     fib daddr type {{ local, broadcast, multicast }} drop
-    ct state established,related accept
+    ct state established,related iifname . ct mark @flows accept
     iifname vmap @sandboxes
     drop
   }}
@@ -100,12 +107,20 @@ pub struct SandboxNames {
     pub table: String,
     group: u16,
     n: usize,
+    /// Conntrack mark of this sandbox's connections: unique per sandbox
+    /// (not per slot), so nothing of a slot's earlier occupant matches it.
+    pub mark: u32,
 }
 
 impl SandboxNames {
-    /// Names for slot `n`.
-    pub fn new(scope: &Scope, n: usize) -> SandboxNames {
-        SandboxNames { ifname: format!("{}{n}", scope.prefix), table: scope.table.clone(), group: scope.group, n }
+    /// Names for slot `n`, holding the sandbox whose connections carry `mark`.
+    pub fn new(scope: &Scope, n: usize, mark: u32) -> SandboxNames {
+        SandboxNames { ifname: format!("{}{n}", scope.prefix), table: scope.table.clone(), group: scope.group, n, mark }
+    }
+
+    /// The table's name without its family (`warren_<prefix>`).
+    pub fn bare_table(&self) -> &str {
+        self.table.strip_prefix("inet ").unwrap_or(&self.table)
     }
 }
 
@@ -114,6 +129,8 @@ impl SandboxNames {
 /// sandbox never inherits another's rules or allowed addresses.
 pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
     let (n, table) = (names.n, &names.table);
+    // What the chain lets through becomes this sandbox's connection.
+    let accept = format!("ct mark set {:#x} accept", names.mark);
     let mut s = String::new();
     let _ = writeln!(s, "add chain {table} sbx_{n}\nflush chain {table} sbx_{n}");
     // queue-threshold 1: the kernel sends each refused packet at once (the
@@ -124,7 +141,7 @@ pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
     let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {REJECT}");
     match &policy.allow {
         None => {
-            let _ = writeln!(s, "add rule {table} sbx_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} {accept}");
         }
         Some(rules) => {
             let (any, ported) = static_elements(rules);
@@ -142,35 +159,40 @@ pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
             if !ported.is_empty() {
                 let _ = writeln!(s, "add element {table} port_{n} {{ {} }}", ported.join(", "));
             }
-            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @any_{n} accept");
-            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @dany_{n} accept");
-            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @port_{n} accept");
-            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @dport_{n} accept");
+            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @any_{n} {accept}");
+            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @dany_{n} {accept}");
+            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @port_{n} {accept}");
+            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @dport_{n} {accept}");
             let _ = writeln!(s, "add rule {table} sbx_{n} {count}");
             let _ = writeln!(s, "add rule {table} sbx_{n} {REJECT}");
         }
     }
+    let _ = writeln!(s, "add element {table} flows {{ \"{}\" . {:#x} }}", names.ifname, names.mark);
     let _ = writeln!(s, "add element {table} sandboxes {{ \"{}\" : goto sbx_{n} }}", names.ifname);
     s
 }
 
-/// Allows what the DNS proxy resolved for a name under `rule`.
-pub fn allow_resolved(names: &SandboxNames, rule: &Rule, ips: &[Ipv4Addr]) -> String {
-    let (n, table) = (names.n, &names.table);
-    let elements: Vec<String> = if rule.ports.is_empty() {
-        ips.iter().map(|ip| ip.to_string()).collect()
+/// Where what the DNS proxy resolved for a name under `rule` goes: the
+/// set's name (in the bare table [`SandboxNames::bare_table`]) and its
+/// element keys (see [`crate::setelem`]).
+pub fn resolved_elements(names: &SandboxNames, rule: &Rule, ips: &[Ipv4Addr]) -> (String, Vec<Vec<u8>>) {
+    let n = names.n;
+    if rule.ports.is_empty() {
+        (format!("dany_{n}"), ips.iter().map(|ip| crate::setelem::key(*ip, None)).collect())
     } else {
-        ips.iter().flat_map(|ip| rule.ports.iter().map(move |p| format!("{ip} . {p}"))).collect()
-    };
-    let set = if rule.ports.is_empty() { "dany" } else { "dport" };
-    format!("add element {table} {set}_{n} {{ {} }}\n", elements.join(", "))
+        (format!("dport_{n}"), ips.iter().flat_map(|ip| rule.ports.iter().map(move |p| crate::setelem::key(*ip, Some(*p)))).collect())
+    }
 }
 
 /// Removes everything of one sandbox (each command on its own, so a
 /// missing piece does not keep the rest).
 pub fn sandbox_teardown(names: &SandboxNames) -> Vec<String> {
     let (n, table) = (names.n, &names.table);
-    let mut v = vec![format!("delete element {table} sandboxes {{ \"{}\" }}\n", names.ifname), format!("flush chain {table} sbx_{n}\ndelete chain {table} sbx_{n}\n")];
+    let mut v = vec![
+        format!("delete element {table} sandboxes {{ \"{}\" }}\n", names.ifname),
+        format!("delete element {table} flows {{ \"{}\" . {:#x} }}\n", names.ifname, names.mark),
+        format!("flush chain {table} sbx_{n}\ndelete chain {table} sbx_{n}\n"),
+    ];
     v.extend(["any", "port", "dany", "dport"].iter().map(|set| format!("delete set {table} {set}_{n}\n")));
     v
 }
@@ -267,31 +289,47 @@ mod tests {
 
     #[test]
     fn unrestricted_accepts_after_the_forbidden_check() {
-        let s = sandbox_rules(&SandboxNames::new(&scope(), 3), &NetPolicy::new(None, 1000));
+        let s = sandbox_rules(&SandboxNames::new(&scope(), 3, 0x2a), &NetPolicy::new(None, 1000));
         let forbidden = s.find("@forbidden4 reject").unwrap();
-        assert!(s.find("sbx_3 accept").unwrap() > forbidden);
+        assert!(s.find("sbx_3 ct mark set 0x2a accept").unwrap() > forbidden, "{s}");
         assert!(s.contains("\"wrn3\" : goto sbx_3"));
         assert!(s.starts_with("add chain inet warren_wrn sbx_3\nflush chain inet warren_wrn sbx_3\n"), "leftovers of the slot are emptied first");
         assert!(!s.contains("any_3"));
     }
 
     #[test]
+    fn established_traffic_must_carry_the_mark_of_the_sandbox_now_in_the_slot() {
+        let t = node_table(&scope(), (Ipv4Addr::new(100, 127, 0, 0), 16));
+        assert!(!t.contains("ct state established,related accept"), "no connection is accepted for its state alone: {t}");
+        assert!(t.contains("oifname \"wrn*\" ct state established,related oifname . ct mark @flows accept"));
+        assert!(t.contains("ct state established,related iifname . ct mark @flows accept"));
+        let names = SandboxNames::new(&scope(), 3, 0x2a);
+        let r = sandbox_rules(&names, &NetPolicy::new(Some(rules(&[("a.test", &[443]), ("198.51.100.0/24", &[])])), 1000));
+        assert!(r.contains("add element inet warren_wrn flows { \"wrn3\" . 0x2a }"));
+        assert!(r.lines().filter(|l| l.ends_with("accept")).all(|l| l.ends_with("ct mark set 0x2a accept")), "{r}");
+        assert!(sandbox_teardown(&names).concat().contains("delete element inet warren_wrn flows { \"wrn3\" . 0x2a }"));
+    }
+
+    #[test]
     fn allowlists_become_collapsed_sets_and_a_final_reject() {
         let r = rules(&[("198.51.100.0/24", &[]), ("198.51.100.128/25", &[]), ("203.0.113.0/24", &[443, 80]), ("203.0.113.7", &[443]), ("api.example.com", &[])]);
-        let s = sandbox_rules(&SandboxNames::new(&scope(), 0), &NetPolicy::new(Some(r), 1000));
+        let s = sandbox_rules(&SandboxNames::new(&scope(), 0, 1), &NetPolicy::new(Some(r), 1000));
         assert!(s.contains("add element inet warren_wrn any_0 { 198.51.100.0/24 }"), "{s}");
         assert!(s.contains("add element inet warren_wrn port_0 { 203.0.113.0/24 . 80, 203.0.113.0/24 . 443 }"), "{s}");
-        assert!(s.trim_end().lines().rev().nth(1).unwrap().ends_with(REJECT), "{s}");
+        assert!(s.trim_end().lines().rev().nth(2).unwrap().ends_with(REJECT), "{s}");
     }
 
     #[test]
     fn resolved_addresses_go_to_the_rules_ports() {
-        let names = SandboxNames::new(&scope(), 7);
+        let names = SandboxNames::new(&scope(), 7, 1);
         let ips = [Ipv4Addr::new(198, 51, 100, 10), Ipv4Addr::new(198, 51, 100, 11)];
         let any = &rules(&[("a.test", &[])])[0];
-        assert_eq!(allow_resolved(&names, any, &ips), "add element inet warren_wrn dany_7 { 198.51.100.10, 198.51.100.11 }\n");
+        assert_eq!(names.bare_table(), "warren_wrn");
+        assert_eq!(resolved_elements(&names, any, &ips), ("dany_7".to_string(), vec![vec![198, 51, 100, 10], vec![198, 51, 100, 11]]));
         let ported = &rules(&[("a.test", &[443, 8443])])[0];
-        assert_eq!(allow_resolved(&names, ported, &ips[..1]), "add element inet warren_wrn dport_7 { 198.51.100.10 . 443, 198.51.100.10 . 8443 }\n");
+        let (set, keys) = resolved_elements(&names, ported, &ips[..1]);
+        assert_eq!((set.as_str(), keys.len()), ("dport_7", 2));
+        assert_eq!(keys[1], crate::setelem::key(ips[0], Some(8443)));
     }
 
 }

@@ -36,6 +36,11 @@ pub struct NodeNetConfig {
 pub struct NodeNet {
     cfg: NodeNetConfig,
     refusals: Arc<Refusals>,
+    /// Adds resolved addresses to the sandboxes' allow sets.
+    sets: Arc<crate::setelem::SetWriter>,
+    /// The next sandbox's conntrack mark. Seeded at random: connections an
+    /// earlier agent's sandboxes left in conntrack carry other marks.
+    next_mark: std::sync::atomic::AtomicU32,
 }
 
 /// Why a sandbox's network could not be set up.
@@ -64,7 +69,8 @@ impl NodeNet {
         let refusals = Refusals::start(cfg.scope.group).map_err(at("receiving refused packets (NFLOG)"))?;
         nft::run(&nft::node_table(&cfg.scope, cfg.sandbox_net), &["-f", "-"]).await.map_err(at("installing the node table"))?;
         std::fs::write(cfg.proc_dir.join("sys/net/ipv4/ip_forward"), "1").map_err(at("enabling IPv4 forwarding"))?;
-        Ok(NodeNet { cfg, refusals })
+        let sets = Arc::new(crate::setelem::SetWriter::open().map_err(at("opening the nftables netlink socket"))?);
+        Ok(NodeNet { cfg, refusals, sets, next_mark: rand::random::<u32>().into() })
     }
 
     /// Removes the node table (sandboxes are gone by then).
@@ -77,13 +83,20 @@ impl NodeNet {
     /// Gives the sandbox in slot `slot`, whose init is `pid`, its network.
     /// Nothing is left behind when this fails.
     pub async fn setup(&self, slot: usize, pid: i32, policy: Arc<NetPolicy>) -> Result<SandboxNet, NetError> {
-        let names = SandboxNames::new(&self.cfg.scope, slot);
+        // 0 is the mark of connections nobody marked.
+        let mark = loop {
+            let m = self.next_mark.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if m != 0 {
+                break m;
+            }
+        };
+        let names = SandboxNames::new(&self.cfg.scope, slot, mark);
         let (node, sandbox) = link::addresses(self.cfg.sandbox_net, slot)
             .ok_or_else(|| at("addressing")(io::Error::other("the sandbox range has no address left for this slot")))?;
         let netns = link::open_netns(pid).map_err(at("opening the network namespace"))?;
         self.refusals.watch(sandbox);
         let mut net = SandboxNet { names, netns, dns: None, address: sandbox, refusals: self.refusals.clone() };
-        match net.build(&self.cfg, pid, node, sandbox, policy).await {
+        match net.build(&self.cfg, pid, node, sandbox, policy, self.sets.clone()).await {
             Ok(()) => Ok(net),
             Err(e) => {
                 net.teardown().await;
@@ -104,7 +117,7 @@ pub struct SandboxNet {
 }
 
 impl SandboxNet {
-    async fn build(&mut self, cfg: &NodeNetConfig, pid: i32, node: Ipv4Addr, sandbox: Ipv4Addr, policy: Arc<NetPolicy>) -> Result<(), NetError> {
+    async fn build(&mut self, cfg: &NodeNetConfig, pid: i32, node: Ipv4Addr, sandbox: Ipv4Addr, policy: Arc<NetPolicy>, sets: Arc<crate::setelem::SetWriter>) -> Result<(), NetError> {
         let t0 = std::time::Instant::now();
         // The chain first: until it exists the interface matches nothing and
         // its traffic is dropped.
@@ -129,7 +142,7 @@ impl SandboxNet {
         })
         .await
         .map_err(at("configuring inside the sandbox"))?;
-        let forwarding = crate::dns::Forwarding { upstream: cfg.upstream_dns, policy, names: self.names.clone() };
+        let forwarding = crate::dns::Forwarding { upstream: cfg.upstream_dns, policy, names: self.names.clone(), sets };
         self.dns = Some(DnsProxy::spawn(socket, Some(forwarding)).map_err(at("starting the DNS proxy"))?);
         let us = |d: std::time::Duration| d.as_micros() as u64;
         tracing::debug!(veth_us = us(t_veth), total_us = us(t0.elapsed()), "sandbox network set up");
