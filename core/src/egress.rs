@@ -211,11 +211,16 @@ pub const FORBIDDEN_V4: &[(Ipv4Addr, u8)] = &[
 
 /// IPv6 ranges no policy can open (the sandbox has no IPv6 route at all;
 /// these are dropped again at the node): loopback, unspecified, mapped and
-/// translated IPv4, ULA (which holds fd00:ec2::254), link-local, multicast.
+/// translated IPv4 (NAT64, the local-use 64:ff9b:1::/48 too), the IPv4
+/// tunnels whose addresses embed any IPv4 address (6to4 2002::/16, Teredo
+/// 2001::/32), ULA (which holds fd00:ec2::254), link-local, multicast.
 pub const FORBIDDEN_V6: &[(Ipv6Addr, u8)] = &[
     (Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 96),
     (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96),
     (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96),
+    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48),
+    (Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16),
+    (Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0), 32),
     (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7),
     (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10),
     (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8),
@@ -314,7 +319,7 @@ mod tests {
         for ip in ["10.200.0.10", "172.20.1.1", "192.168.1.1", "100.64.0.1", "127.0.0.1", "169.254.169.254", "198.18.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255"] {
             assert!(is_forbidden(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["::1", "fd00:ec2::254", "fe80::1", "::ffff:10.0.0.1", "64:ff9b::a00:1", "ff02::1"] {
+        for ip in ["::1", "fd00:ec2::254", "fe80::1", "::ffff:10.0.0.1", "64:ff9b::a00:1", "64:ff9b:1::a9fe:a9fe", "2002:a9fe:a9fe::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "ff02::1"] {
             assert!(is_forbidden(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["198.51.100.10", "8.8.8.8", "100.128.0.1", "2001:db8::1", "::ffff:198.51.100.10"] {

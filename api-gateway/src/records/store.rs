@@ -16,6 +16,8 @@ use super::model::{Filter, Finished, NewRecord, Row};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The URL names no supported database.
+    #[error("the records file cannot be made private to the gateway: {0}")]
+    Private(std::io::Error),
     #[error("--records must be a sqlite:// or postgres:// URL")]
     Scheme,
     /// The database refused or failed.
@@ -107,6 +109,25 @@ const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language,
 
 type Q<'q> = Query<'q, Any, AnyArguments>;
 
+/// Makes the SQLite file (every execution's output, the file-URL signing
+/// key) readable by the gateway's user only: a directory it creates is
+/// 0700, the file 0600 (tightened if it exists; SQLite gives its -wal and
+/// -shm files the same mode).
+fn private_file(file: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if file.as_os_str().is_empty() || file.as_os_str() == ":memory:" {
+        return Ok(());
+    }
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let f = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(file)?;
+    if f.metadata()?.permissions().mode() & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Connects to `url` (`sqlite:///path/records.db` — created when
     /// missing — or `postgres://…`) and brings the schema up to date.
@@ -114,9 +135,7 @@ impl Store {
         sqlx::any::install_default_drivers();
         let (kind, url) = if let Some(path) = url.strip_prefix("sqlite://") {
             let file = path.split('?').next().unwrap_or_default();
-            if let Some(dir) = std::path::Path::new(file).parent().filter(|d| !d.as_os_str().is_empty()) {
-                let _ = std::fs::create_dir_all(dir);
-            }
+            private_file(std::path::Path::new(file)).map_err(StoreError::Private)?;
             let create = if url.contains("mode=") { String::new() } else if url.contains('?') { "&mode=rwc".into() } else { "?mode=rwc".into() };
             (Kind::Sqlite, format!("{url}{create}"))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -428,4 +447,25 @@ fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
         created_ms: int("created_ms")?,
         completed_ms: r.try_get("completed_ms")?,
     })
+}
+
+#[cfg(test)]
+mod private_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Single-machine mode keeps every output and the signing key here:
+    /// nobody but the gateway's user reads it.
+    #[tokio::test]
+    async fn the_sqlite_file_and_its_new_directory_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("gateway/records.db");
+        super::Store::open(&format!("sqlite://{}", file.display())).await.unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&t.path().join("gateway")), mode(&file)), (0o700, 0o600));
+        let old = t.path().join("old.db");
+        std::fs::write(&old, "").unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+        super::Store::open(&format!("sqlite://{}", old.display())).await.unwrap();
+        assert_eq!(mode(&old), 0o600, "an existing world-readable file is tightened");
+    }
 }
