@@ -217,4 +217,18 @@ mod tests {
         }
         assert_eq!(stores.len(), MAX_CLIENTS, "bounded");
     }
+
+    #[test]
+    fn the_platform_bucket_and_ungranted_directories_are_refused_and_a_grant_is_its_own_client() {
+        let stores = Stores::new(Some(0)).with_platform_bucket(Some("warren-threads".into()));
+        let mut m = spec("one");
+        assert_eq!(stores.refuses(&m), None);
+        m.bucket = "warren-threads".into();
+        assert!(stores.refuses(&m).unwrap().contains("platform's own bucket"), "whatever its credentials");
+        let local = validate(vec![RawMount { mount_path: "/data/l".into(), provider: "local".into(), bucket: "/srv/data".into(), ..RawMount::default() }]).unwrap().remove(0);
+        assert!(stores.refuses(&local).unwrap().contains("--local-storage-root"));
+        let anonymous = validate(vec![RawMount { mount_path: "/data/x".into(), provider: "s3".into(), bucket: "b".into(), ..RawMount::default() }]).unwrap().remove(0);
+        let lent = MountSpec { ambient_identity: true, ..anonymous.clone() };
+        assert_ne!(identity(&anonymous), identity(&lent), "an unsigned client never serves a mount signed by the node, nor the reverse");
+    }
 }

@@ -236,11 +236,18 @@ fn storage_narrows_and_resolves_its_connection() {
     let no_creds = format!("{conn}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: c}}]\n"));
     let e = errors(format!("{no_creds}---\n{}---\n{}", api_key("k", ""), secret("k-key", KEY_A)));
     assert!(e.contains("credentials Secret \"c-creds\" was not found"), "{e}");
-    // GCS with the node's identity: no Secret, nothing sent but the bucket.
+    // GCS without a Secret: nothing sent but the bucket, and the node's
+    // identity only where the Namespace's admin lent it.
     let gcs = "apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {name: g}\nspec: {provider: GCS, bucket: b}\n";
-    let c = run(&[("a.yaml", format!("{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)))]);
+    let with = |ns: &str| run(&[("a.yaml", format!("{ns}{gcs}---\n{}---\n{}---\n{}", sandbox("  storage: [{name: data, connectionRef: {name: g}}]\n"), api_key("k", ""), secret("k-key", KEY_A)))]);
+    let c = with("");
     assert!(c.errors.is_empty(), "{:?}", c.errors);
-    assert_eq!((c.keys[0].storage[0].provider.as_str(), c.keys[0].storage[0].credentials.0.len()), ("gcs", 0));
+    let m = &c.keys[0].storage[0];
+    assert_eq!((m.provider.as_str(), m.credentials.0.len(), m.ambient_identity), ("gcs", 0, false), "a tenant's manifest never borrows the node's identity");
+    let lent = with(&format!("{}---\n", namespace("default", "warren.dev/ambient-identity: 'true'")));
+    assert!(lent.keys[0].storage[0].ambient_identity, "the admin's annotation lends it");
+    let elsewhere = with(&format!("{}---\n", namespace("other", "warren.dev/ambient-identity: 'true'")));
+    assert!(!elsewhere.keys[0].storage[0].ambient_identity, "another namespace's grant");
 }
 
 #[test]
