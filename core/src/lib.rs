@@ -24,6 +24,7 @@ pub mod limits;
 pub mod network;
 pub mod path;
 pub mod quantity;
+pub mod reach;
 pub mod secret;
 
 pub use language::Language;

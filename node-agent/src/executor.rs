@@ -296,8 +296,8 @@ impl Executor {
         let image = std::mem::take(&mut req.image);
         let spec = req.validate(&self.policy)?;
         for (i, m) in mounts.iter().enumerate() {
-            if let Some(why) = self.stores.refuses(m) {
-                return Err(ExecError::MountRefused { field: format!("mounts[{i}].bucket"), why });
+            if let Some((field, why)) = self.stores.refuses(m) {
+                return Err(ExecError::MountRefused { field: format!("mounts[{i}].{field}"), why });
             }
         }
         if !self.features.can_run_sandboxes() {
@@ -361,7 +361,7 @@ impl Executor {
         }
         let connectors = std::mem::take(&mut admission.connectors);
         if !connectors.is_empty() {
-            resources.push(Box::new(crate::lifecycle::connectors::ConnectorResource::new(connectors)));
+            resources.push(Box::new(crate::lifecycle::connectors::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
         let t0 = Instant::now();
         if let Err(failure) = resources.acquire().await {

@@ -154,6 +154,18 @@ pub struct Args {
     /// real directory away from the agent's state and the system's own.
     #[arg(long = "local-storage-root", env = "WARREN_LOCAL_STORAGE_ROOTS", value_delimiter = ',')]
     pub local_storage_roots: Vec<PathBuf>,
+    /// Destinations (addresses or CIDRs; repeat or comma-separate) that
+    /// tenant-named endpoints — Connector hosts, StorageConnection
+    /// endpoints — may reach although they are the node itself: loopback,
+    /// link-local (the metadata service), the agent's and the node's own
+    /// addresses. None by default.
+    #[arg(long = "allow-endpoint", env = "WARREN_ALLOW_ENDPOINTS", value_delimiter = ',')]
+    pub allow_endpoints: Vec<String>,
+    /// The node's own address (the chart passes the pod's `status.hostIP`),
+    /// refused to tenant endpoints like the agent's own: the kubelet and
+    /// whatever else listens on the node.
+    #[arg(long, env = "WARREN_NODE_IP")]
+    pub node_ip: Option<std::net::IpAddr>,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -210,6 +222,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         dns_upstream,
         network_prefix,
         local_storage_roots,
+        allow_endpoints,
+        node_ip,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -279,7 +293,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     // Storage mounts share the S3 connection setting of the thread store.
     let platform_bucket = store_spec.strip_prefix("s3://").map(|b| b.split('/').next().unwrap_or(b).to_string());
-    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle).with_local_roots(local_roots).with_platform_bucket(platform_bucket);
+    let own: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+        .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
+        .unwrap_or_default();
+    let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
+    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
+        .with_local_roots(local_roots)
+        .with_platform_bucket(platform_bucket)
+        .with_endpoint_policy(Arc::new(endpoints));
     if storage_cache > 0 {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
         stores = stores.with_cache(Arc::new(cache));

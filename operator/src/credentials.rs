@@ -69,7 +69,9 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     let Ok(Some(m)) = warren_storage::spec::validate(vec![raw]).map(|mut v| v.pop()) else {
         return (false, reasons::INVALID_SPEC, "the bucket or prefix cannot be used".into());
     };
-    let store = match m.store() {
+    // The operator's own network position is no more the tenant's than the
+    // node's: loopback and the metadata service are refused here too.
+    let store = match m.store(&std::sync::Arc::new(warren_core::reach::EndpointPolicy::default())) {
         Ok(s) => s,
         Err(why) => return (false, reasons::INVALID_SPEC, why),
     };

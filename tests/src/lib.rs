@@ -199,6 +199,12 @@ impl Agent {
         if !extra.contains(&"--sandbox-network") {
             cmd.args(["--sandbox-network", "off"]);
         }
+        // The tests' stores and databases listen on loopback: their agents
+        // allow it, as an admin would for services on the node. A test of
+        // the refusal passes its own --allow-endpoint.
+        if !extra.iter().any(|a| a.starts_with("--allow-endpoint")) {
+            cmd.args(["--allow-endpoint", "127.0.0.0/8"]);
+        }
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;

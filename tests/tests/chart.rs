@@ -35,7 +35,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32}"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -49,9 +49,13 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains("secretRef: {name: s3-creds}"), "credentials come from the named Secret");
             assert!(rendered.contains("secretKeyRef: {name: warren-records, key: url}") && !rendered.contains("--records=sqlite"), "replicas share PostgreSQL");
             assert!(rendered.contains("--webhook-allow-host=hooks.internal") && rendered.contains("--public-url=https://warren.example.com"), "{rendered}");
+            assert!(rendered.contains("--local-storage-root=/srv/warren-data") && rendered.contains("hostPath: {path: /srv/warren-data, type: Directory}"), "an admin's Local root is granted and mounted");
+            assert!(rendered.contains("--allow-endpoint=10.96.0.10/32"), "{rendered}");
         } else {
             assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");
             assert!(rendered.contains("--records=sqlite:///var/lib/warren/gateway/records.db"), "one replica keeps its records in the pod");
+            assert!(!rendered.contains("--local-storage-root") && !rendered.contains("--allow-endpoint"), "no host path and no node endpoint by default");
+            assert!(rendered.contains("except: [\"169.254.0.0/16\"]") && rendered.contains("fieldPath: status.hostIP"), "the agent's egress avoids the metadata service; it knows the node's address");
         }
         assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
         assert_gateway_reads_secrets_only_in_the_keys_namespace(&rendered);

@@ -186,3 +186,70 @@ print("files", sorted(os.listdir("/run/warren/connectors")))
 fn mask(s: &str) -> String {
     s.bytes().map(|b| format!("{:02x}", b ^ 0x55)).collect()
 }
+
+/// The attack: a tenant's Connector and StorageConnection naming the node
+/// itself — its loopback (here a listener standing in for the agent's or
+/// the kubelet's port, by address and by a name resolving to it) and the
+/// metadata address. Without an admin's `--allow-endpoint` nothing of the
+/// node is reached: the forwarder refuses every connection, the mount is
+/// refused before anything runs (a literal) or reaches nothing (a name).
+#[tokio::test]
+async fn connector_and_storage_endpoints_never_reach_the_node_itself() -> anyhow::Result<()> {
+    if skip_unless_root("connector_and_storage_endpoints_never_reach_the_node_itself") {
+        return Ok(());
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    listener.set_nonblocking(true)?;
+    // An admin allowed something else: loopback stays refused.
+    let agent = Agent::start(&["--allow-endpoint", "192.0.2.255/32"]).await?;
+    let connectors = vec![
+        grant("byip", "redis", "127.0.0.1", port, &[("password", "x")]),
+        grant("byname", "redis", "node.localhost", port, &[("password", "x")]),
+        grant("metadata", "redis", "169.254.169.254", 80, &[("password", "x")]),
+    ];
+    let code = format!(
+        r#"
+import socket
+for label, host, port in [("byip", "127.0.0.1", {port}), ("byname", "node.localhost", {port}), ("metadata", "169.254.169.254", 80)]:
+    try:
+        s = socket.create_connection((host, port), timeout=5); s.settimeout(5)
+        print(label, "CLOSED" if s.recv(1) == b"" else "DATA")
+    except OSError as e:
+        print(label, type(e).__name__)
+"#
+    );
+    let run = agent.run_request(python(&code, connectors)).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    for label in ["byip", "byname", "metadata"] {
+        assert_ne!(run.line(label), "DATA", "{label}: {}", run.stdout);
+    }
+    assert!(listener.accept().is_err(), "the node's loopback listener was reached through a connector");
+
+    let s3 = warren_e2e::s3::S3Server::start()?;
+    let mount = |endpoint: String| warren_proto::agent::StorageMount {
+        mount_path: "/data/lake".into(),
+        provider: "s3".into(),
+        bucket: warren_e2e::s3::BUCKET.into(),
+        endpoint,
+        region: "us-east-1".into(),
+        credentials: creds(&s3.credentials().iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>()),
+        mode: warren_proto::agent::MountMode::ReadOnly as i32,
+        ..Default::default()
+    };
+    for endpoint in [s3.endpoint(), "http://169.254.169.254".to_string(), "http://[::ffff:127.0.0.1]:9".to_string()] {
+        let mut req = request(Language::Python, "print(1)", Duration::from_secs(30));
+        req.mounts = vec![mount(endpoint.clone())];
+        let e = agent.run_request(req).await.expect_err("a literal address of the node is refused before anything runs");
+        let status = e.downcast_ref::<tonic::Status>().unwrap_or_else(|| panic!("{e:#}"));
+        assert_eq!((status.code(), warren_proto::refusal::refusal_of(status).1.as_str()), (tonic::Code::PermissionDenied, "mounts[0].endpoint"), "{endpoint}: {status:?}");
+    }
+    // A name resolving to the node's loopback: the resolver of the mount's
+    // client keeps no address, so the store is never asked.
+    let by_name = s3.endpoint().replace("127.0.0.1", "localhost");
+    let mut req = request(Language::Python, "import os; print(os.listdir('/data/lake'))", Duration::from_secs(30));
+    req.mounts = vec![mount(by_name)];
+    let run = agent.run_request(req).await?;
+    assert_ne!(run.exited.exit_code, 0, "listed the node's own store by a name: {}", run.stdout);
+    Ok(())
+}

@@ -28,6 +28,11 @@ fn mount(az: &Azurite, name: &str, prefix: &str, mode: pb::MountMode) -> pb::Sto
     }
 }
 
+/// Azurite is on loopback: what an admin would allow with --allow-endpoint.
+fn loopback() -> std::sync::Arc<warren_core::reach::EndpointPolicy> {
+    std::sync::Arc::new(warren_core::reach::EndpointPolicy::new(&["127.0.0.0/8".into()], vec![]).unwrap())
+}
+
 async fn run_with(agent: &Agent, code: &str, mounts: Vec<pb::StorageMount>) -> Run {
     let mut req = request(pb::Language::Python, code, Duration::from_secs(120));
     req.mounts = mounts;
@@ -164,9 +169,9 @@ async fn the_azure_reachability_probe_tells_the_failures_apart() {
     };
     let key = az.credentials()[1].1.clone();
     let ok = spec(CONTAINER, &key);
-    assert_eq!(probe(ok.store().unwrap(), &ok.root()).await, Ok(()));
+    assert_eq!(probe(ok.store(&loopback()).unwrap(), &ok.root()).await, Ok(()));
     let missing = spec("no-such-container", &key);
-    assert_eq!(probe(missing.store().unwrap(), &missing.root()).await, Err(ProbeError::BucketNotFound));
+    assert_eq!(probe(missing.store(&loopback()).unwrap(), &missing.root()).await, Err(ProbeError::BucketNotFound));
     let wrong = spec(CONTAINER, "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk=");
-    assert_eq!(probe(wrong.store().unwrap(), &wrong.root()).await, Err(ProbeError::CredentialsRefused));
+    assert_eq!(probe(wrong.store(&loopback()).unwrap(), &wrong.root()).await, Err(ProbeError::CredentialsRefused));
 }

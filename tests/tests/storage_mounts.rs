@@ -386,7 +386,12 @@ async fn the_reachability_probe_tells_the_failures_apart() {
         let raw = RawMount { mount_path: "/data/p".into(), provider: "s3".into(), bucket: bucket.into(), prefix: "tenants".into(), endpoint, region: "us-east-1".into(), credentials: creds.into_iter().collect(), ..RawMount::default() };
         validate(vec![raw]).unwrap().remove(0)
     };
-    let check = |m: warren_storage::MountSpec| async move { probe(m.store().unwrap(), &m.root()).await };
+    // The S3 server is on loopback: what an admin would allow with --allow-endpoint.
+    let loopback = std::sync::Arc::new(warren_core::reach::EndpointPolicy::new(&["127.0.0.0/8".into()], vec![]).unwrap());
+    let check = |m: warren_storage::MountSpec| {
+        let loopback = loopback.clone();
+        async move { probe(m.store(&loopback).unwrap(), &m.root()).await }
+    };
     assert_eq!(check(spec(BUCKET, s3.endpoint(), s3.credentials())).await, Ok(()));
     let wrong = vec![("accessKeyId".to_string(), "nobody".to_string()), ("secretAccessKey".to_string(), "wrong".to_string())];
     assert_eq!(check(spec(BUCKET, s3.endpoint(), wrong)).await, Err(ProbeError::CredentialsRefused));

@@ -16,6 +16,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tracing::debug;
 
+use warren_core::reach::EndpointPolicy;
+
 use crate::custody::{self, PgLogin};
 use crate::link;
 
@@ -38,6 +40,9 @@ pub struct Endpoint {
     pub target_port: u16,
     /// PostgreSQL custody: log in on the sandbox's behalf.
     pub custody: Option<Arc<PgLogin>>,
+    /// What the endpoint may reach from the node (never the node itself
+    /// unless an admin allowed it), checked on every connection.
+    pub policy: Arc<EndpointPolicy>,
 }
 
 /// Running forwarders; dropping stops them (open connections included).
@@ -99,13 +104,27 @@ async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
     }
 }
 
+/// Resolves `host` now (a name that rebinds gains nothing) and connects to
+/// the first address the policy permits that answers.
+async fn connect(host: &str, port: u16, policy: &EndpointPolicy) -> io::Result<TcpStream> {
+    let found: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+    let permitted = policy.permitted(host, found).map_err(|why| io::Error::new(io::ErrorKind::PermissionDenied, why))?;
+    let mut last = io::Error::from(io::ErrorKind::NotFound);
+    for addr in permitted {
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 async fn relay(mut client: TcpStream, endpoint: &Endpoint) -> io::Result<()> {
     // RFC 6761: `localhost` and names below it are this node's loopback,
     // whatever a resolver would say.
     let host = endpoint.target_host.as_str();
     let host = if host == "localhost" || host.ends_with(".localhost") { "127.0.0.1" } else { host };
-    let target = (host, endpoint.target_port);
-    let mut server = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let mut server = tokio::time::timeout(CONNECT_TIMEOUT, connect(host, endpoint.target_port, &endpoint.policy)).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     let _ = server.set_nodelay(true);
     let _ = client.set_nodelay(true);
     if let Some(login) = &endpoint.custody {

@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 use warren_isolation::wire::Go;
 use warren_network::custody::PgLogin;
 use warren_network::dns::{DnsProxy, Statics};
+use warren_core::reach::EndpointPolicy;
 use warren_network::forward::{Endpoint, Forwarders};
 
 use super::{Resource, SandboxView};
@@ -28,6 +29,7 @@ const MOUNT_OPTIONS: &str = "size=1m,nr_inodes=256,mode=0555,uid=0,gid=0";
 pub struct ConnectorResource {
     grants: Vec<Grant>,
     rendered: Rendered,
+    policy: Arc<EndpointPolicy>,
     mounted: Option<PathBuf>,
     forwarders: Option<Forwarders>,
     /// A `Blocked` sandbox's resolver, answering connector names only.
@@ -37,10 +39,11 @@ pub struct ConnectorResource {
 }
 
 impl ConnectorResource {
-    /// The resource for `grants` (checked).
-    pub fn new(grants: Vec<Grant>) -> ConnectorResource {
+    /// The resource for `grants` (checked), whose endpoints reach only what
+    /// `policy` permits.
+    pub fn new(grants: Vec<Grant>, policy: Arc<EndpointPolicy>) -> ConnectorResource {
         let rendered = render(&grants);
-        ConnectorResource { grants, rendered, mounted: None, forwarders: None, dns: None, added: None }
+        ConnectorResource { grants, rendered, policy, mounted: None, forwarders: None, dns: None, added: None }
     }
 
     fn failure(&self, sandbox: &SandboxView<'_>, step: &str, e: impl std::fmt::Display) -> Failure {
@@ -86,7 +89,7 @@ impl ConnectorResource {
                         database: g.database.clone(),
                     })
                 });
-                Endpoint { listen: f.listen, port: f.port, target_host: f.host.clone(), target_port: f.port, custody }
+                Endpoint { listen: f.listen, port: f.port, target_host: f.host.clone(), target_port: f.port, custody, policy: self.policy.clone() }
             })
             .collect()
     }

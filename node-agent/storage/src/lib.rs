@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod error;
 pub mod fuse;
+pub mod guard;
 pub mod local;
 pub mod name;
 pub mod pool;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::ObjectStore;
+use warren_core::reach::EndpointPolicy;
 
 /// Most mounts one call may have.
 pub const MAX_MOUNTS: usize = 16;
@@ -173,12 +174,13 @@ impl MountSpec {
         Path::from(self.prefix.as_str())
     }
 
-    /// A client for the mount's store (no request is made yet).
-    pub fn store(&self) -> Result<Arc<dyn ObjectStore>, String> {
+    /// A client for the mount's store (no request is made yet) that
+    /// reaches only what `policy` permits.
+    pub fn store(&self, policy: &Arc<EndpointPolicy>) -> Result<Arc<dyn ObjectStore>, String> {
         match self.provider {
-            Provider::S3 => self.s3(None).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            Provider::Azure => self.azure().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            Provider::Gcs => self.gcs().map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            Provider::S3 => self.s3(None, policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            Provider::Azure => self.azure(policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            Provider::Gcs => self.gcs(policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             // Only beneath a root an admin allowed: see `crate::local`.
             Provider::Local => Err("a local directory is served only beneath the agent's allowed roots".into()),
             Provider::Volume => Err("a volume is served from the agent's platform store".into()),
@@ -187,8 +189,20 @@ impl MountSpec {
 }
 
 impl MountSpec {
+    /// The endpoint (and `more` URLs the credentials name) may not be an
+    /// address `policy` refuses.
+    fn check_literals(&self, policy: &EndpointPolicy, more: &[Option<&str>]) -> Result<(), String> {
+        let urls = self.endpoint.as_deref().into_iter().chain(more.iter().flatten().copied());
+        urls.filter_map(|u| crate::guard::literal_refusal(policy, u)).next().map_or(Ok(()), Err)
+    }
+
+    fn connector(&self, policy: &Arc<EndpointPolicy>, allow_http: bool, pool_max_idle: Option<usize>) -> crate::guard::GuardedConnector {
+        crate::guard::GuardedConnector { policy: policy.clone(), allow_http, pool_max_idle, connect_timeout: CONNECT_TIMEOUT, timeout: REQUEST_TIMEOUT }
+    }
+
     /// An S3 client keeping `pool_max_idle` idle connections per host.
-    pub fn s3(&self, pool_max_idle: Option<usize>) -> Result<object_store::aws::AmazonS3, String> {
+    pub fn s3(&self, pool_max_idle: Option<usize>, policy: &Arc<EndpointPolicy>) -> Result<object_store::aws::AmazonS3, String> {
+        self.check_literals(policy, &[])?;
         let mut options = object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT);
         if let Some(n) = pool_max_idle {
             options = options.with_pool_max_idle_per_host(n);
@@ -197,7 +211,8 @@ impl MountSpec {
             .with_bucket_name(&self.bucket)
             .with_region(self.region.as_deref().unwrap_or("us-east-1"))
             .with_retry(RETRY)
-            .with_client_options(options);
+            .with_client_options(options)
+            .with_http_connector(self.connector(policy, self.endpoint.as_deref().is_some_and(|e| e.starts_with("http://")), pool_max_idle));
         if let Some(e) = &self.endpoint {
             b = b.with_endpoint(e).with_allow_http(e.starts_with("http://")).with_virtual_hosted_style_request(false);
         }
@@ -218,7 +233,8 @@ impl MountSpec {
     /// An Azure Blob client. The account is `accountName` from the
     /// credentials, else the first label of an `https://<account>.blob…`
     /// endpoint; with no `accountKey` the node's managed identity signs.
-    pub fn azure(&self) -> Result<object_store::azure::MicrosoftAzure, String> {
+    pub fn azure(&self, policy: &Arc<EndpointPolicy>) -> Result<object_store::azure::MicrosoftAzure, String> {
+        self.check_literals(policy, &[])?;
         let c = &self.credentials.0;
         let from_endpoint = || {
             let host = self.endpoint.as_deref()?.strip_prefix("https://")?.split(['/', ':']).next()?;
@@ -230,7 +246,8 @@ impl MountSpec {
             .with_account(account)
             .with_container_name(&self.bucket)
             .with_retry(RETRY)
-            .with_client_options(options);
+            .with_client_options(options)
+            .with_http_connector(self.connector(policy, self.endpoint.as_deref().is_some_and(|e| e.starts_with("http://")), None));
         if let Some(e) = &self.endpoint {
             b = b.with_endpoint(e.clone()).with_allow_http(e.starts_with("http://"));
         }
@@ -248,14 +265,22 @@ impl MountSpec {
     /// A GCS client signed by the `serviceAccountJson` key, or with none by
     /// the node's identity (the metadata server: workload identity). GCS
     /// takes its endpoint from the key itself (`gcs_base_url`).
-    pub fn gcs(&self) -> Result<object_store::gcp::GoogleCloudStorage, String> {
+    pub fn gcs(&self, policy: &Arc<EndpointPolicy>) -> Result<object_store::gcp::GoogleCloudStorage, String> {
         let key = self.credentials.0.get("serviceAccountJson");
+        let parsed = key.and_then(|k| serde_json::from_str::<serde_json::Value>(k).ok());
+        let url_of = |field: &str| parsed.as_ref().and_then(|v| v.get(field)?.as_str().map(str::to_string));
+        // The key names where its tokens and objects come from: held to the policy too.
+        let (base, token) = (url_of("gcs_base_url"), url_of("token_uri"));
+        self.check_literals(policy, &[base.as_deref(), token.as_deref()])?;
         // Plain HTTP only when the key itself names such an endpoint (an
         // emulator, a private gateway).
-        let base = key.and_then(|k| serde_json::from_str::<serde_json::Value>(k).ok()).and_then(|v| v.get("gcs_base_url")?.as_str().map(str::to_string));
-        let http = base.is_some_and(|b| b.starts_with("http://"));
+        let http = base.as_deref().is_some_and(|b| b.starts_with("http://"));
         let options = object_store::ClientOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(REQUEST_TIMEOUT).with_allow_http(http);
-        let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(&self.bucket).with_retry(RETRY).with_client_options(options);
+        let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
+            .with_bucket_name(&self.bucket)
+            .with_retry(RETRY)
+            .with_client_options(options)
+            .with_http_connector(self.connector(policy, http, None));
         if let Some(key) = key {
             b = b.with_service_account_key(key);
         } else if !self.ambient_identity {
@@ -306,10 +331,12 @@ mod tests {
                 credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 ..raw("/data/x")
             };
-            validate(vec![raw]).unwrap().remove(0).azure().map(|_| ())
+            validate(vec![raw]).unwrap().remove(0).azure(&Arc::new(EndpointPolicy::default())).map(|_| ())
         };
         assert!(az("https://acct.blob.core.windows.net", &[]).is_ok(), "ambient identity, account from the endpoint");
-        assert!(az("http://127.0.0.1:10000/devstoreaccount1", &[("accountName", "devstoreaccount1"), ("accountKey", "a2V5")]).is_ok());
+        assert!(az("http://10.0.0.7:10000/devstoreaccount1", &[("accountName", "devstoreaccount1"), ("accountKey", "a2V5")]).is_ok());
+        let e = az("http://127.0.0.1:10000/devstoreaccount1", &[("accountName", "devstoreaccount1"), ("accountKey", "a2V5")]).unwrap_err();
+        assert!(e.contains("loopback") && e.contains("--allow-endpoint"), "the node's loopback is refused without an admin's grant: {e}");
         let e = az("", &[]).unwrap_err();
         assert!(e.contains("accountName"), "{e}");
         let e = az("", &[("accountName", "a"), ("accountKey", "not base64 hunter2")]).unwrap_err();
@@ -320,13 +347,15 @@ mod tests {
     fn gcs_clients_come_from_a_service_account_key_or_the_node() {
         let gcs = |creds: &[(&str, &str)]| {
             let raw = RawMount { provider: "gcs".into(), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
-            validate(vec![raw]).unwrap().remove(0).gcs().map(|_| ())
+            validate(vec![raw]).unwrap().remove(0).gcs(&Arc::new(EndpointPolicy::default())).map(|_| ())
         };
         assert!(gcs(&[]).is_ok(), "unsigned (or the node's identity with the admin's grant)");
         let key = r#"{"private_key": "k", "private_key_id": "id", "client_email": "sa@p.iam.gserviceaccount.com", "disable_oauth": true}"#;
         assert!(gcs(&[("serviceAccountJson", key)]).is_ok());
         let private = r#"{"private_key": "k", "private_key_id": "id", "client_email": "e", "disable_oauth": true, "gcs_base_url": "http://10.0.0.1:4443"}"#;
         assert!(gcs(&[("serviceAccountJson", private)]).is_ok(), "an endpoint named by the key");
+        let metadata = r#"{"private_key": "k", "private_key_id": "id", "client_email": "e", "token_uri": "http://169.254.169.254/computeMetadata/v1/token"}"#;
+        assert!(gcs(&[("serviceAccountJson", metadata)]).unwrap_err().contains("169.254.169.254"), "a key's token_uri is an endpoint too");
         let e = gcs(&[("serviceAccountJson", "not json hunter2")]).unwrap_err();
         assert!(e.contains("serviceAccountJson") && !e.contains("hunter2"), "{e}");
     }
@@ -355,7 +384,7 @@ mod tests {
         let specs = validate(vec![s3, az]).unwrap();
         assert!(specs.iter().all(|m| !m.ambient_identity));
         for m in &specs {
-            let store = m.store().unwrap();
+            let store = m.store(&Arc::new(EndpointPolicy::new(&["127.0.0.1".into()], vec![]).unwrap())).unwrap();
             let _ = tokio::time::timeout(std::time::Duration::from_secs(20), store.head(&Path::from("tenants/a/x"))).await.expect("the request never reached the store: the client went for an identity first");
         }
         let heads = server.await.unwrap();

@@ -13,6 +13,7 @@ use sha2::Digest;
 
 use crate::cache::BodyCache;
 use crate::local::LocalRoots;
+use warren_core::reach::EndpointPolicy;
 use crate::pool::FusePool;
 use crate::spec::{MountSpec, Provider};
 
@@ -51,6 +52,8 @@ pub struct Stores {
     /// The platform store's S3 bucket (thread state, volumes), never a
     /// tenant's mount.
     platform_bucket: Option<String>,
+    /// What the mounts' endpoints may reach (not the node itself).
+    endpoints: Arc<EndpointPolicy>,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -72,7 +75,7 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None, local_roots: LocalRoots::none(), platform_bucket: None }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None, local_roots: LocalRoots::none(), platform_bucket: None, endpoints: Arc::default() }
     }
 
     /// `Local` mounts may be beneath `roots`.
@@ -81,24 +84,37 @@ impl Stores {
         self
     }
 
+    /// Mount endpoints reach only what `policy` permits.
+    pub fn with_endpoint_policy(mut self, policy: Arc<EndpointPolicy>) -> Stores {
+        self.endpoints = policy;
+        self
+    }
+
+    /// What tenant-named endpoints may reach from this node.
+    pub fn endpoint_policy(&self) -> &Arc<EndpointPolicy> {
+        &self.endpoints
+    }
+
     /// The platform store lives in S3 bucket `bucket`: no mount may name it.
     pub fn with_platform_bucket(mut self, bucket: Option<String>) -> Stores {
         self.platform_bucket = bucket;
         self
     }
 
-    /// Why `spec` may not be mounted on this node, if it may not: a `Local`
-    /// directory outside the allowed roots, or the platform's own bucket
-    /// (whatever endpoint or credentials the mount names).
-    pub fn refuses(&self, spec: &MountSpec) -> Option<String> {
+    /// Why `spec` may not be mounted on this node, if it may not, with the
+    /// mount's field it is about: a `Local` directory outside the allowed
+    /// roots, the platform's own bucket (whatever endpoint or credentials
+    /// the mount names), an endpoint address that is the node itself.
+    pub fn refuses(&self, spec: &MountSpec) -> Option<(&'static str, String)> {
         match spec.provider {
-            Provider::Local if !self.local_roots.admits(&spec.bucket) => Some(format!(
-                "{} is not beneath a directory this node allows for local storage (an admin grants roots with --local-storage-root)",
-                spec.bucket
+            Provider::Local if !self.local_roots.admits(&spec.bucket) => Some((
+                "bucket",
+                format!("{} is not beneath a directory this node allows for local storage (an admin grants roots with --local-storage-root)", spec.bucket),
             )),
             Provider::S3 if self.platform_bucket.as_deref() == Some(spec.bucket.as_str()) => {
-                Some("this is the platform's own bucket (thread state and volumes); no StorageConnection may mount it".into())
+                Some(("bucket", "this is the platform's own bucket (thread state and volumes); no StorageConnection may mount it".into()))
             }
+            Provider::S3 | Provider::Azure | Provider::Gcs => spec.endpoint.as_deref().and_then(|e| crate::guard::literal_refusal(&self.endpoints, e)).map(|why| ("endpoint", why)),
             _ => None,
         }
     }
@@ -152,19 +168,19 @@ impl Stores {
         }
         let backend = match spec.provider {
             Provider::S3 => {
-                let s3 = Arc::new(spec.s3(self.pool_max_idle)?);
+                let s3 = Arc::new(spec.s3(self.pool_max_idle, &self.endpoints)?);
                 Backend { store: s3.clone(), pager: Some(s3), id, cacheable: true }
             }
             Provider::Gcs => {
-                let gcs = Arc::new(spec.gcs()?);
+                let gcs = Arc::new(spec.gcs(&self.endpoints)?);
                 Backend { store: gcs.clone(), pager: Some(gcs), id, cacheable: true }
             }
             Provider::Azure => {
-                let az = Arc::new(spec.azure()?);
+                let az = Arc::new(spec.azure(&self.endpoints)?);
                 Backend { store: az.clone(), pager: Some(az), id, cacheable: true }
             }
             Provider::Local => Backend { store: Arc::new(self.local_roots.store(&spec.bucket)?), pager: None, id, cacheable: false },
-            Provider::Volume => Backend { store: spec.store()?, pager: None, id, cacheable: false },
+            Provider::Volume => Backend { store: spec.store(&self.endpoints)?, pager: None, id, cacheable: false },
         };
         let mut kept = self.kept();
         if kept.len() >= MAX_CLIENTS {
@@ -195,7 +211,7 @@ mod tests {
             mount_path: "/data/x".into(),
             provider: "s3".into(),
             bucket: "b".into(),
-            endpoint: "http://127.0.0.1:9".into(),
+            endpoint: "http://10.0.0.7:9".into(),
             credentials: [("accessKeyId".to_string(), "a".to_string()), ("secretAccessKey".to_string(), secret.to_string())].into(),
             ..RawMount::default()
         };
@@ -224,9 +240,12 @@ mod tests {
         let mut m = spec("one");
         assert_eq!(stores.refuses(&m), None);
         m.bucket = "warren-threads".into();
-        assert!(stores.refuses(&m).unwrap().contains("platform's own bucket"), "whatever its credentials");
+        assert!(stores.refuses(&m).unwrap().1.contains("platform's own bucket"), "whatever its credentials");
+        m.bucket = "b".into();
+        m.endpoint = Some("http://169.254.169.254".into());
+        assert_eq!(stores.refuses(&m).map(|r| r.0), Some("endpoint"), "the metadata service as an endpoint");
         let local = validate(vec![RawMount { mount_path: "/data/l".into(), provider: "local".into(), bucket: "/srv/data".into(), ..RawMount::default() }]).unwrap().remove(0);
-        assert!(stores.refuses(&local).unwrap().contains("--local-storage-root"));
+        assert!(stores.refuses(&local).unwrap().1.contains("--local-storage-root"));
         let anonymous = validate(vec![RawMount { mount_path: "/data/x".into(), provider: "s3".into(), bucket: "b".into(), ..RawMount::default() }]).unwrap().remove(0);
         let lent = MountSpec { ambient_identity: true, ..anonymous.clone() };
         assert_ne!(identity(&anonymous), identity(&lent), "an unsigned client never serves a mount signed by the node, nor the reverse");
