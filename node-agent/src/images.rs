@@ -13,19 +13,48 @@ use crate::executor::ExecError;
 /// A tag resolved this long ago is re-resolved in the background (calls
 /// keep using the known digest meanwhile).
 const TAG_REFRESH: Duration = Duration::from_secs(300);
+/// How long a registry's word that some credentials may pull an image
+/// stands (revoked access ends within this).
+const VERIFIED_FOR: Duration = Duration::from_secs(600);
+/// Verdicts kept; past it the oldest half is forgotten.
+const MAX_VERDICTS: usize = 4096;
+
+/// Names credentials without holding them: anonymous, or a digest of the
+/// username and password.
+fn fingerprint(auth: &PullAuth) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    match auth {
+        PullAuth::Anonymous => h.update(b"anonymous"),
+        PullAuth::Basic { username, password } => {
+            h.update(b"basic\0");
+            h.update(username.as_bytes());
+            h.update([0]);
+            h.update(password.as_bytes());
+        }
+    }
+    h.finalize().into()
+}
+
+/// (registry/repository, manifest digest, credentials).
+type Verdict = (String, String, [u8; 32]);
 
 /// The node's images.
 pub struct Images {
     store: Arc<Store>,
     pull_wait: Duration,
-    /// Tag reference → (manifest digest, when resolved).
-    tags: Mutex<HashMap<String, (String, Instant)>>,
+    /// (Tag reference, credentials) → (manifest digest, when resolved):
+    /// what a tag names under one tenant's credentials never answers
+    /// another's.
+    tags: Mutex<HashMap<(String, [u8; 32]), (String, Instant)>>,
+    /// Who was shown to be able to pull what, and when.
+    verified: Mutex<HashMap<Verdict, Instant>>,
 }
 
 impl Images {
     /// Images from `store`; a call waits at most `pull_wait` for a pull.
     pub fn new(store: Arc<Store>, pull_wait: Duration) -> Images {
-        Images { store, pull_wait, tags: Mutex::default() }
+        Images { store, pull_wait, tags: Mutex::default(), verified: Mutex::default() }
     }
 
     /// The store.
@@ -33,8 +62,45 @@ impl Images {
         &self.store
     }
 
-    fn tags(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+    fn tags(&self) -> std::sync::MutexGuard<'_, HashMap<(String, [u8; 32]), (String, Instant)>> {
         self.tags.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn verified(&self) -> std::sync::MutexGuard<'_, HashMap<Verdict, Instant>> {
+        self.verified.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, verdict: Verdict) {
+        let mut v = self.verified();
+        if v.len() >= MAX_VERDICTS {
+            let mut ages: Vec<Instant> = v.values().copied().collect();
+            ages.sort_unstable();
+            let cut = ages[ages.len() / 2];
+            v.retain(|_, at| *at > cut);
+        }
+        v.insert(verdict, Instant::now());
+    }
+
+    /// A warm image serves a caller only once the registry has served its
+    /// manifest to the caller's credentials (kubelet's "ensure secret
+    /// pulled images"): naming a digest another tenant pulled — through a
+    /// registry that does not exist, a repository that does not hold it,
+    /// or without the credentials — runs nothing.
+    async fn ensure_may_pull(&self, pinned: &str, digest: &str, auth: &PullAuth) -> Result<(), ExecError> {
+        let (registry, repository) = warren_image::repository(pinned).map_err(pull_error)?;
+        let verdict = (format!("{registry}/{repository}"), digest.to_string(), fingerprint(auth));
+        if self.verified().get(&verdict).is_some_and(|at| at.elapsed() < VERIFIED_FOR) {
+            return Ok(());
+        }
+        let check = self.store.verify(&registry, &repository, digest, auth);
+        match tokio::time::timeout(self.pull_wait.max(Duration::from_secs(1)), check).await {
+            Ok(Ok(())) => {
+                self.record(verdict);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(ExecError::Image(format!("{}@{digest} is not served to this Sandbox's pull credentials: {e}", verdict.0))),
+            Err(_) => Err(ExecError::ImagePulling(pinned.to_string())),
+        }
     }
 
     /// The warm image for a call: `reference` pinned to `digest` when the
@@ -43,20 +109,26 @@ impl Images {
     /// with [`ExecError::ImagePulling`] while it goes on.
     pub async fn for_call(&self, reference: &str, digest: &str, auth: &PullAuth) -> Result<Arc<Image>, ExecError> {
         let pinned = pin(reference, digest)?;
+        let fp = fingerprint(auth);
         let known = match pinned.rsplit_once('@') {
             Some((_, d)) => Some(d.to_string()),
-            None => self.tags().get(&pinned).map(|(d, at)| (d.clone(), at.elapsed() > TAG_REFRESH)).and_then(|(d, stale)| {
+            None => self.tags().get(&(pinned.clone(), fp)).map(|(d, at)| (d.clone(), at.elapsed() > TAG_REFRESH)).and_then(|(d, stale)| {
                 if stale {
                     self.refresh_tag(&pinned, auth);
                 }
                 Some(d)
             }),
         };
-        if let Some(image) = known.as_deref().and_then(|d| self.store.get(d)) {
+        if let Some((d, image)) = known.and_then(|d| self.store.get(&d).map(|i| (d, i))) {
+            self.ensure_may_pull(&pinned, &d, auth).await?;
             image.touch();
             return Ok(image);
         }
-        self.pull(&pinned, auth, Some(self.pull_wait)).await
+        let image = self.pull(&pinned, auth, Some(self.pull_wait)).await?;
+        // The store may have had it already (a digest reference skips the
+        // registry): the caller proves access like any other.
+        self.ensure_may_pull(&pinned, &image.digest(), auth).await?;
+        Ok(image)
     }
 
     /// Pulls (unless warm) and waits for it, at most `wait` when given; the
@@ -71,7 +143,11 @@ impl Images {
         };
         let image = joined.map_err(|e| ExecError::Image(format!("pull task failed: {e}")))?.map_err(pull_error)?;
         if !reference.contains('@') {
-            self.tags().insert(reference.to_string(), (image.digest(), Instant::now()));
+            // A tag was resolved with these credentials: they pulled it.
+            self.tags().insert((reference.to_string(), fingerprint(auth)), (image.digest(), Instant::now()));
+            if let Ok((registry, repository)) = warren_image::repository(reference) {
+                self.record((format!("{registry}/{repository}"), image.digest(), fingerprint(auth)));
+            }
         }
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.collect(0));
@@ -80,7 +156,7 @@ impl Images {
 
     fn refresh_tag(&self, reference: &str, auth: &PullAuth) {
         // Marked fresh now, so one call (not every call) starts the refresh.
-        if let Some(entry) = self.tags().get_mut(reference) {
+        if let Some(entry) = self.tags().get_mut(&(reference.to_string(), fingerprint(auth))) {
             entry.1 = Instant::now();
         }
         let (store, r, a) = (self.store.clone(), reference.to_string(), auth.clone());

@@ -112,3 +112,39 @@ async fn hostile_images_are_refused_at_the_call_and_the_host_image_still_works()
     let ok = agent.run(pb::Language::Python, "print(6 * 7)", Duration::from_secs(10)).await.unwrap();
     assert_eq!(ok.stdout, "42\n", "the host image is unaffected");
 }
+
+/// The attack: a second tenant names the digest of an image a first tenant
+/// pulled (privately) — through a registry that does not exist, or through
+/// a repository that does not hold it — and runs it from the node's warm
+/// copy. A warm image serves a caller
+/// only after the registry served its manifest to the caller's own
+/// credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_image_serves_only_callers_the_registry_serves() {
+    if skip_unless_root("a_warm_image_serves_only_callers_the_registry_serves") {
+        return;
+    }
+    let registry = Registry::start().unwrap();
+    let private = registry.reference("team-a/private:1");
+    let digest = bash_python_image().push(&private).await.unwrap();
+    let agent = Agent::start(&[]).await.unwrap();
+    let run = |image: String, digest: String| {
+        let mut req = request(pb::Language::Bash, "echo ran", Duration::from_secs(20));
+        req.image = image;
+        req.image_digest = digest;
+        agent.run_request(req)
+    };
+    // Tenant A pulls and runs it: the node holds it warm.
+    let first = run(private.clone(), digest.clone()).await.unwrap();
+    assert_eq!(first.stdout, "ran\n", "{first:?}");
+    // A registry nobody runs (a closed loopback port).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let elsewhere = [format!("{closed}/team-a/private"), registry.reference("team-b/anything")];
+    for image in elsewhere {
+        let err = run(image.clone(), digest.clone()).await.expect_err("ran another tenant's warm image");
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert_eq!((status.code(), refusal_of(status).0), (tonic::Code::FailedPrecondition, Reason::Image), "{image}: {status:?}");
+    }
+    // The owner keeps running it from the warm copy.
+    assert_eq!(run(private.clone(), digest.clone()).await.unwrap().stdout, "ran\n");
+}

@@ -16,5 +16,5 @@ pub mod rootfs;
 pub mod store;
 
 pub use layer::{Budget, LayerError, LayerStats};
-pub use pull::{PullAuth, PullError};
+pub use pull::{repository, PullAuth, PullError};
 pub use store::{CollectReport, Image, Interpreter, Limits, Store};

@@ -95,6 +95,13 @@ fn is_loopback(registry: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+fn registry_auth(auth: &PullAuth) -> RegistryAuth {
+    match auth {
+        PullAuth::Anonymous => RegistryAuth::Anonymous,
+        PullAuth::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
+    }
+}
+
 fn client_for(store: &Store, reference: &Reference) -> Client {
     let registry = reference.resolve_registry().to_string();
     let plain = is_loopback(&registry) || store.insecure.iter().any(|r| *r == registry);
@@ -106,7 +113,26 @@ fn client_for(store: &Store, reference: &Reference) -> Client {
     })
 }
 
+/// The registry and repository `reference` names (`docker.io` and
+/// `library/` filled in as a pull would).
+pub fn repository(reference: &str) -> Result<(String, String), PullError> {
+    let parsed = Reference::try_from(reference).map_err(|e| PullError::Reference(reference.to_string(), e.to_string()))?;
+    Ok((parsed.resolve_registry().to_string(), parsed.repository().to_string()))
+}
+
 impl Store {
+    /// Whether `registry` serves the manifest `repository@digest` to `auth`:
+    /// fetched with those credentials and hashed (a registry that only
+    /// claims the digest proves nothing). A warm image is served to a new
+    /// caller only after this.
+    pub async fn verify(&self, registry: &str, repository: &str, digest: &str, auth: &PullAuth) -> Result<(), PullError> {
+        let reference = Reference::with_digest(registry.to_string(), repository.to_string(), digest.to_string());
+        let client = client_for(self, &reference);
+        let accepted = [oci_client::manifest::OCI_IMAGE_MEDIA_TYPE, oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE];
+        client.pull_manifest_raw(&reference, &registry_auth(auth), &accepted).await.map_err(|e| PullError::Registry(e.to_string()))?;
+        Ok(())
+    }
+
     /// The image `reference` names, pulled and mounted unless already warm.
     /// A reference with a digest that is warm needs no network at all.
     pub async fn pull(self: &Arc<Self>, reference: &str, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
@@ -136,10 +162,7 @@ impl Store {
 
     async fn pull_locked(self: &Arc<Self>, reference: &Reference, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
         let client = client_for(self, reference);
-        let auth = match auth {
-            PullAuth::Anonymous => RegistryAuth::Anonymous,
-            PullAuth::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
-        };
+        let auth = registry_auth(auth);
         let registry = |e: oci_client::errors::OciDistributionError| PullError::Registry(e.to_string());
         let (manifest, digest) = client.pull_image_manifest(reference, &auth).await.map_err(registry)?;
         if let Some(image) = self.get(&digest) {
