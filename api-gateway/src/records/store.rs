@@ -353,6 +353,16 @@ pub(super) enum Write {
 }
 
 impl Write {
+    /// Roughly what the write holds in memory (its text), for the spill bound.
+    pub(super) fn bytes(&self) -> usize {
+        let s = |o: &Option<String>| o.as_ref().map_or(0, String::len);
+        match self {
+            Write::Insert(_) | Write::Webhook(..) => 1024,
+            Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error),
+            Write::Line(id, _, line) => 64 + id.len() + line.len(),
+        }
+    }
+
     fn statements(&self) -> Vec<Q<'_>> {
         match self {
             Write::Insert(r) => {

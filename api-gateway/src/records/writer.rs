@@ -14,6 +14,10 @@ use super::store::{Store, Write};
 const QUEUE: usize = 8192;
 /// Most writes committed in one transaction.
 const BATCH: usize = 512;
+/// Bytes of writes waiting beyond a full queue (a slow or stalled
+/// database); past it writes are dropped and counted, never held without
+/// bound. An async submit whose insert is dropped is refused (503).
+const SPILL_MAX_BYTES: usize = 64 << 20;
 
 enum Op {
     Write(Write, Option<oneshot::Sender<bool>>),
@@ -24,6 +28,10 @@ enum Op {
 #[derive(Debug, Clone)]
 pub struct Recorder {
     tx: mpsc::Sender<Op>,
+    /// Bytes of writes waiting for room in the queue.
+    spilled: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Writes dropped because the spill was full.
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     store: Store,
     /// This gateway instance's id (`gw_…`): the owner of what it runs.
     pub owner: std::sync::Arc<str>,
@@ -45,7 +53,7 @@ impl Recorder {
     pub fn start(store: Store, owner: &str, output_max: usize) -> Recorder {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(store.clone(), rx));
-        Recorder { tx, store, owner: owner.into(), output_max }
+        Recorder { tx, spilled: Default::default(), dropped: Default::default(), store, owner: owner.into(), output_max }
     }
 
     /// The database, for reads.
@@ -83,14 +91,28 @@ impl Recorder {
         }
     }
 
-    /// Never blocks the caller: a full queue hands the write to a task that waits.
+    /// Never blocks the caller: a full queue hands the write to a task that
+    /// waits, as long as what waits stays under [`SPILL_MAX_BYTES`].
     fn send(&self, op: Op) {
-        if let Err(mpsc::error::TrySendError::Full(op)) = self.tx.try_send(op) {
-            let tx = self.tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(op).await;
-            });
+        use std::sync::atomic::Ordering;
+        let Err(mpsc::error::TrySendError::Full(op)) = self.tx.try_send(op) else { return };
+        let size = match &op {
+            Op::Write(w, _) => w.bytes(),
+            Op::Flush(_) => 0,
+        };
+        if self.spilled.fetch_add(size, Ordering::Relaxed) + size > SPILL_MAX_BYTES {
+            self.spilled.fetch_sub(size, Ordering::Relaxed);
+            if self.dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+                tracing::error!(dropped = self.dropped.load(Ordering::Relaxed), "the record database is not keeping up; execution records are being dropped");
+            }
+            // Dropping `op` drops its ack: an async submit hears "not recorded".
+            return;
         }
+        let (tx, spilled) = (self.tx.clone(), self.spilled.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(op).await;
+            spilled.fetch_sub(size, Ordering::Relaxed);
+        });
     }
 }
 
@@ -142,4 +164,32 @@ async fn commit(store: &Store, writes: &[Write]) -> Vec<bool> {
         done.push(ok);
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    /// A database that stops taking writes (its one connection held by a
+    /// transaction that never ends) while lines keep coming: what waits is
+    /// bounded, the rest is dropped and counted.
+    #[tokio::test]
+    async fn a_stalled_database_never_holds_more_than_the_spill_bound() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}", t.path().join("r.db").display())).await.unwrap();
+        let rec = Recorder::start(store, "gw_test", 1 << 20);
+        // The writer task is parked: fill the queue and far beyond.
+        let (tx, rx) = mpsc::channel::<Op>(1);
+        let stalled = Recorder { tx, ..rec.clone() };
+        let line = "x".repeat(1 << 20);
+        for seq in 0..(2 * SPILL_MAX_BYTES / line.len() as usize + 10) {
+            stalled.line("trc_x", seq as u64, line.clone());
+        }
+        tokio::task::yield_now().await;
+        assert!(stalled.spilled.load(Ordering::Relaxed) <= SPILL_MAX_BYTES, "waiting writes exceed the bound");
+        assert!(stalled.dropped.load(Ordering::Relaxed) > 0, "the overflow is dropped and counted");
+        drop(rx);
+    }
 }
