@@ -19,9 +19,37 @@ use crate::exec::ExecError;
 /// Reserved bytes are counted in units of this many bytes.
 const UNIT: u64 = 1024;
 
+/// Bytes one stream of an execution may hold, per byte of its output cap:
+/// its text and that text JSON-encoded, together (see [`fit_encoded`]).
+/// Ordinary output — JSON documents with their quotes and escapes included
+/// — fits well within it; only text dominated by control characters or
+/// invalid UTF-8 (escapes of 6 bytes, replacement characters of 3) would
+/// need more, and is cut instead.
+pub const HELD_PER_OUTPUT_BYTE: u64 = 3;
+
 /// Bytes one execution may hold: stdout and stderr, each as text and encoded.
 pub fn worst_case(max_output_bytes: u64) -> u64 {
-    max_output_bytes.saturating_mul(4)
+    max_output_bytes.saturating_mul(2 * HELD_PER_OUTPUT_BYTE)
+}
+
+/// Cuts `text` (at a character boundary) where its bytes plus the bytes of
+/// its JSON encoding would pass `limit`; true when it cut. This counts what
+/// a response actually holds, not what the program printed.
+pub fn fit_encoded(text: &mut String, limit: u64) -> bool {
+    let mut used = 2u64; // the encoding's quotes
+    for (i, c) in text.char_indices() {
+        let encoded = match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        used += (c.len_utf8() + encoded) as u64;
+        if used > limit {
+            text.truncate(i);
+            return true;
+        }
+    }
+    false
 }
 
 /// The global budget and what each key holds of it.
@@ -115,6 +143,30 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attack: a program printing its output cap of bytes that encode
+    /// worst (control characters: 6 bytes of JSON each; invalid UTF-8: 3
+    /// bytes of text each) made a body of ~14× the cap against a
+    /// reservation of 4×. What a result holds now stays within its share.
+    #[test]
+    fn what_a_result_holds_stays_within_its_reservation_whatever_was_printed() {
+        let cap = 64 * 1024u64;
+        let share = cap * HELD_PER_OUTPUT_BYTE;
+        let control = "\u{1}".repeat(cap as usize);
+        let invalid = String::from_utf8_lossy(&vec![0xffu8; cap as usize]).into_owned();
+        for printed in [control, invalid] {
+            let mut text = printed.clone();
+            assert!(fit_encoded(&mut text, share), "worst-case output is cut");
+            let held = text.len() + serde_json::to_string(&text).unwrap().len();
+            assert!(held as u64 <= share, "{held} > {share}");
+        }
+        // Ordinary output, a JSON document with its quotes, is never cut.
+        let doc = r#"{"id": 1, "name": "ada", "tags": ["a", "b"], "path": "C:\\tmp"}"#.repeat((cap / 32) as usize);
+        let mut text = doc[..cap as usize].to_string();
+        assert!(!fit_encoded(&mut text, share));
+        assert_eq!(text.len() as u64, cap);
+        assert_eq!(worst_case(cap), 2 * share);
+    }
 
     const MIB: u64 = 1 << 20;
     const NOW: Duration = Duration::ZERO;

@@ -177,7 +177,7 @@ fn streamed(run: Run, st: &AppState) -> Response {
 }
 
 async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration, stall: Duration) {
-    let mut lines = Lines::new(run.id.clone());
+    let mut lines = Lines::new(run.id.clone(), run.max_output_bytes);
     loop {
         let ev = tokio::select! {
             ev = run.next() => ev,
@@ -212,7 +212,7 @@ fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
     let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
     let location = format!("/v1/executions/{}", run.id);
     let rec = st.service.records.clone();
-    let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone()), run.id.clone());
+    let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone(), run.max_output_bytes), run.id.clone());
     let webhooks = st.webhooks.clone();
     st.tasks.spawn(async move {
         drive(run, lines, tape).await;
@@ -269,6 +269,8 @@ fn step(run: &mut Run, lines: &mut Lines, ev: Result<RunEvent, Lost>) -> (Vec<St
 /// characters, and the output again in the final result.
 struct Lines {
     trace_id: String,
+    /// The per-stream output cap (the reservation's measure).
+    max_output_bytes: u64,
     seq: u64,
     /// Per stream, in [`STREAMS`] order: the decoder and everything decoded.
     decoders: [Utf8Chunks; 2],
@@ -279,8 +281,8 @@ struct Lines {
 const STREAMS: [&str; 2] = ["stdout", "stderr"];
 
 impl Lines {
-    fn new(trace_id: String) -> Lines {
-        Lines { trace_id, seq: 0, decoders: Default::default(), all: Default::default() }
+    fn new(trace_id: String, max_output_bytes: u64) -> Lines {
+        Lines { trace_id, max_output_bytes, seq: 0, decoders: Default::default(), all: Default::default() }
     }
 
     fn next(&mut self) -> u64 {
@@ -320,8 +322,8 @@ impl Lines {
             lines.extend(self.output(i, data));
         }
         let [out, err] = std::mem::take(&mut self.all);
-        let result = ExecuteResult::new(&self.trace_id, x, out, err);
-        let truncated = x.stdout_truncated || x.stderr_truncated;
+        let result = ExecuteResult::new(&self.trace_id, x, out, err).held_within(self.max_output_bytes);
+        let truncated = result.stdout_truncated || result.stderr_truncated;
         let seq = self.next();
         lines.push(StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq });
         lines

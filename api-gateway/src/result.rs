@@ -195,6 +195,16 @@ pub struct ExecuteResult {
 }
 
 impl ExecuteResult {
+    /// Cuts each stream where its text and JSON encoding would hold more
+    /// than its share of the execution's output reservation (see
+    /// `budget::fit_encoded`), marking it truncated.
+    pub fn held_within(mut self, max_output_bytes: u64) -> Self {
+        let share = max_output_bytes.saturating_mul(crate::budget::HELD_PER_OUTPUT_BYTE);
+        self.stdout_truncated |= crate::budget::fit_encoded(&mut self.stdout, share);
+        self.stderr_truncated |= crate::budget::fit_encoded(&mut self.stderr, share);
+        self
+    }
+
     /// Builds the result from the agent's final event and the collected output.
     pub fn new(trace_id: &str, e: &Exited, stdout: String, stderr: String) -> Self {
         let outcome = Outcome::of(e);

@@ -117,8 +117,9 @@ async fn a_plain_client_that_never_reads_still_ends_at_the_deadline() {
 async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
     let test = "large_outputs_at_once_stay_within_the_gateway_output_budget";
     const MIB: u64 = 1 << 20;
-    // 4 × 64 MiB per execution = 256 MiB; one key may hold half of 600.
-    let Some((agent, gw)) = gateway_setup(test, &["--output-budget-mib", "600"]).await else { return };
+    // 6 × 64 MiB per execution = 384 MiB (text and JSON of both streams,
+    // counted as encoded); one key may hold half of 900.
+    let Some((agent, gw)) = gateway_setup(test, &["--output-budget-mib", "900"]).await else { return };
     let code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(64): sys.stdout.write(chunk)\n";
     let body = json!({"code": code, "language": "python", "timeout": 60});
     let calls: Vec<_> = ["loud", "loud", "loud2", "loud2", "loud"]
@@ -130,7 +131,7 @@ async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
         .collect();
     let results: Vec<_> = calls.into_iter().map(|t| t.join().unwrap()).collect();
     let peak = gw.peak_rss();
-    eprintln!("gateway peak RSS with 5 concurrent 64 MiB outputs and a 600 MiB budget: {} MiB", peak / MIB);
+    eprintln!("gateway peak RSS with 5 concurrent 64 MiB outputs and a 900 MiB budget: {} MiB", peak / MIB);
     let mut ok = 0;
     for r in &results {
         match r.status {
@@ -147,10 +148,44 @@ async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
         }
     }
     assert!(ok >= 1, "at least one execution ran");
-    assert!(ok < results.len(), "the budget refused some: 5 at once need 1280 MiB");
-    assert!(peak < 700 * MIB, "the gateway's memory stayed near its budget: peak {} MiB", peak / MIB);
+    assert!(ok < results.len(), "the budget refused some: 5 at once need 1920 MiB");
+    assert!(peak < 1000 * MIB, "the gateway's memory stayed near its budget: peak {} MiB", peak / MIB);
     assert_eq!(http::get(gw.addr, "/healthz").status, 200, "the gateway is alive");
     assert!(wait_agent_running(&agent, 0).await);
     // Budget comes back: the next one runs.
     assert_eq!(gw.execute(&key("loud"), &body).status, 200);
+}
+
+/// The attack on the gateway's memory: output whose JSON encoding is as
+/// large as it gets — control characters (6 bytes each) on stdout, invalid
+/// UTF-8 (3-byte replacement characters) on stderr — at the key's output
+/// cap. The body once reached ~9× the cap against a 4× reservation; what a
+/// response holds is now counted as encoded and cut to its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_that_encodes_large_is_cut_to_the_executions_reservation() {
+    if skip_unless_root("output_that_encodes_large_is_cut_to_the_executions_reservation") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    // The `main` key's Sandbox caps each stream at 64 KiB.
+    let cap = 64 * 1024;
+    let code = format!("import sys\nsys.stdout.buffer.write(b'\\x01' * {cap})\nsys.stderr.buffer.write(b'\\xff' * {cap})\n");
+    for stream in [false, true] {
+        let body = json!({"code": code, "language": "python"});
+        let (size, result) = if stream {
+            let (r, lines) = gw.execute_stream(&key("main"), &body);
+            assert_eq!(r.status, 200);
+            let last = lines.last().cloned().unwrap();
+            (serde_json::to_string(&last).unwrap().len(), last["result"].clone())
+        } else {
+            let r = gw.execute(&key("main"), &body);
+            assert_eq!(r.status, 200);
+            (r.text().len(), r.json())
+        };
+        let held = |s: &str| result[s].as_str().unwrap().len() + serde_json::to_string(&result[s]).unwrap().len();
+        assert!(held("stdout") <= 3 * cap && held("stderr") <= 3 * cap, "stream {stream}: {} / {}", held("stdout"), held("stderr"));
+        assert!(size <= 6 * cap + 4096, "stream {stream}: a {size}-byte result for a {cap}-byte cap");
+        assert_eq!((result["stdout_truncated"].as_bool(), result["stderr_truncated"].as_bool()), (Some(true), Some(true)), "stream {stream}");
+    }
 }

@@ -71,6 +71,8 @@ struct Held {
 pub struct Run {
     /// Execution id (`trc_…`).
     pub id: String,
+    /// The per-stream output cap: what its reservation was sized by.
+    pub max_output_bytes: u64,
     // `None` only once dropped.
     live: Option<Live>,
 }
@@ -122,11 +124,12 @@ impl ExecutionService {
     pub async fn start(&self, a: Admitted) -> Result<Run, ExecError> {
         let Admitted { spec, mut held, .. } = a;
         let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
+        let max_output_bytes = spec.limits.max_output_bytes;
         // The code moves into the wire request (up to 1 MiB not copied).
         let mut wire = pb::ExecuteRequest::from(spec);
         wire.key_slot = held.slot.for_execute();
         match held.lease.node.agent().execute(wire).await {
-            Ok(events) => Ok(Run { id, live: Some(Live { held, events, ended: false }) }),
+            Ok(events) => Ok(Run { id, max_output_bytes, live: Some(Live { held, events, ended: false }) }),
             Err(status) => {
                 held.audit.finish(Outcome::SandboxError, None);
                 let (e, broken) = convert::refused(&status, thread_id.as_deref(), held.slot.limit());
@@ -233,7 +236,8 @@ impl Run {
                 Err(Lost) => return Err(self.lost()),
             }
         };
-        let result = crate::result::ExecuteResult::new(&self.id, &x, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned());
+        let text = |raw: Vec<u8>| String::from_utf8(raw).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        let result = crate::result::ExecuteResult::new(&self.id, &x, text(out), text(err)).held_within(self.max_output_bytes);
         self.finish(Outcome::of(&x), &result);
         Ok(result)
     }
