@@ -166,6 +166,11 @@ pub struct Args {
     /// whatever else listens on the node.
     #[arg(long, env = "WARREN_NODE_IP")]
     pub node_ip: Option<std::net::IpAddr>,
+    /// Seconds a graceful stop (SIGTERM) waits for running executions;
+    /// then they are killed (their callers get `node_lost`) and the agent
+    /// cleans up and exits. Keep it under the pod's termination grace.
+    #[arg(long, env = "WARREN_SHUTDOWN_TIMEOUT_SECS", default_value_t = 25, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub shutdown_timeout_secs: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -224,6 +229,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         local_storage_roots,
         allow_endpoints,
         node_ip,
+        shutdown_timeout_secs,
         log_format: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
@@ -331,7 +337,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(collect_images(exec.clone()));
     }
     info!(node = %node_name, "node-agent starting");
-    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token)).await;
+    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token), Duration::from_secs(shutdown_timeout_secs)).await;
     exec.shutdown().await;
     if let Some(net) = net {
         net.stop().await;
@@ -537,12 +543,14 @@ async fn serve(
     unix: Option<PathBuf>,
     tcp: Option<(std::net::SocketAddr, tonic::transport::ServerTlsConfig)>,
     auth: auth::BearerAuth,
+    drain_limit: Duration,
 ) -> anyhow::Result<()> {
     let socket_path = unix.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let key_slots = Arc::new(keyslots::KeySlots::default());
-    let svc = || NodeAgentServer::with_interceptor(service::AgentService::with_key_slots(exec.clone(), key_slots.clone()), auth.clone());
+    let running = Arc::new(running::Running::default());
+    let svc = || NodeAgentServer::with_interceptor(service::AgentService::shared(exec.clone(), key_slots.clone(), running.clone()), auth.clone());
     if let Some(path) = unix {
         let _ = std::fs::remove_file(&path);
         if let Some(dir) = path.parent() {
@@ -574,9 +582,24 @@ async fn serve(
     info!(running = exec.running(), "shutting down: draining in-flight executions");
     let _ = stop_tx.send(true);
     // Drain what runs, not what is connected: an idle client that never acks
-    // HTTP/2's GOAWAY must not keep the agent alive.
-    while exec.running() > 0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // HTTP/2's GOAWAY must not keep the agent alive; nor may an hour-long
+    // execution.
+    let drained = tokio::time::timeout(drain_limit, async {
+        while exec.running() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    if drained.await.is_err() {
+        warn!(running = exec.running(), limit_secs = drain_limit.as_secs(), "executions still running at the shutdown deadline are killed");
+        running.cancel_all();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while exec.running() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        if ended.await.is_err() {
+            warn!(running = exec.running(), "executions did not end after their kill; cleaning up regardless");
+        }
     }
     let grace = tokio::time::timeout(Duration::from_secs(2), async {
         while let Some(r) = tasks.join_next().await {

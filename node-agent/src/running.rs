@@ -72,6 +72,14 @@ impl Running {
         true
     }
 
+    /// Asks every execution to stop (the agent's shutdown deadline); the
+    /// caller waits for them to end.
+    pub fn cancel_all(&self) {
+        for entry in self.lock().values() {
+            entry.cancel.notify_one();
+        }
+    }
+
     /// Executions registered now.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -160,13 +160,14 @@ pub struct AgentService<B = Executor> {
 impl<B: Backend> AgentService<B> {
     /// Wraps a backend, with fresh key slots.
     pub fn new(backend: Arc<B>) -> AgentService<B> {
-        Self::with_key_slots(backend, Arc::default())
+        Self::shared(backend, Arc::default(), Arc::default())
     }
 
-    /// Wraps a backend; `key_slots` are shared by every listener of this
-    /// agent (Unix socket and TCP count one set).
-    pub fn with_key_slots(backend: Arc<B>, key_slots: Arc<KeySlots>) -> AgentService<B> {
-        AgentService { backend, running: Arc::default(), key_slots }
+    /// Wraps a backend; `key_slots` and `running` are shared by every
+    /// listener of this agent (Unix socket and TCP count one set, and the
+    /// shutdown deadline cancels them all).
+    pub fn shared(backend: Arc<B>, key_slots: Arc<KeySlots>, running: Arc<Running>) -> AgentService<B> {
+        AgentService { backend, running, key_slots }
     }
 }
 

@@ -298,3 +298,33 @@ async fn exit_status_is_reported_on_every_run() {
         assert_eq!((r.exited.exit_code, r.exited.failure(), r.stdout.as_str()), (7, Failure::Unspecified, "x\n"), "run {i}");
     }
 }
+
+/// A graceful stop has a deadline: an execution that would run for an hour
+/// is killed when it passes, the agent cleans up and exits by itself, and
+/// nothing of the sandbox is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_kills_what_outlives_its_deadline_and_exits_clean() {
+    if skip_unless_root("a_graceful_stop_kills_what_outlives_its_deadline_and_exits_clean") {
+        return;
+    }
+    let mut agent = Agent::start(&["--shutdown-timeout-secs", "2", "--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut stream = client.execute(request(Language::Bash, "echo started; sleep 3600", Duration::from_secs(3600))).await.unwrap().into_inner();
+    // Wait until the program runs.
+    loop {
+        match stream.message().await.unwrap().and_then(|e| e.event) {
+            Some(Event::Stdout(c)) if String::from_utf8_lossy(&c.data).contains("started") => break,
+            Some(_) => continue,
+            None => panic!("the execution ended before it started"),
+        }
+    }
+    // SAFETY: signalling our own child by pid.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(agent.pid() as i32, libc::SIGTERM);
+    }
+    let status = agent.wait_exit(Duration::from_secs(30)).expect("the agent is still draining past its deadline");
+    assert!(status.success(), "{status:?}");
+    assert!(agent.sandbox_processes().is_empty(), "the execution outlived the agent");
+    assert!(agent.leftover_cgroups().is_empty(), "{:?}", agent.leftover_cgroups());
+}
