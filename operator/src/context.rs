@@ -15,6 +15,8 @@ pub struct Context {
     pub agent_selector: String,
     /// How to reach node-agents (to warm images); `None` without credentials.
     pub agents: Option<crate::warm::AgentAccess>,
+    /// What StorageConnection endpoints the reachability probe may reach.
+    pub endpoints: std::sync::Arc<warren_core::reach::EndpointPolicy>,
     recorder: Recorder,
 }
 
@@ -22,7 +24,13 @@ impl Context {
     /// Builds the context.
     pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String, agents: Option<crate::warm::AgentAccess>) -> Context {
         let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector, agents }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector, agents, endpoints: Default::default() }
+    }
+
+    /// The probe reaches only what `policy` permits.
+    pub fn with_endpoints(mut self, policy: std::sync::Arc<warren_core::reach::EndpointPolicy>) -> Context {
+        self.endpoints = policy;
+        self
     }
 
     /// Records an event on `obj` (best effort: a failed event never fails a reconcile).

@@ -29,13 +29,13 @@ pub async fn storage(sc: Arc<StorageConnection>, ctx: Arc<Context>) -> Result<Ac
     };
     let (mut ok, mut reason, mut message) = secret_verdict(&ns, secret.as_deref(), found.as_ref(), sc.spec.provider.secret_entries());
     if ok {
-        (ok, reason, message) = reachability(&sc.spec, found.flatten().as_ref()).await;
+        (ok, reason, message) = reachability(&sc.spec, found.flatten().as_ref(), &ctx.endpoints).await;
     }
     write_ready(sc.as_ref(), &api, ok, reason, message, &old, &ctx).await
 }
 
 /// Ready, reason and message from one listing of the connection's prefix.
-async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&Secret>) -> (bool, &'static str, String) {
+async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&Secret>, endpoints: &std::sync::Arc<warren_core::reach::EndpointPolicy>) -> (bool, &'static str, String) {
     use warren_api::StorageProvider;
     use warren_storage::probe::ProbeError;
     match spec.provider {
@@ -71,7 +71,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     };
     // The operator's own network position is no more the tenant's than the
     // node's: loopback and the metadata service are refused here too.
-    let store = match m.store(&std::sync::Arc::new(warren_core::reach::EndpointPolicy::default())) {
+    let store = match m.store(endpoints) {
         Ok(s) => s,
         Err(why) => return (false, reasons::INVALID_SPEC, why),
     };

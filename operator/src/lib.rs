@@ -75,6 +75,12 @@ pub struct Args {
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
+    /// Destinations (addresses or CIDRs) a StorageConnection's endpoint may
+    /// name although they are loopback or link-local (the metadata
+    /// service), as the agents' `--allow-endpoint`; the reachability probe
+    /// refuses them otherwise.
+    #[arg(long = "allow-endpoint", env = "WARREN_ALLOW_ENDPOINTS", value_delimiter = ',')]
+    pub allow_endpoints: Vec<String>,
 }
 
 /// Per-object retry delays: 1 s doubling to 5 min, reset by a success; and
@@ -135,7 +141,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.agent_tls_ca_file.clone(),
     )
     .context("loading the node-agent client credentials")?;
-    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents));
+    let endpoints = warren_core::reach::EndpointPolicy::new(&args.allow_endpoints, Vec::new()).map_err(anyhow::Error::msg)?;
+    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents).with_endpoints(Arc::new(endpoints)));
     let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
     ops.set_ready();
     tracing::info!(publish_namespace = %ctx.publish_namespace, agent_namespace = %ctx.agent_namespace, "operator starting");

@@ -181,6 +181,8 @@ impl Operator {
         use std::io::BufRead;
         let mut child = Command::new(crate::bin("warren-operator"))
             .args(["--namespace", namespace, "--publish-namespace", keys, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
+            // The tests' stores listen on loopback: allowed, as an admin would.
+            .args(["--allow-endpoint", "127.0.0.0/8"])
             .args(extra)
             .env("KUBECONFIG", k.kubeconfig_for_rustls())
             .env("RUST_LOG", "info")
