@@ -2,7 +2,8 @@
 //! run: N round trips of each, interleaved, through the real agent with its
 //! warm pool (the veth, chain and shaping are built while a sandbox is
 //! pooled; a call adds reading its refused-destination set and the
-//! teardown after the answer). Also: one HTTP GET to the lab's public host
+//! teardown after the answer), and an allowlisted call that resolves one
+//! name (the DNS proxy's lookup and allow-set update). Also: one HTTP GET to the lab's public host
 //! from inside the sandbox, to show the path works while measured. Needs
 //! root.
 //!
@@ -29,10 +30,15 @@ async fn main() {
     let agent = Agent::start(&args).await.expect("agent starts");
     let mut client = agent.client().await.expect("client");
     let req = |network: NetworkPolicy, egress: Vec<EgressRule>| ExecuteRequest { network: network as i32, egress, ..request(Language::Python, "print(1)", Duration::from_secs(30)) };
+    let allow = || vec![EgressRule { host: "public.test".into(), ports: vec![80] }];
+    // One allowlisted lookup per call: the proxy asks the resolver and adds
+    // the answer to the sandbox's allow set before answering.
+    let lookup = ExecuteRequest { code: "import socket; socket.gethostbyname('public.test'); print(1)".into(), ..req(NetworkPolicy::Unrestricted, allow()) };
     let variants = [
         ("blocked", req(NetworkPolicy::Blocked, vec![])),
         ("unrestricted", req(NetworkPolicy::Unrestricted, vec![])),
-        ("allowlist", req(NetworkPolicy::Unrestricted, vec![EgressRule { host: "public.test".into(), ports: vec![80] }])),
+        ("allowlist", req(NetworkPolicy::Unrestricted, allow())),
+        ("allow+lookup", lookup),
     ];
     let get = ExecuteRequest {
         code: "import urllib.request; print(urllib.request.urlopen('http://public.test/', timeout=5).read().decode().strip())".into(),
