@@ -37,6 +37,7 @@ fn mount(s3: &S3Server) -> pb::StorageMount {
         region: "us-east-1".into(),
         credentials: Some(pb::Credentials { values: s3.credentials().into_iter().collect() }),
         max_write_bytes: 512 << 20,
+        ambient_identity: false,
     }
 }
 
