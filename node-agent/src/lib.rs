@@ -250,10 +250,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "--listen-tcp requires --tls-cert-file, --tls-key-file and --tls-client-ca-file: the agent serves TCP only with mutual TLS"
         ),
     };
-    let (layout, features) = detect(&cgroup_name)?;
-    let dirs = prepare_state_dir(&state_dir)?;
-    let fuse_pool_dir = state_dir.join("fuse-pool");
-    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
+    // Configuration an admin can get wrong is checked before anything on
+    // the node changes (no mount or cgroup is left by a refused start).
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
     let local_roots = {
         // What no Local root may hold or lie inside: everything the agent keeps.
@@ -265,6 +263,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         reserved.extend(std::env::current_exe().ok());
         warren_storage::local::LocalRoots::new(&local_storage_roots, &reserved).map_err(anyhow::Error::msg)?
     };
+    let own: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+        .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
+        .unwrap_or_default();
+    let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
+    let (layout, features) = detect(&cgroup_name)?;
+    let dirs = prepare_state_dir(&state_dir)?;
+    let fuse_pool_dir = state_dir.join("fuse-pool");
+    let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
     let threads = Arc::new(threads::Threads::new(store, &state_dir.join("threads")).context("preparing the thread cache")?.with_reserve(state_reserve));
     report_state_disk(&state_dir, state_reserve);
@@ -299,10 +305,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     // Storage mounts share the S3 connection setting of the thread store.
     let platform_bucket = store_spec.strip_prefix("s3://").map(|b| b.split('/').next().unwrap_or(b).to_string());
-    let own: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
-        .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
-        .unwrap_or_default();
-    let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
     let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
         .with_local_roots(local_roots)
         .with_platform_bucket(platform_bucket)

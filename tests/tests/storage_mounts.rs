@@ -306,6 +306,7 @@ except OSError:
         let mut started = Agent::start_no_wait(&["--local-storage-root", bad]).unwrap();
         let status = started.wait_exit(Duration::from_secs(30)).expect("the agent must refuse to start");
         assert!(!status.success(), "{bad}");
+        assert!(host_mounts_below(&started.state_dir()).is_empty(), "{bad}: a refused start left mounts behind");
     }
 }
 
