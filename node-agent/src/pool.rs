@@ -15,6 +15,8 @@ use crate::sandbox::{prepare, Prepared, SandboxEnv, SandboxError, Shape};
 
 /// Shapes kept warm at most; requests of further shapes are prepared on demand.
 const MAX_SHAPES: usize = 8;
+/// How long a shutdown waits for fillers that are preparing a sandbox.
+const FILLER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The pool.
 #[derive(Clone)]
@@ -148,6 +150,13 @@ impl Pool {
         };
         for p in all {
             p.discard().await;
+        }
+        // A filler preparing a sandbox right now discards it once it sees
+        // the pool closed; wait for that (bounded), or the agent's parent
+        // cgroups are not yet empty when it removes them at exit.
+        let deadline = tokio::time::Instant::now() + FILLER_WAIT;
+        while self.lock().filling.values().any(|f| *f) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 }
