@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use warren_core::endpoint::url_host_port;
+use warren_network::custody::{PgTls, WeakMethods};
 
 /// Where the connectors' files appear inside the sandbox.
 pub const DIR: &str = "/run/warren/connectors";
@@ -101,6 +102,10 @@ pub struct Grant {
     pub region: Option<String>,
     /// PostgreSQL custody.
     pub custody: bool,
+    /// Custody: TLS toward the server (`None`: plain TCP, as the connector chose).
+    pub tls: Option<PgTls>,
+    /// Custody: password methods weaker than SCRAM-SHA-256 it may answer.
+    pub weak: WeakMethods,
     /// Secret entries.
     pub credentials: BTreeMap<String, String>,
 }
@@ -134,6 +139,14 @@ pub struct RawGrant {
     pub region: String,
     /// Custody.
     pub custody: bool,
+    /// Custody: plain TCP toward the server.
+    pub tls_disabled: bool,
+    /// Custody: PEM CA bundle (empty: the public web PKI).
+    pub tls_ca_pem: String,
+    /// Custody: name the certificate must carry (empty: the host).
+    pub tls_server_name: String,
+    /// Custody: "md5", "cleartext".
+    pub weak_auth: Vec<String>,
     /// Secret entries.
     pub credentials: BTreeMap<String, String>,
 }
@@ -141,7 +154,7 @@ pub struct RawGrant {
 /// Checks one grant: names become file and profile names, values end up in
 /// files whose syntax they must not break.
 pub fn check(raw: RawGrant) -> Result<Grant, String> {
-    let name = raw.name;
+    let name = raw.name.clone();
     let label_ok = !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !name.starts_with('-');
     if !label_ok {
         return Err(format!("name {name:?}: a lower-case DNS label"));
@@ -152,6 +165,7 @@ pub fn check(raw: RawGrant) -> Result<Grant, String> {
         Some(v) if v.len() > 253 || v.chars().any(|c| c.is_control() || c.is_whitespace()) => Err(format!("{name}: {what} must be plain text")),
         _ => Ok(()),
     };
+    let (tls, weak) = custody_settings(&name, &raw, (!raw.host.is_empty()).then_some(raw.host.as_str()))?;
     let (host, database, username, project, endpoint, region) = (opt(raw.host), opt(raw.database), opt(raw.username), opt(raw.project), opt(raw.endpoint), opt(raw.region));
     for (what, v) in [("host", &host), ("database", &database), ("username", &username), ("project", &project), ("endpoint", &endpoint), ("region", &region)] {
         plain(what, v)?;
@@ -183,7 +197,39 @@ pub fn check(raw: RawGrant) -> Result<Grant, String> {
     if raw.credentials.values().any(|v| v.len() > 64 * 1024) {
         return Err(format!("{name}: a credential is over 64 KiB"));
     }
-    Ok(Grant { name, kind, host, port, database, username, project, endpoint, region, custody: raw.custody, credentials: raw.credentials })
+    Ok(Grant { name, kind, host, port, database, username, project, endpoint, region, custody: raw.custody, tls, weak, credentials: raw.credentials })
+}
+
+/// Custody's TLS and password methods: verified TLS and SCRAM-SHA-256 only
+/// unless the grant says otherwise, and no such setting without custody.
+fn custody_settings(name: &str, raw: &RawGrant, host: Option<&str>) -> Result<(Option<PgTls>, WeakMethods), String> {
+    let any_tls = raw.tls_disabled || !raw.tls_ca_pem.is_empty() || !raw.tls_server_name.is_empty();
+    if !raw.custody {
+        return match any_tls || !raw.weak_auth.is_empty() {
+            true => Err(format!("{name}: TLS and password-method settings apply to custody only")),
+            false => Ok((None, WeakMethods::default())),
+        };
+    }
+    let mut weak = WeakMethods::default();
+    for m in &raw.weak_auth {
+        match m.as_str() {
+            "md5" => weak.md5 = true,
+            "cleartext" => weak.cleartext = true,
+            other => return Err(format!("{name}: unknown password method {other:?} (md5, cleartext)")),
+        }
+    }
+    if raw.tls_disabled {
+        if !raw.tls_ca_pem.is_empty() || !raw.tls_server_name.is_empty() {
+            return Err(format!("{name}: a CA or server name with TLS disabled"));
+        }
+        return Ok((None, weak));
+    }
+    if raw.tls_ca_pem.len() > 256 * 1024 {
+        return Err(format!("{name}: the CA bundle is over 256 KiB"));
+    }
+    let server_name = if raw.tls_server_name.is_empty() { host.unwrap_or_default() } else { raw.tls_server_name.as_str() };
+    let tls = PgTls::new((!raw.tls_ca_pem.is_empty()).then_some(raw.tls_ca_pem.as_str()), server_name).map_err(|e| format!("{name}: tls: {e}"))?;
+    Ok((Some(tls), weak))
 }
 
 /// A forwarder to set up: where the sandbox connects, and to what.
@@ -398,6 +444,21 @@ mod tests {
         assert!(check(grant("pg", "ftp", "db", &[("password", "x")])).is_err());
         assert!(check(RawGrant { custody: true, ..grant("r", "redis", "cache", &[("password", "x")]) }).is_err());
         assert!(check(RawGrant { port: 70000, ..grant("pg", "postgresql", "db", &[("password", "x")]) }).is_err());
+    }
+
+    #[test]
+    fn custody_means_verified_tls_and_scram_unless_the_grant_says_otherwise() {
+        let pg = || RawGrant { custody: true, ..grant("pg", "postgresql", "db.internal", &[("password", "x")]) };
+        let g = check(pg()).unwrap();
+        assert!(g.tls.is_some(), "TLS by default");
+        assert_eq!(g.weak, WeakMethods::default(), "SCRAM-SHA-256 only by default");
+        let old = check(RawGrant { tls_disabled: true, weak_auth: vec!["md5".into()], ..pg() }).unwrap();
+        assert_eq!((old.tls.is_none(), old.weak), (true, WeakMethods { md5: true, cleartext: false }));
+        assert!(check(RawGrant { weak_auth: vec!["plain".into()], ..pg() }).unwrap_err().contains("unknown password method"));
+        assert!(check(RawGrant { tls_ca_pem: "nothing".into(), ..pg() }).unwrap_err().contains("tls:"));
+        assert!(check(RawGrant { tls_disabled: true, tls_server_name: "db".into(), ..pg() }).is_err());
+        let plain = grant("pg", "postgresql", "db.internal", &[("password", "x")]);
+        assert!(check(RawGrant { weak_auth: vec!["md5".into()], ..plain }).unwrap_err().contains("custody only"));
     }
 
     #[test]

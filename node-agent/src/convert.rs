@@ -73,6 +73,10 @@ pub fn connectors(raw: Vec<pb::ConnectorGrant>) -> Result<Vec<crate::connectors:
                 endpoint: c.endpoint,
                 region: c.region,
                 custody: c.custody,
+                tls_disabled: c.tls_disabled,
+                tls_ca_pem: c.tls_ca_pem,
+                tls_server_name: c.tls_server_name,
+                weak_auth: c.weak_auth,
                 credentials: c.credentials.map(|c| c.values.into_iter().collect()).unwrap_or_default(),
             })
         })

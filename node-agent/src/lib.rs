@@ -267,7 +267,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
         .unwrap_or_default();
     let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
-    let (layout, features) = detect(&cgroup_name)?;
+    let (layout, _cgroup_claim, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
     let fuse_pool_dir = state_dir.join("fuse-pool");
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
@@ -439,16 +439,20 @@ fn read_token(path: Option<&Path>) -> anyhow::Result<Option<String>> {
     Ok(Some(token))
 }
 
-fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, Features)> {
+/// The cgroup layout, this agent's claim on its parent groups (held for the
+/// agent's life), and the isolation features.
+fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, nix::fcntl::Flock<std::fs::File>, Features)> {
     refuse_private_cgroup_namespace_in_a_container(cgroup_name)?;
     match CgroupLayout::detect(cgroup_name) {
         Ok(layout) => {
+            // Before collecting garbage: what another live agent holds is not garbage.
+            let claim = layout.claim()?;
             let removed = layout.collect_garbage();
             if removed > 0 {
                 warn!(removed, "removed sandbox cgroups left by an earlier run");
             }
             let features = Features::detect(Ok(&layout));
-            Ok((layout, features))
+            Ok((layout, claim, features))
         }
         Err(e) => bail!("no usable cgroup hierarchy: {e}"),
     }

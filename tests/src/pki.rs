@@ -60,11 +60,17 @@ fn leaf(dir: &Path, name: &str, ca: &Ca) -> Leaf {
 /// A CA and a server certificate from it for `127.0.0.1` and `localhost`
 /// (a test's HTTPS server), written to `dir`: (the CA file, the leaf).
 pub fn loopback_server(dir: &Path) -> (PathBuf, Leaf) {
+    server_for(dir, &["127.0.0.1", "localhost"])
+}
+
+/// A fresh CA and a server certificate from it for `names`, written to
+/// `dir`: (the CA file, the leaf).
+pub fn server_for(dir: &Path, names: &[&str]) -> (PathBuf, Leaf) {
     let ca = ca("warren-test-server-ca");
     let ca_file = dir.join("server-ca.crt");
     std::fs::write(&ca_file, ca.cert.pem()).expect("write ca");
-    let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).expect("leaf params");
-    p.distinguished_name.push(DnType::CommonName, "127.0.0.1");
+    let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("leaf params");
+    p.distinguished_name.push(DnType::CommonName, names[0]);
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let key = KeyPair::generate().expect("leaf key");
     let cert = p.signed_by(&key, &ca.cert, &ca.key).expect("leaf cert");

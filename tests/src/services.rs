@@ -49,11 +49,15 @@ impl Drop for Server {
 }
 
 /// A PostgreSQL cluster: role `agent` (SCRAM-SHA-256) owning database
-/// `app`, role `legacy` (an md5 password).
+/// `app`, role `legacy` (an md5 password). It serves TLS with a certificate
+/// for `localhost`, `pg.localhost`, `legacy.localhost` and `127.0.0.1` from
+/// its own test CA (plain connections are accepted too).
 pub struct Postgres {
     _server: Server,
     /// Its port.
     pub port: u16,
+    /// The CA of its certificate, PEM.
+    pub ca_pem: String,
 }
 
 /// The `agent` role's password.
@@ -83,11 +87,19 @@ impl Postgres {
             as_pg(&pg_bin("initdb")?).arg("-D").arg(&data).args(["-U", "admin", "--auth-local=trust", "--auth-host=md5"]).arg(format!("--pwfile={}", dir.path().join("pw").display())),
             "initdb",
         )?;
+        let (ca_file, leaf) = crate::pki::server_for(dir.path(), &["localhost", "pg.localhost", "legacy.localhost", "127.0.0.1"]);
+        let ca_pem = std::fs::read_to_string(&ca_file)?;
+        run(Command::new("chown").args(["postgres:postgres"]).arg(&leaf.cert).arg(&leaf.key), "chown (tls)")?;
+        std::fs::set_permissions(&leaf.key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
         let port = free_port()?;
         let mut child = as_pg(&pg_bin("postgres")?)
             .arg("-D")
             .arg(&data)
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c"])
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "ssl=on", "-c"])
+            .arg(format!("ssl_cert_file={}", leaf.cert.display()))
+            .arg("-c")
+            .arg(format!("ssl_key_file={}", leaf.key.display()))
+            .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.path().display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -101,11 +113,20 @@ impl Postgres {
              SET password_encryption = 'md5'; CREATE ROLE legacy LOGIN PASSWORD '{PG_LEGACY_PASSWORD}';"
         );
         let url = format!("postgresql://admin:admin-pw@127.0.0.1:{port}/postgres");
-        for statement in sql.split("; ").map(|s| s.trim_end_matches(';')) {
-            run(Command::new("psql").args([url.as_str(), "-v", "ON_ERROR_STOP=1", "-qc", statement]), "psql (setup)")?;
+        // One session (each -c on its own, outside a transaction, as CREATE
+        // DATABASE needs): the SETs decide how the next password is stored.
+        let mut psql = Command::new("psql");
+        psql.args([url.as_str(), "-v", "ON_ERROR_STOP=1", "-q"]);
+        for statement in sql.split("; ").map(|s| s.trim().trim_end_matches(';')) {
+            psql.args(["-c", statement]);
+        }
+        run(&mut psql, "psql (setup)")?;
+        let stored = run(Command::new("psql").args([url.as_str(), "-tAc", "select rolname || ':' || left(rolpassword, 6) from pg_authid where rolname in ('agent', 'legacy') order by 1"]), "psql (check)")?;
+        if !stored.contains("agent:SCRAM-") || !stored.contains("legacy:md5") {
+            bail!("PostgreSQL stored the test passwords unexpectedly: {stored}");
         }
         run(Command::new("psql").args([format!("postgresql://agent:{PG_PASSWORD}@127.0.0.1:{port}/app").as_str(), "-qc", "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('from-postgres');"]), "psql (data)")?;
-        Ok(Postgres { _server: server, port })
+        Ok(Postgres { _server: server, port, ca_pem })
     }
 }
 

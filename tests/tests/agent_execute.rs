@@ -248,6 +248,42 @@ async fn the_agent_never_serves_tcp_without_a_token_and_tls_and_keeps_its_socket
     assert_eq!(mode & 0o777, 0o600, "only root may talk to the agent's socket");
 }
 
+/// The attack (two agents on one host, as two tests or two single-machine
+/// installs given one name): the second agent used to take the first one's
+/// live sandboxes for a crashed run's leftovers and kill them. Now it refuses
+/// to start, saying why, and the first agent's sandbox runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_never_removes_the_first_ones_cgroups() {
+    if skip_unless_root("a_second_agent_never_removes_the_first_ones_cgroups") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut stream = client.execute(request(Language::Bash, "while true; do echo tick; sleep 0.2; done", Duration::from_secs(120))).await.unwrap().into_inner();
+    let mut next_tick = async || loop {
+        match stream.message().await.unwrap().and_then(|m| m.event) {
+            Some(Event::Stdout(_)) => return true,
+            Some(Event::Exited(_)) | None => return false,
+            Some(_) => {}
+        }
+    };
+    assert!(next_tick().await, "the first agent's sandbox runs");
+    let held = agent.leftover_cgroups();
+    assert!(!held.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(warren_e2e::bin("warren-node-agent"))
+        .args(["--state-dir", dir.path().join("state").to_str().unwrap(), "--listen-unix", dir.path().join("agent.sock").to_str().unwrap()])
+        .args(["--cgroup-name", &agent.cgroup_name, "--sandbox-network", "off", "--log-format", "plain"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second agent started on the first one's cgroups");
+    assert!(stderr.contains("in use by another running agent") && stderr.contains("--cgroup-name"), "the refusal says why: {stderr}");
+    assert!(held.iter().all(|g| g.exists()), "the first agent's sandbox cgroups were removed");
+    assert!(next_tick().await, "the first agent's sandbox was killed");
+    assert!(next_tick().await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_crash_leaves_nothing_after_restart() {
     if skip_unless_root("agent_crash_leaves_nothing_after_restart") {

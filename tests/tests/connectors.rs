@@ -129,6 +129,7 @@ async fn postgres_custody_logs_in_for_the_sandbox_and_no_secret_is_inside() -> a
     let code = format!(
         r#"{TOOLS}
 sh("scram", "psql -tAc 'select current_user || (select body from notes)'")
+sh("tls", "psql -tAc 'select ssl from pg_stat_ssl where pid = pg_backend_pid()'")
 sh("md5", "psql -h legacy.localhost -U legacy -d postgres -tAc 'select current_user'")
 # The secrets, masked (XOR 0x55) so that this program never holds them:
 # every byte scanned is unmasked the same way and searched for the mask.
@@ -172,13 +173,140 @@ print("files", sorted(os.listdir("/run/warren/connectors")))
         pw_mask = mask(services::PG_PASSWORD),
         legacy_mask = mask(services::PG_LEGACY_PASSWORD),
     );
-    let connectors = vec![custody("pg", "pg.localhost", "agent", services::PG_PASSWORD, "app"), custody("old", "legacy.localhost", "legacy", services::PG_LEGACY_PASSWORD, "postgres")];
-    let run = agent.run_request(python(&code, connectors)).await?;
+    // The default: TLS verified against the connector's CA, SCRAM only.
+    // The legacy role's connector opts out of both, as it must to work.
+    let pg_grant = ConnectorGrant { tls_ca_pem: pg.ca_pem.clone(), ..custody("pg", "pg.localhost", "agent", services::PG_PASSWORD, "app") };
+    let legacy = ConnectorGrant { tls_disabled: true, weak_auth: vec!["md5".into()], ..custody("old", "legacy.localhost", "legacy", services::PG_LEGACY_PASSWORD, "postgres") };
+    let run = agent.run_request(python(&code, vec![pg_grant, legacy])).await?;
     assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
-    assert_eq!(run.line("scram"), "agentfrom-postgres", "SCRAM-SHA-256 login by the forwarder");
-    assert_eq!(run.line("md5"), "legacy", "md5 login by the forwarder");
+    // PostgreSQL offers SCRAM-SHA-256-PLUS over TLS and the forwarder takes
+    // it: a wrong tls-server-end-point hash would have failed this login.
+    assert_eq!(run.line("scram"), "agentfrom-postgres", "SCRAM-SHA-256(-PLUS) login by the forwarder");
+    assert_eq!(run.line("tls"), "t", "the forwarder's session to the server is TLS");
+    assert_eq!(run.line("md5"), "legacy", "md5 login by the forwarder, where the connector allows it");
     assert_eq!(run.line("found"), "[]", "no secret anywhere in the sandbox");
     assert_eq!(run.line("files"), "[]", "custody writes no pgpass");
+    Ok(())
+}
+
+/// What an impostor answering as a connector's PostgreSQL server received
+/// on each connection, and whether that connection has ended.
+struct Impostor {
+    port: u16,
+    received: std::sync::Arc<std::sync::Mutex<Vec<(Vec<u8>, bool)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Impostor {
+    /// A server on loopback that answers an SSLRequest with "N" and asks
+    /// every login for `auth` (3: cleartext, 5: md5 with a salt), keeping
+    /// whatever it is sent.
+    async fn start(auth: u8) -> anyhow::Result<Impostor> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = received.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let log = log.clone();
+                let i = {
+                    let mut l = log.lock().unwrap();
+                    l.push((Vec::new(), false));
+                    l.len() - 1
+                };
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let mut asked = false;
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        let got = {
+                            let mut l = log.lock().unwrap();
+                            l[i].0.extend_from_slice(&buf[..n]);
+                            l[i].0.clone()
+                        };
+                        if got.len() == 8 && got[4..8] == 80_877_103u32.to_be_bytes() {
+                            let _ = s.write_all(b"N").await;
+                        } else if !asked && got.len() > 8 {
+                            asked = true;
+                            let _ = s.write_all(&[b'R', 0, 0, 0, 12, 0, 0, 0, auth, 0x0b, 0xad, 0xf0, 0x0d]).await;
+                        }
+                    }
+                    log.lock().unwrap()[i].1 = true;
+                });
+            }
+        });
+        Ok(Impostor { port, received, task })
+    }
+
+    /// Every connection's bytes, once the forwarder has closed them all.
+    async fn connections(&self) -> Vec<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !self.received.lock().unwrap().iter().all(|(_, closed)| *closed) {
+            assert!(tokio::time::Instant::now() < deadline, "the forwarder left a connection to the impostor open");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.received.lock().unwrap().iter().map(|(b, _)| b.clone()).collect()
+    }
+}
+
+/// The attack: whatever answers at a custody connector's address asks for
+/// the password in cleartext (or md5). Before #26 the forwarder sent it.
+/// Now, by default, a server that does not prove itself with TLS the
+/// connector's CA signed gets nothing past SSLRequest, and a connector that
+/// turned TLS off still answers no weak method it did not allow. The real
+/// server, shown with another CA, gets no login either.
+#[tokio::test]
+async fn custody_hands_nothing_to_an_impostor() -> anyhow::Result<()> {
+    if skip_unless_root("custody_hands_nothing_to_an_impostor") {
+        return Ok(());
+    }
+    let pg = Postgres::start()?;
+    let other_ca = {
+        let dir = tempfile::tempdir()?;
+        std::fs::read_to_string(warren_e2e::pki::server_for(dir.path(), &["pg.localhost"]).0)?
+    };
+    let (cleartext, md5) = (Impostor::start(3).await?, Impostor::start(5).await?);
+    let agent = Agent::start(&[]).await?;
+    let custody = |name: &str, port: u16| ConnectorGrant { custody: true, username: "agent".into(), database: "app".into(), ..grant(name, "postgresql", &format!("{name}.localhost"), port, &[("password", services::PG_PASSWORD)]) };
+    let connectors = vec![
+        custody("tls", cleartext.port),
+        ConnectorGrant { tls_disabled: true, ..custody("plain", md5.port) },
+        ConnectorGrant { tls_disabled: true, ..custody("clear", cleartext.port) },
+        ConnectorGrant { tls_ca_pem: other_ca, ..custody("pg", pg.port) },
+    ];
+    let code = format!(
+        r#"{TOOLS}
+for name, port in [("tls", {tls}), ("plain", {plain}), ("clear", {tls}), ("pg", {pg})]:
+    sh(name, "psql -h %s.localhost -p %d -U agent -d app -tAc 'select 1'" % (name, port))
+"#,
+        tls = cleartext.port,
+        plain = md5.port,
+        pg = pg.port,
+    );
+    let run = agent.run_request(python(&code, connectors)).await?;
+    assert_eq!(run.exited.exit_code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.line("tls").contains("does not offer TLS"), "tls: {}", run.stdout);
+    assert!(run.line("plain").contains("md5 password, which the connector does not allow"), "plain: {}", run.stdout);
+    assert!(run.line("clear").contains("cleartext, which the connector does not allow"), "clear: {}", run.stdout);
+    assert!(run.line("pg").contains("TLS with the server failed"), "pg: {}", run.stdout);
+    for (what, impostor) in [("cleartext", &cleartext), ("md5", &md5)] {
+        let connections = impostor.connections().await;
+        assert!(!connections.is_empty(), "{what}: the impostor was reached");
+        for got in connections {
+            assert!(!String::from_utf8_lossy(&got).contains(services::PG_PASSWORD), "{what}: the impostor received the password");
+            // An SSLRequest, a startup packet: nothing after them (no
+            // password message of any kind).
+            let rest = got.strip_prefix(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f][..]).unwrap_or(&got);
+            let startup = rest.get(0..4).map_or(0, |l| u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize);
+            assert_eq!(startup, rest.len(), "{what}: the impostor received more than a startup: {got:?}");
+        }
+    }
     Ok(())
 }
 

@@ -64,6 +64,10 @@ fn connector_grant(c: warren_config::connector::EffectiveConnector) -> pb::Conne
         endpoint: c.endpoint.unwrap_or_default(),
         region: c.region.unwrap_or_default(),
         custody: c.custody,
+        tls_disabled: c.tls_disabled,
+        tls_ca_pem: c.tls_ca_pem.unwrap_or_default(),
+        tls_server_name: c.tls_server_name.unwrap_or_default(),
+        weak_auth: c.weak_auth,
     }
 }
 

@@ -38,6 +38,9 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    /// Another live agent holds the parent groups.
+    #[error("cgroup parent {} is in use by another running agent on this host: give each agent on one host its own --cgroup-name", .0.display())]
+    InUse(PathBuf),
 }
 
 type Result<T> = std::result::Result<T, CgroupError>;
@@ -296,6 +299,20 @@ impl CgroupLayout {
         }
         group.set_limits(limits)?;
         Ok(group)
+    }
+
+    /// Claims the parent groups for this agent for as long as the returned
+    /// lock lives (an exclusive `flock` on the first parent directory), so
+    /// that a second agent given the same name refuses to start rather than
+    /// kill this one's sandboxes as leftovers. A crashed agent's claim ends
+    /// with its process.
+    pub fn claim(&self) -> Result<nix::fcntl::Flock<fs::File>> {
+        let dir = self.parents().into_iter().next().ok_or(CgroupError::MissingController("memory"))?;
+        let file = fs::File::open(&dir).map_err(io_err(&dir))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| match e {
+            nix::errno::Errno::EWOULDBLOCK => CgroupError::InUse(dir.clone()),
+            e => CgroupError::Io { path: dir.clone(), source: e.into() },
+        })
     }
 
     /// Removes the (empty) parent groups; used at clean shutdown.

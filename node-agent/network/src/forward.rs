@@ -120,16 +120,54 @@ async fn connect(host: &str, port: u16, policy: &EndpointPolicy) -> io::Result<T
 }
 
 async fn relay(mut client: TcpStream, endpoint: &Endpoint) -> io::Result<()> {
+    let _ = client.set_nodelay(true);
+    // Custody reads what the client wants before reaching out, so that
+    // whatever fails on the way to the server is told to the client.
+    let startup = match &endpoint.custody {
+        Some(_) => Some(in_time(custody::client_startup(&mut client)).await?),
+        None => None,
+    };
     // RFC 6761: `localhost` and names below it are this node's loopback,
     // whatever a resolver would say.
     let host = endpoint.target_host.as_str();
     let host = if host == "localhost" || host.ends_with(".localhost") { "127.0.0.1" } else { host };
-    let mut server = tokio::time::timeout(CONNECT_TIMEOUT, connect(host, endpoint.target_port, &endpoint.policy)).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let server = match tokio::time::timeout(CONNECT_TIMEOUT, connect(host, endpoint.target_port, &endpoint.policy)).await {
+        Ok(Ok(server)) => server,
+        Ok(Err(e)) => return Err(told(&mut client, endpoint, e).await),
+        Err(_) => return Err(told(&mut client, endpoint, io::Error::from(io::ErrorKind::TimedOut)).await),
+    };
     let _ = server.set_nodelay(true);
-    let _ = client.set_nodelay(true);
-    if let Some(login) = &endpoint.custody {
-        let login = custody::pg_login(&mut client, &mut server, login);
-        tokio::time::timeout(custody::HANDSHAKE_TIMEOUT, login).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let (Some(login), Some(startup)) = (&endpoint.custody, startup) else {
+        let mut server = server;
+        return tokio::io::copy_bidirectional(&mut client, &mut server).await.map(|_| ());
+    };
+    match &login.tls {
+        None => {
+            let mut server = server;
+            in_time(custody::pg_login(&mut client, &mut server, login, startup, None)).await?;
+            tokio::io::copy_bidirectional(&mut client, &mut server).await.map(|_| ())
+        }
+        Some(tls) => {
+            let (mut server, binding) = match in_time(custody::start_tls(server, tls)).await {
+                Ok(s) => s,
+                Err(e) => return Err(told(&mut client, endpoint, e).await),
+            };
+            in_time(custody::pg_login(&mut client, &mut server, login, startup, Some(&binding))).await?;
+            tokio::io::copy_bidirectional(&mut client, &mut server).await.map(|_| ())
+        }
     }
-    tokio::io::copy_bidirectional(&mut client, &mut server).await.map(|_| ())
+}
+
+/// For custody, the client learns why the server was not reached (its
+/// psql shows the reason); other protocols just see the connection close.
+async fn told(client: &mut TcpStream, endpoint: &Endpoint, e: io::Error) -> io::Error {
+    if endpoint.custody.is_some() {
+        custody::tell_client(client, &format!("warren connector: {} ({e})", endpoint.target_host)).await;
+    }
+    e
+}
+
+/// `f` within the custody handshake's time.
+async fn in_time<T>(f: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout(custody::HANDSHAKE_TIMEOUT, f).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }

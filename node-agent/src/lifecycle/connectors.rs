@@ -87,6 +87,8 @@ impl ConnectorResource {
                         user: g.username.clone().unwrap_or_default(),
                         password: g.credentials.get("password").cloned().unwrap_or_default(),
                         database: g.database.clone(),
+                        weak: g.weak,
+                        tls: g.tls.clone(),
                     })
                 });
                 Endpoint { listen: f.listen, port: f.port, target_host: f.host.clone(), target_port: f.port, custody, policy: self.policy.clone() }

@@ -68,6 +68,39 @@ impl ConnectorType {
     }
 }
 
+/// How custody reaches the server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TlsMode {
+    /// TLS, the certificate verified against the CA and for the server's name.
+    #[default]
+    VerifyFull,
+    /// Plain TCP: anyone on the path sees the session (and, with a weak
+    /// password method, the password or its hash).
+    Disable,
+}
+
+/// TLS toward a custody connector's server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConnectorTls {
+    /// `VerifyFull` (default) or `Disable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<TlsMode>,
+    /// The name the server's certificate must carry (default: `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub server_name: Option<String>,
+}
+
+/// A password method weaker than SCRAM-SHA-256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PasswordMethod {
+    /// md5 (`AuthenticationMD5Password`).
+    Md5,
+    /// Cleartext (`AuthenticationCleartextPassword`).
+    Cleartext,
+}
+
 /// Credentials for a service the code may use. They appear only for the
 /// duration of a call, on a RAM-backed mount, as the files and variables the
 /// standard tools read; never in thread state.
@@ -113,10 +146,21 @@ pub struct ConnectorSpec {
     #[schemars(length(max = 64))]
     pub region: Option<String>,
     /// PostgreSQL: the node-agent's forwarder authenticates to the server on
-    /// the sandbox's behalf (SCRAM-SHA-256, md5); no password enters the
-    /// sandbox at all.
+    /// the sandbox's behalf (SCRAM-SHA-256, with channel binding over TLS);
+    /// no password enters the sandbox at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custody: Option<bool>,
+    /// Custody: TLS toward the server. By default it is required and
+    /// verified against the credentials Secret's `ca.crt` entry (without
+    /// one, the public web PKI) for `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ConnectorTls>,
+    /// Custody: password methods weaker than SCRAM-SHA-256 the forwarder
+    /// may answer when the server asks for them (`Md5`: the server learns a
+    /// hash it can replay; `Cleartext`: the password). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2))]
+    pub allow_password_methods: Option<Vec<PasswordMethod>>,
     /// Secret with the credentials, by type: `password` (PostgreSQL, MySQL,
     /// MongoDB, Redis), `serviceAccountJson` (BigQuery, GCS), `accessKeyId` +
     /// `secretAccessKey` (S3), `connectionString` (Azure), `token` (GitHub).

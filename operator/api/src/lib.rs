@@ -21,7 +21,7 @@ pub const API_VERSION: &str = "warren.dev/v1alpha1";
 
 pub use apikey::{ApiKey, ApiKeySpec, ApiKeyStatus, StorageNarrowing};
 pub use common::{EnvVar, LocalRef, Quantity, ReadyStatus, SecretBody, SecretKeyRef, ThreadRetention};
-pub use connector::{Connector, ConnectorSpec, ConnectorType};
+pub use connector::{Connector, ConnectorSpec, ConnectorTls, ConnectorType, PasswordMethod, TlsMode};
 pub use sandbox::{MountMode, Resources, Sandbox, SandboxSpec, SandboxStatus, StorageMount};
 pub use storage_connection::{StorageConnection, StorageConnectionSpec, StorageProvider};
 pub use warren_core::egress::{Egress, EgressRule};

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use warren_core::endpoint::{is_host, url_host_port};
 use warren_core::secret::Credentials;
 
-use crate::types::{ConnectorSpec, ConnectorType, SecretBody};
+use crate::types::{ConnectorSpec, ConnectorType, PasswordMethod, SecretBody, TlsMode};
 
 /// One connector of a key, as the agent receives it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +39,18 @@ pub struct EffectiveConnector {
     /// PostgreSQL credential custody.
     #[serde(default)]
     pub custody: bool,
+    /// Custody: plain TCP toward the server (the Connector chose it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls_disabled: bool,
+    /// Custody: the CA bundle (the Secret's `ca.crt`; none: the public web PKI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_pem: Option<String>,
+    /// Custody: the name the certificate must carry (none: the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
+    /// Custody: weaker password methods allowed (`md5`, `cleartext`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weak_auth: Vec<String>,
     /// The Secret's entries the type needs.
     #[serde(default)]
     pub credentials: Credentials,
@@ -61,6 +73,21 @@ pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
     }
     if spec.custody == Some(true) && spec.kind != PostgreSQL {
         return Err(("spec.custody", "credential custody is offered for PostgreSQL only".into()));
+    }
+    if spec.custody != Some(true) {
+        if spec.tls.is_some() {
+            return Err(("spec.tls", "TLS settings apply to custody (spec.custody: true) only".into()));
+        }
+        if spec.allow_password_methods.is_some() {
+            return Err(("spec.allowPasswordMethods", "password methods apply to custody (spec.custody: true) only".into()));
+        }
+    }
+    if let Some(tls) = &spec.tls {
+        match (&tls.server_name, tls.mode.unwrap_or_default()) {
+            (Some(_), TlsMode::Disable) => return Err(("spec.tls.serverName", "a server name with TLS disabled".into())),
+            (Some(n), _) if !is_host(n) => return Err(("spec.tls.serverName", format!("{n:?} is not a DNS name or an IPv4 address"))),
+            _ => {}
+        }
     }
     if let Some(e) = &spec.endpoint {
         if spec.kind != S3 {
@@ -100,8 +127,35 @@ pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) ->
         endpoint: spec.endpoint.clone(),
         region: spec.region.clone(),
         custody: spec.custody == Some(true),
+        tls_disabled: custody_tls(spec) == Some(TlsMode::Disable),
+        tls_ca_pem: match custody_tls(spec) {
+            Some(TlsMode::VerifyFull) => ca_bundle(&spec.credentials_secret_ref.name, secret)?,
+            _ => None,
+        },
+        tls_server_name: spec.tls.as_ref().and_then(|t| t.server_name.clone()),
+        weak_auth: spec.allow_password_methods.iter().flatten().map(|m| match m { PasswordMethod::Md5 => "md5", PasswordMethod::Cleartext => "cleartext" }.to_string()).collect(),
         credentials: Credentials(values),
     })
+}
+
+/// Custody's TLS mode (`None`: no custody).
+fn custody_tls(spec: &ConnectorSpec) -> Option<TlsMode> {
+    (spec.custody == Some(true)).then(|| spec.tls.as_ref().and_then(|t| t.mode).unwrap_or_default())
+}
+
+/// The credentials Secret's optional `ca.crt` entry, checked to hold a
+/// certificate.
+fn ca_bundle(name: &str, secret: Option<&SecretBody>) -> Result<Option<String>, String> {
+    let Some(s) = secret else { return Ok(None) };
+    let pem = match (s.string_data.get("ca.crt"), s.data.get("ca.crt")) {
+        (Some(v), _) => v.clone(),
+        (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {name:?} entry \"ca.crt\" is not UTF-8"))?,
+        (None, None) => return Ok(None),
+    };
+    if !pem.contains("-----BEGIN CERTIFICATE-----") || pem.len() > 256 * 1024 {
+        return Err(format!("Secret {name:?} entry \"ca.crt\" is not a PEM certificate bundle (at most 256 KiB)"));
+    }
+    Ok(Some(pem))
 }
 
 #[cfg(test)]
@@ -120,6 +174,8 @@ mod tests {
             endpoint: None,
             region: None,
             custody: None,
+            tls: None,
+            allow_password_methods: None,
             credentials_secret_ref: LocalRef { name: "pg-creds".into() },
         }
     }
@@ -133,6 +189,26 @@ mod tests {
         assert!(resolve("pg", &spec(ConnectorType::PostgreSQL), None).unwrap_err().contains("\"pg-creds\" was not found"));
         let e = resolve("pg", &spec(ConnectorType::S3), Some(&secret)).unwrap_err();
         assert!(e.contains("no entry \"accessKeyId\"") || e.contains("spec.port") || e.contains("username"), "{e}");
+    }
+
+    #[test]
+    fn custody_takes_tls_and_password_methods_and_nothing_else_does() {
+        use crate::types::{ConnectorTls, PasswordMethod, TlsMode};
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let secret = SecretBody { string_data: [("password".to_string(), "pw".to_string()), ("ca.crt".to_string(), pem.to_string())].into(), ..Default::default() };
+        let custody = ConnectorSpec { custody: Some(true), ..spec(ConnectorType::PostgreSQL) };
+        let c = resolve("pg", &custody, Some(&secret)).unwrap();
+        assert_eq!((c.tls_disabled, c.tls_ca_pem.as_deref(), c.weak_auth.len()), (false, Some(pem), 0), "verified TLS and SCRAM only by default");
+        let old = ConnectorSpec { tls: Some(ConnectorTls { mode: Some(TlsMode::Disable), server_name: None }), allow_password_methods: Some(vec![PasswordMethod::Md5]), ..custody.clone() };
+        let c = resolve("pg", &old, Some(&secret)).unwrap();
+        assert_eq!((c.tls_disabled, c.tls_ca_pem, c.weak_auth), (true, None, vec!["md5".to_string()]));
+        let bad_ca = SecretBody { string_data: [("password".to_string(), "pw".to_string()), ("ca.crt".to_string(), "junk".to_string())].into(), ..Default::default() };
+        assert!(resolve("pg", &custody, Some(&bad_ca)).unwrap_err().contains("ca.crt"));
+        let plain = spec(ConnectorType::PostgreSQL);
+        assert_eq!(check(&ConnectorSpec { tls: Some(ConnectorTls::default()), ..plain.clone() }).unwrap_err().0, "spec.tls");
+        assert_eq!(check(&ConnectorSpec { allow_password_methods: Some(vec![]), ..plain }).unwrap_err().0, "spec.allowPasswordMethods");
+        let named = ConnectorSpec { tls: Some(ConnectorTls { mode: Some(TlsMode::Disable), server_name: Some("db".into()) }), ..custody };
+        assert_eq!(check(&named).unwrap_err().0, "spec.tls.serverName");
     }
 
     #[test]

@@ -256,6 +256,21 @@ pub struct ConnectorGrant {
     /// password enters the sandbox.
     #[prost(bool, tag = "12")]
     pub custody: bool,
+    /// Custody: plain TCP toward the server, only where the Connector says so
+    /// (by default the forwarder requires TLS it can verify).
+    #[prost(bool, tag = "13")]
+    pub tls_disabled: bool,
+    /// Custody: PEM CA bundle the server's certificate must chain to (empty:
+    /// the public web PKI).
+    #[prost(string, tag = "14")]
+    pub tls_ca_pem: ::prost::alloc::string::String,
+    /// Custody: the name the server's certificate must carry (empty: host).
+    #[prost(string, tag = "15")]
+    pub tls_server_name: ::prost::alloc::string::String,
+    /// Custody: password methods weaker than SCRAM-SHA-256 the forwarder may
+    /// answer, "md5" and "cleartext" (empty: SCRAM-SHA-256 only).
+    #[prost(string, repeated, tag = "16")]
+    pub weak_auth: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Refusal {
