@@ -19,21 +19,8 @@ const VERIFIED_FOR: Duration = Duration::from_secs(600);
 /// Verdicts kept; past it the oldest half is forgotten.
 const MAX_VERDICTS: usize = 4096;
 
-/// Names credentials without holding them: anonymous, or a digest of the
-/// username and password.
 fn fingerprint(auth: &PullAuth) -> [u8; 32] {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    match auth {
-        PullAuth::Anonymous => h.update(b"anonymous"),
-        PullAuth::Basic { username, password } => {
-            h.update(b"basic\0");
-            h.update(username.as_bytes());
-            h.update([0]);
-            h.update(password.as_bytes());
-        }
-    }
-    h.finalize().into()
+    auth.fingerprint()
 }
 
 /// (registry/repository, manifest digest, credentials).
@@ -49,12 +36,19 @@ pub struct Images {
     tags: Mutex<HashMap<(String, [u8; 32]), (String, Instant)>>,
     /// Who was shown to be able to pull what, and when.
     verified: Mutex<HashMap<Verdict, Instant>>,
+    /// Checks under way: they go on when a call stops waiting (proving a
+    /// large image's layers may take longer than one call waits), and a
+    /// second call for the same verdict waits for the same check.
+    checking: Mutex<HashMap<Verdict, Check>>,
 }
+
+/// A check's shared outcome.
+type Check = futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<(), String>>>;
 
 impl Images {
     /// Images from `store`; a call waits at most `pull_wait` for a pull.
     pub fn new(store: Arc<Store>, pull_wait: Duration) -> Images {
-        Images { store, pull_wait, tags: Mutex::default(), verified: Mutex::default() }
+        Images { store, pull_wait, tags: Mutex::default(), verified: Mutex::default(), checking: Mutex::default() }
     }
 
     /// The store.
@@ -92,8 +86,12 @@ impl Images {
         if self.verified().get(&verdict).is_some_and(|at| at.elapsed() < VERIFIED_FOR) {
             return Ok(());
         }
-        let check = self.store.verify(&registry, &repository, digest, auth);
-        match tokio::time::timeout(self.pull_wait.max(Duration::from_secs(1)), check).await {
+        let check = self.check(&verdict, registry, repository, auth);
+        let outcome = tokio::time::timeout(self.pull_wait.max(Duration::from_secs(1)), check).await;
+        if outcome.is_ok() {
+            self.checking.lock().unwrap_or_else(|p| p.into_inner()).remove(&verdict);
+        }
+        match outcome {
             Ok(Ok(())) => {
                 self.record(verdict);
                 Ok(())
@@ -101,6 +99,23 @@ impl Images {
             Ok(Err(e)) => Err(ExecError::Image(format!("{}@{digest} is not served to this Sandbox's pull credentials: {e}", verdict.0))),
             Err(_) => Err(ExecError::ImagePulling(pinned.to_string())),
         }
+    }
+
+    /// The check of `verdict` under way, or a new one, running on its own.
+    fn check(&self, verdict: &Verdict, registry: String, repository: String, auth: &PullAuth) -> Check {
+        use futures_util::FutureExt;
+        let mut checking = self.checking.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = checking.get(verdict) {
+            return c.clone();
+        }
+        if checking.len() >= MAX_VERDICTS {
+            checking.clear();
+        }
+        let (store, digest, auth) = (self.store.clone(), verdict.1.clone(), auth.clone());
+        let task = tokio::spawn(async move { store.verify(&registry, &repository, &digest, &auth).await.map_err(|e| e.to_string()) });
+        let check = async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared();
+        checking.insert(verdict.clone(), check.clone());
+        check
     }
 
     /// The warm image for a call: `reference` pinned to `digest` when the

@@ -148,3 +148,183 @@ async fn a_warm_image_serves_only_callers_the_registry_serves() {
     // The owner keeps running it from the warm copy.
     assert_eq!(run(private.clone(), digest.clone()).await.unwrap().stdout, "ran\n");
 }
+
+/// A registry that answers every manifest request with an endless manifest
+/// and every blob request with an endless body (1 GiB at most, stopping
+/// when the client hangs up), over plain HTTP/1.1 on loopback.
+async fn endless_registry(config_digest: String) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let config_digest = config_digest.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n @ 1..) if head.len() < 16 << 10 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+                let is_manifest = line.contains("/manifests/");
+                if line.contains(" /v2/ ") {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                    return;
+                }
+                let kind = if is_manifest { "application/vnd.oci.image.manifest.v1+json" } else { "application/octet-stream" };
+                if is_manifest && line.contains("endless-config") {
+                    // A finite manifest whose config blob never ends.
+                    let layer = format!("sha256:{}", "e".repeat(64));
+                    let body = format!(r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":100}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{layer}","size":100}}]}}"#);
+                    let _ = s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await;
+                    return;
+                }
+                let _ = s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n").as_bytes()).await;
+                // A manifest that starts well (naming a small config) and never ends.
+                let start = format!(r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":100}},"layers":[],"annotations":{{"x":""#);
+                let filler = vec![b'a'; 1 << 20];
+                let mut first = is_manifest.then(|| start.into_bytes());
+                for _ in 0..1024 {
+                    let chunk = first.take().unwrap_or_else(|| filler.clone());
+                    let framed = [format!("{:x}\r\n", chunk.len()).into_bytes(), chunk, b"\r\n".to_vec()].concat();
+                    if s.write_all(&framed).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Peak resident memory of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()).unwrap();
+    kb * 1024
+}
+
+/// The attack: a registry (anyone's: a tenant names it) serves a manifest
+/// that never ends — 1 GiB drove the agent to 2.9 GB RSS — or a config blob
+/// that does. The agent reads a manifest up to 4 MiB and a config up to its
+/// declared size, refuses, and stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_manifests_and_configs_are_cut_while_streaming() {
+    if skip_unless_root("endless_manifests_and_configs_are_cut_while_streaming") {
+        return;
+    }
+    let (addr, server) = endless_registry(format!("sha256:{}", "c".repeat(64))).await;
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let before = peak_rss(agent.pid());
+    for image in [format!("{addr}/evil/endless:manifest"), format!("{addr}/evil/endless@sha256:{}", "d".repeat(64)), format!("{addr}/evil/endless-config:1")] {
+        let mut req = request(pb::Language::Bash, "echo ran", Duration::from_secs(20));
+        req.image = image.clone();
+        let err = agent.run_request(req).await.expect_err("an endless manifest was accepted");
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert_eq!((status.code(), refusal_of(status).0), (tonic::Code::FailedPrecondition, Reason::Image), "{image}: {status:?}");
+        assert!(status.message().contains("larger than"), "{image}: {}", status.message());
+    }
+    let grown = peak_rss(agent.pid()).saturating_sub(before);
+    assert!(grown < 64 << 20, "the agent's peak memory grew by {} MiB", grown >> 20);
+    server.abort();
+}
+
+/// A registry serving exactly `routes` (path → content type, body) over
+/// plain HTTP/1.1 on loopback, 404 for everything else.
+async fn fixed_registry(routes: std::collections::HashMap<String, (String, Vec<u8>)>) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let routes = std::sync::Arc::new(routes);
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let routes = routes.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(n @ 1..) if head.len() < 16 << 10 => head.extend_from_slice(&buf[..n]),
+                            _ => return,
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+                    let path = line.split(' ').nth(1).unwrap_or_default().to_string();
+                    let answer = match routes.get(&path) {
+                        Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),
+                        None if path == "/v2/" => b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                        None => b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                    };
+                    if s.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// The attack: tenant A's private image holds a secret layer; tenant B has
+/// only A's manifest and config (a leaked pull log, a CI artefact) and a
+/// registry of its own that serves them — the exact manifest (the warm
+/// image's digest) or one altered to be new — but none of the layers. The
+/// node used to run B's calls on A's warm layers. A warm layer now serves
+/// new credentials only after their registry streamed its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_layers_serve_only_who_proves_the_registry_serves_them() {
+    if skip_unless_root("warm_layers_serve_only_who_proves_the_registry_serves_them") {
+        return;
+    }
+    let registry = Registry::start().unwrap();
+    let private = registry.reference("team-a/private:1");
+    let mut image = bash_python_image();
+    image.layers.push(warren_e2e::registry::tar_of(&[("secret.txt", b"team-a-secret")]));
+    let digest = image.push(&private).await.unwrap();
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let run = |image: String| {
+        let mut req = request(pb::Language::Bash, "cat /secret.txt", Duration::from_secs(30));
+        req.image = image;
+        agent.run_request(req)
+    };
+    assert_eq!(run(format!("{private}@{digest}")).await.unwrap().stdout, "team-a-secret");
+
+    // What tenant B holds: A's manifest and config bytes.
+    let client = oci_client::Client::new(oci_client::client::ClientConfig { protocol: oci_client::client::ClientProtocol::Http, ..Default::default() });
+    let reference: oci_client::Reference = private.parse().unwrap();
+    let auth = oci_client::secrets::RegistryAuth::Anonymous;
+    let (manifest, _) = client.pull_manifest_raw(&reference, &auth, &["application/vnd.oci.image.manifest.v1+json"]).await.unwrap();
+    let parsed: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    let config_digest = parsed["config"]["digest"].as_str().unwrap().to_string();
+    let mut config = Vec::new();
+    let config_desc: oci_client::manifest::OciDescriptor = serde_json::from_value(parsed["config"].clone()).unwrap();
+    client.pull_blob(&reference, &config_desc, &mut config).await.unwrap();
+    let mut altered = parsed.clone();
+    altered["annotations"] = serde_json::json!({"org.example": "b"});
+    let altered = serde_json::to_vec(&altered).unwrap();
+    let kind = "application/vnd.oci.image.manifest.v1+json".to_string();
+    let routes = [
+        (format!("/v2/team-b/copy/manifests/{digest}"), (kind.clone(), manifest.to_vec())),
+        ("/v2/team-b/altered/manifests/1".to_string(), (kind.clone(), altered)),
+        (format!("/v2/team-b/altered/blobs/{config_digest}"), ("application/octet-stream".to_string(), config.clone())),
+        (format!("/v2/team-b/copy/blobs/{config_digest}"), ("application/octet-stream".to_string(), config)),
+    ];
+    let (addr, server) = fixed_registry(routes.into_iter().collect()).await;
+    for image in [format!("{addr}/team-b/copy@{digest}"), format!("{addr}/team-b/altered:1")] {
+        let err = run(image.clone()).await.expect_err("B ran on A's warm layers");
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert_eq!((status.code(), refusal_of(status).0), (tonic::Code::FailedPrecondition, Reason::Image), "{image}: {status:?}");
+        assert!(status.message().contains("does not serve layer"), "{image}: {}", status.message());
+    }
+    // The owner is unaffected, and a second repository that does hold the
+    // layers (pushed by someone who has them) is served after its proof.
+    assert_eq!(run(format!("{private}@{digest}")).await.unwrap().stdout, "team-a-secret");
+    let mirror = registry.reference("team-c/mirror:1");
+    assert_eq!(image.push(&mirror).await.unwrap(), digest);
+    assert_eq!(run(format!("{mirror}@{digest}")).await.unwrap().stdout, "team-a-secret");
+    server.abort();
+}

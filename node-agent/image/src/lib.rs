@@ -12,6 +12,7 @@ pub mod digest;
 pub mod layer;
 pub mod path;
 pub mod pull;
+pub mod registry;
 pub mod rootfs;
 pub mod store;
 

@@ -5,17 +5,15 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use futures_util::TryStreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::Reference;
 use tracing::info;
 
 use crate::beneath::Dir;
 use crate::config::{ImageConfig, MAX_CONFIG_BYTES};
 use crate::digest::{is_sha256, Metered};
 use crate::layer::{self, Budget, LayerError};
+use crate::registry::Registry;
 use crate::store::{Image, ImageRecord, LayerRecord, Store};
 
 /// Registry credentials for one pull (from a dockerconfigjson Secret).
@@ -32,6 +30,28 @@ pub enum PullAuth {
         password: String,
     },
 }
+
+impl PullAuth {
+    /// Names the credentials without holding them: anonymous, or a digest
+    /// of the username and password.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        match self {
+            PullAuth::Anonymous => h.update(b"anonymous"),
+            PullAuth::Basic { username, password } => {
+                h.update(b"basic\0");
+                h.update(username.as_bytes());
+                h.update([0]);
+                h.update(password.as_bytes());
+            }
+        }
+        h.finalize().into()
+    }
+}
+
+/// Layer possession proofs kept; past it all are forgotten (and proven again).
+const MAX_PROOFS: usize = 16_384;
 
 impl std::fmt::Debug for PullAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,22 +115,12 @@ fn is_loopback(registry: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-fn registry_auth(auth: &PullAuth) -> RegistryAuth {
-    match auth {
-        PullAuth::Anonymous => RegistryAuth::Anonymous,
-        PullAuth::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
-    }
-}
-
-fn client_for(store: &Store, reference: &Reference) -> Client {
+/// The repository `reference` names, as `auth` reaches it (plain HTTP on
+/// loopback and for the admin's insecure registries only).
+fn registry_for(store: &Store, reference: &Reference, auth: &PullAuth) -> Result<Registry, PullError> {
     let registry = reference.resolve_registry().to_string();
     let plain = is_loopback(&registry) || store.insecure.iter().any(|r| *r == registry);
-    Client::new(ClientConfig {
-        protocol: if plain { ClientProtocol::Http } else { ClientProtocol::Https },
-        connect_timeout: Some(std::time::Duration::from_secs(10)),
-        read_timeout: Some(std::time::Duration::from_secs(60)),
-        ..ClientConfig::default()
-    })
+    Registry::new(reference, plain, auth)
 }
 
 /// The registry and repository `reference` names (`docker.io` and
@@ -127,9 +137,15 @@ impl Store {
     /// caller only after this.
     pub async fn verify(&self, registry: &str, repository: &str, digest: &str, auth: &PullAuth) -> Result<(), PullError> {
         let reference = Reference::with_digest(registry.to_string(), repository.to_string(), digest.to_string());
-        let client = client_for(self, &reference);
-        let accepted = [oci_client::manifest::OCI_IMAGE_MEDIA_TYPE, oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE];
-        client.pull_manifest_raw(&reference, &registry_auth(auth), &accepted).await.map_err(|e| PullError::Registry(e.to_string()))?;
+        // Fetched by digest: the body must hash to it, and is read bounded.
+        let client = registry_for(self, &reference, auth)?;
+        let served = client.image_manifest(digest).await?;
+        // Manifest bytes are easy to copy; layers must be had. Each warm
+        // layer is proven served to these credentials once.
+        let manifest: OciImageManifest = serde_json::from_slice(&served.body).map_err(|e| refused(&reference, format!("malformed image manifest: {e}")))?;
+        for blob in &manifest.layers {
+            self.prove_possession(&client, &reference, blob, auth).await?;
+        }
         Ok(())
     }
 
@@ -161,13 +177,14 @@ impl Store {
     }
 
     async fn pull_locked(self: &Arc<Self>, reference: &Reference, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
-        let client = client_for(self, reference);
-        let auth = registry_auth(auth);
-        let registry = |e: oci_client::errors::OciDistributionError| PullError::Registry(e.to_string());
-        let (manifest, digest) = client.pull_image_manifest(reference, &auth).await.map_err(registry)?;
+        let client = registry_for(self, reference, auth)?;
+        let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
+        let served = client.image_manifest(wanted).await?;
+        let digest = served.digest;
         if let Some(image) = self.get(&digest) {
             return Ok(image);
         }
+        let manifest: OciImageManifest = serde_json::from_slice(&served.body).map_err(|e| refused(reference, format!("malformed image manifest: {e}")))?;
         self.check_manifest(reference, &manifest)?;
         let config = self.fetch_config(&client, reference, &manifest.config).await?;
         if config.rootfs.diff_ids.len() != manifest.layers.len() {
@@ -182,8 +199,15 @@ impl Store {
         for (blob, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
             let hex = blob.digest.trim_start_matches("sha256:").to_string();
             let record = match self.layer_record(&hex) {
-                Some(record) => record,
-                None => self.fetch_layer(&client, reference, blob, diff_id, budget.clone()).await?,
+                Some(record) => {
+                    self.prove_possession(&client, reference, blob, auth).await?;
+                    record
+                }
+                None => {
+                    let record = self.fetch_layer(&client, reference, blob, diff_id, budget.clone()).await?;
+                    self.proven(reference, &blob.digest, auth, true);
+                    record
+                }
             };
             budget.bytes = budget.bytes.checked_sub(record.bytes).ok_or_else(|| bad(reference, LayerError::TooLarge("uncompressed bytes per image".into())))?;
             budget.entries = budget.entries.checked_sub(record.entries).ok_or_else(|| bad(reference, LayerError::TooLarge("entries per image".into())))?;
@@ -198,6 +222,48 @@ impl Store {
             .map_err(|e| bad(reference, LayerError::io("mount the image")(e)))?;
         info!(reference = %reference.whole(), %digest, bytes, elapsed_ms = started.elapsed().as_millis() as u64, "image pulled");
         Ok(image)
+    }
+
+    /// Whether these credentials were shown layer `digest` through the
+    /// repository `reference` names (`record`: now they have been).
+    fn proven(&self, reference: &Reference, digest: &str, auth: &PullAuth, record: bool) -> bool {
+        let key = (format!("{}/{}", reference.resolve_registry(), reference.repository()), digest.to_string(), auth.fingerprint());
+        let mut proofs = self.proofs.lock().unwrap_or_else(|p| p.into_inner());
+        if !record {
+            return proofs.contains(&key);
+        }
+        if proofs.len() >= MAX_PROOFS {
+            proofs.clear();
+        }
+        proofs.insert(key)
+    }
+
+    /// A warm layer serves a new repository and credentials only once the
+    /// registry has streamed its bytes to them and they hash to its digest:
+    /// a manifest naming another tenant's private layer proves nothing. The
+    /// bytes are hashed and dropped (nothing is unpacked or stored again).
+    async fn prove_possession(&self, client: &Registry, reference: &Reference, blob: &OciDescriptor, auth: &PullAuth) -> Result<(), PullError> {
+        use futures_util::StreamExt;
+        use sha2::Digest;
+        if self.proven(reference, &blob.digest, auth, false) {
+            return Ok(());
+        }
+        let not_held = || refused(reference, format!("the registry does not serve layer {} to these credentials", blob.digest));
+        let mut stream = std::pin::pin!(client.blob(&blob.digest).await.map_err(|_| not_held())?);
+        let (mut hasher, mut len) = (sha2::Sha256::new(), 0u64);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| PullError::Registry(e.to_string()))?;
+            len += chunk.len() as u64;
+            if len > blob.size as u64 {
+                return Err(not_held());
+            }
+            hasher.update(&chunk);
+        }
+        if format!("sha256:{:x}", hasher.finalize()) != blob.digest || len != blob.size as u64 {
+            return Err(not_held());
+        }
+        self.proven(reference, &blob.digest, auth, true);
+        Ok(())
     }
 
     fn check_manifest(&self, reference: &Reference, manifest: &OciImageManifest) -> Result<(), PullError> {
@@ -226,12 +292,12 @@ impl Store {
         Ok(())
     }
 
-    async fn fetch_config(&self, client: &Client, reference: &Reference, blob: &OciDescriptor) -> Result<ImageConfig, PullError> {
+    async fn fetch_config(&self, client: &Registry, reference: &Reference, blob: &OciDescriptor) -> Result<ImageConfig, PullError> {
         if blob.size > MAX_CONFIG_BYTES {
             return Err(bad(reference, LayerError::TooLarge("1 MiB of image config".into())));
         }
-        let mut body = Vec::with_capacity(blob.size as usize);
-        client.pull_blob(reference, blob, &mut body).await.map_err(|e| PullError::Registry(e.to_string()))?;
+        // Read no further than the declared size (+1, to see it was passed).
+        let body = client.small_blob(&blob.digest, blob.size as usize + 1).await?;
         let (digest, len) = Metered::new(&body[..], blob.size as u64, "declared config size").finish().map_err(|e| bad(reference, LayerError::io("config")(e)))?;
         if digest != blob.digest || len != blob.size as u64 {
             return Err(refused(reference, "config does not match its digest"));
@@ -239,9 +305,9 @@ impl Store {
         serde_json::from_slice(&body).map_err(|e| refused(reference, format!("malformed image config: {e}")))
     }
 
-    async fn fetch_layer(self: &Arc<Self>, client: &Client, reference: &Reference, blob: &OciDescriptor, diff_id: &str, budget: Budget) -> Result<LayerRecord, PullError> {
-        let stream = client.pull_blob_stream(reference, blob).await.map_err(|e| PullError::Registry(e.to_string()))?;
-        let reader = tokio_util::io::StreamReader::new(stream.stream.map_err(std::io::Error::other));
+    async fn fetch_layer(self: &Arc<Self>, client: &Registry, reference: &Reference, blob: &OciDescriptor, diff_id: &str, budget: Budget) -> Result<LayerRecord, PullError> {
+        let stream = client.blob(&blob.digest).await?;
+        let reader = tokio_util::io::StreamReader::new(stream);
         let reader = tokio_util::io::SyncIoBridge::new(reader);
         let store = self.clone();
         let (blob, diff_id) = (blob.clone(), diff_id.to_string());

@@ -163,6 +163,9 @@ pub struct Store {
     images: Mutex<HashMap<String, Arc<Image>>>,
     /// One pull per reference at a time; the others wait and find it warm.
     pub(crate) pulls: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// (registry/repository, layer digest, credentials) that were shown a
+    /// layer's bytes: whom a warm layer may serve.
+    pub(crate) proofs: Mutex<std::collections::HashSet<(String, String, [u8; 32])>>,
 }
 
 /// What a collector pass removed.
@@ -186,7 +189,7 @@ impl Store {
             fs::create_dir_all(dir.join(sub))?;
         }
         fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, images: Mutex::default(), pulls: Mutex::default() };
+        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, images: Mutex::default(), pulls: Mutex::default(), proofs: Mutex::default() };
         store.clear_unfinished()?;
         for entry in fs::read_dir(dir.join("images"))? {
             let path = entry?.path();
