@@ -55,6 +55,10 @@ pub struct Args {
     /// File holding the shared bearer token callers must present.
     #[arg(long, env = "WARREN_AGENT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// File holding a second token that may only warm images and read
+    /// status (the operator's: it never runs code or reads files).
+    #[arg(long, env = "WARREN_AGENT_WARM_TOKEN_FILE")]
+    pub warm_token_file: Option<PathBuf>,
     /// The agent's TLS certificate (PEM; issued by the agent CA, naming
     /// `warren-node-agent`).
     #[arg(long, env = "WARREN_AGENT_TLS_CERT_FILE")]
@@ -201,6 +205,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         listen_unix,
         listen_tcp,
         token_file,
+        warm_token_file,
         tls_cert_file,
         tls_key_file,
         tls_client_ca_file,
@@ -239,6 +244,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         bail!("nothing to listen on: pass --listen-unix and/or --listen-tcp");
     }
     let token = read_token(token_file.as_deref())?;
+    let warm_token = read_token(warm_token_file.as_deref())?;
+    if warm_token.is_some() && (token.is_none() || warm_token == token) {
+        bail!("--warm-token-file needs --token-file, and a different token: it is the narrower credential");
+    }
     if listen_tcp.is_some() && token.is_none() {
         bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
     }
@@ -259,6 +268,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         reserved.extend(image_store.clone());
         reserved.extend(store_spec.strip_prefix("dir:").map(PathBuf::from));
         reserved.extend(token_file.clone());
+        reserved.extend(warm_token_file.clone());
         reserved.extend(sandbox_binary.clone());
         reserved.extend(std::env::current_exe().ok());
         warren_storage::local::LocalRoots::new(&local_storage_roots, &reserved).map_err(anyhow::Error::msg)?
@@ -339,7 +349,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(collect_images(exec.clone()));
     }
     info!(node = %node_name, "node-agent starting");
-    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token), Duration::from_secs(shutdown_timeout_secs)).await;
+    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token).with_warm_token(warm_token), Duration::from_secs(shutdown_timeout_secs)).await;
     exec.shutdown().await;
     if let Some(net) = net {
         net.stop().await;

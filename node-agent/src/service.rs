@@ -192,6 +192,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     type ExecuteStream = ReceiverStream<EventResult>;
 
     async fn execute(&self, req: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
+        crate::auth::require_full(&req)?;
         let received = Instant::now();
         let span = info_span!("execute", trace_id = %trace_of(&req), execution_id = tracing::field::Empty);
         let mut req = req.into_inner();
@@ -242,6 +243,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     }
 
     async fn delete_thread(&self, req: Request<pb::DeleteThreadRequest>) -> Result<Response<pb::DeleteThreadResponse>, Status> {
+        crate::auth::require_full(&req)?;
         let span = info_span!("delete_thread", trace_id = %trace_of(&req));
         async {
             let key = convert::thread_key(req.into_inner().thread)?;
@@ -253,6 +255,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
+        crate::auth::require_full(&req)?;
         let span = info_span!("cancel", trace_id = %trace_of(&req));
         let id = req.into_inner().execution_id;
         let was_running = self.running.cancel(&id).instrument(span.clone()).await;
@@ -261,6 +264,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     }
 
     async fn list_files(&self, req: Request<pb::FilesRequest>) -> Result<Response<pb::ListFilesResponse>, Status> {
+        crate::auth::require_full(&req)?;
         let span = info_span!("list_files", trace_id = %trace_of(&req));
         let (files, req) = (self.files()?, req.into_inner());
         let target = file_target(&req)?;
@@ -272,6 +276,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     type ReadFileStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::FileChunk, Status>> + Send>>;
 
     async fn read_file(&self, req: Request<pb::FilesRequest>) -> Result<Response<Self::ReadFileStream>, Status> {
+        crate::auth::require_full(&req)?;
         use futures_util::StreamExt;
         let span = info_span!("read_file", trace_id = %trace_of(&req));
         let (files, req) = (self.files()?, req.into_inner());
@@ -282,6 +287,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     }
 
     async fn write_file(&self, req: Request<tonic::Streaming<pb::WriteFileRequest>>) -> Result<Response<pb::WriteFileResponse>, Status> {
+        crate::auth::require_full(&req)?;
         use futures_util::StreamExt;
         let span = info_span!("write_file", trace_id = %trace_of(&req));
         let files = self.files()?;
@@ -298,6 +304,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     type HoldKeySlotStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::KeySlotEvent, Status>> + Send>>;
 
     async fn hold_key_slot(&self, req: Request<pb::KeySlotRequest>) -> Result<Response<Self::HoldKeySlotStream>, Status> {
+        crate::auth::require_full(&req)?;
         use futures_util::StreamExt;
         let req = req.into_inner();
         let slot = self.key_slots.hold(&req.key, req.limit).map_err(|e| convert::key_slot_status(&e))?;

@@ -158,7 +158,7 @@ fn thread(id: &str) -> pb::ThreadOptions {
 }
 
 async fn collect(service: &AgentService<Double>, req: pb::ExecuteRequest) -> Result<Vec<PbEvent>, Status> {
-    let mut stream = service.execute(Request::new(req)).await?.into_inner();
+    let mut stream = service.execute(full(req)).await?.into_inner();
     let mut events = vec![];
     while let Some(ev) = stream.next().await {
         events.push(ev?.event.expect("every event has a body"));
@@ -174,7 +174,7 @@ fn assert_refused(status: &Status, code: Code, reason: Reason, field: &str) {
 #[tokio::test]
 async fn status_reports_the_backend() {
     let (double, _) = Double::new(Script::FailToStart);
-    let status = AgentService::new(double).status(Request::new(pb::StatusRequest {})).await.unwrap().into_inner();
+    let status = AgentService::new(double).status(full(pb::StatusRequest {})).await.unwrap().into_inner();
     assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions), ("node-7", 3, 32));
     assert_eq!(status.languages, [pb::Language::Python as i32, pb::Language::Bash as i32]);
     let f = status.features.unwrap();
@@ -187,7 +187,7 @@ async fn warm_image_answers_what_is_warm_and_maps_refusals() {
     let (double, seen) = Double::new(Script::FailToStart);
     let service = AgentService::new(double);
     let creds = |pairs: &[(&str, &str)]| Some(pb::Credentials { values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() });
-    let warm = |image: &str, image_pull| service.warm_image(Request::new(pb::WarmImageRequest { image: image.into(), image_pull }));
+    let warm = |image: &str, image_pull| service.warm_image(full(pb::WarmImageRequest { image: image.into(), image_pull }));
     let ok = warm("reg.example:5000/py:3.12", creds(&[("username", "robot"), ("password", "hunter2")])).await.unwrap().into_inner();
     assert_eq!(ok.digest, format!("sha256:{}", "b".repeat(64)));
     assert_eq!(ok.languages, [pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }]);
@@ -197,7 +197,7 @@ async fn warm_image_answers_what_is_warm_and_maps_refusals() {
     assert_refused(&warm("BAD REF", None).await.unwrap_err(), Code::InvalidArgument, Reason::InvalidField, "image");
     let extra = warm("x", creds(&[("username", "u"), ("password", "p"), ("token", "t")])).await.unwrap_err();
     assert_refused(&extra, Code::InvalidArgument, Reason::InvalidField, "image_pull");
-    let status = service.status(Request::new(pb::StatusRequest {})).await.unwrap().into_inner();
+    let status = service.status(full(pb::StatusRequest {})).await.unwrap().into_inner();
     assert_eq!(status.images, [pb::WarmImageInfo { reference: "reg.example:5000/py:3.12".into(), digest: format!("sha256:{}", "a".repeat(64)) }]);
 }
 
@@ -310,7 +310,7 @@ async fn a_failure_after_admission_ends_the_stream_with_a_status() {
 async fn a_caller_that_stops_reading_gets_its_execution_cut_off() {
     let (double, seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
-    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    let mut stream = service.execute(full(request("yes"))).await.unwrap().into_inner();
     assert!(matches!(stream.next().await, Some(Ok(pb::ExecuteEvent { event: Some(PbEvent::Started(_)) }))));
     // Read nothing more; paused time runs through the stall at once.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -325,7 +325,7 @@ async fn a_caller_that_stops_reading_gets_its_execution_cut_off() {
 async fn a_caller_that_leaves_gets_its_execution_cut_off() {
     let (double, seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
-    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    let mut stream = service.execute(full(request("yes"))).await.unwrap().into_inner();
     stream.next().await.unwrap().unwrap();
     drop(stream);
     // Real time, bounded: the cut-off follows the drop without any stall wait.
@@ -349,7 +349,7 @@ async fn thread_deletion_maps_its_errors() {
     for (result, expected) in cases {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let double = Arc::new(Double { script: Script::FailToStart, delete: result, seen: seen.clone() });
-        let mut req = Request::new(pb::DeleteThreadRequest { thread: thread("t9").r#ref });
+        let mut req = full(pb::DeleteThreadRequest { thread: thread("t9").r#ref });
         req.metadata_mut().insert(TRACE_HEADER, "req_1".parse().unwrap());
         let got = AgentService::new(double).delete_thread(req).await;
         match expected {
@@ -385,15 +385,15 @@ async fn the_bearer_token_guards_every_call_over_the_wire() {
     );
     let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path), &None).unwrap());
     for token in [None, Some("Bearer 0123456789abcdeX"), Some("0123456789abcdef")] {
-        let mut req = Request::new(request("echo hi"));
+        let mut req = full(request("echo hi"));
         if let Some(t) = token {
             req.metadata_mut().insert("authorization", t.parse().unwrap());
         }
         assert_eq!(client.execute(req).await.unwrap_err().code(), Code::Unauthenticated, "{token:?}");
-        assert_eq!(client.status(Request::new(pb::StatusRequest {})).await.unwrap_err().code(), Code::Unauthenticated);
+        assert_eq!(client.status(full(pb::StatusRequest {})).await.unwrap_err().code(), Code::Unauthenticated);
     }
     assert!(seen.lock().unwrap().admitted.is_empty(), "nothing ran without the token");
-    let mut req = Request::new(request("echo hi"));
+    let mut req = full(request("echo hi"));
     req.metadata_mut().insert("authorization", "Bearer 0123456789abcdef".parse().unwrap());
     let mut stream = client.execute(req).await.unwrap().into_inner();
     let mut out = vec![];
@@ -412,12 +412,12 @@ async fn cancel_kills_a_running_execution_and_answers_once_it_has_ended() {
     let (double, seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
     // The caller keeps the stream but reads nothing more: only Cancel ends it.
-    let mut stream = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    let mut stream = service.execute(full(request("yes"))).await.unwrap().into_inner();
     stream.next().await.unwrap().unwrap();
-    let answer = service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
+    let answer = service.cancel(full(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
     assert!(answer.was_running);
     assert!(seen.lock().unwrap().flood_cut_off, "the execution had ended when Cancel answered");
-    let again = service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
+    let again = service.cancel(full(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap().into_inner();
     assert!(!again.was_running, "an ended execution is not running");
     drop(stream);
 }
@@ -426,15 +426,15 @@ async fn cancel_kills_a_running_execution_and_answers_once_it_has_ended() {
 async fn a_second_execution_with_a_running_id_is_refused() {
     let (double, _seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
-    let mut first = service.execute(Request::new(request("yes"))).await.unwrap().into_inner();
+    let mut first = service.execute(full(request("yes"))).await.unwrap().into_inner();
     first.next().await.unwrap().unwrap();
-    let err = service.execute(Request::new(request("yes"))).await.unwrap_err();
+    let err = service.execute(full(request("yes"))).await.unwrap_err();
     assert_refused(&err, Code::InvalidArgument, Reason::InvalidField, "execution_id");
-    service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
+    service.cancel(full(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
 }
 
 fn key_slot(key: &str, limit: u32) -> Request<pb::KeySlotRequest> {
-    Request::new(pb::KeySlotRequest { key: key.into(), limit })
+    full(pb::KeySlotRequest { key: key.into(), limit })
 }
 
 #[tokio::test]
@@ -470,7 +470,7 @@ async fn a_cancelled_key_slot_call_returns_the_slot_over_the_wire() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(NodeAgentServer::new(AgentService::new(double)))
+            .add_service(NodeAgentServer::with_interceptor(AgentService::new(double), warren_node_agent::auth::BearerAuth::new(None)))
             .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async { stopped.await.unwrap_or(()) }),
     );
     let mut client = NodeAgentClient::new(lazy_channel(&AgentAddress::Unix(path), &None).unwrap());
@@ -499,15 +499,22 @@ async fn a_key_slot_taken_with_the_execution_is_held_until_it_has_ended() {
     let (double, seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
     let with_slot = || pb::ExecuteRequest { key_slot: Some(pb::KeySlotRequest { key: "team/agent".into(), limit: 1 }), ..request("yes") };
-    let mut running = service.execute(Request::new(with_slot())).await.unwrap().into_inner();
+    let mut running = service.execute(full(with_slot())).await.unwrap().into_inner();
     running.next().await.unwrap().unwrap();
     let err = service.hold_key_slot(key_slot("team/agent", 1)).await.err().expect("the execution holds the key's one slot");
     assert_refused(&err, Code::ResourceExhausted, Reason::KeyConcurrency, "");
     let second = pb::ExecuteRequest { execution_id: "trc_second".into(), ..with_slot() };
-    assert_refused(&service.execute(Request::new(second)).await.unwrap_err(), Code::ResourceExhausted, Reason::KeyConcurrency, "");
+    assert_refused(&service.execute(full(second)).await.unwrap_err(), Code::ResourceExhausted, Reason::KeyConcurrency, "");
     assert_eq!(seen.lock().unwrap().admitted.len(), 1, "the refused execution was never admitted");
     // Cancel answers once the execution has ended: its slot is back by then.
-    service.cancel(Request::new(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
+    service.cancel(full(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
     assert!(service.hold_key_slot(key_slot("team/agent", 1)).await.is_ok());
     drop(running);
+}
+
+/// A request as the interceptor passes on the gateways' (full) token.
+fn full<T>(message: T) -> Request<T> {
+    let mut r = Request::new(message);
+    r.extensions_mut().insert(warren_node_agent::auth::Caller::Full);
+    r
 }

@@ -49,7 +49,13 @@ async fn apply(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Action, Error> {
         let message = warren_config::shared_key_message(&format!("{ns}/{holder}"));
         return set_status(key, ns, ctx, false, reasons::SECRET_IN_USE, message, None).await;
     }
-    let secret = ensure_secret(key, ns, ctx).await?;
+    let secret = match ensure_secret(key, ns, ctx).await? {
+        Ok(secret) => secret,
+        Err(why) => {
+            withdraw(ctx, ns, &name).await?;
+            return set_status(key, ns, ctx, false, reasons::SECRET_NOT_CONSUMABLE, why, None).await;
+        }
+    };
     let sandbox = Api::<Sandbox>::namespaced(ctx.client.clone(), ns).get_opt(&key.spec.sandbox_ref.name).await?;
     let referenced = match &sandbox {
         Some(sb) => Referenced { connections: connections_of(sb, ns, ctx).await?, connectors: connectors_of(sb, ns, ctx).await? },
@@ -102,15 +108,17 @@ struct Referenced {
 /// the one Secret it names.
 async fn connectors_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<EffectiveConnector, String>>, Error> {
     let api = Api::<Connector>::namespaced(ctx.client.clone(), ns);
-    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     let mut out = HashMap::new();
     for r in &sb.spec.connectors {
         if out.contains_key(&r.name) {
             continue;
         }
         let Some(c) = api.get_opt(&r.name).await? else { continue };
-        let secret = secrets.get_opt(&c.spec.credentials_secret_ref.name).await?.map(|s| secret_body(&s));
-        out.insert(r.name.clone(), warren_config::connector::resolve(&r.name, &c.spec, secret.as_ref()));
+        let resolved = match ctx.tenant_secret(ns, &c.spec.credentials_secret_ref.name, None).await? {
+            Ok(secret) => warren_config::connector::resolve(&r.name, &c.spec, secret.map(|s| secret_body(&s)).as_ref()),
+            Err(why) => Err(why),
+        };
+        out.insert(r.name.clone(), resolved);
     }
     Ok(out)
 }
@@ -119,7 +127,6 @@ async fn connectors_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<
 /// read from the one Secret it names (no other Secret is read).
 async fn connections_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<Connection, String>>, Error> {
     let conns = Api::<StorageConnection>::namespaced(ctx.client.clone(), ns);
-    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     let mut out = HashMap::new();
     for m in &sb.spec.storage {
         // Managed volumes need no connection.
@@ -129,10 +136,10 @@ async fn connections_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap
         }
         let Some(c) = conns.get_opt(name).await? else { continue };
         let secret = match &c.spec.credentials_secret_ref {
-            Some(r) => secrets.get_opt(&r.name).await?.map(|s| secret_body(&s)),
-            None => None,
+            Some(r) => ctx.tenant_secret(ns, &r.name, None).await?.map(|s| s.map(|s| secret_body(&s))),
+            None => Ok(None),
         };
-        out.insert(name.clone(), warren_config::storage::connection(&c.spec, secret.as_ref()));
+        out.insert(name.clone(), secret.and_then(|secret| warren_config::storage::connection(&c.spec, secret.as_ref())));
     }
     Ok(out)
 }
@@ -207,14 +214,16 @@ pub(crate) fn secret_body(s: &Secret) -> SecretBody {
 /// none and it does not exist yet, with a webhook signing secret beside the
 /// key (entry `webhook-secret`). An existing Secret is never rewritten:
 /// without that entry, its key's webhooks are refused until one is added.
-async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<Secret>, Error> {
+async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Result<Option<Secret>, String>, Error> {
     let (secret_name, entry) = warren_config::secret_ref(&key.name_any(), &key.spec);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    if let Some(s) = api.get_opt(&secret_name).await? {
-        return Ok(Some(s));
+    match ctx.tenant_secret(ns, &secret_name, key.meta().uid.as_deref()).await? {
+        Ok(Some(s)) => return Ok(Ok(Some(s))),
+        Err(why) => return Ok(Err(why)),
+        Ok(None) => {}
     }
     if key.spec.secret_ref.is_some() {
-        return Ok(None); // the user's Secret: reported, never invented
+        return Ok(Ok(None)); // the user's Secret: reported, never invented
     }
     let value = generate_key();
     let secret = Secret {
@@ -222,7 +231,10 @@ async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<S
             name: Some(secret_name),
             namespace: Some(ns.into()),
             owner_references: key.controller_owner_ref(&()).map(|o| vec![o]),
-            labels: Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), status::MANAGER.to_string())])),
+            labels: Some(BTreeMap::from([
+                ("app.kubernetes.io/managed-by".to_string(), status::MANAGER.to_string()),
+                (warren_config::consumable::LABEL.to_string(), "true".to_string()),
+            ])),
             ..Default::default()
         },
         data: Some(BTreeMap::from([(entry, ByteString(value.into_bytes())), (warren_config::WEBHOOK_SECRET_ENTRY.to_string(), ByteString(generate_webhook_secret().into_bytes()))])),
@@ -232,10 +244,10 @@ async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Option<S
     match api.create(&PostParams { field_manager: Some(status::MANAGER.into()), ..Default::default() }, &secret).await {
         Ok(s) => {
             tracing::info!(namespace = ns, apikey = %key.name_any(), "generated a key");
-            Ok(Some(s))
+            Ok(Ok(Some(s)))
         }
         // Created concurrently (another reconcile): use that one.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(api.get_opt(&secret.name_any()).await?),
+        Err(kube::Error::Api(e)) if e.code == 409 => ctx.tenant_secret(ns, &secret.name_any(), key.meta().uid.as_deref()).await,
         Err(e) => Err(e.into()),
     }
 }

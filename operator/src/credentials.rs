@@ -25,7 +25,10 @@ pub async fn storage(sc: Arc<StorageConnection>, ctx: Arc<Context>) -> Result<Ac
     let api = Api::<StorageConnection>::namespaced(ctx.client.clone(), &ns);
     let found = match &secret {
         None => None,
-        Some(name) => Some(Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(name).await?),
+        Some(name) => match ctx.tenant_secret(&ns, name, None).await? {
+            Ok(s) => Some(s),
+            Err(why) => return write_ready(sc.as_ref(), &api, false, reasons::SECRET_NOT_CONSUMABLE, why, &old, &ctx).await,
+        },
     };
     let (mut ok, mut reason, mut message) = secret_verdict(&ns, secret.as_deref(), found.as_ref(), sc.spec.provider.secret_entries());
     if ok {
@@ -114,7 +117,10 @@ where
     let ns = obj.namespace().ok_or(Error::NoNamespace)?;
     let found = match secret {
         None => None,
-        Some(name) => Some(Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(name).await?),
+        Some(name) => match ctx.tenant_secret(&ns, name, None).await? {
+            Ok(s) => Some(s),
+            Err(why) => return write_ready(obj, api, false, reasons::SECRET_NOT_CONSUMABLE, why, old, ctx).await,
+        },
     };
     let (ok, reason, message) = secret_verdict(&ns, secret, found.as_ref(), entries);
     write_ready(obj, api, ok, reason, message, old, ctx).await

@@ -32,6 +32,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use warren_config::consumable::SecretScope;
 use warren_config::types::{ApiKey, Connector, Sandbox, StorageConnection};
 
 use crate::context::{Context, Error};
@@ -81,6 +82,15 @@ pub struct Args {
     /// refuses them otherwise.
     #[arg(long = "allow-endpoint", env = "WARREN_ALLOW_ENDPOINTS", value_delimiter = ',')]
     pub allow_endpoints: Vec<String>,
+    /// Namespaces whose Secrets tenants' objects may name (their
+    /// credentials, pull secrets, API keys). The operator reads Secrets
+    /// nowhere else, and only those labelled `warren.dev/consumable: "true"`.
+    #[arg(long = "tenant-namespace", env = "WARREN_TENANT_NAMESPACES", value_delimiter = ',')]
+    pub tenant_namespaces: Vec<String>,
+    /// Reads (consumable) Secrets in every namespace instead, for a cluster
+    /// where the operator's RBAC allows it; the chart never sets it.
+    #[arg(long, env = "WARREN_SECRETS_CLUSTER_WIDE")]
+    pub secrets_cluster_wide: bool,
 }
 
 /// Per-object retry delays: 1 s doubling to 5 min, reset by a success; and
@@ -142,17 +152,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .context("loading the node-agent client credentials")?;
     let endpoints = warren_core::reach::EndpointPolicy::new(&args.allow_endpoints, Vec::new()).map_err(anyhow::Error::msg)?;
-    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents).with_endpoints(Arc::new(endpoints)));
+    let scope = match (args.secrets_cluster_wide, args.tenant_namespaces.is_empty()) {
+        (true, true) => SecretScope::Cluster,
+        (true, false) => anyhow::bail!("--secrets-cluster-wide and --tenant-namespace exclude each other"),
+        (false, _) => SecretScope::Namespaces(args.tenant_namespaces.iter().cloned().collect()),
+    };
+    if let SecretScope::Namespaces(list) = &scope {
+        if list.is_empty() {
+            tracing::warn!("no --tenant-namespace: the operator reads no Secret, so no ApiKey, credentials or pull secret can be used");
+        }
+        if list.contains(&args.namespace) {
+            anyhow::bail!("Warren's own namespace {} cannot be a tenant namespace (its Secrets hold the CA keys and agent tokens)", args.namespace);
+        }
+    }
+    let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents).with_endpoints(Arc::new(endpoints)).with_secret_scope(scope.clone()));
     let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
     ops.set_ready();
     tracing::info!(publish_namespace = %ctx.publish_namespace, agent_namespace = %ctx.agent_namespace, "operator starting");
     tokio::join!(
-        api_keys(client.clone(), ctx.clone(), backoff.clone()),
+        api_keys(client.clone(), ctx.clone(), backoff.clone(), &scope),
         sandboxes(client.clone(), ctx.clone(), backoff.clone()),
-        simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), credentials::storage, |s| {
+        simple::<StorageConnection, _, _>(client.clone(), ctx.clone(), backoff.clone(), &scope, credentials::storage, |s| {
             s.spec.credentials_secret_ref.as_ref().map(|r| r.name.clone())
         }),
-        simple::<Connector, _, _>(client, ctx, backoff, credentials::connector, |c| Some(c.spec.credentials_secret_ref.name.clone())),
+        simple::<Connector, _, _>(client, ctx.clone(), backoff, &scope, credentials::connector, |c| Some(c.spec.credentials_secret_ref.name.clone())),
     );
     tracing::info!("operator stopped");
     Ok(())
@@ -161,7 +184,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// The ApiKey controller: also woken by its namespace, its Sandbox, its
 /// Secret, and the StorageConnections of its namespace and their Secrets
 /// (a key carries its mounts' credentials: a rotation republishes it).
-async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
+async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, scope: &SecretScope) {
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<ApiKey>::all(client.clone()), wc.clone());
     let keys = controller.store();
@@ -174,7 +197,7 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
     let in_namespace = |keys: &kube::runtime::reflector::Store<ApiKey>, ns: Option<String>| {
         keys.state().into_iter().filter(|k| k.namespace() == ns).map(|k| ObjectRef::from_obj(k.as_ref())).collect::<Vec<_>>()
     };
-    controller
+    let controller = controller
         .watches(Api::<StorageConnection>::all(client.clone()), wc.clone(), move |c| in_namespace(&keys4, c.namespace()))
         // A namespace's ceilings (warren.dev/max-* annotations) changed.
         .watches(Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone()), wc.clone(), move |ns| {
@@ -188,20 +211,21 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
                 .filter(|k| k.namespace() == ns && k.spec.sandbox_ref.name == sb.name_any())
                 .map(|k| ObjectRef::from_obj(k.as_ref()))
                 .collect::<Vec<_>>()
-        })
-        .watches(secret_names(client), watcher::Config::default(), move |secret| {
-            let (ns, name) = (secret.namespace(), secret.name_any());
-            let credentials = connections.state().iter().any(|c| c.namespace() == ns && c.spec.credentials_secret_ref.as_ref().is_some_and(|r| r.name == name));
-            if credentials {
-                return in_namespace(&keys2, ns);
-            }
-            keys2
-                .state()
-                .into_iter()
-                .filter(|k| k.namespace() == ns && warren_config::secret_ref(&k.name_any(), &k.spec).0 == name)
-                .map(|k| ObjectRef::from_obj(k.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        });
+    let controller = watch_secrets(controller, &client, scope, move |secret| {
+        let (ns, name) = (secret.namespace(), secret.name_any());
+        let credentials = connections.state().iter().any(|c| c.namespace() == ns && c.spec.credentials_secret_ref.as_ref().is_some_and(|r| r.name == name));
+        if credentials {
+            return in_namespace(&keys2, ns);
+        }
+        keys2
+            .state()
+            .into_iter()
+            .filter(|k| k.namespace() == ns && warren_config::secret_ref(&k.name_any(), &k.spec).0 == name)
+            .map(|k| ObjectRef::from_obj(k.as_ref()))
+            .collect::<Vec<_>>()
+    });
+    controller
         .shutdown_on_signal()
         .run(tracked(backoff.clone(), apikey::reconcile), move |k, e, _| retry(&backoff, k.as_ref(), e), ctx)
         .for_each(|_| async {})
@@ -224,11 +248,23 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
         .await;
 }
 
-/// Changes to Secrets, metadata only: the operator learns which Secret
-/// changed, never the data of Secrets it does not use; a reconcile then
-/// `get`s only the Secret its object names.
-fn secret_names(client: Client) -> Api<PartialObjectMeta<Secret>> {
-    Api::all(client)
+/// Changes to Secrets, metadata only, in the tenant namespaces (or
+/// everywhere, when cluster-wide): the operator learns which Secret changed
+/// (a new unlabelled one too, so its refusal shows at once), never the data
+/// of Secrets it does not use; a reconcile then `get`s only the Secret its
+/// object names.
+fn watch_secrets<K, F, I>(controller: Controller<K>, client: &Client, scope: &SecretScope, mapper: F) -> Controller<K>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    F: Fn(PartialObjectMeta<Secret>) -> I + Clone + Send + Sync + 'static,
+    I: IntoIterator<Item = ObjectRef<K>> + Send + 'static,
+    I::IntoIter: Send,
+{
+    let wc = watcher::Config::default();
+    match scope {
+        SecretScope::Cluster => controller.watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), wc, mapper),
+        SecretScope::Namespaces(list) => list.iter().fold(controller, |c, ns| c.watches(Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns), wc.clone(), mapper.clone())),
+    }
 }
 
 /// Wraps a reconciler so a success resets the object's backoff.
@@ -264,7 +300,7 @@ fn retry<K: Resource<DynamicType = ()>>(backoff: &Backoff, obj: &K, e: &Error) -
 }
 
 /// A status-only controller, woken by its own kind and by the Secret it names.
-async fn simple<K, F, Fut>(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, reconcile: F, secret_of: fn(&K) -> Option<String>)
+async fn simple<K, F, Fut>(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, scope: &SecretScope, reconcile: F, secret_of: fn(&K) -> Option<String>)
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<Context>) -> Fut + Send + Sync + Clone + 'static,
@@ -273,16 +309,16 @@ where
     let wc = watcher::Config::default();
     let controller = Controller::new(Api::<K>::all(client.clone()), wc.clone());
     let store = controller.store();
+    let controller = watch_secrets(controller, &client, scope, move |secret| {
+        let ns = secret.namespace();
+        store
+            .state()
+            .into_iter()
+            .filter(|o| o.namespace() == ns && secret_of(o).as_deref() == Some(secret.name_any().as_str()))
+            .map(|o| ObjectRef::from_obj(o.as_ref()))
+            .collect::<Vec<_>>()
+    });
     controller
-        .watches(secret_names(client), watcher::Config::default(), move |secret| {
-            let ns = secret.namespace();
-            store
-                .state()
-                .into_iter()
-                .filter(|o| o.namespace() == ns && secret_of(o).as_deref() == Some(secret.name_any().as_str()))
-                .map(|o| ObjectRef::from_obj(o.as_ref()))
-                .collect::<Vec<_>>()
-        })
         .shutdown_on_signal()
         .run(tracked(backoff.clone(), reconcile), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use warren_core::secret::Credentials;
 use warren_proto::agent::{self as pb, node_agent_client::NodeAgentClient};
@@ -115,8 +115,10 @@ pub fn summarise(results: Vec<(String, Result<pb::WarmImageResponse, String>)>) 
 /// The registry credentials a Sandbox's `imagePullSecret` holds for its image.
 pub async fn pull_secret(ctx: &Context, ns: &str, secret: Option<&str>, image: &str) -> Result<Result<Option<Credentials>, String>, Error> {
     let Some(name) = secret else { return Ok(Ok(None)) };
-    let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), ns).get_opt(name).await? else {
-        return Ok(Err(format!("imagePullSecret {name:?} does not exist")));
+    let s = match ctx.tenant_secret(ns, name, None).await? {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(Err(format!("imagePullSecret {name:?} does not exist"))),
+        Err(why) => return Ok(Err(format!("imagePullSecret: {why}"))),
     };
     let data = s.data.unwrap_or_default();
     let Some(config) = data.get(".dockerconfigjson") else {

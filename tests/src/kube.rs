@@ -183,6 +183,9 @@ impl Operator {
             .args(["--namespace", namespace, "--publish-namespace", keys, "--log-format", "json", "--ops-listen", "127.0.0.1:0"])
             // The tests' stores listen on loopback: allowed, as an admin would.
             .args(["--allow-endpoint", "127.0.0.0/8"])
+            // The tests' tenants live in `default`, as the chart's
+            // tenantNamespaces would list them.
+            .args(["--tenant-namespace", "default"])
             .args(extra)
             .env("KUBECONFIG", k.kubeconfig_for_rustls())
             .env("RUST_LOG", "info")

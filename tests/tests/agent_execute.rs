@@ -165,7 +165,10 @@ async fn tcp_requires_mutual_tls_and_the_bearer_token() {
     std::fs::write(&token_file, "test-token-0123456789abcdef\n").unwrap();
     let pki = warren_e2e::pki::Pki::new();
     let addr = format!("127.0.0.1:{}", free_port());
-    let args = pki.tcp_agent_args(&addr, &token_file);
+    let warm_token_file = dir.path().join("warm-token");
+    std::fs::write(&warm_token_file, "warm-token-0123456789abcdef\n").unwrap();
+    let mut args = pki.tcp_agent_args(&addr, &token_file);
+    args.extend(["--warm-token-file".to_string(), warm_token_file.display().to_string()]);
     let agent = Agent::start_no_wait(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(wait_for_port(&addr).await, "agent listens on tcp");
 
@@ -201,6 +204,18 @@ async fn tcp_requires_mutual_tls_and_the_bearer_token() {
     assert_eq!(forged.status(StatusRequest {}).await.unwrap_err().code(), Code::Unauthenticated);
     let err = forged.execute(request(Language::Bash, "touch /tmp/ran", T)).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
+    // The operator's warming token (#26: it held the gateways' token, so a
+    // compromised operator could run code on every node) warms images and
+    // reads status, and nothing else.
+    let mut warm = with_token("warm-token-0123456789abcdef");
+    assert!(warm.status(StatusRequest {}).await.is_ok());
+    let warmed = warm.warm_image(warren_proto::agent::WarmImageRequest { image: "127.0.0.1:1/none:1".into(), image_pull: None }).await;
+    assert_ne!(warmed.map(|_| Code::Ok).unwrap_or_else(|e| e.code()), Code::PermissionDenied, "warming is the warm token's to do");
+    let err = warm.execute(request(Language::Bash, "touch /tmp/ran", T)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "the warm token runs nothing");
+    let files = warren_proto::agent::FilesRequest::default();
+    assert_eq!(warm.list_files(files.clone()).await.unwrap_err().code(), Code::PermissionDenied);
+    assert_eq!(warm.cancel(warren_proto::agent::CancelRequest { execution_id: "x".into() }).await.unwrap_err().code(), Code::PermissionDenied);
     // No pool: any sandbox on this agent would be this call's.
     assert!(agent.sandbox_processes().is_empty() && agent.leftover_cgroups().is_empty(), "nothing ran");
     drop(agent);

@@ -30,12 +30,12 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     let k = EnvTest::start().unwrap();
     // The keys namespace is part of the chart; server dry-run cannot create
     // a namespace and objects in it in one apply, so it exists beforehand.
-    for ns in ["warren-system", "warren-system-keys"] {
+    for ns in ["warren-system", "warren-system-keys", "team-a"] {
         k.kubectl_ok(&["create", "namespace", ns]);
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32}"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a}"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -59,6 +59,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
         }
         assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
         assert_gateway_reads_secrets_only_in_the_keys_namespace(&rendered);
+        assert_operator_reads_secrets_only_in_tenant_namespaces(&rendered, if name == "toggles" { &["team-a"] } else { &[] });
         // Helm prints large numbers as floats unless told not to (the agent
         // refused `--max-output-bytes=1.048576e+06` on a real node).
         assert!(!rendered.lines().any(|l| l.trim_start().starts_with("- --") && l.contains("e+0")), "{name}: a float-formatted flag");
@@ -73,6 +74,9 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     // Replicas without a shared record database are refused at render time.
     let alone = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "gateway.replicas=2"]).output().unwrap();
     assert!(!alone.status.success() && String::from_utf8_lossy(&alone.stderr).contains("gateway.records.existingSecret"));
+    // Warren's own namespace is never a tenant's (its Secrets hold the CA keys).
+    let own = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--namespace", "warren-system", "--set", "tenantNamespaces={warren-system}"]).output().unwrap();
+    assert!(!own.status.success() && String::from_utf8_lossy(&own.stderr).contains("Warren's own namespace"));
     // An s3 store without a bucket is refused at render time, with the reason.
     let missing = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "threads.store=s3"]).output().unwrap();
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("threads.s3.bucket is required"));
@@ -92,6 +96,34 @@ fn assert_gateway_reads_secrets_only_in_the_keys_namespace(rendered: &str) {
         assert_eq!(grants_secrets, ns == "warren-system-keys", "gateway Role in {ns}: {doc}");
     }
     assert_eq!(seen, 2, "the gateway has a Role for pods and one for the published keys");
+}
+
+/// The operator's Secret access (#26: it had cluster-wide get/list/watch,
+/// the CA keys included): no ClusterRole grants Secrets; a Role per tenant
+/// namespace does, and only there. Its agent credential is the warming
+/// token, not the gateways'.
+fn assert_operator_reads_secrets_only_in_tenant_namespaces(rendered: &str, tenants: &[&str]) {
+    let mut granted = Vec::new();
+    for doc in rendered.split("\n---") {
+        let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(doc) else { continue };
+        let kind = v["kind"].as_str().unwrap_or_default();
+        if kind != "Role" && kind != "ClusterRole" {
+            continue;
+        }
+        let secrets = v["rules"].as_sequence().unwrap().iter().any(|r| r["resources"].as_sequence().unwrap().iter().any(|x| x == "secrets"));
+        let name = v["metadata"]["name"].as_str().unwrap_or_default();
+        if kind == "ClusterRole" {
+            assert!(!secrets, "ClusterRole {name} grants Secrets: {doc}");
+        } else if secrets && name.contains("-operator-secrets") {
+            granted.push(v["metadata"]["namespace"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(granted, tenants, "the operator's Secret Roles");
+    let operator = rendered.split("\n---").find(|d| d.contains("name: warren-operator\n") && d.contains("kind: Deployment")).expect("the operator Deployment");
+    assert!(operator.contains("--agent-token-file=/etc/warren/warm-token/token") && !operator.contains("warren-agent-token"), "the operator holds only the warming token: {operator}");
+    for t in tenants {
+        assert!(operator.contains(&format!("--tenant-namespace={t}")), "{operator}");
+    }
 }
 
 /// One Secret's data, decoded.

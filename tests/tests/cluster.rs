@@ -151,6 +151,7 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let k1 = format!("sk-wrn-{}", "R".repeat(40));
     let k2 = format!("sk-wrn-{}", "S".repeat(40));
     k.kubectl_ok(&["create", "secret", "generic", "rotating", &format!("--from-literal=key={k1}")]);
+    k.kubectl_ok(&["label", "secret", "rotating", "warren.dev/consumable=true"]);
     let rot = dir.path().join("rot.yaml");
     std::fs::write(&rot, "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: rot}\nspec: {sandboxRef: {name: default}, secretRef: {name: rotating}}\n").unwrap();
     k.kubectl_ok(&["apply", "-f", rot.to_str().unwrap()]);
@@ -175,10 +176,30 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     std::fs::write(&cn, "apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: gh}\nspec: {type: GitHub, credentialsSecretRef: {name: gh-creds}}\n").unwrap();
     k.kubectl_ok(&["apply", "-f", cn.to_str().unwrap()]);
     assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretNotFound".into())));
+    // The attack (#26): a tenant names a Secret of its namespace that was
+    // never meant for Warren (another application's); its entries would end
+    // up in the tenant's sandboxes. Unlabelled, it is not used at all.
     k.kubectl_ok(&["create", "secret", "generic", "gh-creds", "--from-literal=user=x"]);
+    assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretNotConsumable".into())));
+    let msg = k.kubectl_ok(&["get", "connector", "gh", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].message}"#]);
+    assert!(msg.contains("warren.dev/consumable"), "{msg}");
+    k.kubectl_ok(&["label", "secret", "gh-creds", "warren.dev/consumable=true"]);
     assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("False".into(), "SecretIncomplete".into())));
     k.kubectl_ok(&["patch", "secret", "gh-creds", "--type", "merge", "-p", r#"{"stringData":{"token":"ghp-not-real"}}"#]);
     assert!(wait_for(Duration::from_secs(15), || ready(&k, "connector", "gh") == ("True".into(), "Valid".into())));
+    // Outside the tenant namespaces the operator reads no Secret at all,
+    // labelled or not (Warren's own namespace, with its CA keys, is never one).
+    k.kubectl_ok(&["create", "namespace", "other-team"]);
+    let elsewhere = dir.path().join("elsewhere.yaml");
+    std::fs::write(
+        &elsewhere,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: gh-creds, namespace: other-team, labels: {warren.dev/consumable: \"true\"}}\nstringData: {token: t}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: Connector\nmetadata: {name: gh, namespace: other-team}\nspec: {type: GitHub, credentialsSecretRef: {name: gh-creds}}\n",
+    )
+    .unwrap();
+    k.kubectl_ok(&["apply", "-f", elsewhere.to_str().unwrap()]);
+    let reason = || k.kubectl_ok(&["get", "connector", "gh", "-n", "other-team", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].reason}/{.status.conditions[?(@.type=="Ready")].message}"#]);
+    assert!(wait_for(Duration::from_secs(15), || reason().starts_with("SecretNotConsumable/namespace other-team is not a tenant namespace")), "{}", reason());
     // A key of a Sandbox offering it gets its credentials in every call,
     // published with the key by the operator (never in a log).
     let with_gh = dir.path().join("with-gh.yaml");
@@ -318,8 +339,8 @@ async fn a_storage_connection_is_checked_and_mounted_from_the_cluster() {
         format!("apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: {name}}}\nspec: {{provider: S3, bucket: {bucket}, prefix: tenants, endpoint: '{}', region: us-east-1, credentialsSecretRef: {{name: {secret}}}}}\n---\n", s3.endpoint())
     };
     let manifests = format!(
-        "{}{}{}apiVersion: v1\nkind: Secret\nmetadata: {{name: lake-creds}}\nstringData: {{{creds}}}\n---\n\
-         apiVersion: v1\nkind: Secret\nmetadata: {{name: wrong-creds}}\nstringData: {{accessKeyId: nobody, secretAccessKey: wrong}}\n---\n\
+        "{}{}{}apiVersion: v1\nkind: Secret\nmetadata: {{name: lake-creds, labels: {{warren.dev/consumable: \"true\"}}}}\nstringData: {{{creds}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: wrong-creds, labels: {{warren.dev/consumable: \"true\"}}}}\nstringData: {{accessKeyId: nobody, secretAccessKey: wrong}}\n---\n\
          apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-data}}\nspec: {{image: host, storage: [{{name: lake, connectionRef: {{name: lake}}, mode: ReadWrite, prefix: a}}]}}\n---\n\
          apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: data}}\nspec: {{sandboxRef: {{name: with-data}}}}\n",
         connection("lake", BUCKET, "lake-creds"),

@@ -135,6 +135,8 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
         // One gateway: it serves on the host network here (below), one port.
         "--set", "gateway.replicas=1",
         "--set", &format!("nodeAgent.images.insecureRegistries={{{registry_addr}}}"),
+        // The quickstart's namespace: the operator may read its Secrets.
+        "--set", "tenantNamespaces={default}",
     ];
     let chart = repo("charts/warren").display().to_string();
     let mut install = vec!["install", "warren", chart.as_str()];

@@ -33,6 +33,10 @@ pub const CEILING_EXCEEDED: &str = "CeilingExceeded";
 
 /// StorageConnection, Connector: the credentials Secret is missing.
 pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+/// StorageConnection, Connector, ApiKey, Sandbox: the named Secret is not
+/// marked `warren.dev/consumable: "true"`, or its namespace is not a tenant
+/// namespace (the operator reads no Secret there).
+pub const SECRET_NOT_CONSUMABLE: &str = "SecretNotConsumable";
 /// StorageConnection, Connector: the Secret lacks required entries.
 pub const SECRET_INCOMPLETE: &str = "SecretIncomplete";
 /// StorageConnection: a listing of its prefix succeeded.

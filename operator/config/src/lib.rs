@@ -10,6 +10,7 @@
 pub mod ceilings;
 pub mod compile;
 pub mod connector;
+pub mod consumable;
 pub mod effective;
 pub mod image;
 mod error;
