@@ -37,14 +37,15 @@ mkdir -p "$DATA"
 [ -e "$DATA/customers.csv" ] || printf 'id,name\n1,ada\n2,bob\n' >"$DATA/customers.csv"
 
 "$BIN/warren-gateway" check --manifests examples/local,"$SECRETS" >/dev/null
-# The gateway's records (every output, the file-URL signing key): its user only.
+# The gateway's records (every output) and the file-URL signing key (a file
+# of its own, outside the records): its user only.
 mkdir -p "$STATE/gateway" && chmod 700 "$STATE/gateway"
 # Local storage is an admin's grant: the demo directory is the one root allowed.
 "$BIN/warren-node-agent" --listen-unix "$SOCK" --state-dir "$STATE" --local-storage-root "$DATA" --log-format plain &
 AGENT=$!
 for _ in $(seq 1 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
 "$BIN/warren-gateway" --listen "$LISTEN" --manifests examples/local,"$SECRETS" --agent "unix:$SOCK" --log-format plain \
-  --records "sqlite://$STATE/gateway/records.db" &
+  --records "sqlite://$STATE/gateway/records.db" --files-signing-key-file "$STATE/gateway/files-signing.key" &
 GATEWAY=$!
 trap 'kill -TERM $GATEWAY $AGENT 2>/dev/null; wait $GATEWAY $AGENT 2>/dev/null' EXIT INT TERM
 URL="http://$LISTEN"

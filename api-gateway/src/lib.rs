@@ -166,6 +166,11 @@ pub struct Args {
     /// signed file URLs; without it, the request's Host (and X-Forwarded-Proto).
     #[arg(long, env = "WARREN_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// File holding the key file URLs are signed with (every replica mounts
+    /// the same one; created, 0600, when missing). Re-read when it changes:
+    /// a rotation ends the URLs signed with the old key.
+    #[arg(long, env = "WARREN_FILES_SIGNING_KEY_FILE")]
+    pub files_signing_key_file: Option<std::path::PathBuf>,
     /// How long a signed file URL is valid, seconds.
     #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(10..=86_400))]
     pub files_url_ttl_secs: u64,
@@ -222,10 +227,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output: Duration::from_secs(args.output_retention_hours * 3600),
         lease: Duration::from_secs(args.record_lease_secs),
     };
-    let fresh = warren_core::ids::random_id("", 64, &mut |b: &mut [u8]| rand::fill(b));
-    let signing_key = store.shared_secret("files-signing-key", &fresh).await.context("reading the file URL signing key")?;
+    let signing_key = match &args.files_signing_key_file {
+        Some(path) => files::key::SigningKey::from_file(path).with_context(|| format!("the file URL signing key {}", path.display()))?,
+        None => {
+            tracing::warn!("no --files-signing-key-file: file URLs are signed with a key of this process only (they end with it, and other replicas refuse them)");
+            files::key::SigningKey::ephemeral()
+        }
+    };
+    // Earlier releases kept the key in the record database: no longer.
+    store.forget_setting("files-signing-key").await.context("removing the old file URL signing key from the record database")?;
     let files = Arc::new(files::Settings {
-        signing_key: signing_key.into_bytes(),
+        signing_key: Arc::new(signing_key),
         public_url: args.public_url.clone(),
         ttl: Duration::from_secs(args.files_url_ttl_secs),
         max_upload: args.files_max_upload_mib << 20,

@@ -127,8 +127,10 @@ pub struct Args {
     /// Where OCI images are unpacked (default `<state>/images`).
     #[arg(long, env = "WARREN_IMAGE_STORE")]
     pub image_store: Option<PathBuf>,
-    /// Disk the image store keeps within: least-recently-used images not in
-    /// use are removed beyond it (`0` turns OCI images off).
+    /// Disk the image store keeps within: every pull's unpacking is charged
+    /// to it as layers stream in (concurrent pulls share it; a layer that
+    /// would pass it is refused), and least-recently-used images not in use
+    /// are removed to make room (`0` turns OCI images off).
     #[arg(long, env = "WARREN_IMAGE_DISK", default_value = "20Gi", value_parser = parse_bytes)]
     pub image_disk: u64,
     /// Seconds a call waits for its image to be pulled to this node before
@@ -277,6 +279,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
         .unwrap_or_default();
     let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
+    for dir in std::iter::once(&state_dir).chain(image_store.as_ref()) {
+        if let Some((blocked, mode)) = untraversable_ancestor(dir) {
+            bail!(
+                "sandboxes cannot reach {}: {} is mode {mode:04o}, and sandboxes run as unprivileged users that must pass through every parent \
+                 (chmod o+x {}, or choose a directory elsewhere)",
+                dir.display(),
+                blocked.display(),
+                blocked.display()
+            );
+        }
+    }
     let (layout, _cgroup_claim, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
     let fuse_pool_dir = state_dir.join("fuse-pool");
@@ -517,6 +530,25 @@ struct StateDirs {
     work: PathBuf,
 }
 
+/// The first existing directory on the way to `dir` (itself included) that
+/// others may not pass through, and its mode: sandbox setup runs as the
+/// sandbox's unprivileged ids and mounts and binds below the state and
+/// image directories, so every call would fail there.
+fn untraversable_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let absolute = std::path::absolute(dir).ok()?;
+    let mut at = PathBuf::from("/");
+    for part in absolute.components().skip(1) {
+        at.push(part);
+        let Ok(meta) = std::fs::metadata(&at) else { break };
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() && mode & 0o001 == 0 {
+            return Some((at, mode));
+        }
+    }
+    None
+}
+
 /// Creates `<state>/mnt`, the empty directory sandbox roots are mounted on
 /// inside their own mount namespaces (nothing is ever mounted there on the
 /// host), the prepared `/etc`, and the (shared-mount) home and work dirs,
@@ -649,6 +681,19 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::private_cgroup_namespace_in_a_container as refused;
+
+    #[test]
+    fn a_private_parent_of_the_state_directory_is_found() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(super::untraversable_ancestor(&private.join("state/not-yet")), Some((private.clone(), 0o700)));
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert_eq!(super::untraversable_ancestor(&private.join("state")), None);
+    }
 
     const V2: &str = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
 

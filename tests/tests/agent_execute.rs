@@ -257,6 +257,19 @@ async fn the_agent_never_serves_tcp_without_a_token_and_tls_and_keeps_its_socket
         assert!(stderr.contains(why), "the refusal says why: {stderr}");
         assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens on {addr}");
     }
+    // #26: a state directory sandboxes cannot reach (a private parent, as
+    // under /root) made every call fail as a lost node; the agent now says
+    // so at start and changes nothing.
+    let private = dir.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let out = std::process::Command::new(warren_e2e::bin("warren-node-agent"))
+        .args(["--state-dir", private.join("state").to_str().unwrap(), "--cgroup-name", "warren-e2e-refused", "--listen-unix", private.join("a.sock").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("chmod o+x"), "the refusal says why: {stderr}");
+    assert_eq!(std::fs::read_dir(&private).unwrap().count(), 0, "nothing was created");
     let agent = Agent::start(&[]).await.unwrap();
     let socket = agent.address().trim_start_matches("unix:").to_string();
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());

@@ -328,3 +328,52 @@ async fn warm_layers_serve_only_who_proves_the_registry_serves_them() {
     assert_eq!(run(format!("{mirror}@{digest}")).await.unwrap().stdout, "team-a-secret");
     server.abort();
 }
+
+/// Apparent bytes of the regular files below `dir`.
+fn bytes_below(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else { continue };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file() {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+/// The attack: two decompression bombs pulled at once (#26: each checked
+/// against `--image-disk` only after its pull, 2 GiB landed against 1 GiB).
+/// Every pull's unpacking is now charged, as it streams, to one budget:
+/// they cannot both land, and the node's image disk stays within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_pulls_share_the_image_disk_budget_while_they_unpack() {
+    if skip_unless_root("concurrent_pulls_share_the_image_disk_budget_while_they_unpack") {
+        return;
+    }
+    let registry = Registry::start().unwrap();
+    let zeros = vec![0u8; 40 << 20];
+    let mut references = Vec::new();
+    for name in ["bomb-a", "bomb-b"] {
+        let reference = registry.reference(&format!("evil/{name}:1"));
+        TestImage { layers: vec![warren_e2e::registry::tar_of(&[(name, &zeros)])], ..TestImage::default() }.push(&reference).await.unwrap();
+        references.push(reference);
+    }
+    let agent = Agent::start(&["--image-disk", "64Mi", "--pool-size", "0"]).await.unwrap();
+    let pull = |image: String| {
+        let mut req = request(pb::Language::Bash, "true", Duration::from_secs(60));
+        req.image = image;
+        agent.run_request(req)
+    };
+    let (a, b) = tokio::join!(pull(references[0].clone()), pull(references[1].clone()));
+    let refused_for_disk = |r: &anyhow::Result<warren_e2e::Run>| {
+        r.as_ref().err().and_then(|e| e.downcast_ref::<tonic::Status>()).is_some_and(|s| s.message().contains("image disk"))
+    };
+    assert!(refused_for_disk(&a) || refused_for_disk(&b), "both 40 MiB layers landed under a 64 MiB image disk: {a:?} / {b:?}");
+    let on_disk = bytes_below(&agent.state_dir().join("images/layers"));
+    assert!(on_disk <= 64 << 20, "the image disk holds {} MiB against 64 MiB", on_disk >> 20);
+}

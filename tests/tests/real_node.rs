@@ -155,7 +155,7 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     let ready = |kind: &str, name: &str| jsonpath(&k, &["get", kind, name, "-n", "default"], r#"{.status.conditions[?(@.type=="Ready")].status}"#) == "True";
     assert!(wait_for(Duration::from_secs(300), || ready("sandbox", "default")), "Sandbox not Ready: {}", jsonpath(&k, &["get", "sandbox", "default"], "{.status}"));
     assert_eq!(jsonpath(&k, &["get", "sandbox", "default"], "{.status.warmNodes}"), r#"["node1"]"#);
-    assert!(wait_for(Duration::from_secs(60), || ready("apikey", "agent")));
+    assert!(wait_for(Duration::from_secs(60), || ready("apikey", "agent")), "ApiKey not Ready: {}; operator: {}", jsonpath(&k, &["get", "apikey", "agent", "-n", "default"], "{.status}"), String::from_utf8_lossy(&k.kubectl(&["logs", "-n", NS, "deployment/warren-operator", "--tail", "30"]).stdout));
     let key = {
         use base64::Engine as _;
         let b64 = jsonpath(&k, &["get", "secret", "agent-key", "-n", "default"], "{.data.key}");

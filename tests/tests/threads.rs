@@ -330,3 +330,62 @@ print(open(h + '/deep' + '/d' * 200 + '/bottom').read(), len(os.listdir(h + '/ma
     };
     assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), released), "mounts or scratch left: {mounted:?}, work: {:?}", std::fs::read_dir(state.join("work")).unwrap().collect::<Vec<_>>());
 }
+
+/// `POST path` with a JSON body and the key.
+fn post_json(gw: &Gateway, k: &str, path: &str, body: &Value) -> http::Response {
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.addr,
+        key(k),
+        body.len()
+    );
+    http::raw(gw.addr, req.as_bytes()).unwrap()
+}
+
+/// `GET` of a signed URL (no key: the URL is the credential).
+fn get_url(gw: &Gateway, url: &str) -> http::Response {
+    let path = &url[url.find("/v1/").unwrap()..];
+    http::raw(gw.addr, format!("GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", gw.addr).as_bytes()).unwrap()
+}
+
+/// #26: the file-URL signing key sat in the record database (a leaked
+/// records file minted URLs to every tenant's files) and never rotated. It
+/// now lives in a file of its own, is re-read when the file changes, and a
+/// rotation ends the URLs signed with the old key; the records hold no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_urls_are_signed_outside_the_records_and_end_when_the_key_rotates() {
+    if skip_unless_root("file_urls_are_signed_outside_the_records_and_end_when_the_key_rotates") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("files-signing.key");
+    let records = dir.path().join("records.db");
+    let records_url = format!("sqlite://{}", records.display());
+    let args = ["--files-signing-key-file", key_file.to_str().unwrap(), "--records", records_url.as_str()];
+    let gw = Gateway::start(&[agent.address()], &args, true).await.unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key_file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the gateway creates the key file for itself only");
+    assert_eq!(ok(&run(&gw, "thr", "bash", "echo kept > ~/note; echo ok", Some("files"))), "ok\n");
+    let url = || {
+        let r = post_json(&gw, "thr", "/v1/files/download_url", &json!({"source": "thread", "id": "files", "path": "note"}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["url"].as_str().unwrap().to_string()
+    };
+    let old = url();
+    let got = get_url(&gw, &old);
+    assert_eq!((got.status, got.text().as_str()), (200, "kept\n"));
+    // Rotation: the old URL stops working at once, a new one works.
+    std::fs::write(&key_file, "r".repeat(64)).unwrap();
+    assert_eq!(get_url(&gw, &old).status, 403, "a URL signed with the rotated key still works");
+    let new = url();
+    assert_eq!(get_url(&gw, &new).status, 200);
+    // Nothing of the key in the records.
+    let rows = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(\"select count(*) from warren_settings where k like '%sign%'\").fetchone()[0])"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&rows.stdout).trim(), "0", "{}", String::from_utf8_lossy(&rows.stderr));
+}

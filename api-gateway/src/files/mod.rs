@@ -12,6 +12,7 @@
 //! saved exactly like an execution's changes: a new layer, the thread's size
 //! limit, and 409 while an execution holds the thread.
 
+pub mod key;
 pub mod token;
 
 use std::time::Duration;
@@ -35,7 +36,7 @@ use token::{Grant, Op, Source};
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Signs the URLs (shared by every replica).
-    pub signing_key: Vec<u8>,
+    pub signing_key: std::sync::Arc<key::SigningKey>,
     /// Base of the URLs (`https://warren.example.com`); `None`: from the request's Host.
     pub public_url: Option<String>,
     /// How long a URL is valid.
@@ -270,7 +271,7 @@ fn source_name(s: Source) -> &'static str {
 /// The grant of a token (and its key, still valid and enabled).
 fn open(st: &AppState, tok: &str, op: Op) -> Result<(Grant, std::sync::Arc<EffectiveKey>), ApiError> {
     let denied = || ApiError::forbidden("invalid_signature", "this file URL is invalid or has expired; ask for a new one");
-    let g = token::verify(&st.files.signing_key, tok, crate::records::now_ms() / 1000).map_err(|_| denied())?;
+    let g = token::verify(&st.files.signing_key.current(), tok, crate::records::now_ms() / 1000).map_err(|_| denied())?;
     if g.op != op {
         return Err(denied());
     }
@@ -292,7 +293,7 @@ fn signed(st: &AppState, headers: &HeaderMap, g: &Grant, method: &str, extra: Ve
         format!("{}://{host}", if https { "https" } else { "http" })
     });
     SignedUrl {
-        url: format!("{}/v1/files/content/{}", base.trim_end_matches('/'), token::sign(&st.files.signing_key, g)),
+        url: format!("{}/v1/files/content/{}", base.trim_end_matches('/'), token::sign(&st.files.signing_key.current(), g)),
         method: method.into(),
         headers: extra,
         expires_at: crate::records::rfc3339(g.exp * 1000),

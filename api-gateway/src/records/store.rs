@@ -267,12 +267,10 @@ impl Store {
         rows.iter().map(|r| Ok(decode(r)?)).collect()
     }
 
-    /// A secret every replica shares (made once, on first use, from
-    /// `fresh`): the signing key of file URLs.
-    pub async fn shared_secret(&self, name: &str, fresh: &str) -> Result<String, StoreError> {
-        sqlx::query("INSERT INTO warren_settings (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING").bind(name.to_string()).bind(fresh.to_string()).execute(&self.pool).await?;
-        let row = sqlx::query("SELECT v FROM warren_settings WHERE k = $1").bind(name.to_string()).fetch_one(&self.pool).await?;
-        Ok(row.try_get("v")?)
+    /// Removes the setting `name`, if any.
+    pub async fn forget_setting(&self, name: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM warren_settings WHERE k = $1").bind(name.to_string()).execute(&self.pool).await?;
+        Ok(())
     }
 
     /// This gateway is alive at `now`.

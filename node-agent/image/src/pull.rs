@@ -50,6 +50,32 @@ impl PullAuth {
     }
 }
 
+/// What a layer that would pass the node's image disk is refused for.
+const DISK: &str = "the node's image disk (--image-disk), counting the layers being pulled now";
+
+/// A layer's uncompressed stream, charged to the store's disk budget as it
+/// is read: concurrent pulls share one budget, so two decompression bombs
+/// cannot each fill it.
+struct Charged<'a, R> {
+    inner: R,
+    used: &'a std::sync::atomic::AtomicU64,
+    budget: u64,
+    charged: &'a std::sync::atomic::AtomicU64,
+}
+
+impl<R: Read> Read for Charged<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::sync::atomic::Ordering;
+        let n = self.inner.read(buf)?;
+        let now = self.used.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        self.charged.fetch_add(n as u64, Ordering::Relaxed);
+        if now > self.budget {
+            return Err(std::io::Error::other(layer::OverBudget(DISK.into())));
+        }
+        Ok(n)
+    }
+}
+
 /// Layer possession proofs kept; past it all are forgotten (and proven again).
 const MAX_PROOFS: usize = 16_384;
 
@@ -204,6 +230,7 @@ impl Store {
                     record
                 }
                 None => {
+                    self.make_room(reference, blob.size as u64)?;
                     let record = self.fetch_layer(&client, reference, blob, diff_id, budget.clone()).await?;
                     self.proven(reference, &blob.digest, auth, true);
                     record
@@ -266,6 +293,22 @@ impl Store {
         Ok(())
     }
 
+    /// Before a layer is fetched: room for at least its compressed size on
+    /// the node's image disk, counting what every pull is unpacking now,
+    /// after collecting unused images if needed.
+    fn make_room(&self, reference: &Reference, compressed: u64) -> Result<(), PullError> {
+        use std::sync::atomic::Ordering;
+        let fits = || self.used.load(Ordering::Relaxed).saturating_add(compressed) <= self.budget();
+        if !fits() {
+            let in_flight = self.used.load(Ordering::Relaxed).saturating_sub(self.bytes());
+            self.collect(in_flight.saturating_add(compressed));
+        }
+        match fits() {
+            true => Ok(()),
+            false => Err(bad(reference, LayerError::TooLarge(DISK.into()))),
+        }
+    }
+
     fn check_manifest(&self, reference: &Reference, manifest: &OciImageManifest) -> Result<(), PullError> {
         if manifest.layers.is_empty() {
             return Err(refused(reference, "image has no layers"));
@@ -323,6 +366,7 @@ impl Store {
         let hex = blob.digest.trim_start_matches("sha256:");
         let tmp = self.tmp_dir(hex);
         std::fs::create_dir(&tmp).map_err(LayerError::io("create layer dir"))?;
+        let charged = std::sync::atomic::AtomicU64::new(0);
         let result = (|| {
             let root = Dir::open(&tmp).map_err(LayerError::io("open layer dir"))?;
             let mut compressed = Metered::new(blob_stream, blob.size as u64, "the layer's declared size");
@@ -333,6 +377,7 @@ impl Store {
                     Some(Compression::Zstd) => Box::new(ruzstd::decoding::StreamingDecoder::new(&mut compressed).map_err(|e| LayerError::Refused(format!("zstd: {e}")))?),
                     _ => Box::new(&mut compressed),
                 };
+                let decoded = Charged { inner: decoded, used: &self.used, budget: self.budget(), charged: &charged };
                 let mut tar = Metered::new(decoded, budget.bytes, "uncompressed bytes per image");
                 layer::apply(&mut tar, &root, &mut budget)?;
                 tar.finish().map_err(LayerError::io("read layer"))?
@@ -345,11 +390,15 @@ impl Store {
                 return Err(LayerError::Refused(format!("layer content does not match its diff id {diff_id}")));
             }
             let record = LayerRecord { bytes, entries: entries_before - budget.entries };
-            self.commit_layer(&tmp, hex, record).map_err(LayerError::io("commit layer"))?;
+            if !self.commit_layer(&tmp, hex, record).map_err(LayerError::io("commit layer"))? {
+                // Another pull's copy is kept: this one's bytes are not on disk.
+                self.release(charged.swap(0, std::sync::atomic::Ordering::Relaxed));
+            }
             Ok(record)
         })();
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&tmp);
+            self.release(charged.load(std::sync::atomic::Ordering::Relaxed));
         }
         result
     }

@@ -166,6 +166,9 @@ pub struct Store {
     /// (registry/repository, layer digest, credentials) that were shown a
     /// layer's bytes: whom a warm layer may serve.
     pub(crate) proofs: Mutex<std::collections::HashSet<(String, String, [u8; 32])>>,
+    /// Bytes of committed layers plus bytes being unpacked now, by every
+    /// pull: what `--image-disk` bounds while layers stream in.
+    pub(crate) used: AtomicU64,
 }
 
 /// What a collector pass removed.
@@ -189,8 +192,9 @@ impl Store {
             fs::create_dir_all(dir.join(sub))?;
         }
         fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, images: Mutex::default(), pulls: Mutex::default(), proofs: Mutex::default() };
+        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, images: Mutex::default(), pulls: Mutex::default(), proofs: Mutex::default(), used: AtomicU64::new(0) };
         store.clear_unfinished()?;
+        store.used.store(store.bytes(), Ordering::Relaxed);
         for entry in fs::read_dir(dir.join("images"))? {
             let path = entry?.path();
             match store.remount(&path) {
@@ -262,11 +266,12 @@ impl Store {
 
     /// Moves an unpacked layer into place; a concurrent pull that got there
     /// first wins and this copy is dropped.
-    pub(crate) fn commit_layer(&self, tmp: &Path, hex: &str, record: LayerRecord) -> io::Result<()> {
+    /// Whether this one was kept (`false`: the other pull's copy is).
+    pub(crate) fn commit_layer(&self, tmp: &Path, hex: &str, record: LayerRecord) -> io::Result<bool> {
         write_json(&self.dir.join("layers").join(format!("{hex}.json")), &record)?;
         match fs::rename(tmp, self.layer_dir(hex)) {
-            Ok(()) => Ok(()),
-            Err(_) if self.layer_dir(hex).is_dir() => fs::remove_dir_all(tmp),
+            Ok(()) => Ok(true),
+            Err(_) if self.layer_dir(hex).is_dir() => fs::remove_dir_all(tmp).map(|()| false),
             Err(e) => Err(e),
         }
     }
@@ -303,6 +308,16 @@ impl Store {
         let image = Arc::new(Image { record: Mutex::new(record), root, dir, last_used: AtomicU64::new(now()) });
         self.lock().insert(hex, image.clone());
         Ok(image)
+    }
+
+    /// Gives back `bytes` of the disk budget.
+    pub(crate) fn release(&self, bytes: u64) {
+        let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// The disk budget (`--image-disk`).
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
     }
 
     /// The warm image with this manifest digest.
@@ -376,9 +391,11 @@ impl Store {
             if name.starts_with(".tmp-") || name.ends_with(".json") || needed.contains(&name) {
                 continue;
             }
+            let bytes = self.layer_record(&name).map_or(0, |r| r.bytes);
             let _ = fs::remove_file(layers.join(format!("{name}.json")));
             if fs::remove_dir_all(entry.path()).is_ok() {
                 removed += 1;
+                self.release(bytes);
             }
         }
         removed
