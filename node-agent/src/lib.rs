@@ -331,7 +331,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
         .with_local_roots(local_roots)
         .with_platform_bucket(platform_bucket)
-        .with_endpoint_policy(Arc::new(endpoints));
+        .with_endpoint_policy(Arc::new(endpoints))
+        .with_disk_reserve(state_reserve);
     if storage_cache > 0 {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
         stores = stores.with_cache(Arc::new(cache));

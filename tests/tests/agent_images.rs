@@ -149,26 +149,33 @@ async fn a_warm_image_serves_only_callers_the_registry_serves() {
     assert_eq!(run(private.clone(), digest.clone()).await.unwrap().stdout, "ran\n");
 }
 
+/// The request line of the next HTTP/1.1 request on `s` (its head read
+/// whole, at most 16 KiB), or `None` when the client is gone.
+async fn request_line(s: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(n @ 1..) if head.len() < 16 << 10 => head.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string())
+}
+
 /// A registry that answers every manifest request with an endless manifest
 /// and every blob request with an endless body (1 GiB at most, stopping
 /// when the client hangs up), over plain HTTP/1.1 on loopback.
 async fn endless_registry(config_digest: String) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let config_digest = config_digest.clone();
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(n @ 1..) if head.len() < 16 << 10 => head.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
-                }
-                let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+                let Some(line) = request_line(&mut s).await else { return };
                 let is_manifest = line.contains("/manifests/");
                 if line.contains(" /v2/ ") {
                     let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
@@ -235,7 +242,7 @@ async fn endless_manifests_and_configs_are_cut_while_streaming() {
 /// A registry serving exactly `routes` (path → content type, body) over
 /// plain HTTP/1.1 on loopback, 404 for everything else.
 async fn fixed_registry(routes: std::collections::HashMap<String, (String, Vec<u8>)>) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let routes = std::sync::Arc::new(routes);
@@ -244,15 +251,7 @@ async fn fixed_registry(routes: std::collections::HashMap<String, (String, Vec<u
             let routes = routes.clone();
             tokio::spawn(async move {
                 loop {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(n @ 1..) if head.len() < 16 << 10 => head.extend_from_slice(&buf[..n]),
-                            _ => return,
-                        }
-                    }
-                    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+                    let Some(line) = request_line(&mut s).await else { return };
                     let path = line.split(' ').nth(1).unwrap_or_default().to_string();
                     let answer = match routes.get(&path) {
                         Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),

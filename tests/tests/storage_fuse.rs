@@ -29,7 +29,7 @@ async fn mounted(read_only: bool) -> Fixture {
     let (at, spool) = (dir.path().join("mnt"), dir.path().join("spool"));
     std::fs::create_dir_all(&at).unwrap();
     std::fs::create_dir_all(&spool).unwrap();
-    let options = MountOptions { read_only, spool, write_limit: 256 << 20, deadline: None };
+    let options = MountOptions { read_only, spool, write_limit: 256 << 20, deadline: None, disk_reserve: 0 };
     let tree = Arc::new(ObjectTree::with_options(store.clone(), Path::from("tenants/a"), options));
     let mounted = fuse::mount_tree(tree.clone(), &at, 0, 0, tokio::runtime::Handle::current()).unwrap();
     Fixture { store, tree, at, mounted: Some(mounted), _dir: dir }

@@ -24,7 +24,7 @@ impl Served {
     pub fn start(spec: &MountSpec, stores: &Stores, target: &Path, spool: PathBuf, uid: u32, deadline: std::time::Instant, rt: tokio::runtime::Handle) -> Result<Served, String> {
         let backend = stores.get(spec)?;
         std::fs::create_dir_all(&spool).map_err(|e| format!("creating the write spool: {e}"))?;
-        let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes, deadline: Some(deadline) };
+        let options = MountOptions { read_only: spec.read_only, spool: spool.clone(), write_limit: spec.max_write_bytes, deadline: Some(deadline), disk_reserve: stores.disk_reserve() };
         let mut tree = ObjectTree::with_options(backend.store.clone(), spec.root(), options);
         if let Some(pager) = backend.pager {
             tree = tree.with_pager(pager);

@@ -54,6 +54,8 @@ pub struct Stores {
     platform_bucket: Option<String>,
     /// What the mounts' endpoints may reach (not the node itself).
     endpoints: Arc<EndpointPolicy>,
+    /// Free bytes write spools leave on the state disk.
+    disk_reserve: u64,
 }
 
 fn identity(spec: &MountSpec) -> [u8; 32] {
@@ -75,13 +77,24 @@ fn identity(spec: &MountSpec) -> [u8; 32] {
 impl Stores {
     /// A cache whose S3 clients keep `pool_max_idle` idle connections.
     pub fn new(pool_max_idle: Option<usize>) -> Stores {
-        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None, local_roots: LocalRoots::none(), platform_bucket: None, endpoints: Arc::default() }
+        Stores { pool_max_idle, kept: Mutex::default(), cache: None, platform: None, fuse_pool: None, local_roots: LocalRoots::none(), platform_bucket: None, endpoints: Arc::default(), disk_reserve: 0 }
     }
 
     /// `Local` mounts may be beneath `roots`.
     pub fn with_local_roots(mut self, roots: LocalRoots) -> Stores {
         self.local_roots = roots;
         self
+    }
+
+    /// Write spools leave `bytes` free on the state disk.
+    pub fn with_disk_reserve(mut self, bytes: u64) -> Stores {
+        self.disk_reserve = bytes;
+        self
+    }
+
+    /// Free bytes write spools leave on the state disk.
+    pub fn disk_reserve(&self) -> u64 {
+        self.disk_reserve
     }
 
     /// Mount endpoints reach only what `policy` permits.

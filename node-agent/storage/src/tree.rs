@@ -89,6 +89,8 @@ pub(crate) struct Table {
     pub(crate) staged_bytes: u64,
     /// Files staged so far in this call (bounded by [`crate::write::MAX_STAGES`]).
     pub(crate) stages: usize,
+    /// Memory counted for the entries ([`MAX_TREE_BYTES`]).
+    pub(crate) bytes: u64,
 }
 
 /// How a mount may be used.
@@ -107,12 +109,30 @@ pub struct MountOptions {
     /// A program blocked in a FUSE request cannot even be killed until the
     /// request is answered.
     pub deadline: Option<std::time::Instant>,
+    /// Free bytes the spool's disk must keep (the agent's state reserve,
+    /// shared with thread homes and images): a write that would dig into
+    /// it fails with ENOSPC, however many mounts are writing.
+    pub disk_reserve: u64,
 }
 
 /// Unit of reading and read-ahead.
 pub const CHUNK: u64 = 8 << 20;
 /// Chunks one mount keeps (64 MiB).
 pub const MAX_CHUNKS: usize = 8;
+/// Store reads one mount has in flight at once (each up to a chunk): more
+/// wait their turn, so parallel readers and read-ahead cannot pile up
+/// memory in the agent.
+pub const MAX_READS: usize = 8;
+/// Agent memory one mount's tree may hold (its entries, counted with their
+/// keys): past it, new entries fail with ENFILE.
+pub const MAX_TREE_BYTES: u64 = 64 << 20;
+/// What one entry costs beyond its key and name (the node, two map slots).
+const ENTRY_OVERHEAD: u64 = 512;
+
+/// The memory one entry is counted for.
+pub(crate) fn entry_cost(node: &Node) -> u64 {
+    2 * node.key.as_ref().len() as u64 + ENTRY_OVERHEAD
+}
 
 type Fetch = futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<Bytes, FsError>>>;
 
@@ -131,6 +151,8 @@ pub struct ObjectTree {
     /// The node's body cache and this store client's identity in it.
     cache: Option<(Arc<BodyCache>, [u8; 32])>,
     pub(crate) table: Mutex<Table>,
+    /// Permits for store reads in flight ([`MAX_READS`]).
+    reads: Arc<tokio::sync::Semaphore>,
     pub(crate) started: SystemTime,
     pub(crate) options: MountOptions,
 }
@@ -154,7 +176,7 @@ impl ObjectTree {
         let started = SystemTime::now();
         let mut table = Table { next: ROOT + 1, ..Table::default() };
         table.nodes.insert(ROOT, Node { key: root, kind: Kind::Dir, size: 0, mtime: started, etag: None, listed: false, stored: false, staged: None, dirty: false });
-        ObjectTree { store, pager: None, chunks: Mutex::default(), cache: None, table: Mutex::new(table), started, options }
+        ObjectTree { store, pager: None, chunks: Mutex::default(), cache: None, table: Mutex::new(table), reads: Arc::new(tokio::sync::Semaphore::new(MAX_READS)), started, options }
     }
 
     /// Lets directory probes ask for one key instead of a page.
@@ -271,9 +293,11 @@ impl ObjectTree {
         if let Some(&ino) = t.children.get(&parent).and_then(|c| c.get(name)) {
             return Ok(attr(ino, &t.nodes[&ino]));
         }
-        if t.nodes.len() >= MAX_ENTRIES {
+        let cost = entry_cost(&node);
+        if t.nodes.len() >= MAX_ENTRIES || t.bytes.saturating_add(cost) > MAX_TREE_BYTES {
             return Err(FsError::TooMany);
         }
+        t.bytes += cost;
         let ino = t.next;
         t.next += 1;
         let a = attr(ino, &node);
@@ -356,7 +380,7 @@ impl ObjectTree {
             return f.clone();
         }
         let (start, end) = (idx * CHUNK, ((idx + 1) * CHUNK).min(n.size));
-        let (store, key) = (self.store.clone(), n.key.clone());
+        let (store, key, reads) = (self.store.clone(), n.key.clone(), self.reads.clone());
         let opts = GetOptions { range: Some(GetRange::Bounded(start..end)), if_match: n.etag.clone(), ..GetOptions::default() };
         // Only a versioned chunk can be kept: the ETag is what proves a
         // later call reads the same bytes.
@@ -365,6 +389,7 @@ impl ObjectTree {
             _ => None,
         };
         let fetch: Fetch = async move {
+            let _permit = reads.acquire_owned().await.map_err(|_| FsError::Io("the mount is closing".into()))?;
             let Some((cache, id)) = kept else { return Ok(store.get_opts(&key, opts).await?.bytes().await?) };
             let found = {
                 let (cache, id) = (cache.clone(), id);

@@ -47,6 +47,15 @@ fn io(e: std::io::Error) -> FsError {
 /// for writing fails with ENFILE.
 pub const MAX_STAGES: usize = 10_000;
 
+/// Whether the disk of `spool` keeps `reserve` free after `more` bytes.
+fn spool_has_room(spool: &FsPath, more: u64, reserve: u64) -> bool {
+    match nix::sys::statvfs::statvfs(spool) {
+        Ok(s) => (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) >= reserve.saturating_add(more),
+        // Unknown: the write limit still bounds it.
+        Err(_) => true,
+    }
+}
+
 /// `offset..end` of a staged file.
 pub(crate) fn read_staged(file: &FsPath, offset: u64, end: u64) -> Result<Bytes, FsError> {
     let f = std::fs::File::open(file).map_err(io)?;
@@ -83,8 +92,13 @@ impl ObjectTree {
         Ok(path)
     }
 
-    /// Grows the staged total by `more` bytes, or ENOSPC.
+    /// Grows the staged total by `more` bytes, or ENOSPC: past the mount's
+    /// write limit, or where the spool's disk would keep less than the
+    /// agent's reserve (every mount of every sandbox spools there).
     fn charge(&self, more: u64) -> Result<(), FsError> {
+        if more > 0 && self.options.disk_reserve > 0 && !spool_has_room(&self.options.spool, more, self.options.disk_reserve) {
+            return Err(FsError::NoSpace);
+        }
         let mut t = self.table();
         let total = t.staged_bytes.saturating_add(more);
         if total > self.options.write_limit {
@@ -291,6 +305,7 @@ impl ObjectTree {
             c.remove(std::str::from_utf8(name).unwrap_or_default());
         }
         if let Some(n) = t.nodes.remove(&ino) {
+            t.bytes = t.bytes.saturating_sub(crate::tree::entry_cost(&n));
             if let Some(staged) = n.staged {
                 let _ = std::fs::remove_file(staged);
                 t.staged_bytes = t.staged_bytes.saturating_sub(n.size);
@@ -399,6 +414,7 @@ impl ObjectTree {
         let stale: Vec<u64> = t.nodes.iter().filter(|(i, n)| **i != ino && n.key.prefix_matches(from)).map(|(i, _)| *i).collect();
         for i in stale {
             if let Some(n) = t.nodes.remove(&i) {
+                t.bytes = t.bytes.saturating_sub(crate::tree::entry_cost(&n));
                 if let Some(s) = n.staged {
                     let _ = std::fs::remove_file(s);
                     t.staged_bytes = t.staged_bytes.saturating_sub(n.size);

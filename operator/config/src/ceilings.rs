@@ -20,6 +20,9 @@ pub const MAX_CONCURRENCY: &str = "warren.dev/max-concurrency";
 pub const MAX_THREAD_SIZE: &str = "warren.dev/max-thread-size";
 /// Live threads per key.
 pub const MAX_THREADS: &str = "warren.dev/max-threads";
+/// Bytes one storage mount may stage on the node in one call
+/// (`maxWriteBytes`; `1Gi`): what a namespace's calls can spool.
+pub const MAX_STORAGE_WRITE: &str = "warren.dev/max-storage-write";
 /// `"true"`: storage connections of the namespace that name no credentials
 /// Secret may sign with the node's cloud identity (instance role, workload
 /// identity, managed identity). Without it they make unsigned requests.
@@ -38,6 +41,8 @@ pub struct Ceilings {
     pub thread_bytes: Option<u64>,
     /// Live threads per key.
     pub threads: Option<u64>,
+    /// Bytes one mount may stage per call.
+    pub storage_write_bytes: Option<u64>,
     /// The admin lent the node's cloud identity to the namespace's storage
     /// connections without credentials ([`AMBIENT_IDENTITY`]).
     pub ambient_identity: bool,
@@ -60,6 +65,7 @@ impl Ceilings {
             concurrency: read(MAX_CONCURRENCY, |s| s.trim().parse().ok(), "10")?,
             thread_bytes: read(MAX_THREAD_SIZE, quantity::bytes, "1Gi")?,
             threads: read(MAX_THREADS, |s| s.trim().parse().ok(), "1000")?,
+            storage_write_bytes: read(MAX_STORAGE_WRITE, quantity::bytes, "1Gi")?,
             ambient_identity: match annotations.get(AMBIENT_IDENTITY).map(|v| v.trim()) {
                 None | Some("false") => false,
                 Some("true") => true,
@@ -78,6 +84,10 @@ impl Ceilings {
             .or_else(|| over(self.concurrency, u64::from(key.max_concurrency), MAX_CONCURRENCY, "spec.maxConcurrency", "maxConcurrency"))
             .or_else(|| over(self.thread_bytes, key.thread_max_bytes, MAX_THREAD_SIZE, "spec.sandboxRef.name", "the Sandbox's threadMaxSize (bytes)"))
             .or_else(|| over(self.threads, u64::from(key.max_threads), MAX_THREADS, "spec.maxThreads", "maxThreads"))
+            .or_else(|| {
+                let widest = key.storage.iter().max_by_key(|m| m.max_write_bytes)?;
+                over(self.storage_write_bytes, widest.max_write_bytes, MAX_STORAGE_WRITE, "spec.sandboxRef.name", &format!("the Sandbox's mount {} maxWriteBytes", widest.name))
+            })
     }
 }
 
@@ -92,7 +102,8 @@ mod tests {
     #[test]
     fn annotations_parse_and_typos_are_errors() {
         let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), (MAX_THREADS, "50"), ("other", "x")])).unwrap();
-        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50), ambient_identity: false });
+        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50), storage_write_bytes: None, ambient_identity: false });
+        assert_eq!(Ceilings::from_annotations(&ann(&[(MAX_STORAGE_WRITE, "256Mi")])).unwrap().storage_write_bytes, Some(256 << 20));
         assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "true")])).unwrap().ambient_identity);
         assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "yes")])).is_err(), "a typo grants nothing");
         assert_eq!(Ceilings::from_annotations(&ann(&[])).unwrap(), Ceilings::default());

@@ -360,6 +360,8 @@ fn namespace_ceilings_refuse_keys_that_would_get_more() {
         ("", "  maxThreads: 200\n", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
         // The default of 1000 threads is over a lower ceiling: declare fewer.
         ("", "", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
+        // What one mount may spool on the node per call (#26).
+        ("  storage: [{name: scratch, volume: work, mode: ReadWrite, maxWriteBytes: 2Gi}]\n", "", "warren.dev/max-storage-write: 1Gi", "warren.dev/max-storage-write=1073741824"),
     ] {
         let c = base(sb, key, namespace("default", ann));
         assert!(c.keys.is_empty(), "{ann}: published over the ceiling");

@@ -77,7 +77,7 @@ async fn mount(objects: &[(&str, &str)], read_only: bool, write_limit: u64) -> M
         store.inner.put(&Path::from(*k), PutPayload::from(v.to_string())).await.unwrap();
     }
     let spool = tempfile::tempdir().unwrap();
-    let options = MountOptions { read_only, spool: spool.path().to_path_buf(), write_limit, deadline: None };
+    let options = MountOptions { read_only, spool: spool.path().to_path_buf(), write_limit, deadline: None, disk_reserve: 0 };
     let tree = ObjectTree::with_options(store.clone(), Path::from("scope"), options);
     Mount { store, tree, _spool: spool }
 }
@@ -150,12 +150,57 @@ async fn the_write_limit_holds_and_deleting_frees_it() {
     assert_eq!(m.tree.write(f.ino, 0, b"x").unwrap_err(), FsError::NotFound, "the unlinked file is gone");
 }
 
+/// #26: every mount of every sandbox spools on the agent's state disk, and
+/// the per-mount write limits summed past its reserve. A write that would
+/// dig into the reserve now fails with ENOSPC whatever the mount's limit.
+#[tokio::test]
+async fn spooling_never_digs_into_the_state_disks_reserve() {
+    let spool = tempfile::tempdir().unwrap();
+    let free = {
+        let s = nix::sys::statvfs::statvfs(spool.path()).unwrap();
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    };
+    let store = Arc::new(Flaky::default());
+    // A reserve just above what is free: not one byte may be spooled.
+    let options = MountOptions { read_only: false, spool: spool.path().to_path_buf(), write_limit: 1 << 30, deadline: None, disk_reserve: free + 1 };
+    let tree = ObjectTree::with_options(store.clone(), Path::from("scope"), options);
+    let f = tree.create(ROOT, b"a").await.unwrap();
+    assert_eq!(tree.write(f.ino, 0, b"x").unwrap_err(), FsError::NoSpace);
+    let options = MountOptions { read_only: false, spool: spool.path().to_path_buf(), write_limit: 1 << 30, deadline: None, disk_reserve: free / 2 };
+    let tree = ObjectTree::with_options(store, Path::from("scope"), options);
+    let f = tree.create(ROOT, b"a").await.unwrap();
+    assert_eq!(tree.write(f.ino, 0, b"x").unwrap(), 1, "room above the reserve");
+}
+
+/// #26: 200 000 `mkdir`s added 186 MB to the agent (the tree was bounded by
+/// entries only). It is bounded by memory now: past it, ENFILE, and what is
+/// removed gives its share back.
+#[tokio::test]
+async fn the_tree_is_bounded_by_memory_not_only_entries() {
+    let m = mount(&[], false, 1 << 20).await;
+    let name = |i: usize| format!("{i:0>200}");
+    let mut made = 0;
+    let err = loop {
+        match m.tree.mkdir(ROOT, name(made).as_bytes()).await {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < crate::tree::MAX_ENTRIES, "bounded by entries only");
+    };
+    assert_eq!(err, FsError::TooMany);
+    assert_eq!(err.errno(), libc::ENFILE);
+    assert!(m.tree.table().bytes <= crate::tree::MAX_TREE_BYTES);
+    assert!(made < 100_000, "{made} entries of 200-byte names in 64 MiB");
+    m.tree.rmdir(ROOT, name(0).as_bytes()).await.unwrap();
+    m.tree.mkdir(ROOT, b"again").await.unwrap();
+}
+
 #[tokio::test]
 async fn an_upload_cut_off_by_the_deadline_leaves_the_file_to_sync_and_report() {
     let spool = tempfile::tempdir().unwrap();
     let store = Arc::new(Flaky::default());
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-    let options = MountOptions { read_only: false, spool: spool.path().to_path_buf(), write_limit: 1 << 20, deadline: Some(deadline) };
+    let options = MountOptions { read_only: false, spool: spool.path().to_path_buf(), write_limit: 1 << 20, deadline: Some(deadline), disk_reserve: 0 };
     let tree = ObjectTree::with_options(store.clone(), Path::from("scope"), options);
     let f = tree.create(ROOT, b"late.txt").await.unwrap();
     tree.write(f.ino, 0, b"x").unwrap();
