@@ -146,12 +146,7 @@ fn custody_tls(spec: &ConnectorSpec) -> Option<TlsMode> {
 /// The credentials Secret's optional `ca.crt` entry, checked to hold a
 /// certificate.
 fn ca_bundle(name: &str, secret: Option<&SecretBody>) -> Result<Option<String>, String> {
-    let Some(s) = secret else { return Ok(None) };
-    let pem = match (s.string_data.get("ca.crt"), s.data.get("ca.crt")) {
-        (Some(v), _) => v.clone(),
-        (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {name:?} entry \"ca.crt\" is not UTF-8"))?,
-        (None, None) => return Ok(None),
-    };
+    let Some(pem) = secret.map(|s| crate::storage::secret_entry(name, s, "ca.crt")).transpose()?.flatten() else { return Ok(None) };
     if !pem.contains("-----BEGIN CERTIFICATE-----") || pem.len() > 256 * 1024 {
         return Err(format!("Secret {name:?} entry \"ca.crt\" is not a PEM certificate bundle (at most 256 KiB)"));
     }

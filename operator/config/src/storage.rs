@@ -38,15 +38,20 @@ pub fn secret_entries(name: &str, secret: Option<&SecretBody>, entries: &[&str],
     let s = secret.ok_or_else(|| format!("its credentials Secret {name:?} was not found"))?;
     let mut values = BTreeMap::new();
     for entry in entries {
-        let v = match (s.string_data.get(*entry), s.data.get(*entry)) {
-            (Some(v), _) => v.clone(),
-            (None, Some(b)) => String::from_utf8(b.clone()).map_err(|_| format!("Secret {name:?} entry {entry:?} is not UTF-8"))?,
-            (None, None) => return Err(format!("its credentials Secret {name:?} has no entry {entry:?}")),
-        };
+        let v = secret_entry(name, s, entry)?.ok_or_else(|| format!("its credentials Secret {name:?} has no entry {entry:?}"))?;
         let v = if verbatim.contains(entry) { v } else { v.trim().to_string() };
         values.insert((*entry).to_string(), v);
     }
     Ok(values)
+}
+
+/// Entry `entry` of Secret `name` (`stringData` first), if it has one.
+pub fn secret_entry(name: &str, s: &SecretBody, entry: &str) -> Result<Option<String>, String> {
+    match (s.string_data.get(entry), s.data.get(entry)) {
+        (Some(v), _) => Ok(Some(v.clone())),
+        (None, Some(b)) => String::from_utf8(b.clone()).map(Some).map_err(|_| format!("Secret {name:?} entry {entry:?} is not UTF-8")),
+        (None, None) => Ok(None),
+    }
 }
 
 /// One mount of a key.
