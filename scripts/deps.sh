@@ -24,6 +24,9 @@ ensure_deps() {
   # The image tests pull from a real registry on loopback.
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+  # The cgroup-v2 node tests boot Debian guests (scripts/guest-image.sh) under emulation.
+  command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
+  command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || missing+=(e2fsprogs)
   apt_install "${missing[@]}"
   # The server packages enable services on their default ports; tests start
   # their own on free loopback ports.

@@ -31,6 +31,10 @@ WARREN_IMAGE_PROFILE=dev scripts/build-images.sh
 KUBE_ENVTEST=${WARREN_KUBE_ENVTEST:-$(cd .. && pwd)/shared/tools/kube-envtest}
 [ -x "$KUBE_ENVTEST" ] || KUBE_ENVTEST=/work/shared/tools/kube-envtest
 "$KUBE_ENVTEST" install-node
+# The cgroup-v2 node tests boot Debian guests (kernels 6.1 and 5.10) made
+# from Debian's packages, cached per machine (~3 min once).
+export WARREN_GUEST_IMAGE
+WARREN_GUEST_IMAGE=$(scripts/guest-image.sh)
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast
 else

@@ -66,8 +66,8 @@ pub struct ExecutionStatus {
     pub sandbox: String,
     /// CPU time, milliseconds.
     pub cpu_ms: u64,
-    /// Peak memory, bytes.
-    pub peak_memory_bytes: u64,
+    /// Peak memory, bytes; null where the node keeps no peak.
+    pub peak_memory_bytes: Option<u64>,
     /// stdout was cut (at the sandbox's cap or the record's size).
     pub stdout_truncated: bool,
     /// stderr was cut.

@@ -180,8 +180,9 @@ pub struct ExecuteResult {
     pub duration_ms: u64,
     /// CPU time of all its processes, milliseconds.
     pub cpu_ms: u64,
-    /// Peak memory, bytes.
-    pub peak_memory_bytes: u64,
+    /// Peak memory, bytes; null where the node's kernel keeps no peak
+    /// (cgroup v2 before Linux 5.19), never a guess.
+    pub peak_memory_bytes: Option<u64>,
     /// The timeout killed it.
     pub timed_out: bool,
     /// The memory limit killed a process.

@@ -292,6 +292,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let (layout, _cgroup_claim, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
+    report_thread_homes(&dirs.work, &features.kernel);
     let fuse_pool_dir = state_dir.join("fuse-pool");
     let mounted_dirs = [dirs.homes.clone(), dirs.work.clone(), state_dir.join("proc"), fuse_pool_dir.clone()];
     let store = threads::store::open(&store_spec, s3_pool_max_idle).with_context(|| format!("opening the thread store {store_spec}"))?;
@@ -476,6 +477,10 @@ fn detect(cgroup_name: &str) -> anyhow::Result<(CgroupLayout, nix::fcntl::Flock<
                 warn!(removed, "removed sandbox cgroups left by an earlier run");
             }
             let features = Features::detect(Ok(&layout));
+            // A node that cannot run sandboxes is refused now, not call by call.
+            if !features.can_run_sandboxes() {
+                bail!("this node cannot run sandboxes: {}", features.missing.join("; "));
+            }
             Ok((layout, claim, features))
         }
         Err(e) => bail!("no usable cgroup hierarchy: {e}"),
@@ -492,8 +497,9 @@ fn refuse_private_cgroup_namespace_in_a_container(cgroup_name: &str) -> anyhow::
     let masked = warren_isolation::proc_mount::proc_is_masked().unwrap_or(false);
     if private_cgroup_namespace_in_a_container(&mountinfo, &own, cgroup_name, masked) {
         bail!(
-            "the agent runs in a container with a private cgroup namespace, so it cannot place sandbox cgroups under its own: \
-             run it privileged (chart: nodeAgent.privileged=true) or with the host's cgroup namespace"
+            "the agent runs in a container with a private cgroup namespace (masked /proc, its cgroup reads as /) and the node has cgroup v2, \
+             so it cannot place sandbox cgroups under its own group in the host's tree: run it privileged (chart: nodeAgent.privileged=true; \
+             the agent then delegates its own group) or with the host's cgroup namespace"
         );
     }
     Ok(())
@@ -503,7 +509,12 @@ fn refuse_private_cgroup_namespace_in_a_container(cgroup_name: &str) -> anyhow::
 /// only the unified hierarchy is placed by the agent's own path, and only a
 /// container (masked /proc) is refused, so a v1 node is never affected.
 fn private_cgroup_namespace_in_a_container(mountinfo: &str, self_cgroup: &str, cgroup_name: &str, proc_masked: bool) -> bool {
-    let unified = matches!(CgroupLayout::from_proc(mountinfo, self_cgroup, cgroup_name), Ok(CgroupLayout::V2 { .. }));
+    // The host's cgroupfs seen from a private namespace shows groups above
+    // the namespace's root, so no layout may come of it at all.
+    let unified = match CgroupLayout::from_proc(mountinfo, self_cgroup, cgroup_name) {
+        Ok(layout) => layout.version() == 2,
+        Err(_) => warren_isolation::cgroup::parse::cgroup_mounts(mountinfo).iter().any(|m| m.v2),
+    };
     unified && proc_masked && self_cgroup.lines().any(|l| l == "0::/")
 }
 
@@ -520,6 +531,20 @@ async fn collect_threads(threads: Arc<threads::Threads>, interval: Duration, war
             Ok(_) => {}
             Err(e) => warn!(error = %e, "thread collector pass failed"),
         }
+    }
+}
+
+/// Asks the kernel once whether thread homes can be mounted here, so an
+/// operator learns it at start rather than from a tenant's first call.
+fn report_thread_homes(work: &Path, kernel: &str) {
+    if let Err(e) = warren_isolation::probe::thread_homes(&work.join("probe")) {
+        warn!(
+            kernel,
+            error = %e,
+            "thread homes are unavailable on this node: they need id-mapped mounts of the state directory's filesystem \
+             (ext4/xfs/btrfs: Linux 5.12+, tmpfs: 6.3+) under overlayfs (5.19+); calls with a thread_id end with thread_mount_error, \
+             everything else works"
+        );
     }
 }
 

@@ -213,8 +213,8 @@ pub struct Outcome {
     pub wall: Duration,
     /// CPU time of every process.
     pub cpu_micros: u64,
-    /// Peak memory.
-    pub peak_memory_bytes: u64,
+    /// Peak memory (`None`: the kernel keeps no peak for the group).
+    pub peak_memory_bytes: Option<u64>,
     /// stdout went past the cap.
     pub stdout_truncated: bool,
     /// stderr went past the cap.

@@ -283,7 +283,7 @@ async fn events_arrive_in_order_and_end_with_the_outcome() {
         signal: 9,
         timed_out: true,
         stdout_truncated: true,
-        peak_memory_bytes: 4096,
+        peak_memory_bytes: Some(4096),
         wall: Duration::from_millis(1200),
         failure: Some(Failure::ThreadTooLarge),
         ..Outcome::default()
@@ -295,7 +295,7 @@ async fn events_arrive_in_order_and_end_with_the_outcome() {
     };
     assert_eq!((s.execution_id.as_str(), s.node_name.as_str(), s.setup_micros), ("trc_test", "node-7", 1500));
     assert_eq!((&a.data[..], &b.data[..], &c.data[..]), (&b"a"[..], &b"b"[..], &b"c"[..]));
-    assert_eq!((x.exit_code, x.signal, x.timed_out, x.stdout_truncated, x.peak_memory_bytes, x.wall_micros), (137, 9, true, true, 4096, 1_200_000));
+    assert_eq!((x.exit_code, x.signal, x.timed_out, x.stdout_truncated, x.peak_memory_bytes, x.wall_micros), (137, 9, true, true, Some(4096), 1_200_000));
     assert_eq!(x.failure, pb::Failure::ThreadTooLarge as i32);
 }
 

@@ -21,6 +21,10 @@ struct Fixture {
 }
 
 async fn mounted(read_only: bool) -> Fixture {
+    mounted_with_reserve(read_only, 0).await
+}
+
+async fn mounted_with_reserve(read_only: bool, disk_reserve: u64) -> Fixture {
     let store = Arc::new(InMemory::new());
     for (k, v) in [("tenants/a/in/customers.csv", "id,name\n1,ada\n2,bob\n"), ("tenants/a/in/notes.txt", "hello"), ("tenants/ab/secret", "sibling"), ("tenants/top", "above")] {
         store.put(&Path::from(k), PutPayload::from(v)).await.unwrap();
@@ -29,7 +33,7 @@ async fn mounted(read_only: bool) -> Fixture {
     let (at, spool) = (dir.path().join("mnt"), dir.path().join("spool"));
     std::fs::create_dir_all(&at).unwrap();
     std::fs::create_dir_all(&spool).unwrap();
-    let options = MountOptions { read_only, spool, write_limit: 256 << 20, deadline: None, disk_reserve: 0 };
+    let options = MountOptions { read_only, spool, write_limit: 256 << 20, deadline: None, disk_reserve };
     let tree = Arc::new(ObjectTree::with_options(store.clone(), Path::from("tenants/a"), options));
     let mounted = fuse::mount_tree(tree.clone(), &at, 0, 0, tokio::runtime::Handle::current()).unwrap();
     Fixture { store, tree, at, mounted: Some(mounted), _dir: dir }
@@ -119,6 +123,28 @@ async fn a_read_only_mount_refuses_writes_at_the_syscall() {
     .await;
     assert!(errors.iter().all(|e| *e == Some(libc::EROFS)), "{errors:?}");
     assert_eq!(stored(&f.store, "tenants/a/in/notes.txt").await.as_deref(), Some(&b"hello"[..]));
+}
+
+/// A disk already below the agent's reserve takes no write: the program's
+/// write fails with ENOSPC, which the program sees, and no content is
+/// stored. (The file is closed explicitly: CPython's finalizer drops an
+/// error of an implicit close, as it does on a full local disk.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_past_the_disk_reserve_fails_where_the_program_sees_it() {
+    if skip_unless_root("a_write_past_the_disk_reserve_fails_where_the_program_sees_it") {
+        return;
+    }
+    let mut f = mounted_with_reserve(false, u64::MAX / 4).await;
+    let target = f.at.join("out.txt");
+    let out = fs(move || {
+        std::process::Command::new("python3").arg("-c").arg(format!("with open({:?}, 'w') as f: f.write('2')", target.to_str().unwrap())).output().unwrap()
+    })
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("No space left on device"), "the program must see the failure: {stderr:?}");
+    let stored = stored(&f.store, "tenants/a/out.txt").await;
+    assert!(stored.as_deref().is_none_or(|b| b.is_empty()), "nothing of the refused write is stored: {stored:?}");
+    f.mounted.take().unwrap().unmount().unwrap();
 }
 
 /// The mount point shows in the host's mountinfo: another host user must

@@ -130,8 +130,8 @@ pub struct Exit {
     pub wall_micros: u64,
     /// CPU time of all its processes, microseconds.
     pub cpu_micros: u64,
-    /// Peak memory, bytes.
-    pub peak_memory_bytes: u64,
+    /// Peak memory, bytes (`None`: the node keeps no peak).
+    pub peak_memory_bytes: Option<u64>,
     /// stdout hit the cap.
     pub stdout_truncated: bool,
     /// stderr hit the cap.

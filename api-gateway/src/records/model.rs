@@ -93,8 +93,8 @@ pub struct Finished {
     pub duration_ms: u64,
     /// CPU time.
     pub cpu_ms: u64,
-    /// Peak memory.
-    pub peak_memory_bytes: u64,
+    /// Peak memory (`None`: the node keeps no peak).
+    pub peak_memory_bytes: Option<u64>,
     /// Output kept (already cut to the retention size).
     pub stdout: Option<String>,
     /// Error output kept.
@@ -136,8 +136,8 @@ pub struct Row {
     pub duration_ms: u64,
     /// CPU time.
     pub cpu_ms: u64,
-    /// Peak memory.
-    pub peak_memory_bytes: u64,
+    /// Peak memory (`None`: the node keeps no peak).
+    pub peak_memory_bytes: Option<u64>,
     /// Output, unless expired or not kept.
     pub stdout: Option<String>,
     /// Error output.

@@ -39,6 +39,10 @@ pub struct Store {
     kind: Kind,
 }
 
+/// `peak_memory_bytes` of an execution whose node keeps no peak (cgroup v2
+/// before Linux 5.19): the column stays NOT NULL for databases made before.
+const PEAK_UNKNOWN: i64 = -1;
+
 /// The schema, in order; a database at version N runs steps N+1…
 const MIGRATIONS: &[&[&str]] = &[&[
     "CREATE TABLE IF NOT EXISTS warren_executions (
@@ -405,7 +409,7 @@ impl Write {
             .bind(f.exit_code.map(i64::from))
             .bind(f.duration_ms as i64)
             .bind(f.cpu_ms as i64)
-            .bind(f.peak_memory_bytes as i64)
+            .bind(f.peak_memory_bytes.map_or(PEAK_UNKNOWN, |b| b as i64))
             .bind(f.stdout.clone())
             .bind(f.stderr.clone())
             .bind(i64::from(f.stdout_truncated))
@@ -439,7 +443,7 @@ fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
         exit_code: r.try_get::<Option<i64>, _>("exit_code")?.map(|c| c as i32),
         duration_ms: int("duration_ms")? as u64,
         cpu_ms: int("cpu_ms")? as u64,
-        peak_memory_bytes: int("peak_memory_bytes")? as u64,
+        peak_memory_bytes: u64::try_from(int("peak_memory_bytes")?).ok(),
         stdout: r.try_get("stdout")?,
         stderr: r.try_get("stderr")?,
         stdout_truncated: int("stdout_truncated")? != 0,

@@ -1,13 +1,24 @@
 //! Per-execution cgroups on v1 (per-controller hierarchies) and v2 (unified).
 //!
-//! Sandbox groups live under `<agent's own cgroup>/warren/sbx-<id>` in every
-//! hierarchy Warren uses, never at a hierarchy's root, so the node's own
-//! accounting (kubelet pod cgroup, systemd slice) keeps covering them. Only
-//! the controllers Warren needs are touched: memory, pids, cpu (+ cpuacct on v1).
+//! Sandbox groups live under the agent's own group in every hierarchy Warren
+//! uses, so the limit of the pod, container or service the agent runs in
+//! covers every sandbox, and the node's own accounting (kubelet pod cgroup,
+//! systemd slice) keeps covering them:
+//!
+//! - v1: `<agent's group>/warren/sbx-<id>` in each controller's hierarchy;
+//! - v2: the agent's group is delegated to it. A v2 group with processes may
+//!   not enable controllers for children, so the agent first moves the
+//!   group's processes (itself included) into the leaf `warren-agent`, then
+//!   places sandboxes in `<agent's group>/warren/sbx-<id>` (see [`delegate`]).
+//!   In the hierarchy's root (no leaf needed) that is `/warren/sbx-<id>`.
+//!
+//! Only the controllers Warren needs are touched: memory, pids, cpu (+
+//! cpuacct on v1).
 //!
 //! Limits are translated by pure functions ([`v1_limit_writes`],
 //! [`v2_limit_writes`]) so both versions are unit-tested on any machine.
 
+pub mod delegate;
 pub mod parse;
 
 use std::fs;
@@ -38,6 +49,17 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    /// The agent's group was not handed the controllers sandboxes need.
+    #[error("cgroup {} was not given the {missing} controller(s): enable them in its parent's cgroup.subtree_control (systemd: Delegate=yes; a container: run it privileged or with the host's cgroup namespace)", .group.display())]
+    NotDelegated {
+        /// The agent's group.
+        group: PathBuf,
+        /// Space-separated controller names.
+        missing: String,
+    },
+    /// cgroupfs is not writable here.
+    #[error("cgroup {} is not writable: the agent needs a writable cgroup filesystem (a container: run it privileged, chart nodeAgent.privileged=true, or mount /sys/fs/cgroup read-write with CAP_SYS_ADMIN)", .0.display())]
+    ReadOnly(PathBuf),
     /// Another live agent holds the parent groups.
     #[error("cgroup parent {} is in use by another running agent on this host: give each agent on one host its own --cgroup-name", .0.display())]
     InUse(PathBuf),
@@ -130,8 +152,9 @@ fn cpu_quota_us(cpu_millis: u32) -> u64 {
 pub struct Usage {
     /// CPU time, user + system, in microseconds.
     pub cpu_micros: u64,
-    /// Peak memory in bytes.
-    pub peak_memory_bytes: u64,
+    /// Peak memory in bytes; `None` where the kernel keeps no peak for a v2
+    /// group (`memory.peak` is 5.19+): never a guess.
+    pub peak_memory_bytes: Option<u64>,
     /// Number of OOM kills in the group.
     pub oom_kills: u64,
 }
@@ -162,8 +185,14 @@ pub enum CgroupLayout {
     },
     /// One unified hierarchy.
     V2 {
-        /// `<agent cgroup's parent>/warren`
+        /// `<agent's group>/warren`: the sandbox groups' parent.
         base: PathBuf,
+        /// `<agent's group>/warren-agent`: the leaf holding the agent's
+        /// processes; `None` when the agent's group is the hierarchy's root
+        /// (which may enable controllers with processes in it).
+        leaf: Option<PathBuf>,
+        /// Whether groups report `memory.peak` (kernel 5.19+).
+        has_peak: bool,
     },
 }
 
@@ -206,12 +235,15 @@ impl CgroupLayout {
     fn v2_from(mounts: &[parse::CgroupMount], procs: &[parse::ProcCgroup], parent_name: &str) -> Option<CgroupLayout> {
         let mount = mounts.iter().find(|m| m.v2)?;
         let own = procs.iter().find(|p| p.hierarchy == 0)?;
-        // The agent's own group holds the agent, and v2 forbids enabling
-        // controllers for children of a group with processes: sandboxes go
-        // next to it, under the parent.
         let own_dir = parse::host_dir(mount, &own.path)?;
-        let parent = if own.path == "/" { own_dir } else { own_dir.parent()?.to_path_buf() };
-        Some(CgroupLayout::V2 { base: parent.join(parent_name) })
+        // An agent restarted where its predecessor left it (in the leaf)
+        // delegates the leaf's parent, as the first start did.
+        let leaf_name = delegate::leaf_name(parent_name);
+        let delegated = match own_dir.parent() {
+            Some(parent) if own_dir.file_name().is_some_and(|n| *n == *leaf_name) => parent.to_path_buf(),
+            _ => own_dir,
+        };
+        Some(CgroupLayout::V2 { base: delegated.join(parent_name), leaf: Some(delegated.join(leaf_name)), has_peak: false })
     }
 
     /// Reads the live layout of this process and prepares the parent groups
@@ -236,13 +268,18 @@ impl CgroupLayout {
                 *has_memsw = memory.join("memory.memsw.limit_in_bytes").exists();
                 Ok(())
             }
-            CgroupLayout::V2 { base } => {
-                fs::create_dir_all(&*base).map_err(io_err(base))?;
-                let parent = base.parent().unwrap_or(base);
-                for dir in [parent, base.as_path()] {
-                    let file = dir.join("cgroup.subtree_control");
-                    fs::write(&file, "+memory +pids +cpu").map_err(io_err(&file))?;
+            CgroupLayout::V2 { base, leaf, has_peak } => {
+                let delegated = base.parent().unwrap_or(base).to_path_buf();
+                if delegate::is_root(&delegated) {
+                    *leaf = None;
                 }
+                if let Some(leaf) = leaf {
+                    delegate::move_into_leaf(&delegated, leaf)?;
+                }
+                delegate::enable_controllers(&delegated)?;
+                fs::create_dir_all(&*base).map_err(|e| delegate::refused(base, e))?;
+                delegate::enable_controllers(base)?;
+                *has_peak = base.join("memory.peak").exists();
                 Ok(())
             }
         }
@@ -260,7 +297,7 @@ impl CgroupLayout {
     pub fn parents(&self) -> Vec<PathBuf> {
         let mut out = match self {
             CgroupLayout::V1 { memory, pids, cpu, cpuacct, .. } => vec![memory.clone(), pids.clone(), cpu.clone(), cpuacct.clone()],
-            CgroupLayout::V2 { base } => vec![base.clone()],
+            CgroupLayout::V2 { base, .. } => vec![base.clone()],
         };
         out.dedup();
         out
@@ -274,14 +311,14 @@ impl CgroupLayout {
                 Controller::Cpu => cpu.join(name),
                 Controller::CpuAcct => cpuacct.join(name),
             },
-            CgroupLayout::V2 { base } => base.join(name),
+            CgroupLayout::V2 { base, .. } => base.join(name),
         }
     }
 
     /// Creates the group for sandbox `id` with `limits` applied.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup> {
         let name = format!("{GROUP_PREFIX}{id}");
-        let group = Cgroup { layout: self.clone(), name, applied: None };
+        let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0 };
         for dir in group.dirs() {
             match fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -315,10 +352,16 @@ impl CgroupLayout {
         })
     }
 
-    /// Removes the (empty) parent groups; used at clean shutdown.
-    pub fn remove_parents(&self) {
+    /// Removes the (empty) parent groups and, on v2, gives the agent's group
+    /// back as it was found (processes out of the leaf, controllers off); used
+    /// at clean shutdown. A group something else also uses is left alone.
+    pub fn remove_parents(&self) -> Result<()> {
         for dir in self.parents() {
             let _ = fs::remove_dir(dir);
+        }
+        match self {
+            CgroupLayout::V2 { base, leaf: Some(leaf), .. } => delegate::leave_leaf(base.parent().unwrap_or(base), leaf),
+            _ => Ok(()),
         }
     }
 
@@ -337,7 +380,7 @@ impl CgroupLayout {
         }
         let mut removed = 0;
         for name in names {
-            let group = Cgroup { layout: self.clone(), name, applied: None };
+            let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0 };
             group.kill_all();
             if group.remove().is_ok() {
                 removed += 1;
@@ -358,6 +401,8 @@ pub struct Cgroup {
     name: String,
     /// Limits written last: rewriting the same values is skipped.
     applied: Option<Limits>,
+    /// v2: CPU microseconds used before the execution started.
+    cpu_base: u64,
 }
 
 impl Cgroup {
@@ -403,11 +448,18 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Starts accounting afresh (v1 counters are resettable; v2 reports since creation).
-    pub fn reset_usage(&self) -> Result<()> {
-        if let CgroupLayout::V1 { .. } = self.layout {
-            self.write(Controller::CpuAcct, "cpuacct.usage", "0")?;
-            self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
+    /// Starts accounting afresh: v1 counters are reset; v2 reports since the
+    /// group was made (the sandbox's setup included), so the CPU used so far
+    /// is remembered and subtracted.
+    pub fn reset_usage(&mut self) -> Result<()> {
+        match self.layout {
+            CgroupLayout::V1 { .. } => {
+                self.write(Controller::CpuAcct, "cpuacct.usage", "0")?;
+                self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
+            }
+            CgroupLayout::V2 { .. } => {
+                self.cpu_base = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
+            }
         }
         Ok(())
     }
@@ -417,18 +469,14 @@ impl Cgroup {
         match self.layout {
             CgroupLayout::V1 { .. } => {
                 let ns: u64 = self.read(Controller::CpuAcct, "cpuacct.usage")?.trim().parse().unwrap_or(0);
-                let peak = self.read(Controller::Memory, "memory.max_usage_in_bytes")?.trim().parse().unwrap_or(0);
+                let peak = self.read(Controller::Memory, "memory.max_usage_in_bytes")?.trim().parse().ok();
                 let oom = keyed_value(&self.read(Controller::Memory, "memory.oom_control")?, "oom_kill").unwrap_or(0);
                 Ok(Usage { cpu_micros: ns / 1000, peak_memory_bytes: peak, oom_kills: oom })
             }
-            CgroupLayout::V2 { .. } => {
-                let cpu = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
-                let peak = self
-                    .read(Controller::Memory, "memory.peak")
-                    .or_else(|_| self.read(Controller::Memory, "memory.current"))?
-                    .trim()
-                    .parse()
-                    .unwrap_or(0);
+            CgroupLayout::V2 { has_peak, .. } => {
+                let cpu = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base);
+                // memory.current after the program exited is not its peak.
+                let peak = if has_peak { self.read(Controller::Memory, "memory.peak")?.trim().parse().ok() } else { None };
                 let oom = keyed_value(&self.read(Controller::Memory, "memory.events")?, "oom_kill").unwrap_or(0);
                 Ok(Usage { cpu_micros: cpu, peak_memory_bytes: peak, oom_kills: oom })
             }
@@ -561,11 +609,37 @@ mod tests {
     }
 
     #[test]
-    fn layout_falls_back_to_v2_beside_the_agents_group() {
+    fn v2_sandboxes_go_under_the_agents_own_group() {
         let mountinfo = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         let layout = CgroupLayout::from_proc(mountinfo, "0::/kubepods/pod1/agent\n", PARENT_NAME).unwrap();
-        assert_eq!(layout, CgroupLayout::V2 { base: "/sys/fs/cgroup/kubepods/pod1/warren".into() });
+        assert_eq!(
+            layout,
+            CgroupLayout::V2 {
+                base: "/sys/fs/cgroup/kubepods/pod1/agent/warren".into(),
+                leaf: Some("/sys/fs/cgroup/kubepods/pod1/agent/warren-agent".into()),
+                has_peak: false,
+            }
+        );
         assert_eq!(layout.version(), 2);
+    }
+
+    #[test]
+    fn v2_agent_restarted_in_its_leaf_delegates_the_same_group() {
+        let mountinfo = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let layout = CgroupLayout::from_proc(mountinfo, "0::/system.slice/warren.service/warren-agent\n", PARENT_NAME).unwrap();
+        let CgroupLayout::V2 { base, leaf, .. } = layout else { panic!("v2 expected") };
+        assert_eq!(base, PathBuf::from("/sys/fs/cgroup/system.slice/warren.service/warren"));
+        assert_eq!(leaf, Some("/sys/fs/cgroup/system.slice/warren.service/warren-agent".into()));
+    }
+
+    #[test]
+    fn v2_in_a_private_cgroup_namespace_uses_the_mounted_group() {
+        // A privileged container: its own group is the namespace's root and
+        // the mount shows exactly that group.
+        let mountinfo = "30 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let layout = CgroupLayout::from_proc(mountinfo, "0::/\n", PARENT_NAME).unwrap();
+        let CgroupLayout::V2 { base, .. } = layout else { panic!("v2 expected") };
+        assert_eq!(base, PathBuf::from("/sys/fs/cgroup/warren"));
     }
 
     #[test]

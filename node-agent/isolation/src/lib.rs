@@ -6,6 +6,7 @@
 //! - [`seccomp`]: the syscall allowlist, compiled once to BPF.
 //! - [`features`]: what this node supports.
 //! - [`home`]: a thread's home, mounted on the host side (overlay over id-mapped saved state).
+//! - [`probe`]: whether this kernel can mount thread homes, asked once at start.
 //! - [`wire`]: agent ↔ supervisor/init messages.
 //! - [`launch`]: the supervisor command line and descriptors.
 //! - [`sandbox`]: the supervisor, init and program code run by `warren-sandbox`.
@@ -14,6 +15,7 @@ pub mod cgroup;
 pub mod features;
 pub mod home;
 pub mod launch;
+pub mod probe;
 pub mod proc_mount;
 pub mod sandbox;
 pub mod seccomp;

@@ -64,11 +64,11 @@ async fn main() -> anyhow::Result<()> {
                     Some(Event::Stderr(c)) => std::io::stderr().write_all(&c.data)?,
                     Some(Event::Exited(e)) => {
                         eprintln!(
-                            "[exit {} | {:.1} ms wall | {:.1} ms cpu | {} KiB peak{}{}]",
+                            "[exit {} | {:.1} ms wall | {:.1} ms cpu | {} peak{}{}]",
                             e.exit_code,
                             e.wall_micros as f64 / 1000.0,
                             e.cpu_micros as f64 / 1000.0,
-                            e.peak_memory_bytes / 1024,
+                            e.peak_memory_bytes.map_or("unknown".to_string(), |b| format!("{} KiB", b / 1024)),
                             if e.timed_out { " | timed out" } else { "" },
                             if e.oom_killed { " | OOM-killed" } else { "" },
                         );

@@ -430,9 +430,10 @@ pub struct Exited {
     /// CPU time (user + system) of every process of the execution.
     #[prost(uint64, tag = "6")]
     pub cpu_micros: u64,
-    /// Peak memory of the execution's cgroup in bytes.
-    #[prost(uint64, tag = "7")]
-    pub peak_memory_bytes: u64,
+    /// Peak memory of the execution's cgroup in bytes; absent where the kernel
+    /// keeps no peak for the group (cgroup v2 before 5.19).
+    #[prost(uint64, optional, tag = "7")]
+    pub peak_memory_bytes: ::core::option::Option<u64>,
     #[prost(bool, tag = "8")]
     pub stdout_truncated: bool,
     #[prost(bool, tag = "9")]

@@ -30,11 +30,39 @@ pub fn pivot_root(new_root: &std::ffi::CStr, put_old: &std::ffi::CStr) -> io::Re
 }
 
 /// Marks every descriptor from `first` up as close-on-exec.
+///
+/// `close_range(CLOSE_RANGE_CLOEXEC)` is Linux 5.11+; before it (5.10:
+/// Debian 11, Amazon Linux 2) the call fails with ENOSYS or EINVAL and each
+/// open descriptor listed in /proc/self/fd is marked one by one. Allocates
+/// in that case: call only where that is safe (the program process is
+/// single-threaded).
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range only changes descriptor flags of this process.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    check(ret).map(drop)
+    match check(ret) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => cloexec_listed(first),
+        Err(e) => Err(e),
+    }
+}
+
+fn cloexec_listed(first: u32) -> io::Result<()> {
+    // Listed first, then marked: the directory's own descriptor is among them.
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| fd >= first))
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD only changes the flags of a descriptor of this
+        // process; one that closed since it was listed gives EBADF.
+        let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        if ret < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EBADF) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
@@ -174,4 +202,19 @@ pub fn loopback_up() -> io::Result<()> {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and is async-signal-safe.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn the_fallback_marks_listed_descriptors_close_on_exec() {
+        // Without O_CLOEXEC: nix's open keeps exactly the flags given.
+        let fd = nix::fcntl::open("/dev/null", nix::fcntl::OFlag::O_RDONLY, nix::sys::stat::Mode::empty()).unwrap();
+        let flags = || nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert_eq!(flags() & libc::FD_CLOEXEC, 0);
+        super::cloexec_listed(fd.as_raw_fd() as u32).unwrap();
+        assert_eq!(flags() & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+    }
 }
