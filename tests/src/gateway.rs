@@ -240,6 +240,11 @@ impl Gateway {
         bail!("gateway not ready after {limit:?}: {}", http::get(self.addr, "/readyz").text())
     }
 
+    /// The gateway's process id (0 once it was killed).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
     /// Peak resident memory of the gateway process so far, bytes.
     pub fn peak_rss(&self) -> u64 {
         let pid = self.child.as_ref().map_or(0, std::process::Child::id);

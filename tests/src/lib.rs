@@ -14,6 +14,7 @@ use warren_proto::client::AgentAddress;
 pub mod bench;
 pub mod disk;
 pub mod gateway;
+pub mod guest;
 pub mod helm;
 pub mod http;
 pub mod kube;

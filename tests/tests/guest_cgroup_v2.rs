@@ -9,89 +9,13 @@
 //! every expected check present.
 //!
 //! The guest image comes from scripts/guest-image.sh (Debian packages, cached
-//! per machine; scripts/test.sh builds it and passes WARREN_GUEST_IMAGE).
+//! per machine; scripts/test.sh builds it and passes WARREN_GUEST_IMAGE);
+//! `WARREN_GUEST_ONLY=<placement>` runs one placement.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use serde_json::Value;
-use warren_e2e::{bin, skip_unless_root};
-
-/// A whole scenario set takes ~5–6 min on 2 emulated cores; more on a
-/// loaded machine. Past this the guest is killed and the test fails.
-const GUEST_LIMIT: Duration = Duration::from_secs(40 * 60);
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn guest_image() -> PathBuf {
-    if let Ok(dir) = std::env::var("WARREN_GUEST_IMAGE") {
-        return dir.into();
-    }
-    let out = Command::new(repo().join("scripts/guest-image.sh")).stderr(Stdio::inherit()).output().expect("running scripts/guest-image.sh");
-    assert!(out.status.success(), "scripts/guest-image.sh failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-/// The tar the guest unpacks to /opt/warren: stripped binaries and scripts.
-fn payload(dir: &Path) -> PathBuf {
-    let stage = dir.join("payload");
-    std::fs::create_dir_all(stage.join("bin")).unwrap();
-    for name in ["warren-node-agent", "warren-sandbox", "warren-gateway"] {
-        let status = Command::new("strip").arg("--strip-debug").arg("-o").arg(stage.join("bin").join(name)).arg(bin(name)).status().expect("strip");
-        assert!(status.success(), "strip {name}");
-    }
-    for file in ["run.sh", "scenarios.py"] {
-        std::fs::copy(repo().join("tests/guest").join(file), stage.join(file)).unwrap();
-    }
-    let tar = dir.join("payload.tar");
-    let status = Command::new("tar").arg("-cf").arg(&tar).arg("-C").arg(&stage).arg(".").status().unwrap();
-    assert!(status.success());
-    tar
-}
-
-/// Boots the guest with kernel `version` and returns its console text.
-fn boot(image: &Path, version: &str, payload: &Path, console: &Path) -> String {
-    let mut qemu = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-smp", "2", "-m", "3072", "-display", "none", "-no-reboot", "-nic", "none", "-monitor", "none"])
-        .arg("-kernel")
-        .arg(image.join(format!("vmlinuz-{version}")))
-        .arg("-initrd")
-        .arg(image.join(format!("initrd-{version}")))
-        .arg("-append")
-        .arg(format!(
-            "root=/dev/vda rw console=ttyS0 quiet loglevel=3 cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 init=/sbin/warren-guest-init panic=-1 warren.only={}",
-            std::env::var("WARREN_GUEST_ONLY").unwrap_or_default()
-        ))
-        .arg("-drive")
-        .arg(format!("file={},format=raw,if=virtio,snapshot=on", image.join("rootfs.ext4").display()))
-        .arg("-drive")
-        .arg(format!("file={},format=raw,if=virtio,readonly=on", payload.display()))
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("qemu-system-x86_64 (scripts/deps.sh installs qemu-system-x86)");
-    let deadline = std::time::Instant::now() + GUEST_LIMIT;
-    let finished = loop {
-        if let Some(status) = qemu.try_wait().unwrap() {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = qemu.kill();
-            let _ = qemu.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let text = std::fs::read_to_string(console).unwrap_or_default();
-    let status = finished.unwrap_or_else(|| panic!("the guest did not power off within {GUEST_LIMIT:?}; console:\n{text}"));
-    assert!(status.success(), "qemu failed ({status}); console:\n{text}");
-    text
-}
+use warren_e2e::{guest, skip_unless_root};
 
 /// The checks every configuration must report, per placement. Kernels before
 /// 5.19 have neither `memory.peak` nor overlay on id-mapped layers.
@@ -145,12 +69,13 @@ fn run_guest(test: &str, version: &str, kernel_5_19: bool) {
     if skip_unless_root(test) {
         return;
     }
-    let image = guest_image();
+    let image = guest::image();
     let dir = tempfile::tempdir().unwrap();
-    let payload = payload(dir.path());
+    let payload = guest::payload(dir.path(), &[]);
     let console = dir.path().join("console.log");
     let started = std::time::Instant::now();
-    let text = boot(&image, version, &payload, &console);
+    let only = std::env::var("WARREN_GUEST_ONLY").unwrap_or_default();
+    let text = guest::boot(&image, version, &payload, &console, &format!("warren.only={only}"));
     eprintln!("{test}: guest ran {:.0} s", started.elapsed().as_secs_f64());
     let mut seen = BTreeSet::new();
     let mut failed = Vec::new();
@@ -166,7 +91,6 @@ fn run_guest(test: &str, version: &str, kernel_5_19: bool) {
             eprintln!("{line}");
         }
     }
-    let only = std::env::var("WARREN_GUEST_ONLY").unwrap_or_default();
     let missing: Vec<_> = expected(kernel_5_19).difference(&seen).filter(|(p, _)| only.is_empty() || *p == only).cloned().collect();
     assert!(text.contains("WARREN-GUEST-DONE"), "the guest stopped before its end; console:\n{text}");
     assert!(failed.is_empty() && missing.is_empty(), "failed checks:\n{}\nmissing checks: {missing:?}\nconsole:\n{text}", failed.join("\n"));
