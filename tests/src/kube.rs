@@ -129,6 +129,35 @@ impl EnvTest {
         Command::new("kubectl").arg("--kubeconfig").arg(self.kubeconfig()).args(args).output().expect("kubectl runs")
     }
 
+    /// Stops the API server (SIGKILL; etcd keeps running) and returns its
+    /// command line for [`EnvTest::start_api_server`].
+    pub fn stop_api_server(&self) -> Vec<std::ffi::OsString> {
+        use std::os::unix::ffi::OsStrExt as _;
+        let pid: i32 = std::fs::read_to_string(self.dir.path().join("apiserver.pid")).expect("apiserver.pid").trim().parse().expect("a pid");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the API server runs");
+        let args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| std::ffi::OsStr::from_bytes(a).to_os_string()).collect();
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        let gone = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            !std::path::Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+        });
+        assert!(gone, "the API server did not stop");
+        args
+    }
+
+    /// Starts the API server again with the command line `args` (state in
+    /// etcd is kept) and waits until it answers.
+    pub fn start_api_server(&self, args: &[std::ffi::OsString]) {
+        let log = std::fs::OpenOptions::new().append(true).create(true).open(self.dir.path().join("apiserver.log")).expect("log");
+        let child = Command::new(&args[0]).args(&args[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log).spawn().expect("starting the API server");
+        std::fs::write(self.dir.path().join("apiserver.pid"), child.id().to_string()).unwrap();
+        let up = (0..600).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            self.kubectl(&["get", "--raw", "/readyz"]).status.success()
+        });
+        assert!(up, "the API server did not come back");
+    }
+
     /// Runs kubectl, failing with its output unless it succeeds; returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);

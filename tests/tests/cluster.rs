@@ -63,6 +63,28 @@ fn cluster() -> (EnvTest, Operator) {
     (k, operator)
 }
 
+/// A gateway in cluster mode in front of `agents`, ready.
+async fn cluster_gateway(k: &EnvTest, agents: &[String], extra: &[&str]) -> Gateway {
+    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let args = [&["--cluster", "--namespace", NS, "--keys-namespace", KEYS][..], extra].concat();
+    let gw = Gateway::start_with_env(agents, &args, &env, false).await.unwrap();
+    // Ready once the published keys were listed, even when there are none yet.
+    gw.wait_ready(Duration::from_secs(20)).unwrap();
+    gw
+}
+
+/// Applies the quickstart and returns the key the operator generated for it.
+fn quickstart_key(k: &EnvTest, operator: &Operator) -> String {
+    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
+    let mut key = None;
+    assert!(wait_for(Duration::from_secs(30), || {
+        key = secret_value(k, "agent-key");
+        key.is_some()
+    }), "no key generated; operator logs:\n{}", operator.logs().join("\n"));
+    key.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_gateway_and_agents_on_a_real_api_server() {
     if skip_unless_root("operator_gateway_and_agents_on_a_real_api_server") {
@@ -71,20 +93,10 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let (k, operator) = cluster();
     let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
     let b = Agent::start(&["--node-name", "node-b"]).await.unwrap();
-    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
-    let env = [("KUBECONFIG", kubeconfig.as_str())];
-    let gw = Gateway::start_with_env(&[a.address(), b.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS, "--webhook-allow-host", "127.0.0.1"], &env, false).await.unwrap();
-    // Ready once the published keys were listed, even when there are none yet.
-    gw.wait_ready(Duration::from_secs(20)).unwrap();
+    let gw = cluster_gateway(&k, &[a.address(), b.address()], &["--webhook-allow-host", "127.0.0.1"]).await;
 
     // The example: the operator generates the key, marks the ApiKey Ready and publishes it.
-    k.kubectl_ok(&["apply", "-f", quickstart_on_host().path().to_str().unwrap()]);
-    let mut key = None;
-    assert!(wait_for(Duration::from_secs(30), || {
-        key = secret_value(&k, "agent-key");
-        key.is_some()
-    }), "no key generated; operator logs:\n{}", operator.logs().join("\n"));
-    let key = key.unwrap();
+    let key = quickstart_key(&k, &operator);
     assert!(key.starts_with("sk-wrn-") && key.len() == 47, "{key}");
     assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "key never served; operator:\n{}\ngateway:\n{}", operator.logs().join("\n"), gw.logs().join("\n"));
     // Generated with it: the webhook signing secret, which reaches the gateway (a
@@ -318,6 +330,42 @@ async fn a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the
     assert!(wait_for(Duration::from_secs(10), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
 }
 
+/// The API server gone for a minute: every call with a published key keeps
+/// working (gateways serve what they last listed), and a change made once it
+/// is back (the key disabled) reaches the gateway through the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_keeps_keys_working_and_changes_apply_when_it_returns() {
+    if skip_unless_root("an_api_server_outage_keeps_keys_working_and_changes_apply_when_it_returns") {
+        return;
+    }
+    let (k, operator) = cluster();
+    let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
+    let gw = cluster_gateway(&k, &[a.address()], &[]).await;
+    let key = quickstart_key(&k, &operator);
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "key never served");
+
+    let api_server = k.stop_api_server();
+    let outage = std::time::Instant::now();
+    let mut calls = 0;
+    while outage.elapsed() < Duration::from_secs(60) {
+        assert_eq!(status(&gw, &key), 200, "a call failed {:?} into the outage; gateway:\n{}", outage.elapsed(), gw.logs().join("\n"));
+        calls += 1;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(calls >= 20, "{calls}");
+    k.start_api_server(&api_server);
+
+    k.kubectl_ok(&["patch", "apikey", "agent", "--type", "merge", "-p", r#"{"spec":{"disabled":true}}"#]);
+    assert!(
+        wait_for(Duration::from_secs(60), || status(&gw, &key) == 403),
+        "the change did not reach the gateway after the outage; ApiKey:\n{}\npublished:\n{}\noperator:\n{}\ngateway:\n{}",
+        k.kubectl_ok(&["get", "apikey", "agent", "-o", "yaml"]),
+        k.kubectl_ok(&["get", "secrets", "-n", KEYS, "-o", "yaml"]),
+        operator.logs().join("\n"),
+        gw.logs().join("\n")
+    );
+}
+
 /// Storage declared with kubectl: the StorageConnection's Ready reflects a
 /// real listing (and says why not), the ApiKey carries the resolved mount,
 /// and code through the gateway in cluster mode reads and writes the bucket.
@@ -331,9 +379,7 @@ async fn a_storage_connection_is_checked_and_mounted_from_the_cluster() {
     let s3 = S3Server::start().unwrap();
     s3.put("tenants/a/in.txt", b"from the bucket");
     let agent = Agent::start(&[]).await.unwrap();
-    let kubeconfig = k.kubeconfig_for_rustls().display().to_string();
-    let env = [("KUBECONFIG", kubeconfig.as_str())];
-    let gw = Gateway::start_with_env(&[agent.address()], &["--cluster", "--namespace", NS, "--keys-namespace", KEYS], &env, true).await.unwrap();
+    let gw = cluster_gateway(&k, &[agent.address()], &[]).await;
     let creds: String = s3.credentials().iter().map(|(k, v)| format!("{k}: {v}, ")).collect();
     let connection = |name: &str, bucket: &str, secret: &str| {
         format!("apiVersion: warren.dev/v1alpha1\nkind: StorageConnection\nmetadata: {{name: {name}}}\nspec: {{provider: S3, bucket: {bucket}, prefix: tenants, endpoint: '{}', region: us-east-1, credentialsSecretRef: {{name: {secret}}}}}\n---\n", s3.endpoint())
