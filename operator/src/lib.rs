@@ -273,8 +273,9 @@ where
 /// shares one backoff between all the watches of a controller: an error of
 /// any pauses them all. Its default (up to 30 s per error) made the ApiKey
 /// controller, with six watches, take minutes to come back after an API
-/// server outage, one expired watch after another
-/// (`cluster::an_api_server_outage_keeps_keys_working_and_changes_apply_when_it_returns`).
+/// server outage, one expired watch after another (found by an outage test,
+/// kube-envtest's API server killed for a minute: the ApiKey controller
+/// had not reconciled a change a minute after it came back).
 /// Short pauses bring it back within seconds and still bound the load on a
 /// server that is down: every watch retries at most every 2 s.
 #[derive(Debug, Default)]
