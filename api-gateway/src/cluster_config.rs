@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
+use warren_config::watch::ShortBackoff;
 use tracing::{info, warn};
 use warren_config::published;
 
@@ -20,7 +21,7 @@ pub async fn watch_loop(client: Client, namespace: String, tx: watch::Sender<Arc
     let api: Api<Secret> = Api::namespaced(client, &namespace);
     let wc = watcher::Config::default().labels(&format!("{}=true", published::LABEL));
     let (reader, writer) = reflector::store();
-    let events = reflector(writer, watcher(api, wc)).default_backoff();
+    let events = reflector(writer, watcher(api, wc)).backoff(ShortBackoff::default());
     tokio::pin!(events);
     let mut last_count = None;
     while let Some(event) = events.next().await {

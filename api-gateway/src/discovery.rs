@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
+use warren_config::watch::ShortBackoff;
 use tracing::{info, warn};
 use warren_proto::client::AgentAddress;
 
@@ -41,7 +42,7 @@ fn controlled_by(pod: &Pod, name: &str) -> bool {
 pub async fn watch_loop(client: Client, namespace: String, selector: String, daemonset: Option<String>, port: u16, nodes: Arc<Nodes>) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let (reader, writer) = reflector::store();
-    let events = reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).default_backoff();
+    let events = reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).backoff(ShortBackoff::default());
     tokio::pin!(events);
     let mut last = Vec::new();
     while let Some(event) = events.next().await {

@@ -34,6 +34,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use warren_config::consumable::SecretScope;
 use warren_config::types::{ApiKey, Connector, Sandbox, StorageConnection};
+use warren_config::watch::ShortBackoff;
 
 use crate::context::{Context, Error};
 
@@ -192,7 +193,7 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, scop
     let keys3 = keys.clone();
     let keys4 = keys.clone();
     let (connections, writer) = kube::runtime::reflector::store::<StorageConnection>();
-    let mirror = kube::runtime::reflector::reflector(writer, watcher::watcher(Api::<StorageConnection>::all(client.clone()), wc.clone())).default_backoff();
+    let mirror = kube::runtime::reflector::reflector(writer, watcher::watcher(Api::<StorageConnection>::all(client.clone()), wc.clone())).backoff(ShortBackoff::default());
     tokio::spawn(mirror.for_each(|_| async {}));
     let in_namespace = |keys: &kube::runtime::reflector::Store<ApiKey>, ns: Option<String>| {
         keys.state().into_iter().filter(|k| k.namespace() == ns).map(|k| ObjectRef::from_obj(k.as_ref())).collect::<Vec<_>>()
@@ -226,7 +227,7 @@ async fn api_keys(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>, scop
             .collect::<Vec<_>>()
     });
     controller
-        .trigger_backoff(TriggerBackoff::default())
+        .trigger_backoff(ShortBackoff::default())
         .shutdown_on_signal()
         .run(tracked(backoff.clone(), apikey::reconcile), move |k, e, _| retry(&backoff, k.as_ref(), e), ctx)
         .for_each(|_| async {})
@@ -243,7 +244,7 @@ async fn sandboxes(client: Client, ctx: Arc<Context>, backoff: Arc<Backoff>) {
         .watches(pods, watcher::Config::default().labels(&ctx.agent_selector), move |_| {
             store.state().into_iter().map(|s| ObjectRef::from_obj(s.as_ref())).collect::<Vec<_>>()
         })
-        .trigger_backoff(TriggerBackoff::default())
+        .trigger_backoff(ShortBackoff::default())
         .shutdown_on_signal()
         .run(tracked(backoff.clone(), sandbox::sandbox), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
@@ -266,41 +267,6 @@ where
     match scope {
         SecretScope::Cluster => controller.watches(Api::<PartialObjectMeta<Secret>>::all(client.clone()), wc, mapper),
         SecretScope::Namespaces(list) => list.iter().fold(controller, |c, ns| c.watches(Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns), wc.clone(), mapper.clone())),
-    }
-}
-
-/// The pause after an error of a controller's trigger watches. kube-runtime
-/// shares one backoff between all the watches of a controller: an error of
-/// any pauses them all. Its default (up to 30 s per error) made the ApiKey
-/// controller, with six watches, take minutes to come back after an API
-/// server outage, one expired watch after another (found by an outage test,
-/// kube-envtest's API server killed for a minute: the ApiKey controller
-/// had not reconciled a change a minute after it came back).
-/// Short pauses bring it back within seconds and still bound the load on a
-/// server that is down: every watch retries at most every 2 s.
-#[derive(Debug, Default)]
-struct TriggerBackoff {
-    next: std::time::Duration,
-}
-
-impl TriggerBackoff {
-    const FIRST: std::time::Duration = std::time::Duration::from_millis(250);
-    const MAX: std::time::Duration = std::time::Duration::from_secs(2);
-}
-
-impl Iterator for TriggerBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<std::time::Duration> {
-        let pause = self.next.max(Self::FIRST);
-        self.next = (pause * 2).min(Self::MAX);
-        Some(pause)
-    }
-}
-
-impl kube::runtime::utils::Backoff for TriggerBackoff {
-    fn reset(&mut self) {
-        self.next = std::time::Duration::ZERO;
     }
 }
 
@@ -356,26 +322,9 @@ where
             .collect::<Vec<_>>()
     });
     controller
-        .trigger_backoff(TriggerBackoff::default())
+        .trigger_backoff(ShortBackoff::default())
         .shutdown_on_signal()
         .run(tracked(backoff.clone(), reconcile), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
-}
-
-
-#[cfg(test)]
-mod tests {
-    use super::TriggerBackoff;
-    use kube::runtime::utils::Backoff as _;
-    use std::time::Duration;
-
-    #[test]
-    fn trigger_pauses_stay_short_and_restart_after_a_success() {
-        let mut b = TriggerBackoff::default();
-        let ms = |b: &mut TriggerBackoff| b.next().unwrap().as_millis();
-        assert_eq!([ms(&mut b), ms(&mut b), ms(&mut b), ms(&mut b), ms(&mut b)], [250, 500, 1000, 2000, 2000]);
-        b.reset();
-        assert_eq!(b.next(), Some(Duration::from_millis(250)));
-    }
 }

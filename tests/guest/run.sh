@@ -147,7 +147,7 @@ placement() {
   result "$name" agent_started 1 ""
   start_gateway "$name"
   # Before 5.19 (no overlay on id-mapped layers) the agent says so at start.
-  if python3 -c 'import os,sys; r=os.uname().release.split("-")[0].split("."); sys.exit(0 if (int(r[0]),int(r[1])) < (5,19) else 1)'; then
+  if python3 "$W/scenarios.py" kernel_below 5.19; then
     grep -q "thread homes are unavailable on this node" "/tmp/agent-$name.log"
     result "$name" thread_homes_reported_at_start "$([ $? = 0 ] && echo 1 || echo 0)" "the agent's start-time warning"
   fi

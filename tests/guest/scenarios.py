@@ -189,6 +189,9 @@ def main():
         PLACEMENT = "killed"
         wait(sys.argv[2])
         after_restart(*sys.argv[2:5])
+    elif cmd == "kernel_below":
+        major, minor = sys.argv[2].split(".")
+        sys.exit(1 if kernel_at_least(int(major), int(minor)) else 0)
 
 
 if __name__ == "__main__":

@@ -330,6 +330,46 @@ async fn a_namespace_ceiling_withdraws_a_key_over_it_and_lifting_it_restores_the
     assert!(wait_for(Duration::from_secs(10), || ready(&k, "apikey", "agent") == ("True".into(), "Published".into()) && published(&k)));
 }
 
+/// The API server gone for a minute: every call with a published key keeps
+/// working (gateways serve what they last listed), and a change made once it
+/// is back (the key disabled) reaches the gateway through the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_keeps_keys_working_and_changes_apply_when_it_returns() {
+    if skip_unless_root("an_api_server_outage_keeps_keys_working_and_changes_apply_when_it_returns") {
+        return;
+    }
+    let (k, operator) = cluster();
+    let a = Agent::start(&["--node-name", "node-a"]).await.unwrap();
+    let gw = cluster_gateway(&k, &[a.address()], &[]).await;
+    let key = quickstart_key(&k, &operator);
+    assert!(wait_for(Duration::from_secs(10), || status(&gw, &key) == 200), "key never served");
+
+    let api_server = k.stop_api_server();
+    let outage = std::time::Instant::now();
+    let mut calls = 0;
+    while outage.elapsed() < Duration::from_secs(60) {
+        assert_eq!(status(&gw, &key), 200, "a call failed {:?} into the outage; gateway:\n{}", outage.elapsed(), gw.logs().join("\n"));
+        calls += 1;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(calls >= 20, "{calls}");
+    k.start_api_server(&api_server);
+
+    // Every watch (the operator's, the gateway's) retries at most every 2 s
+    // (`warren_config::watch::ShortBackoff`): the change arrives within
+    // seconds. kube-runtime's default pauses (up to 30 s per error, shared
+    // by a controller's watches) missed this bound by minutes.
+    k.kubectl_ok(&["patch", "apikey", "agent", "--type", "merge", "-p", r#"{"spec":{"disabled":true}}"#]);
+    assert!(
+        wait_for(Duration::from_secs(30), || status(&gw, &key) == 403),
+        "the change did not reach the gateway after the outage; ApiKey:\n{}\npublished:\n{}\noperator:\n{}\ngateway:\n{}",
+        k.kubectl_ok(&["get", "apikey", "agent", "-o", "yaml"]),
+        k.kubectl_ok(&["get", "secrets", "-n", KEYS, "-o", "yaml"]),
+        operator.logs().join("\n"),
+        gw.logs().join("\n")
+    );
+}
+
 /// Storage declared with kubectl: the StorageConnection's Ready reflects a
 /// real listing (and says why not), the ApiKey carries the resolved mount,
 /// and code through the gateway in cluster mode reads and writes the bucket.

@@ -5,8 +5,10 @@
 //! `examples/quickstart/` (its image pointed at that registry), and calls to
 //! the gateway pod: python, node and bash inside the runtime image on the
 //! DaemonSet's agent; a thread that survives the agent pod being deleted and
-//! recreated; `helm upgrade`; and `helm uninstall` leaving no cgroups,
-//! mounts or processes on the node.
+//! recreated; `helm upgrade` from the previous chart version
+//! (`tests/fixtures/charts/`) to this one, keeping the key, the thread and
+//! the generated tokens; and `helm uninstall` leaving no cgroups, mounts or
+//! processes on the node.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,9 @@ use warren_e2e::{http, skip_unless_root};
 const NS: &str = "warren-system";
 /// The CNI bridge's gateway: this machine, as pods see it.
 const BRIDGE_IP: &str = "10.244.0.1";
+/// The chart as last released (`helm package` of `charts/warren` at that
+/// release; its default image tag is this build's appVersion).
+const PREVIOUS_CHART: &str = "tests/fixtures/charts/warren-0.1.0.tgz";
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
@@ -109,6 +114,19 @@ fn warren_processes() -> Vec<String> {
     String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
 }
 
+/// The chart version in `charts/warren/Chart.yaml`.
+fn chart_version() -> String {
+    let text = std::fs::read_to_string(repo("charts/warren/Chart.yaml")).unwrap();
+    text.lines().find_map(|l| l.strip_prefix("version:")).expect("a version").trim().to_string()
+}
+
+/// The tokens the chart generates on install (gateway→agent, operator→agent
+/// warming), which an upgrade must keep: a new one would cut running gateways
+/// off their agents mid-rollout.
+fn generated_tokens(k: &EnvTest) -> Vec<String> {
+    ["warren-agent-token", "warren-warm-token"].iter().map(|s| jsonpath(k, &["get", "secret", s, "-n", NS], "{.data.token}")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     if skip_unless_root("warren_runs_on_a_real_node_from_helm_install_to_uninstall") {
@@ -139,7 +157,9 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
         "--set", "tenantNamespaces={default}",
     ];
     let chart = repo("charts/warren").display().to_string();
-    let mut install = vec!["install", "warren", chart.as_str()];
+    // Installed from the previous chart version, upgraded to this one below.
+    let previous = repo(PREVIOUS_CHART).display().to_string();
+    let mut install = vec!["install", "warren", previous.as_str()];
     install.extend(base);
     helm(&k, &install);
     reach_the_api_server_from_the_host_network(&k);
@@ -199,14 +219,27 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     });
     assert!(kept, "thread lost with the agent pod: {last:?}");
 
-    // Upgrade: a changed setting rolls the agents; code still runs.
+    // Upgrade to this chart, as its README says (CRDs first), with a changed
+    // setting that rolls the agents: the same key still runs code, the
+    // thread keeps its home, the generated tokens are kept.
+    let tokens = || generated_tokens(&k);
+    let before = tokens();
+    assert_eq!(jsonpath(&k, &["get", "deployment", "warren-gateway", "-n", NS], "{.metadata.labels.helm\\.sh/chart}"), "warren-0.1.0");
+    k.kubectl_ok(&["apply", "-f", repo("charts/warren/crds").to_str().unwrap()]);
     let mut upgrade = vec!["upgrade", "warren", chart.as_str()];
     upgrade.extend(base);
     upgrade.extend(["--set", "nodeAgent.poolSize=1"]);
     helm(&k, &upgrade);
     rollout(&k, "daemonset/warren-node-agent");
     rollout(&k, "deployment/warren-gateway");
-    first(gateway_addr(&k));
+    rollout(&k, "deployment/warren-operator");
+    assert_eq!(jsonpath(&k, &["get", "deployment", "warren-gateway", "-n", NS], "{.metadata.labels.helm\\.sh/chart}"), format!("warren-{}", chart_version()));
+    assert_ne!(chart_version(), "0.1.0", "the chart under test must be newer than {PREVIOUS_CHART}");
+    assert_eq!(tokens(), before, "the upgrade changed a generated token");
+    let gw = gateway_addr(&k);
+    first(gw);
+    let r = execute(gw, &key, json!({"code": "cat ~/note", "language": "bash", "thread_id": "t1"}));
+    assert_eq!((r.status, r.json()["stdout"].clone()), (200, json!("kept\n")), "thread lost in the upgrade: {}", r.text());
 
     // Uninstall: nothing of Warren stays on the node.
     helm(&k, &["uninstall", "warren", "--namespace", NS, "--wait", "--timeout", "180s"]);

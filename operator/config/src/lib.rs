@@ -20,6 +20,8 @@ pub mod narrowing;
 pub mod published;
 pub mod storage;
 pub mod types;
+#[cfg(feature = "watch")]
+pub mod watch;
 
 pub use compile::{check_sandbox, compile, effective_key, secret_holder, secret_ref, shared_key_message, Compiled, SandboxConfig, SecretClaim, Where, WEBHOOK_SECRET_ENTRY};
 pub use effective::{EffectiveKey, Limits};
