@@ -22,6 +22,14 @@ if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azu
   mkdir -p "$AZURITE_DIR"
   npm install --silent --no-audit --no-fund --prefix "$AZURITE_DIR" "azurite@$AZURITE_VERSION" >/dev/null
 fi
+# The documentation book (docs/) is built by mdBook from crates.io (~2 min once).
+MDBOOK_VERSION=0.5.4
+MDBOOK_DIR="$HOME/.cache/warren-tools/mdbook-$MDBOOK_VERSION"
+if [ ! -x "$MDBOOK_DIR/bin/mdbook" ]; then
+  echo "==> installing mdbook $MDBOOK_VERSION (builds the documentation book)"
+  cargo install --quiet --locked "mdbook@$MDBOOK_VERSION" --no-default-features --features search --root "$MDBOOK_DIR"
+fi
+export WARREN_MDBOOK="$MDBOOK_DIR/bin/mdbook"
 # The e2e tests start the workspace's binaries; build them first.
 cargo build --workspace --bins --locked
 # The real-node test installs Warren's images on a kube-envtest node: build

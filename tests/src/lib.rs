@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 use warren_proto::client::AgentAddress;
 pub mod bench;
 pub mod disk;
+pub mod docs;
 pub mod gateway;
 pub mod guest;
 pub mod helm;

@@ -154,7 +154,8 @@ impl Store {
             // default is 2 MiB), so the gateway's memory stops growing with the
             // database early: in the soak benchmark the four connections' caches
             // filling as records accrued were the gateway's RSS growth (+6 MiB
-            // over 10 minutes, in steps). The kernel's page cache keeps the file.
+            // over 10 minutes, in steps; bounded, +0.2 MiB). The kernel's page
+            // cache keeps the file.
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::raw_sql("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-512").execute(conn).await?;
