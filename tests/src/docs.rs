@@ -348,7 +348,7 @@ pub fn check(root: &Path, link: &Link) -> Option<String> {
     }
     let (file, anchor) = t.split_once('#').map_or((t.as_str(), None), |(f, a)| (f, Some(a)));
     let dir = link.page.parent().unwrap_or(root);
-    let target = if file.is_empty() { link.page.clone() } else { normalize(&dir.join(file)) };
+    let target = if file.is_empty() { link.page.clone() } else { crate::lexical(&dir.join(file)) };
     if !target.starts_with(root) {
         return Some(format!("{t} leaves the book (name the file as code, or bring it into docs/)"));
     }
@@ -375,20 +375,6 @@ pub fn read_page(path: &Path) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

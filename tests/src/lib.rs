@@ -440,3 +440,18 @@ pub fn sandbox_processes(uid_base: u32) -> Vec<(u32, u32)> {
     }
     out
 }
+
+/// `a/b/../c` → `a/c` (exact when the path holds no symlinks).
+pub(crate) fn lexical(path: &std::path::Path) -> std::path::PathBuf {
+    let mut out = std::path::PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}

@@ -183,20 +183,6 @@ struct HostLayer {
     seen: std::collections::HashSet<std::path::PathBuf>,
 }
 
-/// `a/b/../c` → `a/c` (the paths walked hold no symlinks, so this is exact).
-fn lexical(path: &std::path::Path) -> std::path::PathBuf {
-    let mut out = std::path::PathBuf::new();
-    for c in path.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
-}
 
 impl HostLayer {
     fn header(meta: &std::fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
@@ -223,7 +209,7 @@ impl HostLayer {
                     let mut h = Self::header(&meta, tar::EntryType::Symlink, 0);
                     self.tar.append_link(&mut h, next.strip_prefix("/").unwrap(), &target).expect("tar symlink");
                 }
-                let resolved = lexical(&if target.is_absolute() { target } else { cur.join(target) });
+                let resolved = crate::lexical(&if target.is_absolute() { target } else { cur.join(target) });
                 let rest: std::path::PathBuf = parts[i + 1..].iter().collect();
                 return self.add(resolved.join(rest));
             }
