@@ -40,7 +40,7 @@ pub async fn storage(sc: Arc<StorageConnection>, ctx: Arc<Context>) -> Result<Ac
 /// Ready, reason and message from one listing of the connection's prefix.
 async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&Secret>, endpoints: &std::sync::Arc<warren_core::reach::EndpointPolicy>) -> (bool, &'static str, String) {
     use warren_api::StorageProvider;
-    use warren_storage::probe::ProbeError;
+    use warren_objects::probe::ProbeError;
     match spec.provider {
         StorageProvider::Local => return (true, reasons::VALID, "a directory on the nodes: each node checks it when mounting".into()),
         StorageProvider::S3 | StorageProvider::GCS | StorageProvider::Azure => {}
@@ -59,7 +59,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
         Ok(c) => c,
         Err(why) => return (false, reasons::SECRET_INCOMPLETE, why),
     };
-    let raw = warren_storage::spec::RawMount {
+    let raw = warren_objects::spec::RawMount {
         mount_path: "/data/probe".into(),
         provider: warren_config::storage::provider_name(spec.provider).into(),
         bucket: spec.bucket.clone(),
@@ -69,7 +69,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
         credentials: conn.credentials.0,
         ..Default::default()
     };
-    let Ok(Some(m)) = warren_storage::spec::validate(vec![raw]).map(|mut v| v.pop()) else {
+    let Ok(Some(m)) = warren_objects::spec::validate(vec![raw]).map(|mut v| v.pop()) else {
         return (false, reasons::INVALID_SPEC, "the bucket or prefix cannot be used".into());
     };
     // The operator's own network position is no more the tenant's than the
@@ -79,7 +79,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
         Err(why) => return (false, reasons::INVALID_SPEC, why),
     };
     let at = format!("{}/{}", spec.bucket, spec.prefix.as_deref().unwrap_or(""));
-    match warren_storage::probe::probe(store, &m.root()).await {
+    match warren_objects::probe::probe(store, &m.root()).await {
         Ok(()) => (true, reasons::REACHABLE, format!("listed {at} with the configured credentials")),
         Err(e) => {
             let reason = match e {

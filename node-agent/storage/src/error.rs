@@ -39,6 +39,12 @@ pub enum FsError {
     Io(String),
 }
 
+impl From<warren_objects::name::InvalidName> for FsError {
+    fn from(_: warren_objects::name::InvalidName) -> Self {
+        FsError::InvalidName
+    }
+}
+
 impl FsError {
     /// The errno a program sees.
     pub fn errno(&self) -> i32 {

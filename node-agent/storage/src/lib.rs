@@ -12,18 +12,17 @@
 pub mod cache;
 pub mod error;
 pub mod fuse;
-pub mod guard;
 pub mod local;
-pub mod name;
 pub mod pool;
-pub mod probe;
 pub mod session;
-pub mod spec;
 pub mod stores;
 pub mod tree;
 mod write;
 
 pub use error::FsError;
+// The object side of a mount (spec, guarded clients, names, probe), shared
+// with the operator, which has no use for the FUSE server.
+pub use warren_objects::{guard, name, probe, spec};
 pub use spec::{MountSpec, Provider};
 pub use tree::{Attr, Kind, MountOptions, ObjectTree, ROOT};
 pub use write::SyncFailure;

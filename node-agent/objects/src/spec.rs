@@ -181,7 +181,7 @@ impl MountSpec {
             Provider::S3 => self.s3(None, policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Azure => self.azure(policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
             Provider::Gcs => self.gcs(policy).map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
-            // Only beneath a root an admin allowed: see `crate::local`.
+            // Only beneath a root an admin allowed: see `warren_storage::local`.
             Provider::Local => Err("a local directory is served only beneath the agent's allowed roots".into()),
             Provider::Volume => Err("a volume is served from the agent's platform store".into()),
         }

@@ -4,19 +4,22 @@
 
 use object_store::path::PathPart;
 
-use crate::FsError;
 
 /// Longest name (Linux `NAME_MAX`).
 pub const NAME_MAX: usize = 255;
 
-/// The name as a key segment, or [`FsError::InvalidName`].
-pub fn segment(name: &[u8]) -> Result<PathPart<'_>, FsError> {
-    let s = std::str::from_utf8(name).map_err(|_| FsError::InvalidName)?;
+/// A name that is not one plain key segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidName;
+
+/// The name as a key segment, or [`InvalidName`].
+pub fn segment(name: &[u8]) -> Result<PathPart<'_>, InvalidName> {
+    let s = std::str::from_utf8(name).map_err(|_| InvalidName)?;
     if s.is_empty() || s.len() > NAME_MAX || s.contains('\\') {
-        return Err(FsError::InvalidName);
+        return Err(InvalidName);
     }
     // Refuses ".", "..", "/" and control characters.
-    PathPart::parse(s).map_err(|_| FsError::InvalidName)
+    PathPart::parse(s).map_err(|_| InvalidName)
 }
 
 #[cfg(test)]
@@ -30,8 +33,8 @@ mod tests {
         }
         let long = "x".repeat(NAME_MAX + 1);
         for bad in ["", ".", "..", "a/b", "/", "a\\b", "a\0b", "a\nb", "\x7f", long.as_str()] {
-            assert_eq!(segment(bad.as_bytes()).unwrap_err(), FsError::InvalidName, "{bad:?}");
+            assert_eq!(segment(bad.as_bytes()).unwrap_err(), InvalidName, "{bad:?}");
         }
-        assert_eq!(segment(b"\xff\xfe").unwrap_err(), FsError::InvalidName, "not UTF-8");
+        assert_eq!(segment(b"\xff\xfe").unwrap_err(), InvalidName, "not UTF-8");
     }
 }
