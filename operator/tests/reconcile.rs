@@ -1,0 +1,142 @@
+//! Reconcilers against a mocked API server (the controller-rs way): the
+//! client's HTTP service is a `tower_test` pair, and each scenario answers
+//! the requests it expects, in order, asserting method, path and body. No
+//! cluster, no root; the same behaviour on a real API server is in
+//! `tests/tests/cluster.rs`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use kube::client::Body;
+use kube::Client;
+use serde_json::{json, Value};
+use warren_config::consumable::SecretScope;
+use warren_config::types::Connector;
+use warren_operator::context::Context;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// A Context whose client talks to the returned handle.
+fn context(tenants: &[&str]) -> (Arc<Context>, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let scope = SecretScope::Namespaces(tenants.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
+    let ctx = Context::new(client, "warren-keys".into(), "warren-system".into(), "app=agent".into(), None).with_secret_scope(scope);
+    (Arc::new(ctx), handle)
+}
+
+fn connector(ns: &str, status: Option<Value>) -> Arc<Connector> {
+    let mut v = json!({
+        "apiVersion": "warren.dev/v1alpha1", "kind": "Connector",
+        "metadata": {"name": "gh", "namespace": ns, "generation": 3, "uid": "u-1"},
+        "spec": {"type": "GitHub", "credentialsSecretRef": {"name": "gh-creds"}},
+    });
+    if let Some(s) = status {
+        v["status"] = s;
+    }
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+/// The next request: its method, path (query dropped) and JSON body.
+async fn next(handle: &mut Handle) -> (String, String, Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (req, send) = tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request()).await.expect("the reconciler made no further request").expect("the client is gone");
+    let (parts, body) = req.into_parts();
+    let bytes = http_body_util::BodyExt::collect(body).await.unwrap().to_bytes();
+    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    (parts.method.to_string(), parts.uri.path().to_string(), body, send)
+}
+
+fn answer(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: Value) {
+    send.send_response(Response::builder().status(status).header("content-type", "application/json").body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
+}
+
+/// Answers an event POST (best effort in the reconciler) with 201.
+async fn event(handle: &mut Handle, reason: &str) {
+    let (method, path, body, send) = next(handle).await;
+    assert_eq!(method, "POST", "{path}");
+    assert!(path.ends_with("/events"), "{path}");
+    assert_eq!(body["reason"], reason, "{body}");
+    answer(send, 201, body);
+}
+
+/// What the API server answers a status patch with: the whole object.
+fn patched(ns: &str, body: &Value) -> Value {
+    serde_json::to_value(connector(ns, Some(body["status"].clone())).as_ref()).unwrap()
+}
+
+/// A status patch: server-side apply of the Ready condition only.
+fn ready_of(body: &Value) -> (String, String, String, i64) {
+    let c = &body["status"]["conditions"][0];
+    (c["status"].as_str().unwrap().into(), c["reason"].as_str().unwrap().into(), c["message"].as_str().unwrap().into(), body["status"]["observedGeneration"].as_i64().unwrap())
+}
+
+/// The attack from #26, below the API server: a Connector in a namespace
+/// that is not a tenant namespace names a Secret. The operator does not
+/// even read it: the only requests are the status patch and the event.
+#[tokio::test]
+async fn a_secret_outside_the_tenant_namespaces_is_never_read() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let run = tokio::spawn(warren_operator::credentials::connector(connector("other-team", None), ctx));
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/connectors/gh/status"), "the first request must be the status, not a Secret read");
+    let (status, reason, message, generation) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str(), generation), ("False", "SecretNotConsumable", 3));
+    assert!(message.contains("not a tenant namespace"), "{message}");
+    answer(send, 200, patched("other-team", &body));
+    event(&mut handle, "SecretNotConsumable").await;
+    run.await.unwrap().expect("reconciled");
+}
+
+/// A labelled Secret holding the entries: read once, Ready=True written,
+/// and the entry's value never appears in what the operator writes.
+#[tokio::test]
+async fn a_complete_consumable_secret_makes_the_connector_ready() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let run = tokio::spawn(warren_operator::credentials::connector(connector("team-a", None), ctx));
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/gh-creds"));
+    answer(
+        send,
+        200,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gh-creds", "namespace": "team-a", "labels": {"warren.dev/consumable": "true"}}, "data": {"token": "Z2hwLXNlY3JldC12YWx1ZQ=="}}),
+    );
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/connectors/gh/status"));
+    let (status, reason, message, _) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Valid"), "{message}");
+    assert!(!body.to_string().contains("ghp-secret-value") && !body.to_string().contains("Z2hwLXNlY3JldC12YWx1ZQ"), "the Secret's value leaked into the status: {body}");
+    answer(send, 200, patched("team-a", &body));
+    event(&mut handle, "Valid").await;
+    run.await.unwrap().expect("reconciled");
+}
+
+/// Re-applying the same manifests writes nothing: with the same Ready
+/// condition already in status, the reconcile reads the Secret and stops.
+#[tokio::test]
+async fn an_unchanged_verdict_writes_nothing() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let status = json!({"observedGeneration": 3, "conditions": [{
+        "type": "Ready", "status": "False", "reason": "SecretNotFound", "message": "Secret gh-creds not found in namespace team-a",
+        "observedGeneration": 3, "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+    let run = tokio::spawn(warren_operator::credentials::connector(connector("team-a", Some(status)), ctx));
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/gh-creds"));
+    answer(send, 404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "secrets \"gh-creds\" not found"}));
+    run.await.unwrap().expect("reconciled");
+    // The reconcile is over; it made no other request.
+    assert!(tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request()).await.map_or(true, |r| r.is_none()), "an unchanged status was written again");
+}
+
+/// An API server error fails the reconcile (it is retried with backoff)
+/// and writes no verdict built on a guess.
+#[tokio::test]
+async fn an_api_server_error_fails_the_reconcile_without_a_verdict() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let run = tokio::spawn(warren_operator::credentials::connector(connector("team-a", None), ctx));
+    let (_, path, _, send) = next(&mut handle).await;
+    assert_eq!(path, "/api/v1/namespaces/team-a/secrets/gh-creds");
+    answer(send, 500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500, "message": "etcd is down"}));
+    assert!(run.await.unwrap().is_err(), "a failed read must fail the reconcile");
+    assert!(tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request()).await.map_or(true, |r| r.is_none()), "a status was written after a failed read");
+}
