@@ -140,3 +140,58 @@ async fn an_api_server_error_fails_the_reconcile_without_a_verdict() {
     assert!(run.await.unwrap().is_err(), "a failed read must fail the reconcile");
     assert!(tokio::time::timeout(std::time::Duration::from_millis(50), handle.next_request()).await.map_or(true, |r| r.is_none()), "a status was written after a failed read");
 }
+
+fn sandbox(image: &str) -> Arc<warren_api::Sandbox> {
+    let v = json!({
+        "apiVersion": "warren.dev/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "default", "namespace": "team-a", "generation": 2, "uid": "u-2"},
+        "spec": {"image": image, "languages": ["python", "bash"]},
+    });
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+fn pod(name: &str, node: &str, phase: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "warren-system"}, "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase, "podIP": "10.0.0.1"}})
+}
+
+/// A `host` Sandbox is warm wherever an agent runs: the operator lists the
+/// agent pods by the chart's selector and records the running ones' nodes.
+#[tokio::test]
+async fn a_host_sandbox_is_ready_on_the_nodes_running_an_agent() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let sb = sandbox("host");
+    let run = tokio::spawn(warren_operator::sandbox::sandbox(sb.clone(), ctx));
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/warren-system/pods"));
+    answer(send, 200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod("a", "node-b", "Running"), pod("b", "node-a", "Running"), pod("c", "node-c", "Pending")]}));
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status"));
+    let (status, reason, _, generation) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str(), generation), ("True", "Valid", 2));
+    assert_eq!(body["status"]["warmNodes"], json!(["node-a", "node-b"]), "running agents only, sorted: {body}");
+    assert_eq!(body["status"]["languages"], json!(["python", "bash"]), "{body}");
+    let mut whole = serde_json::to_value(sb.as_ref()).unwrap();
+    whole["status"] = body["status"].clone();
+    answer(send, 200, whole);
+    event(&mut handle, "Valid").await;
+    run.await.unwrap().expect("reconciled");
+}
+
+/// An OCI Sandbox when the operator holds no node-agent credentials: it
+/// says so (ImagePullFailed) and asks nothing of the agents.
+#[tokio::test]
+async fn an_oci_sandbox_without_agent_credentials_says_why_it_cannot_warm() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let sb = sandbox("registry.example.com/team/runtime:1");
+    let run = tokio::spawn(warren_operator::sandbox::sandbox(sb.clone(), ctx));
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status"), "no pod listing, no pull secret read");
+    let (status, reason, message, _) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "ImagePullFailed"));
+    assert!(message.contains("no node-agent credentials"), "{message}");
+    let mut whole = serde_json::to_value(sb.as_ref()).unwrap();
+    whole["status"] = body["status"].clone();
+    answer(send, 200, whole);
+    event(&mut handle, "ImagePullFailed").await;
+    run.await.unwrap().expect("reconciled");
+}
