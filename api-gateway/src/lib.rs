@@ -184,41 +184,13 @@ pub struct Args {
 
 /// Runs the gateway until SIGTERM or Ctrl-C, then drains in-flight requests.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let token = match &args.agent_token_file {
-        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
-        None => None,
-    };
     let client = if args.cluster || args.agent_selector.is_some() {
         Some(kube::Client::try_default().await.context("connecting to the Kubernetes API (cluster mode)")?)
     } else {
         None
     };
-    let static_agents = if args.agent_selector.is_some() { Vec::new() } else { args.agents.clone() };
-    let tls = warren_proto::tls::TlsFiles::from_flags(args.agent_tls_cert_file.clone(), args.agent_tls_key_file.clone(), args.agent_tls_ca_file.clone())
-        .map_err(anyhow::Error::msg)?
-        .map(|f| f.client_config())
-        .transpose()
-        .context("loading the gateway's agent TLS files")?;
-    if args.agent_selector.is_some() && tls.is_none() {
-        bail!("--agent-selector finds TCP node-agents, which need --agent-tls-cert-file, --agent-tls-key-file and --agent-tls-ca-file");
-    }
-    let nodes = nodes::Nodes::new(&static_agents, token, tls)?;
-    nodes.check_all().await;
-    let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
-    let discovery = match (&client, &args.agent_selector) {
-        (Some(c), Some(sel)) => Some(tokio::spawn(discovery::watch_loop(c.clone(), args.namespace.clone(), sel.clone(), args.agent_daemonset.clone(), args.agent_port, nodes.clone()))),
-        _ => None,
-    };
-
-    let reload = if let (true, Some(client)) = (args.cluster, client) {
-        let (tx, rx) = watch::channel(Arc::new(auth::KeyStore::default()));
-        (rx, tokio::spawn(cluster_config::watch_loop(client, args.keys_namespace.clone().unwrap_or_else(|| args.namespace.clone()), tx)))
-    } else {
-        let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
-        (rx, tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx)))
-    };
-    let (rx, reload) = reload;
-
+    let (nodes, health, discovery) = agents(&args, client.as_ref()).await?;
+    let (rx, reload) = keys(&args, client);
     let owner = warren_core::ids::random_id("gw_", 20, &mut |b: &mut [u8]| rand::fill(b));
     let store = open_records(&args.records).await?;
     store.heartbeat(&owner, records::now_ms()).await.context("writing this gateway's heartbeat to the record database")?;
@@ -227,30 +199,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output: Duration::from_secs(args.output_retention_hours * 3600),
         lease: Duration::from_secs(args.record_lease_secs),
     };
-    let signing_key = match &args.files_signing_key_file {
-        Some(path) => files::key::SigningKey::from_file(path).with_context(|| format!("the file URL signing key {}", path.display()))?,
-        None => {
-            tracing::warn!("no --files-signing-key-file: file URLs are signed with a key of this process only (they end with it, and other replicas refuse them)");
-            files::key::SigningKey::ephemeral()
-        }
-    };
-    // Earlier releases kept the key in the record database: no longer.
-    store.forget_setting("files-signing-key").await.context("removing the old file URL signing key from the record database")?;
-    let files = Arc::new(files::Settings {
-        signing_key: Arc::new(signing_key),
-        public_url: args.public_url.clone(),
-        ttl: Duration::from_secs(args.files_url_ttl_secs),
-        max_upload: args.files_max_upload_mib << 20,
-    });
+    let files = file_urls(&args, &store).await?;
     let recorder = records::Recorder::start(store.clone(), &owner, args.record_output_max_bytes as usize);
     let tasks = tokio_util::task::TaskTracker::new();
-    let webhooks = webhook::Webhooks::new(&webhook::Settings {
-        allowed: args.webhook_allow_hosts.clone(),
-        ca_file: args.webhook_ca_file.clone(),
-        attempts: args.webhook_attempts,
-        retry_base: Duration::from_millis(args.webhook_retry_base_ms),
-        timeout: Duration::from_secs(args.webhook_timeout_secs),
-    })?;
+    let webhooks = webhook::Webhooks::new(&webhook_settings(&args))?;
     let webhook_stop = webhooks.clone();
     let takeover = Arc::new(webhook::Takeover { webhooks: webhooks.clone(), recorder: recorder.clone(), keys: rx.clone(), tasks: tasks.clone() });
     let sweep = tokio::spawn(records::sweep_loop(store, owner.clone(), retention, takeover));
@@ -283,9 +235,87 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
     serve::serve(listener, router::app(state), limits, stop, drain).await;
-    // Asynchronous executions have no connection to drain: wait for them too
-    // (webhooks waiting to retry are left to the next gateway).
-    webhook_stop.stop();
+    finish(webhook_stop, tasks, drain, recorder).await;
+    for task in [Some(sweep), Some(health), Some(reload), discovery].into_iter().flatten() {
+        task.abort();
+    }
+    info!("gateway stopped");
+    Ok(())
+}
+
+/// The node-agents: static addresses or, with `--agent-selector`, the
+/// DaemonSet's pods as they come and go; health-checked in the background.
+async fn agents(args: &Args, client: Option<&kube::Client>) -> anyhow::Result<(Arc<nodes::Nodes>, tokio::task::JoinHandle<()>, Option<tokio::task::JoinHandle<()>>)> {
+    let token = match &args.agent_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?.trim().to_string()),
+        None => None,
+    };
+    let static_agents = if args.agent_selector.is_some() { Vec::new() } else { args.agents.clone() };
+    let tls = warren_proto::tls::TlsFiles::from_flags(args.agent_tls_cert_file.clone(), args.agent_tls_key_file.clone(), args.agent_tls_ca_file.clone())
+        .map_err(anyhow::Error::msg)?
+        .map(|f| f.client_config())
+        .transpose()
+        .context("loading the gateway's agent TLS files")?;
+    if args.agent_selector.is_some() && tls.is_none() {
+        bail!("--agent-selector finds TCP node-agents, which need --agent-tls-cert-file, --agent-tls-key-file and --agent-tls-ca-file");
+    }
+    let nodes = nodes::Nodes::new(&static_agents, token, tls)?;
+    nodes.check_all().await;
+    let health = tokio::spawn(nodes.clone().health_loop(Duration::from_millis(args.health_interval_ms)));
+    let discovery = match (client, &args.agent_selector) {
+        (Some(c), Some(sel)) => Some(tokio::spawn(discovery::watch_loop(c.clone(), args.namespace.clone(), sel.clone(), args.agent_daemonset.clone(), args.agent_port, nodes.clone()))),
+        _ => None,
+    };
+    Ok((nodes, health, discovery))
+}
+
+/// The API keys: published by the operator (cluster mode) or compiled from
+/// the manifest directories, kept current by a background task.
+fn keys(args: &Args, client: Option<kube::Client>) -> (watch::Receiver<Arc<auth::KeyStore>>, tokio::task::JoinHandle<()>) {
+    if let (true, Some(client)) = (args.cluster, client) {
+        let (tx, rx) = watch::channel(Arc::new(auth::KeyStore::default()));
+        (rx, tokio::spawn(cluster_config::watch_loop(client, args.keys_namespace.clone().unwrap_or_else(|| args.namespace.clone()), tx)))
+    } else {
+        let (tx, rx) = watch::channel(Arc::new(local_config::initial(&args.manifests)));
+        (rx, tokio::spawn(local_config::watch_loop(args.manifests.clone(), Duration::from_millis(args.reload_interval_ms), tx)))
+    }
+}
+
+/// Where and how webhooks are delivered.
+fn webhook_settings(args: &Args) -> webhook::Settings {
+    webhook::Settings {
+        allowed: args.webhook_allow_hosts.clone(),
+        ca_file: args.webhook_ca_file.clone(),
+        attempts: args.webhook_attempts,
+        retry_base: Duration::from_millis(args.webhook_retry_base_ms),
+        timeout: Duration::from_secs(args.webhook_timeout_secs),
+    }
+}
+
+/// How file URLs are signed and bounded.
+async fn file_urls(args: &Args, store: &records::Store) -> anyhow::Result<Arc<files::Settings>> {
+    let signing_key = match &args.files_signing_key_file {
+        Some(path) => files::key::SigningKey::from_file(path).with_context(|| format!("the file URL signing key {}", path.display()))?,
+        None => {
+            tracing::warn!("no --files-signing-key-file: file URLs are signed with a key of this process only (they end with it, and other replicas refuse them)");
+            files::key::SigningKey::ephemeral()
+        }
+    };
+    // Earlier releases kept the key in the record database: no longer.
+    store.forget_setting("files-signing-key").await.context("removing the old file URL signing key from the record database")?;
+    Ok(Arc::new(files::Settings {
+        signing_key: Arc::new(signing_key),
+        public_url: args.public_url.clone(),
+        ttl: Duration::from_secs(args.files_url_ttl_secs),
+        max_upload: args.files_max_upload_mib << 20,
+    }))
+}
+
+/// After the HTTP drain: asynchronous executions have no connection to
+/// drain, so they are waited for too (webhooks waiting to retry are left to
+/// the next gateway), then the records are flushed.
+async fn finish(webhooks: webhook::Webhooks, tasks: tokio_util::task::TaskTracker, drain: Duration, recorder: records::Recorder) {
+    webhooks.stop();
     tasks.close();
     if !tasks.is_empty() {
         info!(executions = tasks.len(), "waiting for asynchronous executions");
@@ -294,15 +324,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tracing::warn!("asynchronous executions did not finish in time; they end as gateway_lost");
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), recorder.flush()).await;
-    sweep.abort();
-    health.abort();
-    reload.abort();
-    if let Some(d) = discovery {
-        d.abort();
-    }
-    info!("gateway stopped");
-    Ok(())
 }
+
 
 /// Opens the record database, waiting up to a minute for it to accept
 /// connections (a database started alongside the gateway may be slower).

@@ -259,6 +259,7 @@ pub struct Rendered {
 }
 
 /// Renders `grants`.
+// Long: one match arm per connector type, each what that type's clients read; the arms share the files and env they accumulate.
 pub fn render(grants: &[Grant]) -> Rendered {
     let mut r = Rendered::default();
     let mut first = std::collections::HashSet::new();

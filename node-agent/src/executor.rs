@@ -349,6 +349,7 @@ impl Executor {
     /// ~0.3 ms, occasionally 10 ms on v1) in the background while the
     /// admission stays held, so `running()` counts an execution until
     /// nothing of it is left.
+// Long: one execution's lifecycle with its resources released on every path; to be split behind the executor's seam (issue #28).
     pub async fn execute(&self, mut admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
         let mut resources = Resources::default();
         if let Some((options, lock)) = admission.thread.take() {

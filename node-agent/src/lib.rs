@@ -201,6 +201,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 /// Runs the agent until SIGINT/SIGTERM.
+// Long: the start sequence, read in order, destructuring every flag (one line each); each step with logic of its own is a function below.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let Args {
         node_name,
@@ -245,50 +246,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if listen_unix.is_none() && listen_tcp.is_none() {
         bail!("nothing to listen on: pass --listen-unix and/or --listen-tcp");
     }
-    let token = read_token(token_file.as_deref())?;
-    let warm_token = read_token(warm_token_file.as_deref())?;
-    if warm_token.is_some() && (token.is_none() || warm_token == token) {
-        bail!("--warm-token-file needs --token-file, and a different token: it is the narrower credential");
-    }
-    if listen_tcp.is_some() && token.is_none() {
-        bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
-    }
-    let tls = warren_proto::tls::TlsFiles::from_flags(tls_cert_file, tls_key_file, tls_client_ca_file).map_err(anyhow::Error::msg)?;
-    let tcp = match (listen_tcp, tls) {
-        (None, _) => None,
-        (Some(addr), Some(tls)) => Some((addr, tls.server_config().context("loading the agent's TLS files")?)),
-        (Some(_), None) => bail!(
-            "--listen-tcp requires --tls-cert-file, --tls-key-file and --tls-client-ca-file: the agent serves TCP only with mutual TLS"
-        ),
-    };
+    let (auth, tcp) = callers(listen_tcp, token_file.as_deref(), warm_token_file.as_deref(), tls_cert_file, tls_key_file, tls_client_ca_file)?;
     // Configuration an admin can get wrong is checked before anything on
     // the node changes (no mount or cgroup is left by a refused start).
     let store_spec = thread_store.unwrap_or_else(|| format!("dir:{}", state_dir.join("thread-store").display()));
-    let local_roots = {
-        // What no Local root may hold or lie inside: everything the agent keeps.
-        let mut reserved = vec![state_dir.clone()];
-        reserved.extend(image_store.clone());
-        reserved.extend(store_spec.strip_prefix("dir:").map(PathBuf::from));
-        reserved.extend(token_file.clone());
-        reserved.extend(warm_token_file.clone());
-        reserved.extend(sandbox_binary.clone());
-        reserved.extend(std::env::current_exe().ok());
-        warren_storage::local::LocalRoots::new(&local_storage_roots, &reserved).map_err(anyhow::Error::msg)?
-    };
-    let own: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
-        .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
-        .unwrap_or_default();
-    let endpoints = warren_core::reach::EndpointPolicy::new(&allow_endpoints, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)?;
+    let reserved: Vec<PathBuf> = [Some(state_dir.clone()), image_store.clone(), store_spec.strip_prefix("dir:").map(PathBuf::from), token_file, warm_token_file, sandbox_binary.clone(), std::env::current_exe().ok()]
+        .into_iter()
+        .flatten()
+        .collect();
+    // What no Local root may hold or lie inside: everything the agent keeps.
+    let local_roots = warren_storage::local::LocalRoots::new(&local_storage_roots, &reserved).map_err(anyhow::Error::msg)?;
+    let endpoints = endpoint_policy(&allow_endpoints, node_ip)?;
     for dir in std::iter::once(&state_dir).chain(image_store.as_ref()) {
-        if let Some((blocked, mode)) = untraversable_ancestor(dir) {
-            bail!(
-                "sandboxes cannot reach {}: {} is mode {mode:04o}, and sandboxes run as unprivileged users that must pass through every parent \
-                 (chmod o+x {}, or choose a directory elsewhere)",
-                dir.display(),
-                blocked.display(),
-                blocked.display()
-            );
-        }
+        traversable(dir)?;
     }
     let (layout, _cgroup_claim, features) = detect(&cgroup_name)?;
     let dirs = prepare_state_dir(&state_dir)?;
@@ -327,35 +297,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         net: net.clone(),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
-    // Storage mounts share the S3 connection setting of the thread store.
-    let platform_bucket = store_spec.strip_prefix("s3://").map(|b| b.split('/').next().unwrap_or(b).to_string());
-    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
-        .with_local_roots(local_roots)
-        .with_platform_bucket(platform_bucket)
-        .with_endpoint_policy(Arc::new(endpoints))
-        .with_disk_reserve(state_reserve);
-    if storage_cache > 0 {
-        let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), storage_cache).context("preparing the storage cache")?;
-        stores = stores.with_cache(Arc::new(cache));
-    }
-    let fuse_pool = match (storage_fuse_pool, Path::new("/dev/fuse").exists()) {
-        (0, _) | (_, false) => None,
-        (n, true) => {
-            let left = warren_isolation::home::unmount_below(&fuse_pool_dir).unwrap_or(0);
-            if left > 0 {
-                warn!(dir = %fuse_pool_dir.display(), mounts = left, "unmounted FUSE sessions an earlier run left");
-            }
-            // Without the pool each call mounts its own session: slower, not broken.
-            warren_storage::pool::FusePool::new(&fuse_pool_dir, n as usize, tokio::runtime::Handle::current())
-                .inspect_err(|e| warn!(error = %e, "no FUSE session pool; calls with storage mount their own"))
-                .ok()
-        }
-    };
-    if let Some(pool) = &fuse_pool {
-        stores = stores.with_fuse_pool(pool.clone());
-    }
-    stores = stores.with_platform(threads::store::volume_backend(&store_spec, s3_pool_max_idle).context("opening the platform store for volumes")?);
-    let stores = Arc::new(stores);
+    let (stores, fuse_pool) = storage(&store_spec, s3_pool_max_idle, local_roots, endpoints, state_reserve, &state_dir, storage_cache, storage_fuse_pool, &fuse_pool_dir)?;
     let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, insecure_registries, Duration::from_secs(image_pull_wait_secs))?;
     let config = ExecutorConfig { policy, max_executions, pool_size, node_name: node_name.clone(), stores, images: images.clone() };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
@@ -364,7 +306,112 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(collect_images(exec.clone()));
     }
     info!(node = %node_name, "node-agent starting");
-    let served = serve(exec.clone(), listen_unix, tcp, auth::BearerAuth::new(token).with_warm_token(warm_token), Duration::from_secs(shutdown_timeout_secs)).await;
+    let served = serve(exec.clone(), listen_unix, tcp, auth, Duration::from_secs(shutdown_timeout_secs)).await;
+    stop(&exec, net, fuse_pool, &mounted_dirs, images).await;
+    served
+}
+
+/// Who may call the agent: the bearer tokens, and the TCP listener with its
+/// mutual TLS (never TCP without both).
+fn callers(
+    listen_tcp: Option<std::net::SocketAddr>,
+    token_file: Option<&Path>,
+    warm_token_file: Option<&Path>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    tls_client_ca_file: Option<PathBuf>,
+) -> anyhow::Result<(auth::BearerAuth, Option<(std::net::SocketAddr, tonic::transport::ServerTlsConfig)>)> {
+    let token = read_token(token_file)?;
+    let warm_token = read_token(warm_token_file)?;
+    if warm_token.is_some() && (token.is_none() || warm_token == token) {
+        bail!("--warm-token-file needs --token-file, and a different token: it is the narrower credential");
+    }
+    if listen_tcp.is_some() && token.is_none() {
+        bail!("--listen-tcp requires --token-file: the agent never serves TCP unauthenticated");
+    }
+    let tls = warren_proto::tls::TlsFiles::from_flags(tls_cert_file, tls_key_file, tls_client_ca_file).map_err(anyhow::Error::msg)?;
+    let tcp = match (listen_tcp, tls) {
+        (None, _) => None,
+        (Some(addr), Some(tls)) => Some((addr, tls.server_config().context("loading the agent's TLS files")?)),
+        (Some(_), None) => bail!(
+            "--listen-tcp requires --tls-cert-file, --tls-key-file and --tls-client-ca-file: the agent serves TCP only with mutual TLS"
+        ),
+    };
+    Ok((auth::BearerAuth::new(token).with_warm_token(warm_token), tcp))
+}
+
+/// Where tenant endpoints may not go: beyond the policy's fixed ranges,
+/// this node's own addresses (every interface's, and `--node-ip`).
+fn endpoint_policy(allow: &[String], node_ip: Option<std::net::IpAddr>) -> anyhow::Result<warren_core::reach::EndpointPolicy> {
+    let own: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+        .map(|addrs| addrs.filter_map(|a| a.address.and_then(|s| s.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))))).collect())
+        .unwrap_or_default();
+    warren_core::reach::EndpointPolicy::new(allow, own.into_iter().chain(node_ip).collect()).map_err(anyhow::Error::msg)
+}
+
+/// Refuses a directory sandboxes must reach but cannot: they run as
+/// unprivileged users that must pass through every parent.
+fn traversable(dir: &Path) -> anyhow::Result<()> {
+    if let Some((blocked, mode)) = untraversable_ancestor(dir) {
+        bail!(
+            "sandboxes cannot reach {}: {} is mode {mode:04o}, and sandboxes run as unprivileged users that must pass through every parent \
+             (chmod o+x {}, or choose a directory elsewhere)",
+            dir.display(),
+            blocked.display(),
+            blocked.display()
+        );
+    }
+    Ok(())
+}
+
+/// The stores storage mounts are served from, and the FUSE session pool
+/// mounted ahead of calls (none without `/dev/fuse` or with a size of 0).
+#[allow(clippy::too_many_arguments)] // one call site: the agent's flags, named
+fn storage(
+    store_spec: &str,
+    s3_pool_max_idle: Option<usize>,
+    local_roots: warren_storage::local::LocalRoots,
+    endpoints: warren_core::reach::EndpointPolicy,
+    state_reserve: u64,
+    state_dir: &Path,
+    cache_bytes: u64,
+    fuse_sessions: u64,
+    fuse_pool_dir: &Path,
+) -> anyhow::Result<(Arc<warren_storage::stores::Stores>, Option<Arc<warren_storage::pool::FusePool>>)> {
+    // Storage mounts share the S3 connection setting of the thread store.
+    let platform_bucket = store_spec.strip_prefix("s3://").map(|b| b.split('/').next().unwrap_or(b).to_string());
+    let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
+        .with_local_roots(local_roots)
+        .with_platform_bucket(platform_bucket)
+        .with_endpoint_policy(Arc::new(endpoints))
+        .with_disk_reserve(state_reserve);
+    if cache_bytes > 0 {
+        let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), cache_bytes).context("preparing the storage cache")?;
+        stores = stores.with_cache(Arc::new(cache));
+    }
+    let fuse_pool = match (fuse_sessions, Path::new("/dev/fuse").exists()) {
+        (0, _) | (_, false) => None,
+        (n, true) => {
+            let left = warren_isolation::home::unmount_below(fuse_pool_dir).unwrap_or(0);
+            if left > 0 {
+                warn!(dir = %fuse_pool_dir.display(), mounts = left, "unmounted FUSE sessions an earlier run left");
+            }
+            // Without the pool each call mounts its own session: slower, not broken.
+            warren_storage::pool::FusePool::new(fuse_pool_dir, n as usize, tokio::runtime::Handle::current())
+                .inspect_err(|e| warn!(error = %e, "no FUSE session pool; calls with storage mount their own"))
+                .ok()
+        }
+    };
+    if let Some(pool) = &fuse_pool {
+        stores = stores.with_fuse_pool(pool.clone());
+    }
+    stores = stores.with_platform(threads::store::volume_backend(store_spec, s3_pool_max_idle).context("opening the platform store for volumes")?);
+    Ok((Arc::new(stores), fuse_pool))
+}
+
+/// A clean stop: running executions drained, networking and FUSE sessions
+/// taken down, and every mount the agent made below its state removed.
+async fn stop(exec: &Executor, net: Option<Arc<warren_network::NodeNet>>, fuse_pool: Option<Arc<warren_storage::pool::FusePool>>, mounted_dirs: &[PathBuf], images: Option<Arc<images::Images>>) {
     exec.shutdown().await;
     if let Some(net) = net {
         net.stop().await;
@@ -373,12 +420,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || pool.drain()).await;
     }
     for dir in mounted_dirs {
-        let _ = warren_isolation::home::unmount_below(&dir);
+        let _ = warren_isolation::home::unmount_below(dir);
     }
     if let Some(images) = images {
         images.store().unmount_all();
     }
-    served
 }
 
 /// Sets up sandbox networking. A node that cannot (no nftables, no
@@ -612,6 +658,7 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     Ok(StateDirs { mnt, etc, homes, work })
 }
 
+// Long: the Unix and TCP servers and their shared drain, which must see both.
 async fn serve(
     exec: Arc<Executor>,
     unix: Option<PathBuf>,

@@ -272,6 +272,7 @@ fn socket_pair() -> Result<(Channel, OwnedFd), SandboxError> {
 }
 
 /// Builds a sandbox up to "init waits for Go".
+// Long: the steps of building a sandbox in order (home, cgroup, supervisor, its config), each failure undoing the steps before it.
 pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
     let slot = env.slots.acquire().ok_or(SandboxError::NoSlot)?;
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
@@ -488,6 +489,7 @@ impl Prepared {
     ///
     /// No branch awaits the caller: output goes through `queue`, so the
     /// deadline and the cancel branches are polled whatever the caller does.
+    // Long: one select loop; its branches (both output pipes, the queue's sends, the deadline, cancel) must be polled together.
     async fn drive(&mut self, spec: &ExecSpec, events: &mpsc::Sender<Event>, queue: &mut Queue, out: &mut Outcome, started: Instant) -> (Instant, bool) {
         let cap = spec.limits.max_output_bytes;
         let deadline = tokio::time::Instant::from_std(started + spec.timeout);

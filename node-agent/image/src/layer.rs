@@ -160,6 +160,7 @@ fn read_pax(data: &[u8], pending: &mut Pending) -> Result<(), LayerError> {
     Ok(())
 }
 
+// Long: one match arm per tar entry type, each confined beneath the layer root the same way.
 fn apply_entry<R: Read>(root: &Dir, entry: &mut tar::Entry<'_, R>, meta: Pending, stats: &mut LayerStats) -> Result<(), LayerError> {
     let header = entry.header();
     let raw_path = meta.path.unwrap_or_else(|| header.path_bytes().into_owned());

@@ -195,6 +195,7 @@ pub enum Handshake {
 
 /// Logs in to `server` for the client's `startup`. `binding` is the TLS
 /// channel-binding data when `server` is a TLS stream.
+// Long: the PostgreSQL authentication exchange as one state machine (SCRAM, its proof and channel binding, and the refusals), read top to bottom.
 pub async fn pg_login<C, S>(client: &mut C, server: &mut S, login: &PgLogin, startup: Startup, binding: Option<&[u8]>) -> io::Result<Handshake>
 where
     C: AsyncRead + AsyncWrite + Unpin,

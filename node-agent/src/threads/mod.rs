@@ -384,6 +384,7 @@ impl Threads {
         result
     }
 
+// Long: the save's steps in order (diff, room, charge, layer, publish, warm mark, old layers), each a call; timing spans them.
     async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path, diff_bytes: Option<u64>) -> Result<Saved, ThreadError> {
         let (key, state) = (&restored.options.key, restored.state.clone());
         let prev = restored.manifest.as_ref();

@@ -458,6 +458,7 @@ pub fn secret_ref(api_key_name: &str, k: &ApiKeySpec) -> (String, String) {
 /// namespace's ceilings (or their parse error). The operator calls this with
 /// objects from the API server; `compile` with objects from files.
 #[allow(clippy::too_many_arguments)]
+// Long: every narrowing check of an ApiKey against its Sandbox, in the order their errors are reported.
 pub fn effective_key(
     at: &Where,
     namespace: &str,
@@ -533,6 +534,7 @@ pub fn effective_key(
 /// The key's mounts: every Sandbox mount on its connection, narrowed by
 /// the key (prefixes only go deeper, by whole segments; modes only become
 /// read-only). Connectors are checked to be a subset of the Sandbox's.
+// Long: every check of a key's mount narrowing (prefix by whole segments, mode, connection, sub-path) per mount, in reporting order.
 fn effective_mounts(
     c: &Checker<'_>,
     namespace: &str,
