@@ -195,3 +195,97 @@ async fn an_oci_sandbox_without_agent_credentials_says_why_it_cannot_warm() {
     event(&mut handle, "ImagePullFailed").await;
     run.await.unwrap().expect("reconciled");
 }
+
+fn apikey(ns: &str) -> Arc<warren_config::types::ApiKey> {
+    let v = json!({
+        "apiVersion": "warren.dev/v1alpha1", "kind": "ApiKey",
+        // The finalizer is already there: the reconcile goes straight to apply.
+        "metadata": {"name": "agent", "namespace": ns, "generation": 1, "uid": "u-3", "finalizers": ["warren.dev/withdraw-key"]},
+        "spec": {"sandboxRef": {"name": "default"}},
+    });
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+fn not_found(what: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")})
+}
+
+/// Answers the list of the namespace's ApiKeys (for the shared-Secret
+/// check) with just `key`.
+async fn list_keys(handle: &mut Handle, key: &warren_config::types::ApiKey) {
+    let (method, path, _, send) = next(handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", format!("/apis/warren.dev/v1alpha1/namespaces/{}/apikeys", key.metadata.namespace.as_deref().unwrap()).as_str()));
+    answer(send, 200, json!({"apiVersion": "warren.dev/v1alpha1", "kind": "ApiKeyList", "metadata": {}, "items": [serde_json::to_value(key).unwrap()]}));
+}
+
+/// The published key is withdrawn (already absent: 404 is fine).
+async fn withdrawn(handle: &mut Handle, ns: &str) {
+    let (method, path, _, send) = next(handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("DELETE", format!("/api/v1/namespaces/warren-keys/secrets/{}", warren_config::published::secret_name(ns, "agent")).as_str()));
+    answer(send, 404, not_found("secret"));
+}
+
+/// An ApiKey outside the tenant namespaces: its Secret is neither read nor
+/// generated, anything published for it is withdrawn, and it says why.
+#[tokio::test]
+async fn an_apikey_outside_the_tenant_namespaces_gets_no_key() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let key = apikey("other-team");
+    let run = tokio::spawn(warren_operator::apikey::reconcile(key.clone(), ctx));
+    list_keys(&mut handle, &key).await;
+    withdrawn(&mut handle, "other-team").await;
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/apikeys/agent/status"), "no Secret read or created first");
+    let (status, reason, message, _) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "SecretNotConsumable"), "{message}");
+    let mut whole = serde_json::to_value(key.as_ref()).unwrap();
+    whole["status"] = body["status"].clone();
+    answer(send, 200, whole);
+    event(&mut handle, "SecretNotConsumable").await;
+    run.await.unwrap().expect("reconciled");
+}
+
+/// A key without a Secret gets one generated: owned by the ApiKey, marked
+/// consumable, holding a well-formed key and a webhook secret. Its Sandbox
+/// missing, nothing is published and the status names the Sandbox, and
+/// never the key.
+#[tokio::test]
+async fn a_missing_key_is_generated_into_an_owned_secret() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let key = apikey("team-a");
+    let run = tokio::spawn(warren_operator::apikey::reconcile(key.clone(), ctx));
+    list_keys(&mut handle, &key).await;
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/agent-key"));
+    answer(send, 404, not_found("secret"));
+    let (method, path, created, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("POST", "/api/v1/namespaces/team-a/secrets"));
+    assert_eq!(created["metadata"]["name"], "agent-key");
+    assert_eq!(created["metadata"]["labels"]["warren.dev/consumable"], "true");
+    let owner = &created["metadata"]["ownerReferences"][0];
+    assert_eq!((owner["uid"].as_str(), owner["controller"].as_bool(), owner["kind"].as_str()), (Some("u-3"), Some(true), Some("ApiKey")));
+    let value = {
+        use base64::Engine as _;
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(created["data"]["key"].as_str().unwrap()).unwrap()).unwrap()
+    };
+    assert!(value.starts_with("sk-wrn-") && value.len() >= 7 + 32 && value[7..].chars().all(|c| c.is_ascii_alphanumeric()), "{value}");
+    assert!(created["data"][warren_config::WEBHOOK_SECRET_ENTRY].is_string(), "{created}");
+    answer(send, 201, created.clone());
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default"));
+    answer(send, 404, not_found("sandbox"));
+    let (method, path, _, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a"));
+    answer(send, 200, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}));
+    withdrawn(&mut handle, "team-a").await;
+    let (method, path, body, send) = next(&mut handle).await;
+    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/apikeys/agent/status"));
+    let (status, reason, message, _) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "SandboxNotFound"), "{message}");
+    assert!(!body.to_string().contains(&value[7..]), "the key leaked into the status: {body}");
+    let mut whole = serde_json::to_value(key.as_ref()).unwrap();
+    whole["status"] = body["status"].clone();
+    answer(send, 200, whole);
+    event(&mut handle, "SandboxNotFound").await;
+    run.await.unwrap().expect("reconciled");
+}
