@@ -51,6 +51,14 @@ fn answer(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, bod
     send.send_response(Response::builder().status(status).header("content-type", "application/json").body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
 }
 
+/// The next request, which must be `method` on `path`: its body and the
+/// way to answer it.
+async fn expect(handle: &mut Handle, method: &str, path: &str) -> (Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (m, p, body, send) = next(handle).await;
+    assert_eq!((m.as_str(), p.as_str()), (method, path), "unexpected request");
+    (body, send)
+}
+
 /// Answers an event POST (best effort in the reconciler) with 201.
 async fn event(handle: &mut Handle, reason: &str) {
     let (method, path, body, send) = next(handle).await;
@@ -60,9 +68,12 @@ async fn event(handle: &mut Handle, reason: &str) {
     answer(send, 201, body);
 }
 
-/// What the API server answers a status patch with: the whole object.
-fn patched(ns: &str, body: &Value) -> Value {
-    serde_json::to_value(connector(ns, Some(body["status"].clone())).as_ref()).unwrap()
+/// Answers a status patch as the API server does: the whole object, with
+/// the status written.
+fn answer_status<K: serde::Serialize>(send: tower_test::mock::SendResponse<Response<Body>>, obj: &K, body: &Value) {
+    let mut whole = serde_json::to_value(obj).unwrap();
+    whole["status"] = body["status"].clone();
+    answer(send, 200, whole);
 }
 
 /// A status patch: server-side apply of the Ready condition only.
@@ -77,13 +88,13 @@ fn ready_of(body: &Value) -> (String, String, String, i64) {
 #[tokio::test]
 async fn a_secret_outside_the_tenant_namespaces_is_never_read() {
     let (ctx, mut handle) = context(&["team-a"]);
-    let run = tokio::spawn(warren_operator::credentials::connector(connector("other-team", None), ctx));
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/connectors/gh/status"), "the first request must be the status, not a Secret read");
+    let cn = connector("other-team", None);
+    let run = tokio::spawn(warren_operator::credentials::connector(cn.clone(), ctx));
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/connectors/gh/status").await; // the first request must be the status, not a Secret read
     let (status, reason, message, generation) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str(), generation), ("False", "SecretNotConsumable", 3));
     assert!(message.contains("not a tenant namespace"), "{message}");
-    answer(send, 200, patched("other-team", &body));
+    answer_status(send, cn.as_ref(), &body);
     event(&mut handle, "SecretNotConsumable").await;
     run.await.unwrap().expect("reconciled");
 }
@@ -93,20 +104,19 @@ async fn a_secret_outside_the_tenant_namespaces_is_never_read() {
 #[tokio::test]
 async fn a_complete_consumable_secret_makes_the_connector_ready() {
     let (ctx, mut handle) = context(&["team-a"]);
-    let run = tokio::spawn(warren_operator::credentials::connector(connector("team-a", None), ctx));
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/gh-creds"));
+    let cn = connector("team-a", None);
+    let run = tokio::spawn(warren_operator::credentials::connector(cn.clone(), ctx));
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a/secrets/gh-creds").await;
     answer(
         send,
         200,
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gh-creds", "namespace": "team-a", "labels": {"warren.dev/consumable": "true"}}, "data": {"token": "Z2hwLXNlY3JldC12YWx1ZQ=="}}),
     );
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/connectors/gh/status"));
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/connectors/gh/status").await;
     let (status, reason, message, _) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str()), ("True", "Valid"), "{message}");
     assert!(!body.to_string().contains("ghp-secret-value") && !body.to_string().contains("Z2hwLXNlY3JldC12YWx1ZQ"), "the Secret's value leaked into the status: {body}");
-    answer(send, 200, patched("team-a", &body));
+    answer_status(send, cn.as_ref(), &body);
     event(&mut handle, "Valid").await;
     run.await.unwrap().expect("reconciled");
 }
@@ -120,8 +130,7 @@ async fn an_unchanged_verdict_writes_nothing() {
         "type": "Ready", "status": "False", "reason": "SecretNotFound", "message": "Secret gh-creds not found in namespace team-a",
         "observedGeneration": 3, "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
     let run = tokio::spawn(warren_operator::credentials::connector(connector("team-a", Some(status)), ctx));
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/gh-creds"));
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a/secrets/gh-creds").await;
     answer(send, 404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "secrets \"gh-creds\" not found"}));
     run.await.unwrap().expect("reconciled");
     // The reconcile is over; it made no other request.
@@ -161,18 +170,14 @@ async fn a_host_sandbox_is_ready_on_the_nodes_running_an_agent() {
     let (ctx, mut handle) = context(&["team-a"]);
     let sb = sandbox("host");
     let run = tokio::spawn(warren_operator::sandbox::sandbox(sb.clone(), ctx));
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/warren-system/pods"));
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/warren-system/pods").await;
     answer(send, 200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod("a", "node-b", "Running"), pod("b", "node-a", "Running"), pod("c", "node-c", "Pending")]}));
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status"));
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status").await;
     let (status, reason, _, generation) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str(), generation), ("True", "Valid", 2));
     assert_eq!(body["status"]["warmNodes"], json!(["node-a", "node-b"]), "running agents only, sorted: {body}");
     assert_eq!(body["status"]["languages"], json!(["python", "bash"]), "{body}");
-    let mut whole = serde_json::to_value(sb.as_ref()).unwrap();
-    whole["status"] = body["status"].clone();
-    answer(send, 200, whole);
+    answer_status(send, sb.as_ref(), &body);
     event(&mut handle, "Valid").await;
     run.await.unwrap().expect("reconciled");
 }
@@ -184,14 +189,11 @@ async fn an_oci_sandbox_without_agent_credentials_says_why_it_cannot_warm() {
     let (ctx, mut handle) = context(&["team-a"]);
     let sb = sandbox("registry.example.com/team/runtime:1");
     let run = tokio::spawn(warren_operator::sandbox::sandbox(sb.clone(), ctx));
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status"), "no pod listing, no pull secret read");
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default/status").await; // no pod listing, no pull secret read
     let (status, reason, message, _) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str()), ("False", "ImagePullFailed"));
     assert!(message.contains("no node-agent credentials"), "{message}");
-    let mut whole = serde_json::to_value(sb.as_ref()).unwrap();
-    whole["status"] = body["status"].clone();
-    answer(send, 200, whole);
+    answer_status(send, sb.as_ref(), &body);
     event(&mut handle, "ImagePullFailed").await;
     run.await.unwrap().expect("reconciled");
 }
@@ -234,13 +236,10 @@ async fn an_apikey_outside_the_tenant_namespaces_gets_no_key() {
     let run = tokio::spawn(warren_operator::apikey::reconcile(key.clone(), ctx));
     list_keys(&mut handle, &key).await;
     withdrawn(&mut handle, "other-team").await;
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/apikeys/agent/status"), "no Secret read or created first");
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/other-team/apikeys/agent/status").await; // no Secret read or created first
     let (status, reason, message, _) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str()), ("False", "SecretNotConsumable"), "{message}");
-    let mut whole = serde_json::to_value(key.as_ref()).unwrap();
-    whole["status"] = body["status"].clone();
-    answer(send, 200, whole);
+    answer_status(send, key.as_ref(), &body);
     event(&mut handle, "SecretNotConsumable").await;
     run.await.unwrap().expect("reconciled");
 }
@@ -255,11 +254,9 @@ async fn a_missing_key_is_generated_into_an_owned_secret() {
     let key = apikey("team-a");
     let run = tokio::spawn(warren_operator::apikey::reconcile(key.clone(), ctx));
     list_keys(&mut handle, &key).await;
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a/secrets/agent-key"));
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a/secrets/agent-key").await;
     answer(send, 404, not_found("secret"));
-    let (method, path, created, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("POST", "/api/v1/namespaces/team-a/secrets"));
+    let (created, send) = expect(&mut handle, "POST", "/api/v1/namespaces/team-a/secrets").await;
     assert_eq!(created["metadata"]["name"], "agent-key");
     assert_eq!(created["metadata"]["labels"]["warren.dev/consumable"], "true");
     let owner = &created["metadata"]["ownerReferences"][0];
@@ -271,21 +268,16 @@ async fn a_missing_key_is_generated_into_an_owned_secret() {
     assert!(value.starts_with("sk-wrn-") && value.len() >= 7 + 32 && value[7..].chars().all(|c| c.is_ascii_alphanumeric()), "{value}");
     assert!(created["data"][warren_config::WEBHOOK_SECRET_ENTRY].is_string(), "{created}");
     answer(send, 201, created.clone());
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default"));
+    let (_, send) = expect(&mut handle, "GET", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default").await;
     answer(send, 404, not_found("sandbox"));
-    let (method, path, _, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("GET", "/api/v1/namespaces/team-a"));
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a").await;
     answer(send, 200, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}));
     withdrawn(&mut handle, "team-a").await;
-    let (method, path, body, send) = next(&mut handle).await;
-    assert_eq!((method.as_str(), path.as_str()), ("PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/apikeys/agent/status"));
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/apikeys/agent/status").await;
     let (status, reason, message, _) = ready_of(&body);
     assert_eq!((status.as_str(), reason.as_str()), ("False", "SandboxNotFound"), "{message}");
     assert!(!body.to_string().contains(&value[7..]), "the key leaked into the status: {body}");
-    let mut whole = serde_json::to_value(key.as_ref()).unwrap();
-    whole["status"] = body["status"].clone();
-    answer(send, 200, whole);
+    answer_status(send, key.as_ref(), &body);
     event(&mut handle, "SandboxNotFound").await;
     run.await.unwrap().expect("reconciled");
 }
