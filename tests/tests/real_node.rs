@@ -104,14 +104,19 @@ fn mounts_below(dir: &Path) -> Vec<String> {
 }
 
 /// Cgroup directories named like the agent's sandbox parent, anywhere.
+/// Warren's cgroups on the node, leaving out those of the test harness's
+/// own agents (`warren-e2e-*`): other tests run beside this one, each
+/// cleaning up its own.
 fn warren_cgroups() -> Vec<String> {
     let out = Command::new("find").args(["/sys/fs/cgroup", "-type", "d", "-name", "warren*"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+    String::from_utf8_lossy(&out.stdout).lines().filter(|p| !p.contains("/warren-e2e-")).map(String::from).collect()
 }
 
+/// Warren's processes from the chart's image, leaving out the workspace's
+/// own binaries (`target/…`) that tests running beside this one start.
 fn warren_processes() -> Vec<String> {
     let out = Command::new("pgrep").args(["-a", "-f", "warren-(node-agent|sandbox|gateway|operator)"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.contains("/target/")).map(String::from).collect()
 }
 
 /// The chart version in `charts/warren/Chart.yaml`.
