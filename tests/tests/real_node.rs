@@ -103,7 +103,6 @@ fn mounts_below(dir: &Path) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&dir))).map(String::from).collect()
 }
 
-/// Cgroup directories named like the agent's sandbox parent, anywhere.
 /// Warren's cgroups on the node, leaving out those of the test harness's
 /// own agents (`warren-e2e-*`): other tests run beside this one, each
 /// cleaning up its own.
