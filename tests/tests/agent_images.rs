@@ -149,6 +149,11 @@ async fn a_warm_image_serves_only_callers_the_registry_serves() {
     assert_eq!(run(private.clone(), digest.clone()).await.unwrap().stdout, "ran\n");
 }
 
+// The test registries answer one request per connection, then close it;
+// each answer says `connection: close`, or the agent's client could send
+// its next request on the pooled connection as the close arrives (a
+// failure of the test's server, not of the agent: found flaking in CI).
+
 /// The request line of the next HTTP/1.1 request on `s` (its head read
 /// whole, at most 16 KiB), or `None` when the client is gone.
 async fn request_line(s: &mut tokio::net::TcpStream) -> Option<String> {
@@ -178,7 +183,7 @@ async fn endless_registry(config_digest: String) -> (std::net::SocketAddr, tokio
                 let Some(line) = request_line(&mut s).await else { return };
                 let is_manifest = line.contains("/manifests/");
                 if line.contains(" /v2/ ") {
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
                     return;
                 }
                 let kind = if is_manifest { "application/vnd.oci.image.manifest.v1+json" } else { "application/octet-stream" };
@@ -186,10 +191,10 @@ async fn endless_registry(config_digest: String) -> (std::net::SocketAddr, tokio
                     // A finite manifest whose config blob never ends.
                     let layer = format!("sha256:{}", "e".repeat(64));
                     let body = format!(r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":100}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{layer}","size":100}}]}}"#);
-                    let _ = s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await;
+                    let _ = s.write_all(format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await;
                     return;
                 }
-                let _ = s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n").as_bytes()).await;
+                let _ = s.write_all(format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n").as_bytes()).await;
                 // A manifest that starts well (naming a small config) and never ends.
                 let start = format!(r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config_digest}","size":100}},"layers":[],"annotations":{{"x":""#);
                 let filler = vec![b'a'; 1 << 20];
@@ -254,9 +259,9 @@ async fn fixed_registry(routes: std::collections::HashMap<String, (String, Vec<u
                     let Some(line) = request_line(&mut s).await else { return };
                     let path = line.split(' ').nth(1).unwrap_or_default().to_string();
                     let answer = match routes.get(&path) {
-                        Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),
-                        None if path == "/v2/" => b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
-                        None => b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                        Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),
+                        None if path == "/v2/" => b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                        None => b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
                     };
                     if s.write_all(&answer).await.is_err() {
                         return;
