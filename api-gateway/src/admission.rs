@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use crate::exec::ExecError;
+use crate::exec_error::ExecError;
 
 /// Threads running through this gateway.
 #[derive(Debug, Default)]

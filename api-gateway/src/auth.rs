@@ -6,7 +6,7 @@ use axum::http::HeaderMap;
 use warren_config::key::{self, KeyHash};
 use warren_config::EffectiveKey;
 
-use crate::exec::ExecError;
+use crate::exec_error::ExecError;
 
 /// The keys of one configuration generation. Swapped whole on reload;
 /// requests keep the generation they started with.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::exec::ExecError;
+use crate::exec_error::ExecError;
 
 /// Reserved bytes are counted in units of this many bytes.
 const UNIT: u64 = 1024;

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::exec::ExecError;
+use crate::exec_error::ExecError;
 
 /// Error body of every non-2xx response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]

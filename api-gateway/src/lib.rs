@@ -13,11 +13,15 @@ pub mod cluster_config;
 pub mod discovery;
 pub mod error;
 pub mod exec;
+pub mod exec_error;
+pub mod exit;
 pub mod execute;
+pub mod file_urls;
 pub mod files;
 mod json;
 pub mod ndjson;
 pub mod records;
+pub mod request_id;
 pub mod executions;
 pub mod local_config;
 pub mod mcp;
@@ -30,6 +34,7 @@ pub mod router;
 pub mod serve;
 pub mod state;
 pub mod threads;
+mod unread;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -293,17 +298,17 @@ fn webhook_settings(args: &Args) -> webhook::Settings {
 }
 
 /// How file URLs are signed and bounded.
-async fn file_urls(args: &Args, store: &records::Store) -> anyhow::Result<Arc<files::Settings>> {
+async fn file_urls(args: &Args, store: &records::Store) -> anyhow::Result<Arc<file_urls::Settings>> {
     let signing_key = match &args.files_signing_key_file {
-        Some(path) => files::key::SigningKey::from_file(path).with_context(|| format!("the file URL signing key {}", path.display()))?,
+        Some(path) => file_urls::key::SigningKey::from_file(path).with_context(|| format!("the file URL signing key {}", path.display()))?,
         None => {
             tracing::warn!("no --files-signing-key-file: file URLs are signed with a key of this process only (they end with it, and other replicas refuse them)");
-            files::key::SigningKey::ephemeral()
+            file_urls::key::SigningKey::ephemeral()
         }
     };
     // Earlier releases kept the key in the record database: no longer.
     store.forget_setting("files-signing-key").await.context("removing the old file URL signing key from the record database")?;
-    Ok(Arc::new(files::Settings {
+    Ok(Arc::new(file_urls::Settings {
         signing_key: Arc::new(signing_key),
         public_url: args.public_url.clone(),
         ttl: Duration::from_secs(args.files_url_ttl_secs),

@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use crate::exec::{Exit as Exited, Failure};
+use crate::exit::{Exit as Exited, Failure};
+pub use crate::exit::BlockedEgress;
 
 /// SIGSYS: what a seccomp kill looks like from outside.
 const SIGSYS: i32 = 31;
@@ -230,22 +231,6 @@ impl ExecuteResult {
     }
 }
 
-/// One destination the network policy refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct BlockedEgress {
-    /// The DNS name the program resolved the address from, or asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// The address; absent for a name the allowlist refused to resolve.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ip: Option<String>,
-    /// Destination port (53 for a refused name).
-    pub port: u16,
-    /// `tcp`, `udp` or `dns`.
-    pub protocol: String,
-    /// Packets (or queries) refused.
-    pub count: u64,
-}
 
 /// One line of an `application/x-ndjson` execute response. `seq` increases
 /// by one per line, starting at 1.

@@ -1,7 +1,7 @@
 //! Routes, operational endpoints and the request-counting middleware.
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -92,41 +92,16 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::mcp::router(state.clone()))
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(middleware::from_fn(crate::unread::close_when_unread))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(TraceLayer::new_for_http().make_span_with(span_for))
-        .layer(middleware::from_fn(ensure_request_id))
+        .layer(middleware::from_fn(crate::request_id::ensure))
         .with_state(state)
-}
-
-static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// The request id of a request that went through [`app`] ("" otherwise).
-pub fn request_id(headers: &axum::http::HeaderMap) -> &str {
-    headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("")
-}
-
-/// Keeps the caller's `x-request-id` when it is a short token that cannot
-/// corrupt a log line, replaces it by a fresh `req_…` otherwise, and echoes
-/// it in the response.
-async fn ensure_request_id(mut req: Request, next: Next) -> Response {
-    let theirs = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).is_some_and(warren_core::ids::is_execution_id);
-    if !theirs {
-        let id = warren_core::ids::random_id("req_", 20, &mut |b: &mut [u8]| rand::fill(b));
-        if let Ok(v) = HeaderValue::from_str(&id) {
-            req.headers_mut().insert(&REQUEST_ID, v);
-        }
-    }
-    let id = req.headers().get(&REQUEST_ID).cloned();
-    let mut resp = next.run(req).await;
-    if let Some(id) = id {
-        resp.headers_mut().insert(&REQUEST_ID, id);
-    }
-    resp
 }
 
 fn span_for<B>(req: &axum::http::Request<B>) -> tracing::Span {
     let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str());
-    tracing::info_span!("http", method = %req.method(), route, request_id = request_id(req.headers()))
+    tracing::info_span!("http", method = %req.method(), route, request_id = crate::request_id::of(req.headers()))
 }
 
 /// Counts responses by route template (bounded) and status.

@@ -32,7 +32,7 @@ pub struct AppState {
     /// Tunables.
     pub settings: Settings,
     /// File URLs.
-    pub files: std::sync::Arc<crate::files::Settings>,
+    pub files: std::sync::Arc<crate::file_urls::Settings>,
     /// Webhook sender.
     pub webhooks: crate::webhook::Webhooks,
     /// Asynchronous executions running in this gateway (shutdown waits for them).

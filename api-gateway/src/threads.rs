@@ -36,5 +36,5 @@ pub async fn delete_thread(State(st): State<AppState>, headers: HeaderMap, Path(
 
 async fn delete(st: &AppState, headers: &HeaderMap, thread_id: &str) -> Result<(), ApiError> {
     let key = st.keys().authenticate(headers)?;
-    Ok(st.service.delete_thread(&key, thread_id, crate::router::request_id(headers)).await?)
+    Ok(st.service.delete_thread(&key, thread_id, crate::request_id::of(headers)).await?)
 }

@@ -1,25 +1,23 @@
-//! proto ⇄ domain conversions and the one mapping from errors to gRPC status.
+//! proto ⇄ domain conversions (errors become statuses in `crate::refusal`).
 
 use std::time::Duration;
 
-use tonic::{Code, Status};
+use tonic::Status;
 use warren_isolation::features::Features;
 use warren_isolation::spec::{ExecRequest, Language, LimitRequest};
-use warren_proto::agent::{self as pb, RefusalReason as Reason};
-use warren_proto::refusal::refuse;
+use warren_proto::agent as pb;
 
-use crate::executor::{ExecError, NetworkRequest};
-use crate::keyslots::KeySlotError;
+use crate::executor::NetworkRequest;
+use crate::refusal::{self, invalid};
 use crate::sandbox::{Failure, Outcome};
-use crate::threads::{ThreadError, ThreadKey, ThreadOptions};
+use crate::threads::{ThreadKey, ThreadOptions};
 
 /// Request → domain request (validation happens in `ExecRequest::validate`).
 /// Parts of the contract this agent does not offer yet are refused here,
 /// never silently dropped.
 pub fn exec_request(req: pb::ExecuteRequest) -> Result<ExecRequest, Status> {
     if let Some(field) = unsupported(&req) {
-        let msg = format!("{field}: not offered by this node-agent");
-        return Err(refuse(Code::FailedPrecondition, Reason::Unsupported, field, msg));
+        return Err(refusal::unsupported(field, format!("{field}: not offered by this node-agent")));
     }
     let language = pb::Language::try_from(req.language).ok().and_then(|l| Language::try_from(l).ok());
     let mut env: Vec<(String, String)> = req.env.into_iter().collect();
@@ -55,7 +53,7 @@ fn unsupported(req: &pb::ExecuteRequest) -> Option<&'static str> {
 
 /// The connectors of a request, checked.
 pub fn connectors(raw: Vec<pb::ConnectorGrant>) -> Result<Vec<crate::connectors::Grant>, Status> {
-    let invalid = |msg: String| refuse(Code::InvalidArgument, Reason::InvalidField, "connectors", format!("connectors: {msg}"));
+    let invalid = |msg: String| refusal::invalid("connectors", &msg);
     if raw.len() > crate::connectors::MAX_CONNECTORS {
         return Err(invalid(format!("at most {}", crate::connectors::MAX_CONNECTORS)));
     }
@@ -92,7 +90,7 @@ pub fn connectors(raw: Vec<pb::ConnectorGrant>) -> Result<Vec<crate::connectors:
 
 /// The network a request asks for, its allowlist checked.
 pub fn network(req: &pb::ExecuteRequest) -> Result<NetworkRequest, Status> {
-    let invalid = |msg: String| refuse(Code::InvalidArgument, Reason::InvalidField, "egress", format!("egress: {msg}"));
+    let invalid = |msg: String| refusal::invalid("egress", &msg);
     match pb::NetworkPolicy::try_from(req.network) {
         Ok(pb::NetworkPolicy::Unrestricted) => {}
         _ if req.egress.is_empty() => return Ok(NetworkRequest::Blocked),
@@ -131,10 +129,7 @@ pub fn mounts(raw: Vec<pb::StorageMount>) -> Result<Vec<warren_storage::MountSpe
             ambient_identity: m.ambient_identity,
         })
         .collect();
-    warren_storage::spec::validate(raw).map_err(|e| {
-        let (code, reason) = if e.field.ends_with(".provider") { (Code::FailedPrecondition, Reason::Unsupported) } else { (Code::InvalidArgument, Reason::InvalidField) };
-        refuse(code, reason, &e.field, e.to_string())
-    })
+    warren_storage::spec::validate(raw).map_err(|e| refusal::status(&e))
 }
 
 /// Registry credentials: none, or a `username` and `password`.
@@ -173,58 +168,6 @@ pub fn thread_options(t: Option<pb::ThreadOptions>) -> Result<Option<ThreadOptio
 pub fn thread_key(r: Option<pb::ThreadRef>) -> Result<ThreadKey, Status> {
     let r = r.ok_or_else(|| invalid("thread.ref", "required"))?;
     ThreadKey::new(&r.namespace, &r.key_name, &r.thread_id).map_err(|e| invalid("thread.ref", &e.to_string()))
-}
-
-fn invalid(field: &str, why: &str) -> Status {
-    refuse(Code::InvalidArgument, Reason::InvalidField, field, format!("{field}: {why}"))
-}
-
-/// The thread errors of `DeleteThread` as statuses.
-pub fn thread_status(e: &ThreadError) -> Status {
-    let (code, reason) = match e {
-        ThreadError::Busy | ThreadError::Conflict => (Code::Aborted, Reason::ThreadBusy),
-        ThreadError::NotFound => (Code::NotFound, Reason::ThreadNotFound),
-        ThreadError::TooLarge { .. } | ThreadError::Limit { .. } => (Code::FailedPrecondition, Reason::ThreadStore),
-        ThreadError::Io { .. } | ThreadError::DiskLow { .. } => return refuse(Code::Unavailable, Reason::ThreadStore, "", "the thread store failed; retry shortly"),
-    };
-    refuse(code, reason, "", e.to_string())
-}
-
-/// The single error → status mapping of the agent (codes documented in agent.proto).
-pub fn to_status(e: &ExecError) -> Status {
-    let (code, reason, field) = match e {
-        ExecError::Invalid(s) => (Code::InvalidArgument, Reason::InvalidField, s.field.as_str()),
-        ExecError::LanguageUnavailable(_) => (Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
-        ExecError::MissingFeature(_) => (Code::FailedPrecondition, Reason::MissingFeature, ""),
-        ExecError::Busy(_) | ExecError::Sandbox(crate::sandbox::SandboxError::NoSlot) => (Code::ResourceExhausted, Reason::NodeBusy, ""),
-        // Details go to the agent's log; the caller gets a short message.
-        ExecError::Sandbox(_) => return refuse(Code::Internal, Reason::SandboxSetup, "", "sandbox setup failed on this node"),
-        ExecError::ThreadBusy => (Code::Aborted, Reason::ThreadBusy, ""),
-        ExecError::ImageReference(_) => (Code::InvalidArgument, Reason::InvalidField, "image"),
-        ExecError::ImagePulling(_) => (Code::Unavailable, Reason::ImagePulling, "image"),
-        ExecError::Image(_) => (Code::FailedPrecondition, Reason::Image, "image"),
-        ExecError::ImagesDisabled => (Code::FailedPrecondition, Reason::Unsupported, "image"),
-        ExecError::NetworkUnavailable => (Code::FailedPrecondition, Reason::Unsupported, "network"),
-        // A tenant's manifest asked for a host path: refused, naming it.
-        ExecError::MountRefused { field, .. } => (Code::PermissionDenied, Reason::InvalidField, field.as_str()),
-    };
-    refuse(code, reason, field, e.to_string())
-}
-
-/// Key-slot refusal → status.
-pub fn key_slot_status(e: &KeySlotError) -> Status {
-    let (code, reason, field) = match e {
-        KeySlotError::Key => (Code::InvalidArgument, Reason::InvalidField, "key"),
-        KeySlotError::Limit => (Code::InvalidArgument, Reason::InvalidField, "limit"),
-        KeySlotError::AtLimit(_) => (Code::ResourceExhausted, Reason::KeyConcurrency, ""),
-        KeySlotError::Full => (Code::ResourceExhausted, Reason::NodeBusy, ""),
-    };
-    refuse(code, reason, field, e.to_string())
-}
-
-/// A second execution with the id of one running here.
-pub fn id_in_use() -> Status {
-    refuse(Code::InvalidArgument, Reason::InvalidField, "execution_id", "execution_id: another execution of this id runs here")
 }
 
 /// Domain failure → wire failure and its detail.
@@ -293,6 +236,8 @@ pub fn features(f: &Features, network: bool) -> pb::IsolationFeatures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
+    use warren_proto::agent::RefusalReason as Reason;
     use warren_proto::refusal::refusal_of;
 
     #[test]
@@ -380,23 +325,6 @@ mod tests {
             assert_eq!((x.failure(), x.failure_detail.as_str(), x.exit_code), (wire, detail, -1));
         }
         assert_eq!(exited(&Outcome::default()).failure(), pb::Failure::Unspecified);
-    }
-
-    #[test]
-    fn statuses_follow_the_contract() {
-        use warren_proto::refusal::refusal_of;
-        let invalid = ExecError::Invalid(warren_isolation::spec::SpecError { field: "limits.pids".into(), message: "too many".into() });
-        assert_eq!(to_status(&invalid).code(), Code::InvalidArgument);
-        assert_eq!(refusal_of(&to_status(&invalid)), (Reason::InvalidField, "limits.pids".to_string()));
-        assert_eq!(refusal_of(&to_status(&ExecError::Busy(4))).0, Reason::NodeBusy);
-        assert_eq!(refusal_of(&to_status(&ExecError::ThreadBusy)).0, Reason::ThreadBusy);
-        assert_eq!(refusal_of(&to_status(&ExecError::MissingFeature("seccomp".into()))).0, Reason::MissingFeature);
-        assert_eq!(to_status(&ExecError::MissingFeature("seccomp".into())).code(), Code::FailedPrecondition);
-        assert!(to_status(&ExecError::MissingFeature("seccomp".into())).message().contains("seccomp"));
-        assert_eq!(to_status(&ExecError::Busy(4)).code(), Code::ResourceExhausted);
-        let internal = ExecError::Sandbox(crate::sandbox::SandboxError::Timeout);
-        assert_eq!(to_status(&internal).code(), Code::Internal);
-        assert_eq!(to_status(&ExecError::ThreadBusy).code(), Code::Aborted);
     }
 
     #[test]

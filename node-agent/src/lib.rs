@@ -15,6 +15,7 @@ pub mod keyslots;
 pub mod lifecycle;
 pub mod output;
 pub mod pool;
+pub mod refusal;
 pub mod running;
 pub mod sandbox;
 pub mod service;

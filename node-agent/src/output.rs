@@ -15,7 +15,19 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::sandbox::Event;
+/// Output and progress of a running execution.
+#[derive(Debug)]
+pub enum Event {
+    /// The program was handed to the sandbox.
+    Started {
+        /// Request-to-handoff time.
+        setup: Duration,
+    },
+    /// A chunk of stdout.
+    Stdout(Vec<u8>),
+    /// A chunk of stderr.
+    Stderr(Vec<u8>),
+}
 
 /// Most output bytes queued for one execution before its pipes stop being read.
 pub const QUEUE_BYTES: usize = 256 * 1024;

@@ -18,6 +18,7 @@ use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig,
 use warren_network::{Blocked, NetPolicy, SandboxNet};
 
 use crate::frames::Channel;
+pub use crate::output::Event;
 use crate::output::Queue;
 use crate::slots::{Slot, Slots};
 
@@ -180,20 +181,6 @@ pub struct Prepared {
     net: Option<SandboxNet>,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
-}
-
-/// Output and progress of a running execution.
-#[derive(Debug)]
-pub enum Event {
-    /// The program was handed to the sandbox.
-    Started {
-        /// Request-to-handoff time.
-        setup: Duration,
-    },
-    /// A chunk of stdout.
-    Stdout(Vec<u8>),
-    /// A chunk of stderr.
-    Stderr(Vec<u8>),
 }
 
 /// How an execution ended.

@@ -17,6 +17,7 @@ use warren_isolation::spec::{ExecRequest, Language};
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
+use crate::refusal;
 use crate::executor::{Admission, ExecError, Executor, Extras, WarmedImage};
 use crate::keyslots::KeySlots;
 use crate::running::Running;
@@ -123,30 +124,9 @@ impl Backend for Executor {
 fn file_target(req: &pb::FilesRequest) -> Result<crate::files::Target, Status> {
     use pb::files_request::Target;
     match &req.target {
-        Some(Target::Thread(t)) => Ok(crate::files::Target::Thread(convert::thread_options(Some(t.clone()))?.ok_or_else(|| Status::invalid_argument("thread: required"))?)),
+        Some(Target::Thread(t)) => Ok(crate::files::Target::Thread(convert::thread_options(Some(t.clone()))?.ok_or_else(|| refusal::invalid("thread", "required"))?)),
         Some(Target::VolumePrefix(p)) => Ok(crate::files::Target::Volume(p.clone())),
-        None => Err(Status::invalid_argument("target: a thread or a volume")),
-    }
-}
-
-/// The gRPC status of a file operation's failure.
-fn files_status(e: &crate::files::FilesError) -> Status {
-    use crate::files::FilesError;
-    match e {
-        FilesError::Invalid(why) => Status::invalid_argument(*why),
-        FilesError::NotFound => Status::not_found("no such file"),
-        FilesError::Size { .. } => Status::invalid_argument(e.to_string()),
-        FilesError::Thread(ThreadError::TooLarge { .. }) => Status::resource_exhausted(e.to_string()),
-        FilesError::Thread(t) => {
-            if matches!(t, ThreadError::Io { .. } | ThreadError::DiskLow { .. }) {
-                warn!(error = %t, "a file operation on a thread failed");
-            }
-            convert::thread_status(t)
-        }
-        FilesError::Store(_) => {
-            warn!(error = %e, "a file operation failed");
-            Status::unavailable("the store failed; retry shortly")
-        }
+        None => Err(refusal::invalid("target", "a thread or a volume")),
     }
 }
 
@@ -198,7 +178,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let mut req = req.into_inner();
         // The key's slot, when this agent counts the key: first, so a key at
         // its limit touches nothing else; held until the execution has ended.
-        let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| convert::key_slot_status(&e))?;
+        let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| refusal::status(&e))?;
         let admitted = async {
             let thread = convert::thread_options(req.thread.take())?;
             let mounts = convert::mounts(std::mem::take(&mut req.mounts))?;
@@ -207,13 +187,13 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             let network = convert::network(&req)?;
             let connectors = convert::connectors(std::mem::take(&mut req.connectors))?;
             let extras = Extras { thread, mounts, image_digest, image_pull, network, connectors };
-            self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| convert::to_status(&e))
+            self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| refusal::status(&e))
         }
         .instrument(span.clone())
         .await?;
         let id = B::execution_id(&admitted).to_string();
         span.record("execution_id", id.as_str());
-        let registration = self.running.register(&id).map_err(|_| convert::id_in_use())?;
+        let registration = self.running.register(&id).map_err(|_| refusal::id_in_use())?;
         let (tx, rx) = mpsc::channel::<EventResult>(16);
         let backend = self.backend.clone();
         let task = async move {
@@ -228,7 +208,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
                 }
                 Err(e) => {
                     warn!(error = %e, "execution failed before it started");
-                    Err(convert::to_status(&e))
+                    Err(refusal::status(&e))
                 }
             };
             // A caller that reads nothing does not keep this task forever.
@@ -247,7 +227,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let span = info_span!("delete_thread", trace_id = %trace_of(&req));
         async {
             let key = convert::thread_key(req.into_inner().thread)?;
-            self.backend.delete_thread(&key).await.map_err(|e| convert::thread_status(&e))?;
+            self.backend.delete_thread(&key).await.map_err(|e| refusal::status(&e))?;
             Ok(Response::new(pb::DeleteThreadResponse {}))
         }
         .instrument(span)
@@ -268,7 +248,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let span = info_span!("list_files", trace_id = %trace_of(&req));
         let (files, req) = (self.files()?, req.into_inner());
         let target = file_target(&req)?;
-        let (list, truncated) = files.list(&target, &req.path).instrument(span).await.map_err(|e| files_status(&e))?;
+        let (list, truncated) = files.list(&target, &req.path).instrument(span).await.map_err(|e| refusal::status(&e))?;
         let files = list.into_iter().map(|f| pb::FileInfo { path: f.path, size: f.size, modified: f.modified }).collect();
         Ok(Response::new(pb::ListFilesResponse { files, truncated }))
     }
@@ -281,7 +261,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let span = info_span!("read_file", trace_id = %trace_of(&req));
         let (files, req) = (self.files()?, req.into_inner());
         let target = file_target(&req)?;
-        let stream = files.read(&target, &req.path).instrument(span).await.map_err(|e| files_status(&e))?;
+        let stream = files.read(&target, &req.path).instrument(span).await.map_err(|e| refusal::status(&e))?;
         let chunks = stream.map(|c| c.map(|data| pb::FileChunk { data: data.to_vec() }).map_err(|_| Status::unavailable("reading the file failed")));
         Ok(Response::new(Box::pin(chunks)))
     }
@@ -292,12 +272,12 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let span = info_span!("write_file", trace_id = %trace_of(&req));
         let files = self.files()?;
         let mut messages = req.into_inner();
-        let first = messages.message().await?.ok_or_else(|| Status::invalid_argument("the first message names the file"))?;
-        let target_req = first.target.ok_or_else(|| Status::invalid_argument("target: required on the first message"))?;
+        let first = messages.message().await?.ok_or_else(|| refusal::invalid("target", "the first message names the file"))?;
+        let target_req = first.target.ok_or_else(|| refusal::invalid("target", "required on the first message"))?;
         let target = file_target(&target_req)?;
         let head = futures_util::stream::iter((!first.data.is_empty()).then(|| Ok(bytes::Bytes::from(first.data))));
         let rest = messages.map(|m| m.map(|m| bytes::Bytes::from(m.data)).map_err(|_| crate::files::FilesError::Size { want: first.size, got: 0 }));
-        files.write(&target, &target_req.path, first.size, head.chain(rest)).instrument(span).await.map_err(|e| files_status(&e))?;
+        files.write(&target, &target_req.path, first.size, head.chain(rest)).instrument(span).await.map_err(|e| refusal::status(&e))?;
         Ok(Response::new(pb::WriteFileResponse {}))
     }
 
@@ -307,7 +287,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         crate::auth::require_full(&req)?;
         use futures_util::StreamExt;
         let req = req.into_inner();
-        let slot = self.key_slots.hold(&req.key, req.limit).map_err(|e| convert::key_slot_status(&e))?;
+        let slot = self.key_slots.hold(&req.key, req.limit).map_err(|e| refusal::status(&e))?;
         let granted = pb::KeySlotEvent { held: slot.held() };
         // The stream owns the slot: tonic drops it when the caller cancels
         // the call or its connection ends, and the slot returns.
@@ -336,7 +316,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         async {
             let req = req.into_inner();
             let auth = convert::pull_auth(req.image_pull)?;
-            let warmed = self.backend.warm_image(&req.image, &auth).await.map_err(|e| convert::to_status(&e))?;
+            let warmed = self.backend.warm_image(&req.image, &auth).await.map_err(|e| refusal::status(&e))?;
             info!(image = %req.image, digest = %warmed.digest, "image warm");
             Ok(Response::new(convert::warmed(warmed)))
         }

@@ -16,7 +16,7 @@ pub struct Context {
     /// Labels of the node-agent pods.
     pub agent_selector: String,
     /// How to reach node-agents (to warm images); `None` without credentials.
-    pub agents: Option<crate::warm::AgentAccess>,
+    pub agents: Option<crate::agent_access::AgentAccess>,
     /// What StorageConnection endpoints the reachability probe may reach.
     pub endpoints: std::sync::Arc<warren_core::reach::EndpointPolicy>,
     /// Where Secrets may be read.
@@ -26,7 +26,7 @@ pub struct Context {
 
 impl Context {
     /// Builds the context.
-    pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String, agents: Option<crate::warm::AgentAccess>) -> Context {
+    pub fn new(client: Client, publish_namespace: String, agent_namespace: String, agent_selector: String, agents: Option<crate::agent_access::AgentAccess>) -> Context {
         let reporter = Reporter { controller: "warren-operator".into(), instance: std::env::var("POD_NAME").ok() };
         Context { recorder: Recorder::new(client.clone(), reporter), client, publish_namespace, agent_namespace, agent_selector, agents, endpoints: Default::default(), secret_scope: SecretScope::Cluster }
     }

@@ -8,6 +8,7 @@
 //! records events on Ready transitions, and retries failures with a
 //! per-object exponential backoff.
 
+pub mod agent_access;
 pub mod apikey;
 pub mod context;
 pub mod crds;

@@ -2,44 +2,19 @@
 //! node-agent's `WarmImage` (mutual TLS and the agent token, like a
 //! gateway), and reads the pull secret the image needs.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use warren_core::secret::Credentials;
 use warren_proto::agent::{self as pb, node_agent_client::NodeAgentClient};
-use warren_proto::client::{AgentAddress, TcpTls};
+use warren_proto::client::AgentAddress;
 
+pub use crate::agent_access::AgentAccess;
 use crate::context::{Context, Error};
 
 /// Longest a node may take to pull and unpack an image for the operator.
 const WARM_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// How the operator reaches node-agents.
-#[derive(Clone)]
-pub struct AgentAccess {
-    /// gRPC port of the agent pods.
-    pub port: u16,
-    /// Bearer token.
-    pub token: Option<Arc<str>>,
-    /// Client TLS (the gateway CA's certificate).
-    pub tls: TcpTls,
-}
-
-impl AgentAccess {
-    /// From the command line's files; `None` when none are given.
-    pub fn from_files(port: u16, token: Option<PathBuf>, cert: Option<PathBuf>, key: Option<PathBuf>, ca: Option<PathBuf>) -> anyhow::Result<Option<AgentAccess>> {
-        let tls = warren_proto::tls::TlsFiles::from_flags(cert, key, ca).map_err(anyhow::Error::msg)?;
-        let Some(tls) = tls else { return Ok(None) };
-        let token = match token {
-            Some(path) => Some(Arc::from(std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?.trim())),
-            None => None,
-        };
-        Ok(Some(AgentAccess { port, token, tls: Some(tls.client_config()?) }))
-    }
-}
 
 /// A running node-agent pod.
 #[derive(Debug, Clone)]

@@ -61,13 +61,15 @@ async def session_checks():
 
 
 async def bad_key():
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    for headers in ({}, {"Authorization": "Bearer sk-wrn-" + "Z" * 40}):
-        # A connection each: reusing the one a 401 answered raced its close
-        # (intermittent "Server disconnected"; the gateway side is an open item).
-        async with httpx2.AsyncClient() as http:
+    # One pooled client for both: a refusal sent before the body was read
+    # says `connection: close`, so the client opens a new connection for the
+    # next request instead of racing the gateway's close.
+    async with httpx2.AsyncClient() as http:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        for headers in ({}, {"Authorization": "Bearer sk-wrn-" + "Z" * 40}):
             r = await http.post(URL, json=body, headers={"Accept": "application/json, text/event-stream", **headers})
             assert r.status_code == 401 and r.headers.get("www-authenticate") == "Bearer", (r.status_code, r.text)
+            assert r.headers.get("connection") == "close", r.headers
     # The client itself fails to initialize with a wrong key.
     try:
         async with create_mcp_http_client(headers={"Authorization": "Bearer sk-wrn-" + "Y" * 40}) as http:

@@ -241,3 +241,55 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
     let said = read_to_close(&mut kept);
     assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
 }
+
+/// Reads one response (head and a `content-length` body) from a kept-alive
+/// connection; returns the head (lowercased) and the body.
+fn read_response(s: &mut std::net::TcpStream) -> (String, String) {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the connection closed mid-head: {:?}", String::from_utf8_lossy(&got));
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let len = head.lines().find_map(|l| l.strip_prefix("content-length: ")).map_or(0, |n| n.trim().parse::<usize>().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (head, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A request refused before its body was read (a bad key) says
+/// `connection: close`: the gateway cannot reuse that connection, and a
+/// client that pools connections must know before it sends the next
+/// request on it (without the header it raced the close and got "server
+/// disconnected"). A request whose body was read keeps the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_body_is_read_close_the_connection() {
+    use std::io::Write;
+    // No node-agent is needed to refuse a key.
+    let gw = Gateway::start(&["unix:/nonexistent/warren-agent.sock".to_string()], &[], false).await.unwrap();
+    for path in ["/v1/sandbox/execute", "/mcp"] {
+        let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+        // The body is announced but only partly sent: it cannot have been read.
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrn-nope\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"code\":");
+        conn.write_all(head.as_bytes()).unwrap();
+        let (head, body) = read_response(&mut conn);
+        assert!(head.starts_with("http/1.1 401"), "{path}: {head}");
+        assert!(body.contains("\"error\":\"invalid_api_key\""), "{path}: {body}");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{path}: the refusal says the connection closes: {head}");
+    }
+    // A request with a read body (and no refusal before reading it) keeps the
+    // connection: two requests on one connection both get answers.
+    let mut conn = std::net::TcpStream::connect(gw.addr).unwrap();
+    let auth = format!("Bearer {}", key("main"));
+    for _ in 0..2 {
+        let req = request(gw.addr, "POST", "/v1/sandbox/execute", &[("Authorization", auth.as_bytes()), ("Content-Type", b"application/json")], b"{\"code\":1}");
+        let req = String::from_utf8(req).unwrap().replace("Connection: close\r\n", "");
+        conn.write_all(req.as_bytes()).unwrap();
+        let (head, body) = read_response(&mut conn);
+        assert!(head.starts_with("http/1.1 400"), "{head}{body}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+}

@@ -119,3 +119,113 @@ fn the_length_check_sees_bodies_and_reasons() {
     let short = format!("fn a() {{\n{}}}\ntrait T {{\n    fn b(&self);\n}}\n", body(10));
     assert!(long_functions("f.rs", &short).is_empty());
 }
+
+/// The crate's top-level modules (`src/x.rs`, `src/x/…`) and, for each, the
+/// others it names as `crate::y` outside comments and its tests.
+fn module_graph(src: &Path) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(src).unwrap().to_string_lossy().into_owned();
+            let top = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+            if !rel.ends_with(".rs") || top == "lib" || top == "main" || top == "bin" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let deps = graph.entry(top.clone()).or_default();
+            deps.extend(crate_references(&text).into_iter().filter(|d| *d != top));
+        }
+    }
+    let known: BTreeSet<String> = graph.keys().cloned().collect();
+    for deps in graph.values_mut() {
+        deps.retain(|d| known.contains(d));
+    }
+    graph
+}
+
+/// The modules `text` names as `crate::m` or `crate::{m, …}`, outside
+/// comments and before its `#[cfg(test)]` part.
+fn crate_references(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut found = BTreeSet::new();
+    for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
+        // A trailing comment goes too.
+        let mut rest = line.split(" // ").next().unwrap_or_default();
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let names = match rest.strip_prefix('{') {
+                Some(group) => group.split('}').next().unwrap_or_default().split(',').map(str::trim).collect::<Vec<_>>(),
+                None => vec![rest],
+            };
+            for n in names {
+                let name: String = n.chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+                if !name.is_empty() {
+                    found.insert(name);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Modules that reach themselves through their imports, as sorted groups.
+fn import_circles(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let reaches = |from: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo: Vec<&str> = graph[from].iter().map(String::as_str).collect();
+        while let Some(m) = todo.pop() {
+            if seen.insert(m.to_string()) {
+                todo.extend(graph[m].iter().map(String::as_str));
+            }
+        }
+        seen
+    };
+    let all: std::collections::BTreeMap<&str, BTreeSet<String>> = graph.keys().map(|m| (m.as_str(), reaches(m))).collect();
+    let mut circles: Vec<Vec<String>> = Vec::new();
+    for (m, r) in &all {
+        if !r.contains(*m) {
+            continue;
+        }
+        let group: Vec<String> = r.iter().filter(|o| all[o.as_str()].contains(*m)).cloned().collect();
+        if !circles.contains(&group) {
+            circles.push(group);
+        }
+    }
+    circles
+}
+
+/// Each role's modules layer: a module never reaches itself through its
+/// imports (the gateway's HTTP edge sits on its features, they on the
+/// execution service and state, those on agent access and records).
+#[test]
+fn role_crates_have_no_import_circles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for krate in ["api-gateway", "node-agent", "operator"] {
+        let graph = module_graph(&root.join(krate).join("src"));
+        assert!(graph.len() > 5, "{krate}: read its modules: {graph:?}");
+        let circles = import_circles(&graph);
+        assert!(circles.is_empty(), "{krate}: modules importing each other in a circle: {circles:?}");
+    }
+}
+
+#[test]
+fn the_circle_check_sees_imports_and_ignores_comments_and_tests() {
+    let text = "//! Uses crate::doc.\nuse crate::{a, b::X};\nfn f() { crate::c::g() } // crate::d\n#[cfg(test)]\nmod tests { use crate::e; }\n";
+    assert_eq!(crate_references(text), ["a", "b", "c"].map(String::from).into());
+    let g = |edges: &[(&str, &str)]| {
+        let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+        for (from, to) in edges {
+            graph.entry(from.to_string()).or_default().insert(to.to_string());
+            graph.entry(to.to_string()).or_default();
+        }
+        graph
+    };
+    assert!(import_circles(&g(&[("http", "exec"), ("exec", "nodes"), ("http", "nodes")])).is_empty());
+    assert_eq!(import_circles(&g(&[("http", "exec"), ("exec", "nodes"), ("nodes", "exec"), ("x", "http")])), vec![vec!["exec".to_string(), "nodes".to_string()]]);
+}

@@ -2,11 +2,10 @@
 //! events → domain events, wire refusals → domain errors. One module, so the
 //! contract is converted exactly once on this edge.
 
-use warren_proto::agent::{self as pb, execute_event::Event as Wire, RefusalReason as Reason};
-use warren_proto::refusal::refusal_of;
+use warren_proto::agent::{self as pb, execute_event::Event as Wire};
 
 use super::spec::{ExecutionSpec, Tenant};
-use super::ExecError;
+use crate::exit::{BlockedEgress, Exit, Failure};
 
 impl From<ExecutionSpec> for pb::ExecuteRequest {
     fn from(s: ExecutionSpec) -> pb::ExecuteRequest {
@@ -92,58 +91,6 @@ pub fn thread_ref(tenant: &Tenant, id: &str) -> pb::ThreadRef {
     pb::ThreadRef { namespace: tenant.namespace.clone(), key_name: tenant.key_name.clone(), thread_id: id.to_string() }
 }
 
-/// What went wrong besides the program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// The sandbox could not start or keep the program.
-    Sandbox,
-    /// The thread's home could not be restored; nothing ran.
-    ThreadMount,
-    /// Saving would exceed the thread's size limit.
-    ThreadTooLarge,
-    /// The store failed while saving.
-    ThreadSave,
-    /// Another execution saved the thread meanwhile.
-    ThreadConflict,
-    /// The call would create a thread beyond the key's limit; nothing ran.
-    ThreadLimit,
-    /// A storage mount could not be set up; nothing ran.
-    StorageMount,
-    /// Changes under /data could not all be stored (`Exit::unsynced_paths`).
-    StorageSync,
-    /// A connector's credentials could not be set up; nothing ran.
-    CredentialMount,
-}
-
-/// How the program ended and what it used.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Exit {
-    /// Exit status; 128 + signal when killed; -1 if it never ran.
-    pub exit_code: i32,
-    /// Signal that killed the main process, 0 if none.
-    pub signal: i32,
-    /// Killed at the wall-clock limit.
-    pub timed_out: bool,
-    /// The memory limit killed a process.
-    pub oom_killed: bool,
-    /// Program wall time, microseconds.
-    pub wall_micros: u64,
-    /// CPU time of all its processes, microseconds.
-    pub cpu_micros: u64,
-    /// Peak memory, bytes (`None`: the node keeps no peak).
-    pub peak_memory_bytes: Option<u64>,
-    /// stdout hit the cap.
-    pub stdout_truncated: bool,
-    /// stderr hit the cap.
-    pub stderr_truncated: bool,
-    /// A failure of the sandbox or the thread home.
-    pub failure: Option<Failure>,
-    /// With `StorageSync`: the `/data` paths whose changes were not stored.
-    pub unsynced_paths: Vec<String>,
-    /// Destinations the network policy refused.
-    pub blocked_egress: Vec<crate::result::BlockedEgress>,
-}
-
 impl From<pb::Exited> for Exit {
     fn from(x: pb::Exited) -> Exit {
         let failure = match x.failure() {
@@ -174,7 +121,7 @@ impl From<pb::Exited> for Exit {
                 .blocked_egress
                 .into_iter()
                 .take(64)
-                .map(|b| crate::result::BlockedEgress {
+                .map(|b| BlockedEgress {
                     host: (!b.host.is_empty()).then_some(b.host),
                     ip: (!b.ip.is_empty()).then_some(b.ip),
                     port: u16::try_from(b.port).unwrap_or(0),
@@ -207,43 +154,4 @@ pub fn run_event(e: pb::ExecuteEvent) -> Option<RunEvent> {
         Wire::Stderr(c) => RunEvent::Stderr(c.data),
         Wire::Exited(x) => RunEvent::Exited(x.into()),
     })
-}
-
-/// How an agent's refusal of `Execute` reads (nothing ran). The second
-/// value is true when the node itself looks broken.
-pub fn refused(status: &tonic::Status, thread_id: Option<&str>, key_limit: u32) -> (ExecError, bool) {
-    let (reason, field) = refusal_of(status);
-    let e = match reason {
-        // The gateway validated first, so gateway and agent disagree on a
-        // limit: the agent names the field.
-        Reason::InvalidField | Reason::LanguageUnavailable => {
-            let text = status.message().strip_prefix(&format!("{field}: ")).unwrap_or(status.message());
-            ExecError::invalid(if field.is_empty() { "request".into() } else { field }, text)
-        }
-        Reason::NodeBusy => ExecError::NodeRefused("the node is at capacity"),
-        // Another gateway replica runs this thread on the same node.
-        Reason::ThreadBusy => ExecError::ThreadBusy(thread_id.unwrap_or_default().to_string()),
-        Reason::MissingFeature => ExecError::NodeRefused("the node cannot provide the required isolation"),
-        Reason::Unsupported => ExecError::NodeRefused("the node does not offer a capability this sandbox needs"),
-        Reason::ShuttingDown => return (ExecError::NodeRefused("the node is shutting down"), true),
-        Reason::SandboxSetup => return (ExecError::NodeRefused("the node could not set up a sandbox"), true),
-        // The key's slot was taken with the execution, on its counting agent.
-        Reason::KeyConcurrency => ExecError::KeyConcurrency(key_limit),
-        Reason::ImagePulling => ExecError::ImagePulling,
-        Reason::Image => ExecError::ImageUnavailable(status.message().strip_prefix("image: ").unwrap_or(status.message()).to_string()),
-        Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => {
-            return (ExecError::NodeRefused("the node-agent could not be reached"), true)
-        }
-    };
-    (e, false)
-}
-
-/// How an agent's answer to `DeleteThread` reads.
-pub fn delete_refused(status: &tonic::Status, thread_id: &str) -> ExecError {
-    match refusal_of(status).0 {
-        Reason::ThreadNotFound => ExecError::ThreadNotFound(thread_id.to_string()),
-        Reason::ThreadBusy => ExecError::ThreadBusy(thread_id.to_string()),
-        Reason::ThreadStore => ExecError::ThreadStore,
-        _ => ExecError::NodeRefused("the thread could not be deleted right now"),
-    }
 }

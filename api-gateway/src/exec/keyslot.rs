@@ -16,10 +16,6 @@
 //! bounded; the alternative (a store every execution writes to) would put
 //! an apiserver round trip on every call.
 
-use tonic::Code;
-use warren_proto::agent::RefusalReason as Reason;
-use warren_proto::refusal::refusal_of;
-
 use std::sync::Arc;
 
 use warren_proto::agent as pb;
@@ -90,7 +86,7 @@ pub async fn take(nodes: &Nodes, key: &str, limit: u32, executing: &Arc<Node>) -
         let answer = tokio::time::timeout(HOLD_WAIT, node.agent().hold_key_slot(key, limit)).await;
         match answer.unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the key's counting agent"))) {
             Ok(held) => return Ok(KeySlot::Held(held)),
-            Err(status) => match refused(&status, limit) {
+            Err(status) => match super::refusal::AgentRefusal::read(&status).of_key_slot(limit) {
                 Some(e) => return Err(e),
                 None => {
                     tracing::warn!(node = %node.address, code = ?status.code(), "the key's counting agent failed; asking the next one");
@@ -100,34 +96,4 @@ pub async fn take(nodes: &Nodes, key: &str, limit: u32, executing: &Arc<Node>) -
         }
     }
     Err(ExecError::NodeRefused("no node-agent could count the key's executions"))
-}
-
-/// A refusal that decides the request; `None` when the agent failed and
-/// another may answer.
-fn refused(status: &tonic::Status, limit: u32) -> Option<ExecError> {
-    match (status.code(), refusal_of(status).0) {
-        (Code::ResourceExhausted, Reason::KeyConcurrency) => Some(ExecError::KeyConcurrency(limit)),
-        (Code::ResourceExhausted, Reason::NodeBusy) => Some(ExecError::NodeRefused("the key's counting agent holds its maximum of slots")),
-        (Code::InvalidArgument, _) => Some(ExecError::invalid("key", status.message())),
-        // Mid-upgrade, an agent older than the gateway: retryable, and the
-        // node is not down.
-        (Code::Unimplemented, _) => Some(ExecError::NodeRefused("the key's counting agent is older than this gateway")),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use warren_proto::refusal::refuse;
-
-    #[test]
-    fn only_transport_failures_ask_the_next_agent() {
-        let at_limit = refuse(Code::ResourceExhausted, Reason::KeyConcurrency, "", "at limit");
-        assert_eq!(refused(&at_limit, 4), Some(ExecError::KeyConcurrency(4)));
-        assert!(matches!(refused(&refuse(Code::ResourceExhausted, Reason::NodeBusy, "", "full"), 4), Some(ExecError::NodeRefused(_))));
-        assert!(matches!(refused(&refuse(Code::InvalidArgument, Reason::InvalidField, "key", "bad"), 4), Some(ExecError::Invalid { .. })));
-        assert_eq!(refused(&tonic::Status::unavailable("connection refused"), 4), None);
-        assert!(matches!(refused(&tonic::Status::unimplemented("an older agent"), 4), Some(ExecError::NodeRefused(_))), "an older agent is not marked down");
-    }
 }

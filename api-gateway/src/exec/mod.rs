@@ -9,15 +9,16 @@
 //! errors: ExecError → HTTP status in `crate::error` (one place)
 //! ```
 
-pub mod agent;
 pub mod convert;
-mod error;
 pub mod keyslot;
+pub mod refusal;
 pub mod service;
 pub mod spec;
 
-pub use convert::{Exit, Failure, RunEvent};
-pub use error::ExecError;
+pub use convert::RunEvent;
+pub use crate::exit::{Exit, Failure};
+pub use crate::exec_error::ExecError;
+pub use crate::nodes::agent;
 pub use service::{Admitted, ExecutionService, Lost, Run};
 pub use spec::{Delivery, ExecutionSpec};
 

@@ -14,6 +14,7 @@ use super::convert::{self, run_event, RunEvent};
 use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
 use super::ExecError;
 use super::keyslot::{self, KeySlot};
+use super::refusal;
 use warren_proto::agent as pb;
 use crate::admission::{Admission, ThreadLock};
 use crate::audit::Audit;
@@ -132,7 +133,7 @@ impl ExecutionService {
             Ok(events) => Ok(Run { id, max_output_bytes, live: Some(Live { held, events, ended: false }) }),
             Err(status) => {
                 held.audit.finish(Outcome::SandboxError, None);
-                let (e, broken) = convert::refused(&status, thread_id.as_deref(), held.slot.limit());
+                let (e, broken) = refusal::AgentRefusal::read(&status).of_execute(thread_id.as_deref(), held.slot.limit());
                 tracing::warn!(execution_id = %id, node = %held.lease.node.address, code = ?status.code(), reason = status.message(), "node-agent refused the execution");
                 if broken {
                     held.lease.node.mark_unhealthy();
@@ -159,7 +160,7 @@ impl ExecutionService {
         let msg = warren_proto::agent::DeleteThreadRequest { thread: Some(convert::thread_ref(&tenant, thread_id)) };
         let at_home = home.agent().delete_thread(msg.clone(), trace_id).await.map_err(|s| {
             tracing::warn!(node = %home.address, code = ?s.code(), "deleting a thread failed");
-            convert::delete_refused(&s, thread_id)
+            refusal::AgentRefusal::read(&s).of_delete(thread_id)
         });
         if matches!(at_home, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
             let elsewhere = self.delete_elsewhere(&home, &msg, trace_id).await;
@@ -182,7 +183,7 @@ impl ExecutionService {
             async move {
                 match tokio::time::timeout(DELETE_ELSEWHERE_WAIT, call).await {
                     Ok(Ok(())) => true,
-                    Ok(Err(s)) if s.code() == tonic::Code::NotFound => false,
+                    Ok(Err(s)) if matches!(refusal::AgentRefusal::read(&s).of_delete(""), ExecError::ThreadNotFound(_)) => false,
                     Ok(Err(s)) => {
                         tracing::warn!(node = %n.address, code = ?s.code(), "dropping a thread's copy failed; its collector removes it later");
                         false

@@ -12,8 +12,6 @@
 //! saved exactly like an execution's changes: a new layer, the thread's size
 //! limit, and 409 while an execution holds the thread.
 
-pub mod key;
-pub mod token;
 
 use std::time::Duration;
 
@@ -30,20 +28,9 @@ use warren_proto::agent as pb;
 use crate::error::ApiError;
 use crate::exec::spec::{placement_key, Tenant};
 use crate::state::AppState;
-use token::{Grant, Op, Source};
+use crate::file_urls::token::{self, Grant, Op, Source};
+pub use crate::file_urls::Settings;
 
-/// How file URLs are made and bounded.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Signs the URLs (shared by every replica).
-    pub signing_key: std::sync::Arc<key::SigningKey>,
-    /// Base of the URLs (`https://warren.example.com`); `None`: from the request's Host.
-    pub public_url: Option<String>,
-    /// How long a URL is valid.
-    pub ttl: Duration,
-    /// Largest upload.
-    pub max_upload: u64,
-}
 
 /// `upload_url` body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -190,7 +177,7 @@ pub async fn list(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Re
     let run = async {
         let key = st.keys().authenticate(&headers)?;
         let r: FileRequest = body(&st, b).await?;
-        FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::router::request_id(&headers)).await
+        FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::request_id::of(&headers)).await
     };
     run.await.map_or_else(IntoResponse::into_response, |l| axum::Json(l).into_response())
 }
@@ -215,7 +202,7 @@ pub async fn put_content(State(st): State<AppState>, headers: HeaderMap, Path(to
         // The body as it arrives; a broken or stalled body (nothing for the
         // body timeout) ends the stream early and the agent refuses the short upload.
         let data = upload_body(b, st.settings.body_timeout);
-        access.write_stream(&g.path, want, data, crate::router::request_id(&headers)).await?;
+        access.write_stream(&g.path, want, data, crate::request_id::of(&headers)).await?;
         tracing::info!(key = %key.qualified_name(), source = source_name(g.source), bytes = want, "file uploaded");
         Ok::<_, ApiError>(())
     };
@@ -232,7 +219,7 @@ pub async fn put_content(State(st): State<AppState>, headers: HeaderMap, Path(to
 pub async fn get_content(State(st): State<AppState>, headers: HeaderMap, Path(tok): Path<String>) -> Response {
     let run = async {
         let (g, key) = open(&st, &tok, Op::Get)?;
-        let stream = FileAccess::new(&st, &key, source_name(g.source), &g.id)?.read(&g.path, crate::router::request_id(&headers)).await?;
+        let stream = FileAccess::new(&st, &key, source_name(g.source), &g.id)?.read(&g.path, crate::request_id::of(&headers)).await?;
         Ok::<_, ApiError>((g, stream))
     };
     match run.await {
@@ -440,14 +427,14 @@ fn clean(path: &str, empty_ok: bool) -> Result<String, ApiError> {
 
 /// The HTTP error of an agent's refusal.
 fn refused(s: &tonic::Status) -> ApiError {
-    use tonic::Code;
-    match s.code() {
-        Code::NotFound => ApiError::not_found("no such file or thread for this API key"),
-        Code::Aborted => ApiError::conflict("thread_busy", "the thread is running an execution; retry when it finishes"),
-        Code::InvalidArgument => ApiError::invalid("path", s.message().to_string()),
-        Code::ResourceExhausted => ApiError::too_large_message("the thread's saved home would exceed its size limit (threadMaxSize)"),
-        Code::FailedPrecondition => ApiError::forbidden("thread_limit_reached", "a new thread beyond the key's maxThreads"),
-        _ => {
+    use crate::exec::refusal::{AgentRefusal, FileRefusal};
+    match AgentRefusal::read(s).of_files() {
+        FileRefusal::NotFound => ApiError::not_found("no such file or thread for this API key"),
+        FileRefusal::ThreadBusy => ApiError::conflict("thread_busy", "the thread is running an execution; retry when it finishes"),
+        FileRefusal::Invalid => ApiError::invalid("path", s.message().to_string()),
+        FileRefusal::TooLarge => ApiError::too_large_message("the thread's saved home would exceed its size limit (threadMaxSize)"),
+        FileRefusal::ThreadLimit => ApiError::forbidden("thread_limit_reached", "a new thread beyond the key's maxThreads"),
+        FileRefusal::Unavailable => {
             tracing::warn!(code = ?s.code(), reason = s.message(), "a file operation failed on the node");
             ApiError::unavailable("the node could not serve the file right now; retry shortly")
         }

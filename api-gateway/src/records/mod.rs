@@ -14,11 +14,13 @@
 mod model;
 mod store;
 mod sweep;
+mod view;
 mod writer;
 
 pub use model::{cut, Filter, Finished, Mode, NewRecord, Row, Status};
 pub use store::{Store, StoreError};
 pub use sweep::{sweep_loop, Redeliver, Retention};
+pub use view::ExecutionStatus;
 pub use writer::Recorder;
 
 /// Milliseconds since the Unix epoch.

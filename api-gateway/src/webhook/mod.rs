@@ -116,7 +116,7 @@ impl Webhooks {
                 return;
             }
         };
-        let body = serde_json::to_vec(&crate::executions::ExecutionStatus::of(Row { webhook_status: Some("pending".into()), ..row })).unwrap_or_default();
+        let body = serde_json::to_vec(&crate::records::ExecutionStatus::of(Row { webhook_status: Some("pending".into()), ..row })).unwrap_or_default();
         let mut n = 0;
         let outcome = loop {
             n += 1;

@@ -146,7 +146,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             timeout: Duration::from_secs(1),
         })
         .unwrap(),
-        files: Arc::new(warren_api_gateway::files::Settings { signing_key: Arc::new(warren_api_gateway::files::key::SigningKey::fixed(b"test")), public_url: None, ttl: Duration::from_secs(60), max_upload: 1 << 20 }),
+        files: Arc::new(warren_api_gateway::file_urls::Settings { signing_key: Arc::new(warren_api_gateway::file_urls::key::SigningKey::fixed(b"test")), public_url: None, ttl: Duration::from_secs(60), max_upload: 1 << 20 }),
         tasks: Default::default(),
     };
     let agent = agents.remove(0);

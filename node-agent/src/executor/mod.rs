@@ -1,5 +1,9 @@
 //! The execution service behind the gRPC adapter: validates a request against
-//! the node, admits it, claims a warm sandbox and runs it.
+//! the node, admits it, claims a warm sandbox and runs it ([`seam::run`]).
+
+pub mod seam;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +17,7 @@ use warren_isolation::wire::{Go, Home};
 
 use crate::lifecycle::storage::StorageResource;
 use crate::lifecycle::thread_home::ThreadHomeResource;
-use crate::lifecycle::{Resources, SandboxView};
+use crate::lifecycle::Resources;
 use crate::pool::Pool;
 use crate::images::Images;
 use warren_network::NetPolicy;
@@ -25,7 +29,7 @@ const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Why an execution was refused or could not start. Mapped to a gRPC status
-/// in exactly one place (`convert::to_status`).
+/// in exactly one place (`crate::refusal`).
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     /// Malformed request.
@@ -325,11 +329,7 @@ impl Executor {
                 (Rootfs::image(image), interpreter.path, env)
             }
         };
-        let busy = || ExecError::Busy(self.max_executions);
-        let permit = tokio::time::timeout(ADMIT_WAIT, self.permits.clone().acquire_owned())
-            .await
-            .map_err(|_| busy())?
-            .map_err(|_| busy())?;
+        let permit = seam::admit_slot(&self.permits, self.max_executions, ADMIT_WAIT).await?;
         // Last, so a refusal above never holds the thread.
         let thread = match thread {
             Some(options) => {
@@ -341,83 +341,24 @@ impl Executor {
         Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, _permit: permit })
     }
 
-    /// Runs an admitted execution. Errors are returned only when nothing ran.
-    ///
-    /// The outcome is returned once every process of the sandbox is gone and
-    /// every resource finished (a thread's save is durable); then the
-    /// resources are released and the sandbox torn down (cgroup removal,
-    /// ~0.3 ms, occasionally 10 ms on v1) in the background while the
-    /// admission stays held, so `running()` counts an execution until
-    /// nothing of it is left.
-// Long: one execution's lifecycle with its resources released on every path; to be split behind the executor's seam (issue #28).
-    pub async fn execute(&self, mut admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+    /// Runs an admitted execution (see [`seam::run`]). Errors are returned
+    /// only when nothing ran.
+    pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, _permit } = admission;
         let mut resources = Resources::default();
-        if let Some((options, lock)) = admission.thread.take() {
+        if let Some((options, lock)) = thread {
             resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
         }
-        let mounts = std::mem::take(&mut admission.mounts);
         if !mounts.is_empty() {
             // Write spools live beside the overlay work dirs: cleared at start.
             resources.push(Box::new(StorageResource::new(mounts, self.stores.clone(), self.env.work_dir.clone())));
         }
-        let connectors = std::mem::take(&mut admission.connectors);
         if !connectors.is_empty() {
             resources.push(Box::new(crate::lifecycle::connectors::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
-        let t0 = Instant::now();
-        if let Err(failure) = resources.acquire().await {
-            tokio::spawn(async move {
-                resources.release().await;
-                drop(admission);
-            });
-            return Ok(Outcome::never_ran(failure));
-        }
-        let spec = &admission.spec;
-        let t_acquired = t0.elapsed();
-        let sandbox = self.pool.claim(Shape::of(&spec.limits, admission.rootfs.clone(), admission.network.clone())).await?;
-        let t_claimed = t0.elapsed();
-        let prepared = match resources.is_empty() {
-            true => Ok(()),
-            false => {
-                let view = SandboxView {
-                    id: sandbox.id(),
-                    userns: sandbox.userns(),
-                    host_id: sandbox.host_id(),
-                    home_target: sandbox.home_target(),
-                    data_dir: sandbox.data_dir(),
-                    conn_dir: sandbox.conn_dir(),
-                    init_pid: sandbox.init_pid(),
-                    dns_statics: sandbox.dns_statics(),
-                    spec,
-                };
-                resources.prepare(&view).await
-            }
-        };
-        if let Err(failure) = prepared {
-            tokio::spawn(async move {
-                resources.release().await;
-                sandbox.discard().await;
-                drop(admission);
-            });
-            return Ok(Outcome::never_ran(failure));
-        }
-        let t_prepared = t0.elapsed();
-        let mut go = go_for(spec, &admission.interpreter, &admission.image_env);
-        resources.shape(&mut go);
-        let (mut outcome, teardown) = sandbox.run(spec, go, received, &events).await;
-        let t_ran = t0.elapsed();
-        resources.finish(&mut outcome).await;
-        let us = |d: std::time::Duration| d.as_micros() as u64;
-        debug!(
-            resources = !resources.is_empty(), acquire_us = us(t_acquired), claim_us = us(t_claimed - t_acquired), prepare_us = us(t_prepared - t_claimed),
-            run_us = us(t_ran - t_prepared), finish_us = us(t0.elapsed() - t_ran), "execution phases"
-        );
-        tokio::spawn(async move {
-            resources.release().await;
-            teardown.run().await;
-            drop(admission);
-        });
-        Ok(outcome)
+        let shape = Shape::of(&spec.limits, rootfs, network);
+        let go = go_for(&spec, &interpreter, &image_env);
+        seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
     }
 
     /// Finds the interpreters of a freshly pulled image by running each

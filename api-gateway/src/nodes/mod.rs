@@ -5,6 +5,8 @@
 //! the most free slots, waiting a bounded time when all are busy. Leases are
 //! counted here, so the gateway does not push work at a full agent.
 
+pub mod agent;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +15,9 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 use warren_proto::client::AgentAddress;
 
-use crate::exec::agent::{Agent, GrpcAgent};
+use agent::{Agent, GrpcAgent};
 
-use crate::exec::ExecError;
+use crate::exec_error::ExecError;
 
 /// One node-agent.
 #[derive(Debug)]
