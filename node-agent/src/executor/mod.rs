@@ -354,7 +354,7 @@ impl Executor {
             resources.push(Box::new(StorageResource::new(mounts, self.stores.clone(), self.env.work_dir.clone())));
         }
         if !connectors.is_empty() {
-            resources.push(Box::new(crate::lifecycle::connectors::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
+            resources.push(Box::new(crate::connectors::resource::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
         let shape = Shape::of(&spec.limits, rootfs, network);
         let go = go_for(&spec, &interpreter, &image_env);

@@ -24,7 +24,6 @@
 //! recognisable and collected when the next agent starts (see
 //! `prepare_state_dir` in the crate root for homes and work dirs).
 
-pub mod connectors;
 pub mod storage;
 pub mod thread_home;
 

@@ -18,8 +18,8 @@ use warren_network::dns::{DnsProxy, Statics};
 use warren_core::reach::EndpointPolicy;
 use warren_network::forward::{Endpoint, Forwarders};
 
-use super::{Resource, SandboxView};
-use crate::connectors::{render, Grant, Rendered};
+use super::{render, Grant, Rendered};
+use crate::lifecycle::{Resource, SandboxView};
 use crate::sandbox::Failure;
 
 /// The mount's size: credentials are small.

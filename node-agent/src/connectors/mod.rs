@@ -1,10 +1,14 @@
-//! Connectors of one call (pure): the files and variables the standard
-//! tools read, and the endpoints the sandbox reaches through forwarders.
+//! Connectors of one call: the files and variables the standard tools
+//! read, and the endpoints the sandbox reaches through forwarders (pure,
+//! here), and the per-execution resource that mounts and serves them
+//! ([`resource`]).
 //!
 //! Files live under [`DIR`], a per-call RAM-backed mount outside the home
 //! (never thread state), readable by the sandbox user only. Where a tool
 //! reads one configuration (`PGHOST`, `AWS_PROFILE`, …), the first connector
 //! of that kind sets it; the others are in the same files under their names.
+
+pub mod resource;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
