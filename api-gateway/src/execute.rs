@@ -31,7 +31,7 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
     post,
     path = "/v1/sandbox/execute",
     tag = "execute",
-    request_body(content = crate::openapi::ExecuteRequestDoc, content_type = "application/json"),
+    request_body(content = crate::request::ExecuteRequestDoc, content_type = "application/json"),
     params(
         ("Accept" = Option<String>, Header, description = "application/x-ndjson to stream events"),
         ("Prefer" = Option<String>, Header, description = "respond-async: answer 202 at once; the execution runs on and is read with /v1/executions/{trace_id}"),

@@ -18,6 +18,7 @@ pub mod exit;
 pub mod execute;
 pub mod file_urls;
 pub mod files;
+pub mod http;
 mod json;
 pub mod ndjson;
 pub mod records;
@@ -27,14 +28,10 @@ pub mod local_config;
 pub mod mcp;
 pub mod metrics;
 pub mod nodes;
-pub mod openapi;
 pub mod request;
 pub mod result;
-pub mod router;
-pub mod serve;
 pub mod state;
 pub mod threads;
-mod unread;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -233,13 +230,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     info!(addr = %listener.local_addr()?, agents = args.agents.len(), instance = %owner, "gateway listening");
-    let limits = serve::HttpLimits { max_connections: args.max_connections as usize, header_timeout: Duration::from_millis(args.header_timeout_ms) };
+    let limits = http::serve::HttpLimits { max_connections: args.max_connections as usize, header_timeout: Duration::from_millis(args.header_timeout_ms) };
     let stop = async {
         shutdown_signal().await;
         info!("shutting down: draining in-flight requests");
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
-    serve::serve(listener, router::app(state), limits, stop, drain).await;
+    http::serve::serve(listener, http::app(state), limits, stop, drain).await;
     finish(webhook_stop, tasks, drain, recorder).await;
     for task in [Some(sweep), Some(health), Some(reload), discovery].into_iter().flatten() {
         task.abort();

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 use warren_core::bounds::{MAX_CODE_BYTES, TIMEOUT_SECS};
 use warren_core::{env, ids, path, Language};
 
@@ -227,6 +229,34 @@ fn webhook_url(obj: &mut Map<String, Value>) -> Result<Option<String>, ApiError>
         return Err(ApiError::invalid("webhook_url", "must be a URL of at most 2048 characters"));
     }
     Ok(Some(u))
+}
+
+/// Body of `POST /v1/sandbox/execute`. Unknown fields are refused.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ExecuteRequest)]
+pub struct ExecuteRequestDoc {
+    /// Program text, 1 byte to 1 MiB of UTF-8.
+    #[schema(min_length = 1, max_length = 1048576)]
+    pub code: String,
+    /// Interpreter; must be offered by the key's Sandbox.
+    #[schema(value_type = Option<String>, pattern = "^(python|node|bash)$", default = "python")]
+    pub language: Option<String>,
+    /// Seconds, 1–3600 and at most the key's maximum (default 60, capped by it).
+    #[schema(minimum = 1, maximum = 3600, default = 60)]
+    pub timeout: Option<u32>,
+    /// Persistent home directory id, `^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$`, scoped to the key: `/home/sandbox` is restored before the call and its changes are saved (durably) before the response. One execution per thread at a time (409). Result errors: `thread_mount_error` and `thread_limit_reached` (the key keeps its `maxThreads`; nothing ran), `thread_state_too_large`, `thread_save_error`, `thread_conflict` (the previous state, or the other execution's, is kept).
+    #[schema(pattern = "^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$")]
+    pub thread_id: Option<String>,
+    /// Audit-only pairs: at most 10 keys (`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`, 1–40 chars), string values ≤ 256 chars. Never reaches the sandbox.
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Request-scope environment (wins over ApiKey and Sandbox): at most 50, names `^[A-Z][A-Z0-9_]*$`, reserved names refused.
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// At most 10 paths under `/data/<mount>/`, each narrowing its mount for this call.
+    #[schema(max_items = 10)]
+    pub sub_paths: Option<Vec<String>>,
+    /// With `Prefer: respond-async`: where the final status is POSTed, signed with the key's webhook secret. `https` to a public address (checked after DNS and on every redirect) unless the operator allows the host.
+    #[schema(max_length = 2048)]
+    pub webhook_url: Option<String>,
 }
 
 #[cfg(test)]

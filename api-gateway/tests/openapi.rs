@@ -4,8 +4,8 @@
 
 #[test]
 fn committed_openapi_document_matches_the_code() {
-    let (_, doc) = warren_api_gateway::router::build();
-    let generated = warren_api_gateway::openapi::render(&doc);
+    let (_, doc) = warren_api_gateway::http::build();
+    let generated = warren_api_gateway::http::openapi::render(&doc);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
     if std::env::var_os("WARREN_UPDATE_GENERATED").is_some() {
         std::fs::write(path, &generated).unwrap();
@@ -16,7 +16,7 @@ fn committed_openapi_document_matches_the_code() {
 
 #[test]
 fn every_documented_path_is_served_and_every_route_is_documented() {
-    let (_, doc) = warren_api_gateway::router::build();
+    let (_, doc) = warren_api_gateway::http::build();
     let mut paths: Vec<&str> = doc.paths.paths.keys().map(String::as_str).collect();
     paths.sort();
     assert_eq!(

@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use warren_api_gateway::{auth::KeyStore, budget::OutputBudget, exec::ExecutionService, nodes::Nodes, records, router, state};
+use warren_api_gateway::{auth::KeyStore, budget::OutputBudget, exec::ExecutionService, nodes::Nodes, records, http, state};
 use warren_api_gateway::exec::keyslot::counted_as;
 use warren_proto::client::AgentAddress;
 
@@ -150,7 +150,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
         tasks: Default::default(),
     };
     let agent = agents.remove(0);
-    Gateway { app: router::app(state.clone()), agent, others: agents, state, _records: dir }
+    Gateway { app: http::app(state.clone()), agent, others: agents, state, _records: dir }
 }
 
 /// A gateway with one healthy fake node of capacity 8.
@@ -186,7 +186,7 @@ impl Gateway {
     /// The same gateway (same state) with other request-path settings.
     pub fn with_settings(mut self, f: impl FnOnce(&mut state::Settings)) -> Gateway {
         f(&mut self.state.settings);
-        self.app = router::app(self.state.clone());
+        self.app = http::app(self.state.clone());
         self
     }
 

@@ -1,4 +1,6 @@
-//! Routes, operational endpoints and the request-counting middleware.
+//! The HTTP edge: routes over the features (execute, threads, executions,
+//! files, MCP), operational endpoints, request ids, the request-counting
+//! middleware, the OpenAPI document (`openapi`) and the server (`serve`).
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
@@ -10,6 +12,10 @@ use tower_http::trace::TraceLayer;
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+pub mod openapi;
+pub mod serve;
+mod unread;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -58,11 +64,11 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], DOC.clone()).into_response()
 }
 
-static DOC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| crate::openapi::render(&build().1));
+static DOC: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| openapi::render(&build().1));
 
 /// The router (without state) and the OpenAPI document of its routes.
 pub fn build() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(crate::execute::execute))
         .routes(routes!(crate::threads::delete_thread))
         .routes(routes!(crate::executions::list_executions))
@@ -92,7 +98,7 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::mcp::router(state.clone()))
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(middleware::from_fn(crate::unread::close_when_unread))
+        .layer(middleware::from_fn(unread::close_when_unread))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(TraceLayer::new_for_http().make_span_with(span_for))
         .layer(middleware::from_fn(crate::request_id::ensure))
