@@ -14,7 +14,6 @@ pub mod discovery;
 pub mod error;
 pub mod exec;
 pub mod exec_error;
-pub mod exit;
 pub mod execute;
 pub mod file_urls;
 pub mod files;

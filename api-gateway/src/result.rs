@@ -3,8 +3,7 @@
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use crate::exit::{Exit as Exited, Failure};
-pub use crate::exit::BlockedEgress;
+use warren_core::exit::{Blocked, Exit as Exited, Failure};
 
 /// SIGSYS: what a seccomp kill looks like from outside.
 const SIGSYS: i32 = 31;
@@ -100,15 +99,15 @@ impl Outcome {
     pub fn of(e: &Exited) -> Outcome {
         let thread = |t| Outcome::ThreadError(t);
         match e.failure {
-            Some(Failure::Sandbox) => return Outcome::SandboxError,
+            Some(Failure::Start(_) | Failure::Sandbox(_)) => return Outcome::SandboxError,
             Some(Failure::ThreadMount) => return thread(ThreadFailure::Mount),
             Some(Failure::ThreadTooLarge) => return thread(ThreadFailure::TooLarge),
             Some(Failure::ThreadSave) => return thread(ThreadFailure::Save),
             Some(Failure::ThreadConflict) => return thread(ThreadFailure::Conflict),
             Some(Failure::ThreadLimit) => return thread(ThreadFailure::Limit),
-            Some(Failure::StorageMount) => return Outcome::StorageError(StorageFailure::Mount),
-            Some(Failure::StorageSync) => return Outcome::StorageError(StorageFailure::Sync),
-            Some(Failure::CredentialMount) => return Outcome::CredentialError,
+            Some(Failure::StorageMount(_)) => return Outcome::StorageError(StorageFailure::Mount),
+            Some(Failure::StorageSync(_)) => return Outcome::StorageError(StorageFailure::Sync),
+            Some(Failure::CredentialMount(_)) => return Outcome::CredentialError,
             None => {}
         }
         if e.timed_out {
@@ -119,7 +118,7 @@ impl Outcome {
             Outcome::Seccomp
         } else if e.exit_code == 0 && e.signal == 0 {
             Outcome::Success
-        } else if !e.blocked_egress.is_empty() {
+        } else if !e.blocked.is_empty() {
             // Policy, not (necessarily) a bug: an agent can tell them apart.
             Outcome::Blocked
         } else {
@@ -216,10 +215,10 @@ impl ExecuteResult {
             stderr,
             exit_code: e.exit_code,
             error: outcome.error_code().map(str::to_string),
-            unsynced_paths: e.unsynced_paths.clone(),
-            blocked_egress: e.blocked_egress.clone(),
+            unsynced_paths: e.unsynced_paths().to_vec(),
+            blocked_egress: e.blocked.iter().map(BlockedEgress::from).collect(),
             trace_id: trace_id.to_string(),
-            duration_ms: e.wall_micros / 1000,
+            duration_ms: e.wall.as_millis().try_into().unwrap_or(u64::MAX),
             cpu_ms: e.cpu_micros / 1000,
             peak_memory_bytes: e.peak_memory_bytes,
             timed_out: e.timed_out,
@@ -231,6 +230,29 @@ impl ExecuteResult {
     }
 }
 
+
+/// One destination the network policy refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct BlockedEgress {
+    /// The DNS name the program resolved the address from, or asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The address; absent for a name the allowlist refused to resolve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Destination port (53 for a refused name).
+    pub port: u16,
+    /// `tcp`, `udp` or `dns`.
+    pub protocol: String,
+    /// Packets (or queries) refused.
+    pub count: u64,
+}
+
+impl From<&Blocked> for BlockedEgress {
+    fn from(b: &Blocked) -> BlockedEgress {
+        BlockedEgress { host: b.host.clone(), ip: b.ip.map(|ip| ip.to_string()), port: b.port, protocol: b.protocol.clone(), count: b.count }
+    }
+}
 
 /// One line of an `application/x-ndjson` execute response. `seq` increases
 /// by one per line, starting at 1.
@@ -347,7 +369,8 @@ mod tests {
         assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.timed_out = true }), Outcome::Timeout);
         assert_eq!(e(&|x| { x.exit_code = 137; x.signal = 9; x.oom_killed = true }), Outcome::Oom);
         assert_eq!(e(&|x| { x.exit_code = 159; x.signal = 31 }), Outcome::Seccomp);
-        assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::Sandbox) }), Outcome::SandboxError);
+        assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::Sandbox("supervisor lost".into())) }), Outcome::SandboxError);
+        assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::Start("exec".into())) }), Outcome::SandboxError);
         assert_eq!(e(&|x| { x.exit_code = -1; x.failure = Some(Failure::ThreadMount) }), Outcome::ThreadError(ThreadFailure::Mount));
         assert_eq!(e(&|x| x.failure = Some(Failure::ThreadTooLarge)), Outcome::ThreadError(ThreadFailure::TooLarge));
         assert_eq!(e(&|x| x.failure = Some(Failure::ThreadSave)), Outcome::ThreadError(ThreadFailure::Save));
@@ -355,7 +378,7 @@ mod tests {
 
     #[test]
     fn unsynced_paths_appear_only_with_a_sync_error() {
-        let x = Exited { exit_code: 0, failure: Some(Failure::StorageSync), unsynced_paths: vec!["/data/out/r.csv".into()], ..Default::default() };
+        let x = Exited { exit_code: 0, failure: Some(Failure::StorageSync(vec!["/data/out/r.csv".into()])), ..Default::default() };
         let v = serde_json::to_value(ExecuteResult::new("trc_x", &x, "done".into(), String::new())).unwrap();
         assert_eq!((v["success"].as_bool(), v["error"].as_str(), v["stdout"].as_str()), (Some(false), Some("storage_sync_error"), Some("done")));
         assert_eq!(v["unsynced_paths"], serde_json::json!(["/data/out/r.csv"]));
@@ -365,8 +388,8 @@ mod tests {
 
     #[test]
     fn a_failure_after_refused_egress_is_blocked_and_lists_the_destinations() {
-        let refused = crate::result::BlockedEgress { host: Some("private.test".into()), ip: Some("10.200.0.10".into()), port: 80, protocol: "tcp".into(), count: 2 };
-        let x = Exited { exit_code: 1, blocked_egress: vec![refused], ..Default::default() };
+        let refused = Blocked { host: Some("private.test".into()), ip: Some("10.200.0.10".parse().unwrap()), port: 80, protocol: "tcp".into(), count: 2 };
+        let x = Exited { exit_code: 1, blocked: vec![refused], ..Default::default() };
         let v = serde_json::to_value(ExecuteResult::new("trc_x", &x, String::new(), String::new())).unwrap();
         assert_eq!((v["success"].as_bool(), v["error"].as_str()), (Some(false), Some("blocked")));
         assert_eq!(v["blocked_egress"], serde_json::json!([{"host": "private.test", "ip": "10.200.0.10", "port": 80, "protocol": "tcp", "count": 2}]));
@@ -386,9 +409,9 @@ mod tests {
             (Failure::ThreadSave, "thread_save_error"),
             (Failure::ThreadConflict, "thread_conflict"),
             (Failure::ThreadLimit, "thread_limit_reached"),
-            (Failure::StorageMount, "storage_mount_error"),
-            (Failure::StorageSync, "storage_sync_error"),
-            (Failure::CredentialMount, "credential_mount_error"),
+            (Failure::StorageMount("unreachable".into()), "storage_mount_error"),
+            (Failure::StorageSync(Vec::new()), "storage_sync_error"),
+            (Failure::CredentialMount("forwarder".into()), "credential_mount_error"),
         ];
         for (failure, code) in cases {
             let x = Exited { exit_code: 0, failure: Some(failure), ..Default::default() };
@@ -399,7 +422,7 @@ mod tests {
 
     #[test]
     fn result_fields() {
-        let x = Exited { exit_code: 137, signal: 9, timed_out: true, wall_micros: 2_500_000, ..Default::default() };
+        let x = Exited { exit_code: 137, signal: 9, timed_out: true, wall: std::time::Duration::from_micros(2_500_000), ..Default::default() };
         let r = ExecuteResult::new("trc_x", &x, "a".into(), String::new());
         assert!(!r.success);
         assert_eq!((r.error.as_deref(), r.signal, r.duration_ms), (Some("timeout"), Some(9), 2500));

@@ -18,6 +18,7 @@ pub mod bounds;
 pub mod egress;
 pub mod endpoint;
 pub mod env;
+pub mod exit;
 pub mod ids;
 pub mod language;
 pub mod limits;

@@ -9,7 +9,6 @@ use warren_proto::agent as pb;
 
 use crate::executor::NetworkRequest;
 use crate::refusal::{self, invalid};
-use crate::sandbox::{Failure, Outcome};
 use crate::threads::{ThreadKey, ThreadOptions};
 
 /// Request → domain request (validation happens in `ExecRequest::validate`).
@@ -170,56 +169,6 @@ pub fn thread_key(r: Option<pb::ThreadRef>) -> Result<ThreadKey, Status> {
     ThreadKey::new(&r.namespace, &r.key_name, &r.thread_id).map_err(|e| invalid("thread.ref", &e.to_string()))
 }
 
-/// Domain failure → wire failure and its detail.
-fn failure(f: Option<&Failure>) -> (pb::Failure, String) {
-    match f {
-        None => (pb::Failure::Unspecified, String::new()),
-        Some(Failure::Start(stage)) => (pb::Failure::Start, stage.clone()),
-        Some(Failure::Sandbox(what)) => (pb::Failure::Sandbox, (*what).to_string()),
-        Some(Failure::ThreadMount) => (pb::Failure::ThreadMount, String::new()),
-        Some(Failure::ThreadTooLarge) => (pb::Failure::ThreadTooLarge, String::new()),
-        Some(Failure::ThreadSave) => (pb::Failure::ThreadSave, String::new()),
-        Some(Failure::ThreadConflict) => (pb::Failure::ThreadConflict, String::new()),
-        Some(Failure::ThreadLimit) => (pb::Failure::ThreadLimit, String::new()),
-        Some(Failure::StorageMount(what)) => (pb::Failure::StorageMount, what.clone()),
-        Some(Failure::StorageSync(_)) => (pb::Failure::StorageSync, String::new()),
-        Some(Failure::CredentialMount(step)) => (pb::Failure::CredentialMount, step.clone()),
-    }
-}
-
-/// Outcome → final event.
-pub fn exited(o: &Outcome) -> pb::Exited {
-    let (failure, failure_detail) = failure(o.failure.as_ref());
-    pb::Exited {
-        exit_code: o.exit_code,
-        signal: o.signal,
-        timed_out: o.timed_out,
-        oom_killed: o.oom_killed,
-        wall_micros: o.wall.as_micros() as u64,
-        cpu_micros: o.cpu_micros,
-        peak_memory_bytes: o.peak_memory_bytes,
-        stdout_truncated: o.stdout_truncated,
-        stderr_truncated: o.stderr_truncated,
-        failure: failure as i32,
-        failure_detail,
-        unsynced_paths: match &o.failure {
-            Some(Failure::StorageSync(paths)) => paths.iter().take(100).cloned().collect(),
-            _ => Vec::new(),
-        },
-        blocked_egress: o
-            .blocked
-            .iter()
-            .map(|b| pb::BlockedEgress {
-                host: b.host.clone().unwrap_or_default(),
-                ip: b.ip.map(|ip| ip.to_string()).unwrap_or_default(),
-                port: b.port.into(),
-                protocol: b.protocol.into(),
-                count: b.count,
-            })
-            .collect(),
-    }
-}
-
 /// Features → proto.
 pub fn features(f: &Features, network: bool) -> pb::IsolationFeatures {
     pb::IsolationFeatures {
@@ -308,23 +257,6 @@ mod tests {
         assert_eq!((s.code(), refusal_of(&s)), (Code::FailedPrecondition, (Reason::Unsupported, "mounts[0].provider".to_string())));
         let s = mounts(vec![m("s3", "/data/../etc")]).unwrap_err();
         assert_eq!((s.code(), refusal_of(&s)), (Code::InvalidArgument, (Reason::InvalidField, "mounts[0].mount_path".to_string())));
-    }
-
-    #[test]
-    fn failures_cross_the_wire_as_enums() {
-        let cases = [
-            (Failure::Start("exec".into()), pb::Failure::Start, "exec"),
-            (Failure::Sandbox("supervisor lost"), pb::Failure::Sandbox, "supervisor lost"),
-            (Failure::ThreadMount, pb::Failure::ThreadMount, ""),
-            (Failure::ThreadTooLarge, pb::Failure::ThreadTooLarge, ""),
-            (Failure::ThreadSave, pb::Failure::ThreadSave, ""),
-            (Failure::ThreadConflict, pb::Failure::ThreadConflict, ""),
-        ];
-        for (f, wire, detail) in cases {
-            let x = exited(&Outcome::never_ran(f));
-            assert_eq!((x.failure(), x.failure_detail.as_str(), x.exit_code), (wire, detail, -1));
-        }
-        assert_eq!(exited(&Outcome::default()).failure(), pb::Failure::Unspecified);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use warren_isolation::launch::{supervisor_command, with_fds_inherited, Superviso
 use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
 
-use warren_network::{Blocked, NetPolicy, SandboxNet};
+use warren_network::{NetPolicy, SandboxNet};
 
 use crate::frames::Channel;
 pub use crate::output::Event;
@@ -183,67 +183,9 @@ pub struct Prepared {
     _rootfs: Rootfs,
 }
 
-/// How an execution ended.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
-    /// Exit status or 128 + signal; -1 when the program never ran.
-    pub exit_code: i32,
-    /// Killing signal or 0.
-    pub signal: i32,
-    /// Killed at the wall-clock limit.
-    pub timed_out: bool,
-    /// The memory limit was hit.
-    pub oom_killed: bool,
-    /// The caller went away and the execution was killed.
-    pub cancelled: bool,
-    /// Program wall time.
-    pub wall: Duration,
-    /// CPU time of every process.
-    pub cpu_micros: u64,
-    /// Peak memory (`None`: the kernel keeps no peak for the group).
-    pub peak_memory_bytes: Option<u64>,
-    /// stdout went past the cap.
-    pub stdout_truncated: bool,
-    /// stderr went past the cap.
-    pub stderr_truncated: bool,
-    /// What went wrong besides the program itself.
-    pub failure: Option<Failure>,
-    /// Destinations the network policy refused.
-    pub blocked: Vec<Blocked>,
-}
-
-/// A failure of the sandbox or the thread home (never of the program).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// The program could not be started; the init's failing step.
-    Start(String),
-    /// The sandbox broke while the program ran; what broke.
-    Sandbox(&'static str),
-    /// The thread's home could not be restored; nothing ran.
-    ThreadMount,
-    /// Saving the home would exceed the thread's size limit.
-    ThreadTooLarge,
-    /// The store failed while saving.
-    ThreadSave,
-    /// Another execution saved the thread meanwhile.
-    ThreadConflict,
-    /// The call would create a thread beyond the key's limit; nothing ran.
-    ThreadLimit,
-    /// A storage mount could not be set up (why, for the log); nothing ran.
-    StorageMount(String),
-    /// Changes under these `/data` paths could not be stored.
-    StorageSync(Vec<String>),
-    /// A connector's files, forwarder or names could not be set up (the
-    /// failing step, for the log); nothing ran.
-    CredentialMount(String),
-}
-
-impl Outcome {
-    /// The program never ran because of `failure`.
-    pub fn never_ran(failure: Failure) -> Outcome {
-        Outcome { exit_code: -1, failure: Some(failure), ..Outcome::default() }
-    }
-}
+/// How an execution ended: the exit contract (`warren_core::exit`), which
+/// `warren-proto`'s edge puts on the wire.
+pub use warren_core::exit::{Exit as Outcome, Failure};
 
 fn pipe_pair() -> Result<(pipe::Receiver, OwnedFd), SandboxError> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Io { step: "pipe", source: e.into() })?;
@@ -439,7 +381,7 @@ impl Prepared {
         if let Err(e) = sent {
             warn!(sandbox = %self.id, error = %e, "handing the program to the sandbox failed");
             out.exit_code = -1;
-            out.failure = Some(Failure::Sandbox("handing over the program"));
+            out.failure = Some(Failure::Sandbox("handing over the program".into()));
             let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
             return (out, Teardown(self));
         }
@@ -460,7 +402,7 @@ impl Prepared {
                 out.signal = libc::SIGKILL;
             } else {
                 out.exit_code = -1;
-                out.failure = Some(Failure::Sandbox("supervisor lost"));
+                out.failure = Some(Failure::Sandbox("supervisor lost".into()));
             }
         }
         self.account(&mut out);

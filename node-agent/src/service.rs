@@ -204,7 +204,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             let last = match result {
                 Ok(outcome) => {
                     log_outcome(&outcome);
-                    Ok(event(PbEvent::Exited(convert::exited(&outcome))))
+                    Ok(event(PbEvent::Exited(pb::Exited::from(&outcome))))
                 }
                 Err(e) => {
                     warn!(error = %e, "execution failed before it started");

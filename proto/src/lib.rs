@@ -11,6 +11,8 @@ pub mod agent {
 }
 
 pub mod client;
+
+pub mod exit;
 mod language;
 pub mod refusal;
 pub mod tls;

@@ -5,7 +5,7 @@
 use warren_proto::agent::{self as pb, execute_event::Event as Wire};
 
 use super::spec::{ExecutionSpec, Tenant};
-use crate::exit::{BlockedEgress, Exit, Failure};
+use warren_core::exit::Exit;
 
 impl From<ExecutionSpec> for pb::ExecuteRequest {
     fn from(s: ExecutionSpec) -> pb::ExecuteRequest {
@@ -89,48 +89,6 @@ fn storage_mount(m: warren_config::storage::EffectiveMount) -> pb::StorageMount 
 /// The agent's reference to thread `id` of `tenant`.
 pub fn thread_ref(tenant: &Tenant, id: &str) -> pb::ThreadRef {
     pb::ThreadRef { namespace: tenant.namespace.clone(), key_name: tenant.key_name.clone(), thread_id: id.to_string() }
-}
-
-impl From<pb::Exited> for Exit {
-    fn from(x: pb::Exited) -> Exit {
-        let failure = match x.failure() {
-            pb::Failure::Unspecified => None,
-            pb::Failure::Start | pb::Failure::Sandbox => Some(Failure::Sandbox),
-            pb::Failure::ThreadMount => Some(Failure::ThreadMount),
-            pb::Failure::ThreadTooLarge => Some(Failure::ThreadTooLarge),
-            pb::Failure::ThreadSave => Some(Failure::ThreadSave),
-            pb::Failure::ThreadConflict => Some(Failure::ThreadConflict),
-            pb::Failure::ThreadLimit => Some(Failure::ThreadLimit),
-            pb::Failure::StorageMount => Some(Failure::StorageMount),
-            pb::Failure::StorageSync => Some(Failure::StorageSync),
-            pb::Failure::CredentialMount => Some(Failure::CredentialMount),
-        };
-        Exit {
-            exit_code: x.exit_code,
-            signal: x.signal,
-            timed_out: x.timed_out,
-            oom_killed: x.oom_killed,
-            wall_micros: x.wall_micros,
-            cpu_micros: x.cpu_micros,
-            peak_memory_bytes: x.peak_memory_bytes,
-            stdout_truncated: x.stdout_truncated,
-            stderr_truncated: x.stderr_truncated,
-            failure,
-            unsynced_paths: x.unsynced_paths,
-            blocked_egress: x
-                .blocked_egress
-                .into_iter()
-                .take(64)
-                .map(|b| BlockedEgress {
-                    host: (!b.host.is_empty()).then_some(b.host),
-                    ip: (!b.ip.is_empty()).then_some(b.ip),
-                    port: u16::try_from(b.port).unwrap_or(0),
-                    protocol: b.protocol,
-                    count: b.count,
-                })
-                .collect(),
-        }
-    }
 }
 
 /// One thing that happened to a running execution.

@@ -16,7 +16,7 @@ pub mod service;
 pub mod spec;
 
 pub use convert::RunEvent;
-pub use crate::exit::{Exit, Failure};
+pub use warren_core::exit::{Exit, Failure};
 pub use crate::exec_error::ExecError;
 pub use crate::nodes::agent;
 pub use service::{Admitted, ExecutionService, Lost, Run};

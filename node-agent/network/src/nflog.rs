@@ -209,7 +209,7 @@ impl Refusals {
         self.drain();
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let Some(per) = counts.get(&src) else { return Vec::new() };
-        per.iter().map(|((ip, protocol, port), count)| Blocked { host: None, ip: Some(IpAddr::V4(*ip)), port: *port, protocol, count: *count }).collect()
+        per.iter().map(|((ip, protocol, port), count)| Blocked { host: None, ip: Some(IpAddr::V4(*ip)), port: *port, protocol: protocol.to_string(), count: *count }).collect()
     }
 
     /// Stops counting for `src`.

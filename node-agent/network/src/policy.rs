@@ -7,8 +7,8 @@ use warren_core::egress::Rule;
 
 /// Bandwidth per CPU of the sandbox, each direction.
 pub const BITS_PER_CPU: u64 = 200_000_000;
-/// Refused destinations reported per call, at most.
-pub const MAX_BLOCKED: usize = 64;
+/// Refused destinations reported per call, at most (the exit contract's bound).
+pub use warren_core::exit::MAX_BLOCKED;
 
 /// The network of an `Unrestricted` sandbox. Equal policies share pooled
 /// sandboxes, so it is part of the pool's shape.
@@ -36,20 +36,8 @@ impl NetPolicy {
     }
 }
 
-/// One refused destination, as reported to the caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blocked {
-    /// The DNS name the program asked for, when known.
-    pub host: Option<String>,
-    /// The address, when the program got as far as connecting.
-    pub ip: Option<IpAddr>,
-    /// Destination port (53 for a refused DNS name).
-    pub port: u16,
-    /// `tcp`, `udp` or `dns` (a name outside the allowlist, never resolved).
-    pub protocol: &'static str,
-    /// Packets (or queries) refused.
-    pub count: u64,
-}
+/// One refused destination, as reported to the caller (the exit contract's).
+pub use warren_core::exit::Blocked;
 
 /// Merges what the firewall refused with what the DNS proxy refused,
 /// naming addresses the proxy resolved; most frequent first, bounded.
@@ -59,7 +47,7 @@ pub fn report(mut refused: Vec<Blocked>, names: &BTreeMap<IpAddr, String>, dns_r
             b.host = names.get(&ip).cloned();
         }
     }
-    refused.extend(dns_refused.iter().map(|(name, count)| Blocked { host: Some(name.clone()), ip: None, port: 53, protocol: "dns", count: *count }));
+    refused.extend(dns_refused.iter().map(|(name, count)| Blocked { host: Some(name.clone()), ip: None, port: 53, protocol: "dns".into(), count: *count }));
     refused.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.ip.cmp(&b.ip)).then_with(|| a.host.cmp(&b.host)));
     refused.truncate(MAX_BLOCKED);
     refused
@@ -86,13 +74,13 @@ mod tests {
     #[test]
     fn report_names_addresses_adds_dns_refusals_and_is_bounded() {
         let ip: IpAddr = "10.200.0.10".parse().unwrap();
-        let fw = vec![Blocked { host: None, ip: Some(ip), port: 80, protocol: "tcp", count: 2 }];
+        let fw = vec![Blocked { host: None, ip: Some(ip), port: 80, protocol: "tcp".into(), count: 2 }];
         let names = BTreeMap::from([(ip, "rebind.test".to_string())]);
         let dns = BTreeMap::from([("evil.org".to_string(), 3)]);
         let r = report(fw, &names, &dns);
-        assert_eq!(r[0], Blocked { host: Some("evil.org".into()), ip: None, port: 53, protocol: "dns", count: 3 });
+        assert_eq!(r[0], Blocked { host: Some("evil.org".into()), ip: None, port: 53, protocol: "dns".into(), count: 3 });
         assert_eq!(r[1].host.as_deref(), Some("rebind.test"));
-        let many: Vec<Blocked> = (0..100u16).map(|p| Blocked { host: None, ip: Some(ip), port: p, protocol: "udp", count: 1 }).collect();
+        let many: Vec<Blocked> = (0..100u16).map(|p| Blocked { host: None, ip: Some(ip), port: p, protocol: "udp".into(), count: 1 }).collect();
         assert_eq!(report(many, &BTreeMap::new(), &BTreeMap::new()).len(), MAX_BLOCKED);
     }
 }

@@ -454,6 +454,9 @@ pub struct Exited {
     /// only), most frequent first; at most 64.
     #[prost(message, repeated, tag = "14")]
     pub blocked_egress: ::prost::alloc::vec::Vec<BlockedEgress>,
+    /// The caller went away (or cancelled) and the execution was killed.
+    #[prost(bool, tag = "15")]
+    pub cancelled: bool,
 }
 /// One destination the network policy refused.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
