@@ -131,7 +131,7 @@ fn sub_paths_narrow_their_mount_for_one_call() {
     let mut k = key();
     let m = |name: &str| EffectiveMount {
         name: name.into(),
-        provider: "s3".into(),
+        provider: warren_core::kinds::Provider::S3,
         bucket: "b".into(),
         prefix: "tenants/a".into(),
         read_only: false,

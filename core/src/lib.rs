@@ -20,6 +20,7 @@ pub mod endpoint;
 pub mod env;
 pub mod exit;
 pub mod ids;
+pub mod kinds;
 pub mod language;
 pub mod limits;
 pub mod network;

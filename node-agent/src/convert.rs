@@ -61,7 +61,7 @@ pub fn connectors(raw: Vec<pb::ConnectorGrant>) -> Result<Vec<crate::connectors:
         .map(|c| {
             crate::connectors::check(crate::connectors::RawGrant {
                 name: c.name,
-                kind: c.kind,
+                kind: warren_proto::kinds::connector_kind(c.kind_enum, &c.kind),
                 host: c.host,
                 port: c.port,
                 database: c.database,
@@ -118,7 +118,7 @@ pub fn mounts(raw: Vec<pb::StorageMount>) -> Result<Vec<warren_storage::MountSpe
         .map(|m| warren_storage::spec::RawMount {
             read_only: m.mode() != pb::MountMode::ReadWrite,
             mount_path: m.mount_path,
-            provider: m.provider,
+            provider: warren_proto::kinds::provider(m.provider_kind, &m.provider),
             bucket: m.bucket,
             prefix: m.prefix,
             endpoint: m.endpoint,

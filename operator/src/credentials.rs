@@ -61,7 +61,7 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
     };
     let raw = warren_objects::spec::RawMount {
         mount_path: "/data/probe".into(),
-        provider: warren_config::storage::provider_name(spec.provider).into(),
+        provider: Some(warren_config::storage::provider(spec.provider)),
         bucket: spec.bucket.clone(),
         prefix: spec.prefix.clone().unwrap_or_default(),
         endpoint: spec.endpoint.clone().unwrap_or_default(),

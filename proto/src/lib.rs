@@ -13,6 +13,7 @@ pub mod agent {
 pub mod client;
 
 pub mod exit;
+pub mod kinds;
 mod language;
 pub mod refusal;
 pub mod tls;

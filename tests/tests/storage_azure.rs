@@ -16,7 +16,9 @@ use warren_proto::agent::{self as pb, Failure};
 fn mount(az: &Azurite, name: &str, prefix: &str, mode: pb::MountMode) -> pb::StorageMount {
     pb::StorageMount {
         mount_path: format!("/data/{name}"),
+        // By name only, as a gateway before the provider enum sends it.
         provider: "azure".into(),
+        provider_kind: pb::StorageProvider::Unspecified as i32,
         bucket: CONTAINER.into(),
         prefix: prefix.into(),
         mode: mode as i32,
@@ -159,7 +161,7 @@ async fn the_azure_reachability_probe_tells_the_failures_apart() {
     let spec = |container: &str, key: &str| {
         let raw = warren_storage::spec::RawMount {
             mount_path: "/data/p".into(),
-            provider: "azure".into(),
+            provider: Some(warren_storage::spec::Provider::Azure),
             bucket: container.into(),
             endpoint: az.endpoint(),
             credentials: [("accountName".to_string(), warren_e2e::azurite::ACCOUNT.to_string()), ("accountKey".to_string(), key.to_string())].into(),

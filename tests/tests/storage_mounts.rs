@@ -12,7 +12,9 @@ use warren_proto::agent::{self as pb, Failure};
 fn mount(s3: &S3Server, name: &str, prefix: &str, mode: pb::MountMode) -> pb::StorageMount {
     pb::StorageMount {
         mount_path: format!("/data/{name}"),
+        // The provider as enum; the name goes along for older agents.
         provider: "s3".into(),
+        provider_kind: pb::StorageProvider::S3 as i32,
         bucket: BUCKET.into(),
         prefix: prefix.into(),
         mode: mode as i32,
@@ -384,7 +386,7 @@ async fn the_reachability_probe_tells_the_failures_apart() {
     use warren_storage::spec::{validate, RawMount};
     let s3 = seeded();
     let spec = |bucket: &str, endpoint: String, creds: Vec<(String, String)>| {
-        let raw = RawMount { mount_path: "/data/p".into(), provider: "s3".into(), bucket: bucket.into(), prefix: "tenants".into(), endpoint, region: "us-east-1".into(), credentials: creds.into_iter().collect(), ..RawMount::default() };
+        let raw = RawMount { mount_path: "/data/p".into(), provider: Some(warren_storage::spec::Provider::S3), bucket: bucket.into(), prefix: "tenants".into(), endpoint, region: "us-east-1".into(), credentials: creds.into_iter().collect(), ..RawMount::default() };
         validate(vec![raw]).unwrap().remove(0)
     };
     // The S3 server is on loopback: what an admin would allow with --allow-endpoint.

@@ -55,7 +55,8 @@ fn connector_grant(c: warren_config::connector::EffectiveConnector) -> pb::Conne
         name: c.name,
         host: c.host.unwrap_or_default(),
         credentials: Some(pb::Credentials { values: c.credentials.0.into_iter().collect() }),
-        kind: c.kind,
+        kind: c.kind.as_str().into(),
+        kind_enum: pb::ConnectorKind::from(c.kind) as i32,
         port: c.port.map_or(0, u32::from),
         database: c.database.unwrap_or_default(),
         username: c.username.unwrap_or_default(),
@@ -74,7 +75,8 @@ fn connector_grant(c: warren_config::connector::EffectiveConnector) -> pb::Conne
 fn storage_mount(m: warren_config::storage::EffectiveMount) -> pb::StorageMount {
     pb::StorageMount {
         mount_path: format!("/data/{}", m.name),
-        provider: m.provider,
+        provider: m.provider.as_str().into(),
+        provider_kind: pb::StorageProvider::from(m.provider) as i32,
         bucket: m.bucket,
         prefix: m.prefix,
         mode: if m.read_only { pb::MountMode::ReadOnly } else { pb::MountMode::ReadWrite } as i32,

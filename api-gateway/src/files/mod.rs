@@ -386,7 +386,7 @@ fn place(key: &EffectiveKey, source: &str, id: &str) -> Result<Place, ApiError> 
             Ok(Place { target: pb::files_request::Target::Thread(options), thread: Some(placement_key(&tenant, id)), writable: true, max: key.thread_max_bytes })
         }
         "volume" => {
-            let mounts = key.storage.iter().filter(|m| m.provider == warren_config::storage::VOLUME_PROVIDER && m.prefix.split('/').nth(2) == Some(id));
+            let mounts = key.storage.iter().filter(|m| m.provider == warren_core::kinds::Provider::Volume && m.prefix.split('/').nth(2) == Some(id));
             let best = mounts.min_by_key(|m| m.read_only).ok_or_else(|| ApiError::not_found("no such volume for this API key"))?;
             Ok(Place { target: pb::files_request::Target::VolumePrefix(best.prefix.clone()), thread: None, writable: !best.read_only, max: u64::MAX })
         }

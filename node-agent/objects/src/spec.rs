@@ -24,21 +24,8 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// One request, a part of a multipart upload included.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Where the objects live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
-    /// S3 or any S3-compatible endpoint.
-    S3,
-    /// Azure Blob Storage (`bucket` is the container).
-    Azure,
-    /// Google Cloud Storage.
-    Gcs,
-    /// A directory on the node (`bucket` is its absolute path).
-    Local,
-    /// A managed volume in the agent's own platform store (the one holding
-    /// thread state), below `volumes/<namespace>/<name>`.
-    Volume,
-}
+/// Where the objects live (the execution contract's set).
+pub use warren_core::kinds::Provider;
 
 /// Secret values (they travel to the gateways inside the published key
 /// Secret, and on to the node), never printed.
@@ -90,8 +77,9 @@ fn err(i: usize, field: &str, message: &'static str) -> SpecError {
 pub struct RawMount {
     /// `/data/<name>`.
     pub mount_path: String,
-    /// `s3`, `local`, ...
-    pub provider: String,
+    /// Where the objects live; `None`: a provider the sender named that
+    /// this agent does not know.
+    pub provider: Option<Provider>,
     /// Bucket or directory.
     pub bucket: String,
     /// Scope.
@@ -125,13 +113,8 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
         if out.iter().any(|o| o.name == name) {
             return Err(err(i, "mount_path", "two mounts at the same path"));
         }
-        let provider = match m.provider.as_str() {
-            "s3" => Provider::S3,
-            "azure" => Provider::Azure,
-            "gcs" => Provider::Gcs,
-            "local" => Provider::Local,
-            "volume" => Provider::Volume,
-            _ => return Err(err(i, "provider", "this agent serves s3, gcs, azure, local and volume mounts")),
+        let Some(provider) = m.provider else {
+            return Err(err(i, "provider", "this agent serves s3, gcs, azure, local and volume mounts"));
         };
         let bucket_ok = match provider {
             // The platform store is the agent's own: a volume names none.
@@ -296,7 +279,7 @@ mod tests {
     use super::*;
 
     fn raw(path: &str) -> RawMount {
-        RawMount { mount_path: path.into(), provider: "s3".into(), bucket: "b".into(), prefix: "tenants/a".into(), ..RawMount::default() }
+        RawMount { mount_path: path.into(), provider: Some(Provider::S3), bucket: "b".into(), prefix: "tenants/a".into(), ..RawMount::default() }
     }
 
     #[test]
@@ -310,15 +293,15 @@ mod tests {
         }
         assert_eq!(field(vec![raw("/data/x"), raw("/data/x")]), "mounts[1].mount_path");
         assert_eq!(field(vec![RawMount { prefix: "a/../b".into(), ..raw("/data/x") }]), "mounts[0].prefix");
-        assert_eq!(field(vec![RawMount { provider: "ftp".into(), ..raw("/data/x") }]), "mounts[0].provider");
-        assert_eq!(validate(vec![RawMount { provider: "azure".into(), ..raw("/data/x") }]).unwrap()[0].provider, Provider::Azure);
-        let volume = |prefix: &str, bucket: &str| RawMount { provider: "volume".into(), prefix: prefix.into(), bucket: bucket.into(), ..raw("/data/x") };
+        assert_eq!(field(vec![RawMount { provider: None, ..raw("/data/x") }]), "mounts[0].provider");
+        assert_eq!(validate(vec![RawMount { provider: Some(Provider::Azure), ..raw("/data/x") }]).unwrap()[0].provider, Provider::Azure);
+        let volume = |prefix: &str, bucket: &str| RawMount { provider: Some(Provider::Volume), prefix: prefix.into(), bucket: bucket.into(), ..raw("/data/x") };
         assert_eq!(validate(vec![volume("volumes/ns/v/sub", "")]).unwrap()[0].provider, Provider::Volume);
         for bad in ["threads/ns/key", "volumes/ns", "", "volumes"] {
             assert_eq!(field(vec![volume(bad, "")]), "mounts[0].prefix", "{bad}: thread state is not a volume");
         }
         assert_eq!(field(vec![volume("volumes/ns/v", "b")]), "mounts[0].bucket");
-        assert_eq!(field(vec![RawMount { provider: "local".into(), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
+        assert_eq!(field(vec![RawMount { provider: Some(Provider::Local), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
         assert_eq!(field((0..17).map(|i| raw(&format!("/data/m{i}"))).collect()), "mounts");
     }
 
@@ -326,7 +309,7 @@ mod tests {
     fn the_azure_account_comes_from_the_secret_or_the_endpoint() {
         let az = |endpoint: &str, creds: &[(&str, &str)]| {
             let raw = RawMount {
-                provider: "azure".into(),
+                provider: Some(Provider::Azure),
                 endpoint: endpoint.into(),
                 credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 ..raw("/data/x")
@@ -346,7 +329,7 @@ mod tests {
     #[test]
     fn gcs_clients_come_from_a_service_account_key_or_the_node() {
         let gcs = |creds: &[(&str, &str)]| {
-            let raw = RawMount { provider: "gcs".into(), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
+            let raw = RawMount { provider: Some(Provider::Gcs), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
             validate(vec![raw]).unwrap().remove(0).gcs(&Arc::new(EndpointPolicy::default())).map(|_| ())
         };
         assert!(gcs(&[]).is_ok(), "unsigned (or the node's identity with the admin's grant)");
@@ -380,7 +363,7 @@ mod tests {
             heads
         });
         let s3 = RawMount { endpoint: endpoint.clone(), ..raw("/data/x") };
-        let az = RawMount { provider: "azure".into(), endpoint: format!("{endpoint}/acct"), credentials: [("accountName".to_string(), "acct".to_string())].into(), ..raw("/data/y") };
+        let az = RawMount { provider: Some(Provider::Azure), endpoint: format!("{endpoint}/acct"), credentials: [("accountName".to_string(), "acct".to_string())].into(), ..raw("/data/y") };
         let specs = validate(vec![s3, az]).unwrap();
         assert!(specs.iter().all(|m| !m.ambient_identity));
         for m in &specs {

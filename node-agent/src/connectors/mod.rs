@@ -21,46 +21,16 @@ pub const DIR: &str = "/run/warren/connectors";
 /// Connectors per call, at most.
 pub const MAX_CONNECTORS: usize = 16;
 
-/// The kinds of service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL / MariaDB.
-    Mysql,
-    /// Redis.
-    Redis,
-    /// MongoDB.
-    Mongo,
-    /// BigQuery.
-    BigQuery,
-    /// S3.
-    S3,
-    /// Google Cloud Storage.
-    Gcs,
-    /// Azure Storage.
-    Azure,
-    /// GitHub.
-    GitHub,
+/// The kinds of service (the execution contract's set).
+pub use warren_core::kinds::ConnectorKind as Kind;
+
+/// What each kind needs, on the node.
+trait KindNeeds {
+    fn default_port(self) -> u16;
+    fn entries(self) -> &'static [&'static str];
 }
 
-impl Kind {
-    /// From the wire name.
-    pub fn parse(s: &str) -> Option<Kind> {
-        Some(match s {
-            "postgresql" => Kind::Postgres,
-            "mysql" => Kind::Mysql,
-            "redis" => Kind::Redis,
-            "mongodb" => Kind::Mongo,
-            "bigquery" => Kind::BigQuery,
-            "s3" => Kind::S3,
-            "gcs" => Kind::Gcs,
-            "azure" => Kind::Azure,
-            "github" => Kind::GitHub,
-            _ => return None,
-        })
-    }
-
+impl KindNeeds for Kind {
     fn default_port(self) -> u16 {
         match self {
             Kind::Postgres => 5432,
@@ -125,8 +95,8 @@ impl std::fmt::Debug for Grant {
 pub struct RawGrant {
     /// See [`Grant`].
     pub name: String,
-    /// Wire name of the kind.
-    pub kind: String,
+    /// The service; `None`: a kind the sender named that this agent does not know.
+    pub kind: Option<Kind>,
     /// Empty: none.
     pub host: String,
     /// 0: the kind's default.
@@ -163,7 +133,7 @@ pub fn check(raw: RawGrant) -> Result<Grant, String> {
     if !label_ok {
         return Err(format!("name {name:?}: a lower-case DNS label"));
     }
-    let kind = Kind::parse(&raw.kind).ok_or_else(|| format!("{name}: unknown kind {:?}", raw.kind))?;
+    let kind = raw.kind.ok_or_else(|| format!("{name}: a kind this node-agent does not know"))?;
     let opt = |s: String| (!s.is_empty()).then_some(s);
     let plain = |what: &str, v: &Option<String>| match v {
         Some(v) if v.len() > 253 || v.chars().any(|c| c.is_control() || c.is_whitespace()) => Err(format!("{name}: {what} must be plain text")),
@@ -428,7 +398,7 @@ mod tests {
     fn grant(name: &str, kind: &str, host: &str, creds: &[(&str, &str)]) -> RawGrant {
         RawGrant {
             name: name.into(),
-            kind: kind.into(),
+            kind: Kind::parse(kind),
             host: host.into(),
             username: "agent".into(),
             database: "app".into(),

@@ -222,7 +222,7 @@ mod tests {
     fn spec(secret: &str) -> MountSpec {
         let raw = RawMount {
             mount_path: "/data/x".into(),
-            provider: "s3".into(),
+            provider: Some(crate::spec::Provider::S3),
             bucket: "b".into(),
             endpoint: "http://10.0.0.7:9".into(),
             credentials: [("accessKeyId".to_string(), "a".to_string()), ("secretAccessKey".to_string(), secret.to_string())].into(),
@@ -257,9 +257,9 @@ mod tests {
         m.bucket = "b".into();
         m.endpoint = Some("http://169.254.169.254".into());
         assert_eq!(stores.refuses(&m).map(|r| r.0), Some("endpoint"), "the metadata service as an endpoint");
-        let local = validate(vec![RawMount { mount_path: "/data/l".into(), provider: "local".into(), bucket: "/srv/data".into(), ..RawMount::default() }]).unwrap().remove(0);
+        let local = validate(vec![RawMount { mount_path: "/data/l".into(), provider: Some(crate::spec::Provider::Local), bucket: "/srv/data".into(), ..RawMount::default() }]).unwrap().remove(0);
         assert!(stores.refuses(&local).unwrap().1.contains("--local-storage-root"));
-        let anonymous = validate(vec![RawMount { mount_path: "/data/x".into(), provider: "s3".into(), bucket: "b".into(), ..RawMount::default() }]).unwrap().remove(0);
+        let anonymous = validate(vec![RawMount { mount_path: "/data/x".into(), provider: Some(crate::spec::Provider::S3), bucket: "b".into(), ..RawMount::default() }]).unwrap().remove(0);
         let lent = MountSpec { ambient_identity: true, ..anonymous.clone() };
         assert_ne!(identity(&anonymous), identity(&lent), "an unsigned client never serves a mount signed by the node, nor the reverse");
     }

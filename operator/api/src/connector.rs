@@ -30,18 +30,19 @@ pub enum ConnectorType {
 }
 
 impl ConnectorType {
-    /// The wire name (`postgresql`, `mysql`, …).
-    pub fn wire_name(self) -> &'static str {
+    /// The kind in the execution contract.
+    pub fn contract(self) -> warren_core::kinds::ConnectorKind {
+        use warren_core::kinds::ConnectorKind as K;
         match self {
-            ConnectorType::PostgreSQL => "postgresql",
-            ConnectorType::MySQL => "mysql",
-            ConnectorType::Redis => "redis",
-            ConnectorType::MongoDB => "mongodb",
-            ConnectorType::BigQuery => "bigquery",
-            ConnectorType::S3 => "s3",
-            ConnectorType::GCS => "gcs",
-            ConnectorType::Azure => "azure",
-            ConnectorType::GitHub => "github",
+            ConnectorType::PostgreSQL => K::Postgres,
+            ConnectorType::MySQL => K::Mysql,
+            ConnectorType::Redis => K::Redis,
+            ConnectorType::MongoDB => K::Mongo,
+            ConnectorType::BigQuery => K::BigQuery,
+            ConnectorType::S3 => K::S3,
+            ConnectorType::GCS => K::Gcs,
+            ConnectorType::Azure => K::Azure,
+            ConnectorType::GitHub => K::GitHub,
         }
     }
 

@@ -577,7 +577,7 @@ fn effective_mounts(
             Some(conn) => EffectiveMount {
                 name: m.name.clone(),
                 ambient_identity: ambient && conn.credentials.0.is_empty() && conn.spec.provider != crate::types::StorageProvider::Local,
-                provider: crate::storage::provider_name(conn.spec.provider).to_string(),
+                provider: crate::storage::provider(conn.spec.provider),
                 bucket: conn.spec.bucket.clone(),
                 prefix,
                 read_only,
@@ -588,7 +588,7 @@ fn effective_mounts(
             },
             None => EffectiveMount {
                 name: m.name.clone(),
-                provider: crate::storage::VOLUME_PROVIDER.to_string(),
+                provider: warren_core::kinds::Provider::Volume,
                 bucket: String::new(),
                 prefix,
                 read_only,

@@ -13,8 +13,8 @@ use crate::types::{ConnectorSpec, ConnectorType, PasswordMethod, SecretBody, Tls
 pub struct EffectiveConnector {
     /// Connector name.
     pub name: String,
-    /// `postgresql`, `mysql`, `redis`, `mongodb`, `bigquery`, `s3`, `gcs`, `azure`, `github`.
-    pub kind: String,
+    /// The service (its wire name in the published configuration: `postgresql`, `mysql`, …).
+    pub kind: warren_core::kinds::ConnectorKind,
     /// Service host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
@@ -118,7 +118,7 @@ pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) ->
     let values = crate::storage::secret_entries(&spec.credentials_secret_ref.name, secret, spec.kind.secret_entries(), &["serviceAccountJson"])?;
     Ok(EffectiveConnector {
         name: name.to_string(),
-        kind: spec.kind.wire_name().to_string(),
+        kind: spec.kind.contract(),
         host: spec.host.clone(),
         port: spec.port.or(spec.kind.default_port()),
         database: spec.database.clone(),

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use warren_core::kinds::Provider;
 
 use crate::types::{SecretBody, StorageConnectionSpec, StorageProvider};
 
@@ -60,8 +61,8 @@ pub fn secret_entry(name: &str, s: &SecretBody, entry: &str) -> Result<Option<St
 pub struct EffectiveMount {
     /// `/data/<name>`.
     pub name: String,
-    /// `s3`, `gcs`, `azure`, `local`, or `volume` (managed).
-    pub provider: String,
+    /// Where the objects live (`volume`: managed).
+    pub provider: Provider,
     /// Bucket, container or directory.
     pub bucket: String,
     /// Everything the mount may see: connection, Sandbox and ApiKey
@@ -88,21 +89,18 @@ pub struct EffectiveMount {
     pub ambient_identity: bool,
 }
 
-/// The provider name of a managed volume (the agent's platform store).
-pub const VOLUME_PROVIDER: &str = "volume";
-
 /// Where managed volume `name` of `namespace` lives in the platform store.
 pub fn volume_prefix(namespace: &str, name: &str) -> String {
     format!("volumes/{namespace}/{name}")
 }
 
-/// The wire name of a provider.
-pub fn provider_name(p: StorageProvider) -> &'static str {
+/// A StorageConnection's provider in the execution contract.
+pub fn provider(p: StorageProvider) -> Provider {
     match p {
-        StorageProvider::S3 => "s3",
-        StorageProvider::GCS => "gcs",
-        StorageProvider::Azure => "azure",
-        StorageProvider::Local => "local",
+        StorageProvider::S3 => Provider::S3,
+        StorageProvider::GCS => Provider::Gcs,
+        StorageProvider::Azure => Provider::Azure,
+        StorageProvider::Local => Provider::Local,
     }
 }
 

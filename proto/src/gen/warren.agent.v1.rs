@@ -168,8 +168,9 @@ pub struct StorageMount {
     /// `/data/<name>`, `<name>` one path segment; unique within the request.
     #[prost(string, tag = "1")]
     pub mount_path: ::prost::alloc::string::String,
-    /// "s3", "gcs", "azure", "local" (an absolute directory on the node in
-    /// `bucket`).
+    /// The provider's name ("s3", "gcs", "azure", "local": an absolute
+    /// directory on the node in `bucket`, "volume"), for agents before
+    /// `provider_kind`; senders set both, readers prefer `provider_kind`.
     #[prost(string, tag = "2")]
     pub provider: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
@@ -196,6 +197,9 @@ pub struct StorageMount {
     /// unsigned requests (public buckets only).
     #[prost(bool, tag = "10")]
     pub ambient_identity: bool,
+    /// Where the objects live. UNSPECIFIED: read `provider` (an older sender).
+    #[prost(enumeration = "StorageProvider", tag = "11")]
+    pub provider_kind: i32,
 }
 /// Secret material. Its Rust type prints as "Credentials(<redacted>)" so it
 /// never reaches a log through `{:?}`.
@@ -234,7 +238,9 @@ pub struct ConnectorGrant {
     /// secretAccessKey; connectionString; token).
     #[prost(message, optional, tag = "4")]
     pub credentials: ::core::option::Option<Credentials>,
-    /// postgresql, mysql, redis, mongodb, bigquery, s3, gcs, azure, github.
+    /// The kind's name (postgresql, mysql, redis, mongodb, bigquery, s3, gcs,
+    /// azure, github), for agents before `kind_enum`; senders set both,
+    /// readers prefer `kind_enum`.
     #[prost(string, tag = "5")]
     pub kind: ::prost::alloc::string::String,
     /// Service port (0: the kind's default).
@@ -271,6 +277,9 @@ pub struct ConnectorGrant {
     /// answer, "md5" and "cleartext" (empty: SCRAM-SHA-256 only).
     #[prost(string, repeated, tag = "16")]
     pub weak_auth: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The service. UNSPECIFIED: read `kind` (an older sender).
+    #[prost(enumeration = "ConnectorKind", tag = "17")]
+    pub kind_enum: i32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Refusal {
@@ -615,6 +624,98 @@ impl MountMode {
             "MOUNT_MODE_UNSPECIFIED" => Some(Self::Unspecified),
             "MOUNT_MODE_READ_ONLY" => Some(Self::ReadOnly),
             "MOUNT_MODE_READ_WRITE" => Some(Self::ReadWrite),
+            _ => None,
+        }
+    }
+}
+/// Where a mount's objects live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum StorageProvider {
+    Unspecified = 0,
+    S3 = 1,
+    Azure = 2,
+    Gcs = 3,
+    /// A directory on the node (`bucket` is its absolute path).
+    Local = 4,
+    /// A managed volume in the agent's platform store.
+    Volume = 5,
+}
+impl StorageProvider {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "STORAGE_PROVIDER_UNSPECIFIED",
+            Self::S3 => "STORAGE_PROVIDER_S3",
+            Self::Azure => "STORAGE_PROVIDER_AZURE",
+            Self::Gcs => "STORAGE_PROVIDER_GCS",
+            Self::Local => "STORAGE_PROVIDER_LOCAL",
+            Self::Volume => "STORAGE_PROVIDER_VOLUME",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "STORAGE_PROVIDER_UNSPECIFIED" => Some(Self::Unspecified),
+            "STORAGE_PROVIDER_S3" => Some(Self::S3),
+            "STORAGE_PROVIDER_AZURE" => Some(Self::Azure),
+            "STORAGE_PROVIDER_GCS" => Some(Self::Gcs),
+            "STORAGE_PROVIDER_LOCAL" => Some(Self::Local),
+            "STORAGE_PROVIDER_VOLUME" => Some(Self::Volume),
+            _ => None,
+        }
+    }
+}
+/// The service a connector reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum ConnectorKind {
+    Unspecified = 0,
+    Postgresql = 1,
+    Mysql = 2,
+    Redis = 3,
+    Mongodb = 4,
+    Bigquery = 5,
+    S3 = 6,
+    Gcs = 7,
+    Azure = 8,
+    Github = 9,
+}
+impl ConnectorKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "CONNECTOR_KIND_UNSPECIFIED",
+            Self::Postgresql => "CONNECTOR_KIND_POSTGRESQL",
+            Self::Mysql => "CONNECTOR_KIND_MYSQL",
+            Self::Redis => "CONNECTOR_KIND_REDIS",
+            Self::Mongodb => "CONNECTOR_KIND_MONGODB",
+            Self::Bigquery => "CONNECTOR_KIND_BIGQUERY",
+            Self::S3 => "CONNECTOR_KIND_S3",
+            Self::Gcs => "CONNECTOR_KIND_GCS",
+            Self::Azure => "CONNECTOR_KIND_AZURE",
+            Self::Github => "CONNECTOR_KIND_GITHUB",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "CONNECTOR_KIND_UNSPECIFIED" => Some(Self::Unspecified),
+            "CONNECTOR_KIND_POSTGRESQL" => Some(Self::Postgresql),
+            "CONNECTOR_KIND_MYSQL" => Some(Self::Mysql),
+            "CONNECTOR_KIND_REDIS" => Some(Self::Redis),
+            "CONNECTOR_KIND_MONGODB" => Some(Self::Mongodb),
+            "CONNECTOR_KIND_BIGQUERY" => Some(Self::Bigquery),
+            "CONNECTOR_KIND_S3" => Some(Self::S3),
+            "CONNECTOR_KIND_GCS" => Some(Self::Gcs),
+            "CONNECTOR_KIND_AZURE" => Some(Self::Azure),
+            "CONNECTOR_KIND_GITHUB" => Some(Self::Github),
             _ => None,
         }
     }
