@@ -137,14 +137,14 @@ mod tests {
             })
         }
         fn blocked(&mut self) -> Blocked {
-            let ip: Option<IpAddrChoice> = match self.below(3) {
+            let ip: Option<std::net::IpAddr> = match self.below(3) {
                 0 => None,
-                1 => Some(IpAddrChoice::V4(self.next() as u32)),
-                _ => Some(IpAddrChoice::V6(u128::from(self.next()) << 64 | u128::from(self.next()))),
+                1 => Some(std::net::Ipv4Addr::from(self.next() as u32).into()),
+                _ => Some(std::net::Ipv6Addr::from(u128::from(self.next()) << 64 | u128::from(self.next())).into()),
             };
             Blocked {
                 host: self.flag().then(|| format!("{}.example", self.text())),
-                ip: ip.map(IpAddrChoice::addr),
+                ip,
                 port: self.below(65536) as u16,
                 protocol: ["tcp", "udp", "dns"][self.below(3) as usize].into(),
                 count: self.next(),
@@ -164,20 +164,6 @@ mod tests {
                 stderr_truncated: self.flag(),
                 failure: self.failure(),
                 blocked: (0..self.below(MAX_BLOCKED as u64 + 1)).map(|_| self.blocked()).collect(),
-            }
-        }
-    }
-
-    enum IpAddrChoice {
-        V4(u32),
-        V6(u128),
-    }
-
-    impl IpAddrChoice {
-        fn addr(self) -> std::net::IpAddr {
-            match self {
-                IpAddrChoice::V4(a) => std::net::Ipv4Addr::from(a).into(),
-                IpAddrChoice::V6(a) => std::net::Ipv6Addr::from(a).into(),
             }
         }
     }

@@ -183,7 +183,7 @@ impl ExecutionService {
             async move {
                 match tokio::time::timeout(DELETE_ELSEWHERE_WAIT, call).await {
                     Ok(Ok(())) => true,
-                    Ok(Err(s)) if matches!(refusal::AgentRefusal::read(&s).of_delete(""), ExecError::ThreadNotFound(_)) => false,
+                    Ok(Err(s)) if refusal::AgentRefusal::read(&s).reason == pb::RefusalReason::ThreadNotFound => false,
                     Ok(Err(s)) => {
                         tracing::warn!(node = %n.address, code = ?s.code(), "dropping a thread's copy failed; its collector removes it later");
                         false
