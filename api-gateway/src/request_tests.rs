@@ -48,7 +48,7 @@ fn minimal_request_gets_defaults() {
     let r = parse(br#"{"code":"print(1)"}"#).unwrap();
     assert_eq!((r.language, r.timeout), (Language::Python, None));
     let p = plan(r, &key()).unwrap();
-    assert_eq!(p.timeout.as_secs(), 30, "the default is capped by the key's maximum");
+    assert_eq!(p.contract.timeout.as_secs(), 30, "the default is capped by the key's maximum");
 }
 
 #[test]
@@ -90,8 +90,8 @@ fn plan_enforces_the_key() {
 #[test]
 fn request_env_wins_over_key_env() {
     let r = parse(br#"{"code":"x","env_vars":{"B":"request","C":"request"}}"#).unwrap();
-    let env = plan(r, &key()).unwrap().env;
-    let want: Vec<(String, String)> =
+    let env = plan(r, &key()).unwrap().contract.env;
+    let want: std::collections::BTreeMap<String, String> =
         [("A", "key"), ("B", "request"), ("C", "request")].iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
     assert_eq!(env, want);
 }
@@ -113,38 +113,28 @@ fn the_spec_carries_the_keys_network_limits_and_thread() {
     k.network = warren_core::Network::Unrestricted;
     let r = parse(br#"{"code":"x","thread_id":"t-1"}"#).unwrap();
     let s = plan(r, &k).unwrap();
-    assert_eq!(s.network, warren_core::Network::Unrestricted, "the key's network is not dropped on the way");
+    assert_eq!(s.contract.network, warren_core::Network::Unrestricted, "the key's network is not dropped on the way");
     k.egress = Some(vec![warren_core::egress::EgressRule { host: "api.example.com".into(), ports: vec![443] }]);
-    let wire = warren_proto::agent::ExecuteRequest::from(plan(parse(br#"{"code":"x"}"#).unwrap(), &k).unwrap());
+    let wire = warren_proto::agent::ExecuteRequest::from(plan(parse(br#"{"code":"x"}"#).unwrap(), &k).unwrap().contract);
     assert_eq!(wire.network, warren_proto::agent::NetworkPolicy::Unrestricted as i32);
     assert_eq!((wire.egress[0].host.as_str(), wire.egress[0].ports.as_slice()), ("api.example.com", &[443u32][..]), "nor its allowlist");
-    assert_eq!(s.limits, k.limits);
-    let t = s.thread.as_ref().unwrap();
-    assert_eq!((t.id.as_str(), t.max_bytes), ("t-1", k.thread_max_bytes));
+    assert_eq!(s.contract.limits, k.limits.into());
+    assert_eq!(s.max_output_bytes(), k.limits.max_output_bytes);
+    let t = s.contract.thread.as_ref().unwrap();
+    assert_eq!((t.namespace.as_str(), t.key_name.as_str(), t.id.as_str(), t.max_bytes), ("default", "k", "t-1", k.thread_max_bytes));
     assert_eq!(s.placement().as_deref(), Some("default/k/t-1"));
-    assert_eq!(s.code, "x");
+    assert_eq!(s.contract.code, "x");
 }
 
 #[test]
 fn sub_paths_narrow_their_mount_for_one_call() {
-    use warren_config::storage::{Credentials, EffectiveMount};
+    use warren_core::contract::Mount;
     let mut k = key();
-    let m = |name: &str| EffectiveMount {
-        name: name.into(),
-        provider: warren_core::kinds::Provider::S3,
-        bucket: "b".into(),
-        prefix: "tenants/a".into(),
-        read_only: false,
-        endpoint: None,
-        region: None,
-        credentials: Credentials::default(),
-        max_write_bytes: 0,
-        ambient_identity: false,
-    };
+    let m = |name: &str| Mount { prefix: "tenants/a".into(), ..Mount::new(name, warren_core::kinds::Provider::S3, "b") };
     k.storage = vec![m("lake"), m("ref")];
     let r = parse(br#"{"code":"x","sub_paths":["/data/lake/reports/2024"]}"#).unwrap();
     let s = plan(r, &k).unwrap();
-    let prefixes: Vec<(&str, &str)> = s.mounts.iter().map(|m| (m.name.as_str(), m.prefix.as_str())).collect();
+    let prefixes: Vec<(&str, &str)> = s.contract.mounts.iter().map(|m| (m.name.as_str(), m.prefix.as_str())).collect();
     assert_eq!(prefixes, [("lake", "tenants/a/reports/2024"), ("ref", "tenants/a")], "only the named mount narrows");
     for (body, field) in [
         (&br#"{"code":"x","sub_paths":["/data/lake/a","/data/lake/b"]}"#[..], "sub_paths[1]"),

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod bounds;
+pub mod contract;
 pub mod egress;
 pub mod endpoint;
 pub mod env;

@@ -11,6 +11,9 @@ use tracing::warn;
 use warren_proto::agent::RefusalReason as Reason;
 use warren_proto::refusal::refuse;
 
+use warren_core::contract::SpecError;
+use warren_proto::spec::WireError;
+
 use crate::executor::ExecError;
 use crate::files::FilesError;
 use crate::keyslots::KeySlotError;
@@ -73,7 +76,7 @@ pub fn id_in_use() -> Status {
 impl Refuses for ExecError {
     fn class(&self) -> Class<'_> {
         match self {
-            ExecError::Invalid(s) => Class::new(Code::InvalidArgument, Reason::InvalidField, &s.field),
+            ExecError::Invalid(s) => s.class(),
             ExecError::LanguageUnavailable(_) => Class::new(Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
             ExecError::MissingFeature(_) => Class::new(Code::FailedPrecondition, Reason::MissingFeature, ""),
             ExecError::Busy(_) | ExecError::Sandbox(SandboxError::NoSlot) => Class::new(Code::ResourceExhausted, Reason::NodeBusy, ""),
@@ -102,11 +105,19 @@ impl Refuses for ThreadError {
     }
 }
 
-impl Refuses for warren_storage::spec::SpecError {
+impl Refuses for SpecError {
     fn class(&self) -> Class<'_> {
-        match self.field.ends_with(".provider") {
-            true => Class::new(Code::FailedPrecondition, Reason::Unsupported, &self.field),
-            false => Class::new(Code::InvalidArgument, Reason::InvalidField, &self.field),
+        Class::new(Code::InvalidArgument, Reason::InvalidField, &self.field)
+    }
+}
+
+/// Malformed, or a part of the contract this agent does not offer (never
+/// silently dropped).
+impl Refuses for WireError {
+    fn class(&self) -> Class<'_> {
+        match self {
+            WireError::Invalid(e) => e.class(),
+            WireError::Unsupported(e) => Class::new(Code::FailedPrecondition, Reason::Unsupported, &e.field),
         }
     }
 }

@@ -13,12 +13,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{info, info_span, warn, Instrument};
 use warren_isolation::features::Features;
-use warren_isolation::spec::{ExecRequest, Language};
+use warren_core::contract::Spec;
+use warren_isolation::spec::Language;
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
 use crate::refusal;
-use crate::executor::{Admission, ExecError, Executor, Extras, WarmedImage};
+use crate::executor::{Admission, ExecError, Executor, WarmedImage};
 use crate::keyslots::KeySlots;
 use crate::running::Running;
 use crate::sandbox::{Event, Outcome};
@@ -51,7 +52,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A request that passed admission; holding it holds its slot.
     type Admitted: Send + 'static;
     /// Validates and admits; nothing runs yet.
-    fn admit(&self, req: ExecRequest, extras: Extras) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
+    fn admit(&self, spec: Spec) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
     /// The admitted execution's id.
     fn execution_id(a: &Self::Admitted) -> &str;
     /// Runs an admitted execution, sending its events; errors only when nothing ran.
@@ -75,8 +76,8 @@ pub trait Backend: Send + Sync + 'static {
 impl Backend for Executor {
     type Admitted = Admission;
 
-    fn admit(&self, req: ExecRequest, extras: Extras) -> impl Future<Output = Result<Admission, ExecError>> + Send {
-        Executor::admit(self, req, extras)
+    fn admit(&self, spec: Spec) -> impl Future<Output = Result<Admission, ExecError>> + Send {
+        Executor::admit(self, spec)
     }
 
     fn execution_id(a: &Admission) -> &str {
@@ -124,7 +125,7 @@ impl Backend for Executor {
 fn file_target(req: &pb::FilesRequest) -> Result<crate::files::Target, Status> {
     use pb::files_request::Target;
     match &req.target {
-        Some(Target::Thread(t)) => Ok(crate::files::Target::Thread(convert::thread_options(Some(t.clone()))?.ok_or_else(|| refusal::invalid("thread", "required"))?)),
+        Some(Target::Thread(t)) => Ok(crate::files::Target::Thread(convert::thread_options(t.clone())?)),
         Some(Target::VolumePrefix(p)) => Ok(crate::files::Target::Volume(p.clone())),
         None => Err(refusal::invalid("target", "a thread or a volume")),
     }
@@ -180,14 +181,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         // its limit touches nothing else; held until the execution has ended.
         let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| refusal::status(&e))?;
         let admitted = async {
-            let thread = convert::thread_options(req.thread.take())?;
-            let mounts = convert::mounts(std::mem::take(&mut req.mounts))?;
-            let image_pull = convert::pull_auth(req.image_pull.take())?;
-            let image_digest = std::mem::take(&mut req.image_digest);
-            let network = convert::network(&req)?;
-            let connectors = convert::connectors(std::mem::take(&mut req.connectors))?;
-            let extras = Extras { thread, mounts, image_digest, image_pull, network, connectors };
-            self.backend.admit(convert::exec_request(req)?, extras).await.map_err(|e| refusal::status(&e))
+            let spec = Spec::try_from(req).map_err(|e| refusal::status(&e))?;
+            self.backend.admit(spec).await.map_err(|e| refusal::status(&e))
         }
         .instrument(span.clone())
         .await?;

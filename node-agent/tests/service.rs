@@ -11,11 +11,12 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Status};
 use warren_isolation::features::Features;
-use warren_isolation::spec::{ExecRequest, Language, SpecError};
-use warren_node_agent::executor::{ExecError, Extras, WarmedImage};
+use warren_core::contract::{NodePolicy, Spec, SpecError, Thread};
+use warren_isolation::spec::Language;
+use warren_node_agent::executor::{Checked, ExecError, WarmedImage};
 use warren_node_agent::sandbox::{Event, Failure, Outcome};
 use warren_node_agent::service::{AgentService, Backend, NodeReport, TRACE_HEADER};
-use warren_node_agent::threads::{ThreadError, ThreadKey, ThreadOptions};
+use warren_node_agent::threads::{ThreadError, ThreadKey};
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent, RefusalReason as Reason};
 use warren_proto::refusal::refusal_of;
 
@@ -34,8 +35,8 @@ enum Script {
 
 #[derive(Default)]
 struct Seen {
-    admitted: Vec<ExecRequest>,
-    threads: Vec<Option<ThreadOptions>>,
+    admitted: Vec<Spec>,
+    threads: Vec<Option<Thread>>,
     /// Set when the flood's sender found the stream gone (the execution is killed).
     flood_cut_off: bool,
     deleted: Vec<ThreadKey>,
@@ -56,24 +57,25 @@ impl Double {
 }
 
 impl Backend for Double {
-    type Admitted = ExecRequest;
+    type Admitted = Spec;
 
-    async fn admit(&self, req: ExecRequest, extras: Extras) -> Result<ExecRequest, ExecError> {
-        let thread = extras.thread;
+    /// Checks like the executor does, without a node.
+    async fn admit(&self, spec: Spec) -> Result<Spec, ExecError> {
+        Checked::of(spec.clone(), &NodePolicy::default())?;
         if let Script::Refuse(e) = &self.script {
             return Err(e());
         }
         let mut seen = self.seen.lock().unwrap();
-        seen.admitted.push(req.clone());
-        seen.threads.push(thread);
-        Ok(req)
+        seen.admitted.push(spec.clone());
+        seen.threads.push(spec.thread.clone());
+        Ok(spec)
     }
 
-    fn execution_id(a: &ExecRequest) -> &str {
+    fn execution_id(a: &Spec) -> &str {
         &a.id
     }
 
-    async fn execute(&self, _a: ExecRequest, _received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
+    async fn execute(&self, _a: Spec, _received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
         match &self.script {
             Script::Refuse(_) => unreachable!("refused at admission"),
             Script::FailToStart => Err(ExecError::Sandbox(warren_node_agent::sandbox::SandboxError::NoSlot)),
@@ -252,18 +254,18 @@ async fn the_request_reaches_the_backend_as_the_domain_request() {
     collect(&service, req).await.unwrap();
     let seen = seen.lock().unwrap();
     let r = &seen.admitted[0];
-    assert_eq!((r.id.as_str(), r.language, r.code.as_str(), r.timeout), ("trc_test", Some(Language::Bash), "echo $B", Duration::from_secs(5)));
-    assert_eq!(r.env, [("A".to_string(), "1".to_string()), ("B".into(), "2".into())], "env is sorted: maps have no order on the wire");
+    assert_eq!((r.id.as_str(), r.language, r.code.as_str(), r.timeout), ("trc_test", Language::Bash, "echo $B", Duration::from_secs(5)));
+    assert_eq!(r.env, [("A".to_string(), "1".to_string()), ("B".into(), "2".into())].into(), "env is a map: maps have no order on the wire");
     assert_eq!((r.limits.memory_bytes, r.limits.pids), (Some(64 << 20), None), "zero means 'the node's default'");
     let t = seen.threads[0].as_ref().unwrap();
-    assert_eq!((t.key.rel(), t.retention, t.max_bytes), ("team/agent/t1".to_string(), Some(Duration::from_secs(60)), 1 << 20));
+    assert_eq!((format!("{}/{}/{}", t.namespace, t.key_name, t.id), t.retention, t.max_bytes), ("team/agent/t1".to_string(), Some(Duration::from_secs(60)), 1 << 20));
 }
 
 #[tokio::test]
 async fn admission_errors_map_to_their_codes_reasons_and_fields() {
     type Case = (fn() -> ExecError, Code, Reason, &'static str);
     let cases: [Case; 5] = [
-        (|| ExecError::Invalid(SpecError { field: "timeout".into(), message: "must be greater than zero".into() }), Code::InvalidArgument, Reason::InvalidField, "timeout"),
+        (|| ExecError::Invalid(SpecError::new("timeout", "must be greater than zero")), Code::InvalidArgument, Reason::InvalidField, "timeout"),
         (|| ExecError::LanguageUnavailable("node"), Code::InvalidArgument, Reason::LanguageUnavailable, "language"),
         (|| ExecError::MissingFeature("no user namespaces".into()), Code::FailedPrecondition, Reason::MissingFeature, ""),
         (|| ExecError::Busy(32), Code::ResourceExhausted, Reason::NodeBusy, ""),

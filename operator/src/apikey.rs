@@ -13,7 +13,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::{Resource, ResourceExt};
-use warren_config::connector::EffectiveConnector;
+use warren_core::contract;
 use warren_config::types::{ApiKey, ApiKeyStatus, Connector, Sandbox, StorageConnection};
 use warren_api::reasons;
 use warren_config::ceilings::Ceilings;
@@ -101,12 +101,12 @@ fn as_warmed(checked: warren_config::compile::SandboxConfig, sb: &Sandbox, pull:
 #[derive(Default)]
 struct Referenced {
     connections: HashMap<String, Result<Connection, String>>,
-    connectors: HashMap<String, Result<EffectiveConnector, String>>,
+    connectors: HashMap<String, Result<contract::Connector, String>>,
 }
 
 /// The Connectors the Sandbox offers, each with its credentials read from
 /// the one Secret it names.
-async fn connectors_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<EffectiveConnector, String>>, Error> {
+async fn connectors_of(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<HashMap<String, Result<contract::Connector, String>>, Error> {
     let api = Api::<Connector>::namespaced(ctx.client.clone(), ns);
     let mut out = HashMap::new();
     for r in &sb.spec.connectors {

@@ -59,15 +59,12 @@ async fn reachability(spec: &warren_api::StorageConnectionSpec, secret: Option<&
         Ok(c) => c,
         Err(why) => return (false, reasons::SECRET_INCOMPLETE, why),
     };
-    let raw = warren_objects::spec::RawMount {
-        mount_path: "/data/probe".into(),
-        provider: Some(warren_config::storage::provider(spec.provider)),
-        bucket: spec.bucket.clone(),
+    let raw = warren_core::contract::Mount {
         prefix: spec.prefix.clone().unwrap_or_default(),
-        endpoint: spec.endpoint.clone().unwrap_or_default(),
-        region: spec.region.clone().unwrap_or_default(),
-        credentials: conn.credentials.0,
-        ..Default::default()
+        endpoint: spec.endpoint.clone(),
+        region: spec.region.clone(),
+        credentials: conn.credentials,
+        ..warren_core::contract::Mount::new("probe", warren_config::storage::provider(spec.provider), &spec.bucket)
     };
     let Ok(Some(m)) = warren_objects::spec::validate(vec![raw]).map(|mut v| v.pop()) else {
         return (false, reasons::INVALID_SPEC, "the bucket or prefix cannot be used".into());

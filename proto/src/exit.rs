@@ -102,25 +102,9 @@ fn blocked_from_wire(b: pb::BlockedEgress) -> Blocked {
 mod tests {
     use super::*;
 
-    /// A small deterministic generator (no dependency): xorshift64*.
-    struct Gen(u64);
+    use crate::testgen::Gen;
 
     impl Gen {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn flag(&mut self) -> bool {
-            self.below(2) == 1
-        }
-        fn text(&mut self) -> String {
-            (0..self.below(12)).map(|_| char::from(b'a' + self.below(26) as u8)).collect()
-        }
         fn failure(&mut self) -> Option<Failure> {
             Some(match self.below(11) {
                 0 => return None,

@@ -16,6 +16,9 @@ pub mod exit;
 pub mod kinds;
 mod language;
 pub mod refusal;
+pub mod spec;
+#[cfg(test)]
+mod testgen;
 pub mod tls;
 
 /// gRPC metadata key carrying the gateway's trace id (the execution id, or

@@ -159,13 +159,10 @@ async fn the_azure_reachability_probe_tells_the_failures_apart() {
     use warren_storage::probe::{probe, ProbeError};
     let az = Azurite::start().unwrap();
     let spec = |container: &str, key: &str| {
-        let raw = warren_storage::spec::RawMount {
-            mount_path: "/data/p".into(),
-            provider: Some(warren_storage::spec::Provider::Azure),
-            bucket: container.into(),
-            endpoint: az.endpoint(),
-            credentials: [("accountName".to_string(), warren_e2e::azurite::ACCOUNT.to_string()), ("accountKey".to_string(), key.to_string())].into(),
-            ..Default::default()
+        let raw = warren_core::contract::Mount {
+            endpoint: Some(az.endpoint()),
+            credentials: warren_storage::spec::Credentials([("accountName".to_string(), warren_e2e::azurite::ACCOUNT.to_string()), ("accountKey".to_string(), key.to_string())].into()),
+            ..warren_core::contract::Mount::new("p", warren_storage::spec::Provider::Azure, container)
         };
         warren_storage::spec::validate(vec![raw]).unwrap().remove(0)
     };

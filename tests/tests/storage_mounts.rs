@@ -383,10 +383,17 @@ async fn a_killed_agents_mounts_are_collected_when_it_starts_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reachability_probe_tells_the_failures_apart() {
     use warren_storage::probe::{probe, ProbeError};
-    use warren_storage::spec::{validate, RawMount};
+    use warren_core::contract::Mount;
+    use warren_storage::spec::{validate, Credentials};
     let s3 = seeded();
     let spec = |bucket: &str, endpoint: String, creds: Vec<(String, String)>| {
-        let raw = RawMount { mount_path: "/data/p".into(), provider: Some(warren_storage::spec::Provider::S3), bucket: bucket.into(), prefix: "tenants".into(), endpoint, region: "us-east-1".into(), credentials: creds.into_iter().collect(), ..RawMount::default() };
+        let raw = Mount {
+            prefix: "tenants".into(),
+            endpoint: Some(endpoint),
+            region: Some("us-east-1".into()),
+            credentials: Credentials(creds.into_iter().collect()),
+            ..Mount::new("p", warren_storage::spec::Provider::S3, bucket)
+        };
         validate(vec![raw]).unwrap().remove(0)
     };
     // The S3 server is on loopback: what an admin would allow with --allow-endpoint.

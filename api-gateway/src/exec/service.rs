@@ -97,22 +97,22 @@ impl ExecutionService {
     pub async fn admit(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
         let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
         let qualified = key.qualified_name();
-        let thread = spec.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
-        let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.limits.max_output_bytes), self.queue_wait).await?;
-        let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.image.warm_key(), self.queue_wait).await?;
+        let thread = spec.contract.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
+        let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.max_output_bytes()), self.queue_wait).await?;
+        let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.contract.image.warm_key(), self.queue_wait).await?;
         let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node).await?;
         let record = crate::records::NewRecord {
-            trace_id: spec.id.clone(),
+            trace_id: spec.contract.id.clone(),
             namespace: key.namespace.clone(),
             key_name: key.name.clone(),
             sandbox: key.sandbox.clone(),
-            language: spec.language.as_str(),
+            language: spec.contract.language.as_str(),
             thread_id: req.thread_id.take(),
             metadata: std::mem::take(&mut req.metadata),
             mode: delivery.mode(),
             node: lease.node.name(),
             owner: self.records.owner.to_string(),
-            timeout_secs: spec.timeout.as_secs() as u32,
+            timeout_secs: spec.contract.timeout.as_secs() as u32,
             webhook_url: req.webhook_url.take(),
             created_ms: crate::records::now_ms(),
         };
@@ -124,10 +124,10 @@ impl ExecutionService {
     /// Sends the execution to its node; an error means nothing ran.
     pub async fn start(&self, a: Admitted) -> Result<Run, ExecError> {
         let Admitted { spec, mut held, .. } = a;
-        let (id, thread_id) = (spec.id.clone(), spec.thread.as_ref().map(|t| t.id.clone()));
-        let max_output_bytes = spec.limits.max_output_bytes;
+        let (id, thread_id) = (spec.contract.id.clone(), spec.contract.thread.as_ref().map(|t| t.id.clone()));
+        let max_output_bytes = spec.max_output_bytes();
         // The code moves into the wire request (up to 1 MiB not copied).
-        let mut wire = pb::ExecuteRequest::from(spec);
+        let mut wire = pb::ExecuteRequest::from(spec.contract);
         wire.key_slot = held.slot.for_execute();
         match held.lease.node.agent().execute(wire).await {
             Ok(events) => Ok(Run { id, max_output_bytes, live: Some(Live { held, events, ended: false }) }),

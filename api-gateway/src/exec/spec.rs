@@ -1,13 +1,14 @@
 //! The execution spec: everything one execution may do, built once from the
-//! caller's key and request. The agent call is its wire form
-//! (`exec::convert`); nothing downstream copies fields by hand.
+//! caller's key and request. Its contract part travels to the agent through
+//! the one wire edge (`warren_proto::spec`); nothing copies fields by hand.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use warren_config::EffectiveKey;
 use warren_core::bounds::TIMEOUT_SECS;
-use warren_core::{path, Language, Limits, Network};
+use warren_core::contract::{Image, Mount, Spec, Thread};
+use warren_core::path;
 
 use super::ExecError;
 use crate::request::ExecuteRequest;
@@ -19,43 +20,6 @@ pub struct Tenant {
     pub namespace: String,
     /// Name of the ApiKey.
     pub key_name: String,
-}
-
-/// A thread's saved home for this execution.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadSpec {
-    /// The caller's thread id (scoped to the tenant).
-    pub id: String,
-    /// How long it is kept after its last save; `None` forever.
-    pub retention: Option<Duration>,
-    /// Largest charged size of the saved home.
-    pub max_bytes: u64,
-    /// Most live threads of the key (0: no limit).
-    pub max_threads: u32,
-}
-
-/// The root filesystem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageRef {
-    /// `host` or an OCI reference.
-    pub reference: String,
-    /// The digest the reference was pinned to; `None` for `host` (or an
-    /// image not resolved yet: the agent resolves the tag).
-    pub digest: Option<String>,
-    /// Registry credentials for the agent's pull.
-    pub pull: Option<warren_core::secret::Credentials>,
-}
-
-impl ImageRef {
-    /// What nodes report warm for this image: its digest, or its reference
-    /// when the control plane pinned none; `None` for `host` (warm everywhere).
-    pub fn warm_key(&self) -> Option<&str> {
-        match (self.reference.as_str(), &self.digest) {
-            ("host", _) => None,
-            (_, Some(digest)) => Some(digest),
-            (reference, None) => Some(reference),
-        }
-    }
 }
 
 /// How the caller receives the result.
@@ -83,37 +47,17 @@ impl Delivery {
     }
 }
 
-/// One execution, fully resolved.
+/// One execution, fully resolved: the contract the agent receives, and
+/// what only the gateway needs (whose it is, how its result travels).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutionSpec {
-    /// Execution id (`trc_…`): the trace id in logs, headers and the agent.
-    pub id: String,
+    /// The per-execution contract; its id is the trace id (`trc_…`) in
+    /// logs, headers and the agent.
+    pub contract: Spec,
     /// Who runs it.
     pub tenant: Tenant,
-    /// Interpreter.
-    pub language: Language,
-    /// Program text.
-    pub code: String,
-    /// Sandbox < ApiKey < request, most specific last-wins, sorted by name.
-    pub env: Vec<(String, String)>,
-    /// Wall-clock limit.
-    pub timeout: Duration,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Root filesystem.
-    pub image: ImageRef,
-    /// Outbound network policy (the key's, after narrowing).
-    pub network: Network,
-    /// With `Unrestricted`: the only destinations allowed (the key's).
-    pub egress: Vec<warren_core::egress::EgressRule>,
-    /// Connectors whose credentials the call gets (the key's).
-    pub connectors: Vec<warren_config::connector::EffectiveConnector>,
-    /// The saved home, when the request names a thread.
-    pub thread: Option<ThreadSpec>,
     /// How the result is delivered.
     pub delivery: Delivery,
-    /// Storage under `/data`, narrowed by the request's `sub_paths`.
-    pub mounts: Vec<warren_config::storage::EffectiveMount>,
 }
 
 impl ExecutionSpec {
@@ -134,33 +78,40 @@ impl ExecutionSpec {
         let mounts = mounts(key, &req.sub_paths)?;
         let mut env: BTreeMap<String, String> = key.env.iter().cloned().collect();
         env.extend(std::mem::take(&mut req.env_vars));
-        Ok(ExecutionSpec {
+        let tenant = Tenant::of(key);
+        let contract = Spec {
             id,
-            tenant: Tenant { namespace: key.namespace.clone(), key_name: key.name.clone() },
             language: req.language,
             code: std::mem::take(&mut req.code),
-            env: env.into_iter().collect(),
+            env,
             timeout: Duration::from_secs(timeout.into()),
-            limits: key.limits,
-            image: ImageRef { reference: key.image.clone(), digest: key.image_digest.clone(), pull: key.image_pull.clone() },
+            limits: key.limits.into(),
+            image: Image { reference: key.image.clone(), digest: key.image_digest.clone(), pull: key.image_pull.clone() },
             network: key.network,
             egress: key.egress.clone().unwrap_or_default(),
+            mounts,
             connectors: key.connectors.clone(),
-            thread: req.thread_id.clone().map(|id| ThreadSpec {
+            thread: req.thread_id.clone().map(|id| Thread {
+                namespace: tenant.namespace.clone(),
+                key_name: tenant.key_name.clone(),
                 id,
                 retention: key.thread_retention.duration(),
                 max_bytes: key.thread_max_bytes,
-                max_threads: key.max_threads,
+                max_threads: (key.max_threads > 0).then_some(key.max_threads),
             }),
-            delivery,
-            mounts,
-        })
+        };
+        Ok(ExecutionSpec { contract, tenant, delivery })
     }
 
     /// What rendezvous placement hashes: threads of different keys are
     /// different threads, even with the same id.
     pub fn placement(&self) -> Option<String> {
-        self.thread.as_ref().map(|t| placement_key(&self.tenant, &t.id))
+        self.contract.thread.as_ref().map(|t| placement_key(&self.tenant, &t.id))
+    }
+
+    /// The per-stream output cap the execution runs with.
+    pub fn max_output_bytes(&self) -> u64 {
+        self.contract.limits.max_output_bytes.unwrap_or(warren_core::bounds::OUTPUT_BYTES.default)
     }
 }
 
@@ -171,7 +122,7 @@ pub fn placement_key(tenant: &Tenant, id: &str) -> String {
 
 /// The key's mounts, each narrowed by at most one `sub_paths` entry: the
 /// mount then shows `<its prefix>/<the path below /data/<mount>/>`.
-fn mounts(key: &EffectiveKey, sub_paths: &[String]) -> Result<Vec<warren_config::storage::EffectiveMount>, ExecError> {
+fn mounts(key: &EffectiveKey, sub_paths: &[String]) -> Result<Vec<Mount>, ExecError> {
     let mut narrowed: BTreeMap<&str, &str> = BTreeMap::new();
     for (i, p) in sub_paths.iter().enumerate() {
         let field = format!("sub_paths[{i}]");

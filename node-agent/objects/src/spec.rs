@@ -1,11 +1,11 @@
 //! One mount as the node-agent receives it, validated, and the store
 //! client it needs.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::ObjectStore;
+use warren_core::contract::Mount;
 use warren_core::reach::EndpointPolicy;
 
 /// Most mounts one call may have.
@@ -58,64 +58,28 @@ pub struct MountSpec {
     pub max_write_bytes: u64,
 }
 
-/// Why a mount request is refused (the field is named for the caller).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct SpecError {
-    /// The offending field.
-    pub field: String,
-    /// Why.
-    pub message: &'static str,
-}
+/// Why a mount is refused (the field is named for the caller).
+pub use warren_core::contract::SpecError;
 
-fn err(i: usize, field: &str, message: &'static str) -> SpecError {
-    SpecError { field: format!("mounts[{i}].{field}"), message }
-}
-
-/// The raw fields of one mount, as they arrive.
-#[derive(Debug, Clone, Default)]
-pub struct RawMount {
-    /// `/data/<name>`.
-    pub mount_path: String,
-    /// Where the objects live; `None`: a provider the sender named that
-    /// this agent does not know.
-    pub provider: Option<Provider>,
-    /// Bucket or directory.
-    pub bucket: String,
-    /// Scope.
-    pub prefix: String,
-    /// Read-only.
-    pub read_only: bool,
-    /// Endpoint.
-    pub endpoint: String,
-    /// Region.
-    pub region: String,
-    /// Secret values.
-    pub credentials: BTreeMap<String, String>,
-    /// Write volume (0: default).
-    pub max_write_bytes: u64,
-    /// The node's identity may sign (no credentials, admin's grant).
-    pub ambient_identity: bool,
+fn err(i: usize, field: &str, message: &str) -> SpecError {
+    SpecError::new(format!("mounts[{i}].{field}"), message)
 }
 
 /// Validates a call's mounts: names unique single segments under `/data`,
-/// providers this agent serves, prefixes that cannot climb.
-pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
-    if raw.len() > MAX_MOUNTS {
-        return Err(SpecError { field: "mounts".into(), message: "at most 16 mounts" });
+/// buckets and prefixes that cannot climb.
+pub fn validate(mounts: Vec<Mount>) -> Result<Vec<MountSpec>, SpecError> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(SpecError::new("mounts", "at most 16 mounts"));
     }
-    let mut out: Vec<MountSpec> = Vec::with_capacity(raw.len());
-    for (i, m) in raw.into_iter().enumerate() {
-        let name = m.mount_path.strip_prefix("/data/").unwrap_or("");
-        if crate::name::segment(name.as_bytes()).is_err() {
+    let mut out: Vec<MountSpec> = Vec::with_capacity(mounts.len());
+    for (i, m) in mounts.into_iter().enumerate() {
+        if crate::name::segment(m.name.as_bytes()).is_err() {
             return Err(err(i, "mount_path", "must be /data/<name> with one plain path segment"));
         }
-        if out.iter().any(|o| o.name == name) {
+        if out.iter().any(|o| o.name == m.name) {
             return Err(err(i, "mount_path", "two mounts at the same path"));
         }
-        let Some(provider) = m.provider else {
-            return Err(err(i, "provider", "this agent serves s3, gcs, azure, local and volume mounts"));
-        };
+        let provider = m.provider;
         let bucket_ok = match provider {
             // The platform store is the agent's own: a volume names none.
             Provider::Volume => m.bucket.is_empty(),
@@ -134,17 +98,17 @@ pub fn validate(raw: Vec<RawMount>) -> Result<Vec<MountSpec>, SpecError> {
         if provider == Provider::Volume && !segments.is_some_and(|s| s.len() >= 3 && s[0] == "volumes") {
             return Err(err(i, "prefix", "a volume lives below volumes/<namespace>/<name>"));
         }
-        let opt = |s: String| (!s.is_empty()).then_some(s);
+        let ambient_identity = m.ambient_identity && m.credentials.0.is_empty();
         out.push(MountSpec {
-            name: name.to_string(),
+            name: m.name,
             provider,
             bucket: m.bucket,
             prefix: m.prefix.trim_end_matches('/').to_string(),
             read_only: m.read_only,
-            endpoint: opt(m.endpoint),
-            region: opt(m.region),
-            ambient_identity: m.ambient_identity && m.credentials.is_empty(),
-            credentials: Credentials(m.credentials),
+            endpoint: m.endpoint.filter(|e| !e.is_empty()),
+            region: m.region.filter(|r| !r.is_empty()),
+            ambient_identity,
+            credentials: m.credentials,
             max_write_bytes: if m.max_write_bytes == 0 { DEFAULT_MAX_WRITE } else { m.max_write_bytes },
         });
     }
@@ -278,41 +242,40 @@ impl MountSpec {
 mod tests {
     use super::*;
 
-    fn raw(path: &str) -> RawMount {
-        RawMount { mount_path: path.into(), provider: Some(Provider::S3), bucket: "b".into(), prefix: "tenants/a".into(), ..RawMount::default() }
+    fn raw(name: &str) -> Mount {
+        Mount { prefix: "tenants/a".into(), ..Mount::new(name, Provider::S3, "b") }
     }
 
     #[test]
     fn mounts_are_single_names_under_data_with_plain_prefixes() {
-        let ok = validate(vec![raw("/data/in"), RawMount { read_only: true, ..raw("/data/ref") }]).unwrap();
+        let ok = validate(vec![raw("in"), Mount { read_only: true, ..raw("ref") }]).unwrap();
         assert_eq!((ok[0].name.as_str(), ok[0].prefix.as_str(), ok[0].max_write_bytes), ("in", "tenants/a", DEFAULT_MAX_WRITE));
         assert!(ok[1].read_only);
-        let field = |r: Vec<RawMount>| validate(r).unwrap_err().field;
-        for bad in ["/data/", "/data/a/b", "/data/..", "/tmp/x", "data/x", "/data/a\\b"] {
+        let field = |r: Vec<Mount>| validate(r).unwrap_err().field;
+        for bad in ["", "a/b", "..", ".", "a\\b"] {
             assert_eq!(field(vec![raw(bad)]), "mounts[0].mount_path", "{bad}");
         }
-        assert_eq!(field(vec![raw("/data/x"), raw("/data/x")]), "mounts[1].mount_path");
-        assert_eq!(field(vec![RawMount { prefix: "a/../b".into(), ..raw("/data/x") }]), "mounts[0].prefix");
-        assert_eq!(field(vec![RawMount { provider: None, ..raw("/data/x") }]), "mounts[0].provider");
-        assert_eq!(validate(vec![RawMount { provider: Some(Provider::Azure), ..raw("/data/x") }]).unwrap()[0].provider, Provider::Azure);
-        let volume = |prefix: &str, bucket: &str| RawMount { provider: Some(Provider::Volume), prefix: prefix.into(), bucket: bucket.into(), ..raw("/data/x") };
+        assert_eq!(field(vec![raw("x"), raw("x")]), "mounts[1].mount_path");
+        assert_eq!(field(vec![Mount { prefix: "a/../b".into(), ..raw("x") }]), "mounts[0].prefix");
+        assert_eq!(validate(vec![Mount { provider: Provider::Azure, ..raw("x") }]).unwrap()[0].provider, Provider::Azure);
+        let volume = |prefix: &str, bucket: &str| Mount { provider: Provider::Volume, prefix: prefix.into(), bucket: bucket.into(), ..raw("x") };
         assert_eq!(validate(vec![volume("volumes/ns/v/sub", "")]).unwrap()[0].provider, Provider::Volume);
         for bad in ["threads/ns/key", "volumes/ns", "", "volumes"] {
             assert_eq!(field(vec![volume(bad, "")]), "mounts[0].prefix", "{bad}: thread state is not a volume");
         }
         assert_eq!(field(vec![volume("volumes/ns/v", "b")]), "mounts[0].bucket");
-        assert_eq!(field(vec![RawMount { provider: Some(Provider::Local), bucket: "relative".into(), ..raw("/data/x") }]), "mounts[0].bucket");
+        assert_eq!(field(vec![Mount { provider: Provider::Local, bucket: "relative".into(), ..raw("x") }]), "mounts[0].bucket");
         assert_eq!(field((0..17).map(|i| raw(&format!("/data/m{i}"))).collect()), "mounts");
     }
 
     #[test]
     fn the_azure_account_comes_from_the_secret_or_the_endpoint() {
         let az = |endpoint: &str, creds: &[(&str, &str)]| {
-            let raw = RawMount {
-                provider: Some(Provider::Azure),
-                endpoint: endpoint.into(),
-                credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-                ..raw("/data/x")
+            let raw = Mount {
+                provider: Provider::Azure,
+                endpoint: Some(endpoint.into()),
+                credentials: Credentials(creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                ..raw("x")
             };
             validate(vec![raw]).unwrap().remove(0).azure(&Arc::new(EndpointPolicy::default())).map(|_| ())
         };
@@ -329,7 +292,7 @@ mod tests {
     #[test]
     fn gcs_clients_come_from_a_service_account_key_or_the_node() {
         let gcs = |creds: &[(&str, &str)]| {
-            let raw = RawMount { provider: Some(Provider::Gcs), credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..raw("/data/x") };
+            let raw = Mount { provider: Provider::Gcs, credentials: Credentials(creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()), ..raw("x") };
             validate(vec![raw]).unwrap().remove(0).gcs(&Arc::new(EndpointPolicy::default())).map(|_| ())
         };
         assert!(gcs(&[]).is_ok(), "unsigned (or the node's identity with the admin's grant)");
@@ -362,8 +325,8 @@ mod tests {
             }
             heads
         });
-        let s3 = RawMount { endpoint: endpoint.clone(), ..raw("/data/x") };
-        let az = RawMount { provider: Some(Provider::Azure), endpoint: format!("{endpoint}/acct"), credentials: [("accountName".to_string(), "acct".to_string())].into(), ..raw("/data/y") };
+        let s3 = Mount { endpoint: Some(endpoint.clone()), ..raw("x") };
+        let az = Mount { provider: Provider::Azure, endpoint: Some(format!("{endpoint}/acct")), credentials: Credentials([("accountName".to_string(), "acct".to_string())].into()), ..raw("y") };
         let specs = validate(vec![s3, az]).unwrap();
         assert!(specs.iter().all(|m| !m.ambient_identity));
         for m in &specs {
@@ -375,16 +338,16 @@ mod tests {
         for h in heads {
             assert!(!h.contains("\nauthorization:"), "signed with some identity: {h}");
         }
-        let lent = validate(vec![RawMount { ambient_identity: true, ..raw("/data/x") }]).unwrap();
+        let lent = validate(vec![Mount { ambient_identity: true, ..raw("x") }]).unwrap();
         assert!(lent[0].ambient_identity, "the admin's grant reaches the client");
-        let with_keys = RawMount { ambient_identity: true, credentials: [("accessKeyId".to_string(), "a".to_string())].into(), ..raw("/data/x") };
+        let with_keys = Mount { ambient_identity: true, credentials: Credentials([("accessKeyId".to_string(), "a".to_string())].into()), ..raw("x") };
         assert!(!validate(vec![with_keys]).unwrap()[0].ambient_identity, "credentials win over the grant");
     }
 
     #[test]
     fn credentials_never_print() {
         let c = Credentials([("secretAccessKey".to_string(), "hunter2".to_string())].into());
-        let m = MountSpec { credentials: c, ..validate(vec![raw("/data/x")]).unwrap().remove(0) };
+        let m = MountSpec { credentials: c, ..validate(vec![raw("x")]).unwrap().remove(0) };
         assert!(!format!("{m:?}").contains("hunter2"));
     }
 }

@@ -13,6 +13,7 @@ pub mod resource;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use warren_core::contract::Connector;
 use warren_core::endpoint::url_host_port;
 use warren_network::custody::{PgTls, WeakMethods};
 
@@ -90,57 +91,23 @@ impl std::fmt::Debug for Grant {
     }
 }
 
-/// Raw fields of a grant, as the wire carries them.
-#[derive(Default)]
-pub struct RawGrant {
-    /// See [`Grant`].
-    pub name: String,
-    /// The service; `None`: a kind the sender named that this agent does not know.
-    pub kind: Option<Kind>,
-    /// Empty: none.
-    pub host: String,
-    /// 0: the kind's default.
-    pub port: u32,
-    /// Empty: none.
-    pub database: String,
-    /// Empty: none.
-    pub username: String,
-    /// Empty: none.
-    pub project: String,
-    /// Empty: none.
-    pub endpoint: String,
-    /// Empty: none.
-    pub region: String,
-    /// Custody.
-    pub custody: bool,
-    /// Custody: plain TCP toward the server.
-    pub tls_disabled: bool,
-    /// Custody: PEM CA bundle (empty: the public web PKI).
-    pub tls_ca_pem: String,
-    /// Custody: name the certificate must carry (empty: the host).
-    pub tls_server_name: String,
-    /// Custody: "md5", "cleartext".
-    pub weak_auth: Vec<String>,
-    /// Secret entries.
-    pub credentials: BTreeMap<String, String>,
-}
-
-/// Checks one grant: names become file and profile names, values end up in
-/// files whose syntax they must not break.
-pub fn check(raw: RawGrant) -> Result<Grant, String> {
-    let name = raw.name.clone();
+/// Checks one connector: names become file and profile names, values end
+/// up in files whose syntax they must not break.
+pub fn check(c: Connector) -> Result<Grant, String> {
+    let name = c.name.clone();
     let label_ok = !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !name.starts_with('-');
     if !label_ok {
         return Err(format!("name {name:?}: a lower-case DNS label"));
     }
-    let kind = raw.kind.ok_or_else(|| format!("{name}: a kind this node-agent does not know"))?;
-    let opt = |s: String| (!s.is_empty()).then_some(s);
+    let kind = c.kind;
+    let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
     let plain = |what: &str, v: &Option<String>| match v {
         Some(v) if v.len() > 253 || v.chars().any(|c| c.is_control() || c.is_whitespace()) => Err(format!("{name}: {what} must be plain text")),
         _ => Ok(()),
     };
-    let (tls, weak) = custody_settings(&name, &raw, (!raw.host.is_empty()).then_some(raw.host.as_str()))?;
-    let (host, database, username, project, endpoint, region) = (opt(raw.host), opt(raw.database), opt(raw.username), opt(raw.project), opt(raw.endpoint), opt(raw.region));
+    let host = nonempty(c.host.clone());
+    let (tls, weak) = custody_settings(&name, &c, host.as_deref())?;
+    let (database, username, project, endpoint, region) = (nonempty(c.database), nonempty(c.username), nonempty(c.project), nonempty(c.endpoint), nonempty(c.region));
     for (what, v) in [("host", &host), ("database", &database), ("username", &username), ("project", &project), ("endpoint", &endpoint), ("region", &region)] {
         plain(what, v)?;
     }
@@ -153,56 +120,55 @@ pub fn check(raw: RawGrant) -> Result<Grant, String> {
     if needs_host && host.is_none() {
         return Err(format!("{name}: a host is required"));
     }
-    let port = match raw.port {
-        0 => kind.default_port(),
-        p => u16::try_from(p).map_err(|_| format!("{name}: port {p} is out of range"))?,
-    };
-    if raw.custody && kind != Kind::Postgres {
+    let port = c.port.filter(|p| *p != 0).unwrap_or(kind.default_port());
+    if c.custody && kind != Kind::Postgres {
         return Err(format!("{name}: custody is offered for PostgreSQL only"));
     }
+    let credentials = c.credentials.0;
     for entry in kind.entries() {
-        if !raw.credentials.contains_key(*entry) {
+        if !credentials.contains_key(*entry) {
             return Err(format!("{name}: credentials lack {entry:?}"));
         }
     }
-    if raw.credentials.iter().any(|(k, v)| k != "serviceAccountJson" && v.chars().any(|c| c == '\n' || c == '\r' || c == '\0')) {
+    if credentials.iter().any(|(k, v)| k != "serviceAccountJson" && v.chars().any(|c| c == '\n' || c == '\r' || c == '\0')) {
         return Err(format!("{name}: a credential holds a line break"));
     }
-    if raw.credentials.values().any(|v| v.len() > 64 * 1024) {
+    if credentials.values().any(|v| v.len() > 64 * 1024) {
         return Err(format!("{name}: a credential is over 64 KiB"));
     }
-    Ok(Grant { name, kind, host, port, database, username, project, endpoint, region, custody: raw.custody, tls, weak, credentials: raw.credentials })
+    Ok(Grant { name, kind, host, port, database, username, project, endpoint, region, custody: c.custody, tls, weak, credentials })
 }
 
 /// Custody's TLS and password methods: verified TLS and SCRAM-SHA-256 only
-/// unless the grant says otherwise, and no such setting without custody.
-fn custody_settings(name: &str, raw: &RawGrant, host: Option<&str>) -> Result<(Option<PgTls>, WeakMethods), String> {
-    let any_tls = raw.tls_disabled || !raw.tls_ca_pem.is_empty() || !raw.tls_server_name.is_empty();
-    if !raw.custody {
-        return match any_tls || !raw.weak_auth.is_empty() {
+/// unless the connector says otherwise, and no such setting without custody.
+fn custody_settings(name: &str, c: &Connector, host: Option<&str>) -> Result<(Option<PgTls>, WeakMethods), String> {
+    let ca = c.tls_ca_pem.as_deref().filter(|s| !s.is_empty());
+    let server_name = c.tls_server_name.as_deref().filter(|s| !s.is_empty());
+    let any_tls = c.tls_disabled || ca.is_some() || server_name.is_some();
+    if !c.custody {
+        return match any_tls || !c.weak_auth.is_empty() {
             true => Err(format!("{name}: TLS and password-method settings apply to custody only")),
             false => Ok((None, WeakMethods::default())),
         };
     }
     let mut weak = WeakMethods::default();
-    for m in &raw.weak_auth {
+    for m in &c.weak_auth {
         match m.as_str() {
             "md5" => weak.md5 = true,
             "cleartext" => weak.cleartext = true,
             other => return Err(format!("{name}: unknown password method {other:?} (md5, cleartext)")),
         }
     }
-    if raw.tls_disabled {
-        if !raw.tls_ca_pem.is_empty() || !raw.tls_server_name.is_empty() {
+    if c.tls_disabled {
+        if ca.is_some() || server_name.is_some() {
             return Err(format!("{name}: a CA or server name with TLS disabled"));
         }
         return Ok((None, weak));
     }
-    if raw.tls_ca_pem.len() > 256 * 1024 {
+    if ca.is_some_and(|pem| pem.len() > 256 * 1024) {
         return Err(format!("{name}: the CA bundle is over 256 KiB"));
     }
-    let server_name = if raw.tls_server_name.is_empty() { host.unwrap_or_default() } else { raw.tls_server_name.as_str() };
-    let tls = PgTls::new((!raw.tls_ca_pem.is_empty()).then_some(raw.tls_ca_pem.as_str()), server_name).map_err(|e| format!("{name}: tls: {e}"))?;
+    let tls = PgTls::new(ca, server_name.or(host).unwrap_or_default()).map_err(|e| format!("{name}: tls: {e}"))?;
     Ok((Some(tls), weak))
 }
 
@@ -395,15 +361,24 @@ fn forward(r: &mut Rendered, grant: usize, host: &str, port: u16) {
 mod tests {
     use super::*;
 
-    fn grant(name: &str, kind: &str, host: &str, creds: &[(&str, &str)]) -> RawGrant {
-        RawGrant {
+    /// A connector as the wire edge reads it (`""`: none).
+    fn grant(name: &str, kind: &str, host: &str, creds: &[(&str, &str)]) -> Connector {
+        Connector {
             name: name.into(),
-            kind: Kind::parse(kind),
-            host: host.into(),
-            username: "agent".into(),
-            database: "app".into(),
-            credentials: creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..RawGrant::default()
+            kind: Kind::parse(kind).unwrap(),
+            host: Some(host.to_string()).filter(|h| !h.is_empty()),
+            port: None,
+            database: Some("app".into()),
+            username: Some("agent".into()),
+            project: None,
+            endpoint: None,
+            region: None,
+            custody: false,
+            tls_disabled: false,
+            tls_ca_pem: None,
+            tls_server_name: None,
+            weak_auth: vec![],
+            credentials: warren_core::secret::Credentials(creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         }
     }
 
@@ -416,24 +391,22 @@ mod tests {
         assert!(check(grant("pg", "postgresql", "db:5432", &[("password", "x")])).is_err());
         assert!(check(grant("pg", "postgresql", "db", &[])).is_err(), "the password is required");
         assert!(check(grant("pg", "postgresql", "db", &[("password", "x\n[evil]")])).is_err());
-        assert!(check(grant("pg", "ftp", "db", &[("password", "x")])).is_err());
-        assert!(check(RawGrant { custody: true, ..grant("r", "redis", "cache", &[("password", "x")]) }).is_err());
-        assert!(check(RawGrant { port: 70000, ..grant("pg", "postgresql", "db", &[("password", "x")]) }).is_err());
+        assert!(check(Connector { custody: true, ..grant("r", "redis", "cache", &[("password", "x")]) }).is_err());
     }
 
     #[test]
     fn custody_means_verified_tls_and_scram_unless_the_grant_says_otherwise() {
-        let pg = || RawGrant { custody: true, ..grant("pg", "postgresql", "db.internal", &[("password", "x")]) };
+        let pg = || Connector { custody: true, ..grant("pg", "postgresql", "db.internal", &[("password", "x")]) };
         let g = check(pg()).unwrap();
         assert!(g.tls.is_some(), "TLS by default");
         assert_eq!(g.weak, WeakMethods::default(), "SCRAM-SHA-256 only by default");
-        let old = check(RawGrant { tls_disabled: true, weak_auth: vec!["md5".into()], ..pg() }).unwrap();
+        let old = check(Connector { tls_disabled: true, weak_auth: vec!["md5".into()], ..pg() }).unwrap();
         assert_eq!((old.tls.is_none(), old.weak), (true, WeakMethods { md5: true, cleartext: false }));
-        assert!(check(RawGrant { weak_auth: vec!["plain".into()], ..pg() }).unwrap_err().contains("unknown password method"));
-        assert!(check(RawGrant { tls_ca_pem: "nothing".into(), ..pg() }).unwrap_err().contains("tls:"));
-        assert!(check(RawGrant { tls_disabled: true, tls_server_name: "db".into(), ..pg() }).is_err());
+        assert!(check(Connector { weak_auth: vec!["plain".into()], ..pg() }).unwrap_err().contains("unknown password method"));
+        assert!(check(Connector { tls_ca_pem: Some("nothing".into()), ..pg() }).unwrap_err().contains("tls:"));
+        assert!(check(Connector { tls_disabled: true, tls_server_name: Some("db".into()), ..pg() }).is_err());
         let plain = grant("pg", "postgresql", "db.internal", &[("password", "x")]);
-        assert!(check(RawGrant { weak_auth: vec!["md5".into()], ..plain }).unwrap_err().contains("custody only"));
+        assert!(check(Connector { weak_auth: vec!["md5".into()], ..plain }).unwrap_err().contains("custody only"));
     }
 
     #[test]
@@ -456,9 +429,9 @@ mod tests {
         let grants: Vec<Grant> = vec![
             grant("my", "mysql", "10.200.0.20", &[("password", "a\"b#c")]),
             grant("cache", "redis", "localhost", &[("password", "r p")]),
-            RawGrant { endpoint: "http://127.0.0.1:9000".into(), region: "us-east-1".into(), ..grant("lake", "s3", "", &[("accessKeyId", "AK"), ("secretAccessKey", "SK")]) },
+            Connector { endpoint: Some("http://127.0.0.1:9000".into()), region: Some("us-east-1".into()), ..grant("lake", "s3", "", &[("accessKeyId", "AK"), ("secretAccessKey", "SK")]) },
             grant("blob", "azure", "", &[("connectionString", "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=K;BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;")]),
-            RawGrant { project: "proj".into(), ..grant("bq", "bigquery", "", &[("serviceAccountJson", "{\"type\": \"service_account\"}")]) },
+            Connector { project: Some("proj".into()), ..grant("bq", "bigquery", "", &[("serviceAccountJson", "{\"type\": \"service_account\"}")]) },
             grant("gh", "github", "", &[("token", "ghp_T")]),
             grant("mongo", "mongodb", "mongo.internal", &[("password", "p@ss")]),
         ]

@@ -1,6 +1,7 @@
 //! The execution service behind the gRPC adapter: validates a request against
 //! the node, admits it, claims a warm sandbox and runs it ([`seam::run`]).
 
+mod checked;
 pub mod seam;
 #[cfg(test)]
 mod tests;
@@ -12,7 +13,8 @@ use std::time::Instant;
 use tracing::debug;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use warren_isolation::features::Features;
-use warren_isolation::spec::{ExecRequest, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
+use warren_core::contract::Spec;
+use warren_isolation::spec::{ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::{Go, Home};
 
 use crate::lifecycle::storage::StorageResource;
@@ -23,6 +25,7 @@ use crate::images::Images;
 use warren_network::NetPolicy;
 use crate::sandbox::{Event, Outcome, Rootfs, SandboxEnv, SandboxError, Shape};
 use crate::threads::{ThreadLock, ThreadOptions, Threads};
+pub use checked::{pull_auth, thread_options, Checked};
 
 /// Longest wait for a free slot before RESOURCE_EXHAUSTED.
 const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
@@ -106,23 +109,6 @@ pub struct WarmedImage {
     pub languages: Vec<(Language, String)>,
     /// Uncompressed size.
     pub bytes: u64,
-}
-
-/// What a request carries besides the program, validated.
-#[derive(Debug, Default)]
-pub struct Extras {
-    /// The thread whose home the program gets.
-    pub thread: Option<ThreadOptions>,
-    /// Storage mounted under `/data`.
-    pub mounts: Vec<warren_storage::MountSpec>,
-    /// Digest the image reference is pinned to (empty: none).
-    pub image_digest: String,
-    /// Registry credentials for pulling the image.
-    pub image_pull: warren_image::PullAuth,
-    /// Outbound network.
-    pub network: NetworkRequest,
-    /// Connectors whose credentials the program gets.
-    pub connectors: Vec<crate::connectors::Grant>,
 }
 
 /// Runs executions on this node.
@@ -295,10 +281,8 @@ impl Executor {
     /// Validates and admits a request; nothing runs yet. A full node waits
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
-    pub async fn admit(&self, mut req: ExecRequest, extras: Extras) -> Result<Admission, ExecError> {
-        let Extras { thread, mounts, image_digest, image_pull, network, connectors } = extras;
-        let image = std::mem::take(&mut req.image);
-        let spec = req.validate(&self.policy)?;
+    pub async fn admit(&self, spec: Spec) -> Result<Admission, ExecError> {
+        let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors } = Checked::of(spec, &self.policy)?;
         for (i, m) in mounts.iter().enumerate() {
             if let Some((field, why)) = self.stores.refuses(m) {
                 return Err(ExecError::MountRefused { field: format!("mounts[{i}].{field}"), why });
@@ -391,8 +375,7 @@ impl Executor {
 
     /// Runs `path` in a sandbox of `rootfs` to print its version.
     async fn probe(&self, language: Language, path: &str, rootfs: &Rootfs, image_env: &[(String, String)]) -> Option<String> {
-        let req = ExecRequest { language: Some(language), code: language.version_probe().into(), timeout: PROBE_TIMEOUT, ..ExecRequest::default() };
-        let spec = req.validate(&self.policy).ok()?;
+        let spec = ExecSpec::check(&mut Spec::new(language, language.version_probe(), PROBE_TIMEOUT), &self.policy).ok()?;
         let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone(), None)).await.ok()?;
         let (tx, mut rx) = mpsc::channel(16);
         let collect = tokio::spawn(async move {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
-use warren_isolation::spec::{ExecRequest, ExecSpec, Language, NodePolicy};
+use warren_isolation::spec::{ExecSpec, Language, NodePolicy};
 use warren_isolation::wire::Go;
 
 use super::seam::{self, ClaimedSandbox, Planned, SandboxTeardown, Sandboxes};
@@ -202,8 +202,7 @@ impl Drop for Held {
 }
 
 fn plan(log: &Log) -> (Planned<Held>, oneshot::Receiver<()>) {
-    let req = ExecRequest { language: Some(Language::Python), code: "print(1)".into(), timeout: Duration::from_secs(5), ..ExecRequest::default() };
-    let spec = req.validate(&NodePolicy::default()).unwrap();
+    let spec = ExecSpec::check(&mut warren_core::contract::Spec::new(Language::Python, "print(1)", Duration::from_secs(5)), &NodePolicy::default()).unwrap();
     let shape = Shape::of(&spec.limits, Rootfs::Host, None);
     let go = super::go_for(&spec, "/usr/bin/python3", &[]);
     let (tx, rx) = oneshot::channel();

@@ -198,8 +198,8 @@ mod tests {
     }
 
     fn spec() -> ExecSpec {
-        use warren_isolation::spec::{ExecRequest, Language, NodePolicy};
-        ExecRequest { language: Some(Language::Bash), code: "true".into(), timeout: std::time::Duration::from_secs(1), ..ExecRequest::default() }.validate(&NodePolicy::default()).unwrap()
+        use warren_isolation::spec::{Language, NodePolicy};
+        ExecSpec::check(&mut warren_core::contract::Spec::new(Language::Bash, "true", std::time::Duration::from_secs(1)), &NodePolicy::default()).unwrap()
     }
 
     fn view(spec: &ExecSpec) -> SandboxView<'_> {

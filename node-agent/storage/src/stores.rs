@@ -217,16 +217,14 @@ impl Stores {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{validate, RawMount};
+    use crate::spec::validate;
+    use warren_core::contract::Mount;
 
     fn spec(secret: &str) -> MountSpec {
-        let raw = RawMount {
-            mount_path: "/data/x".into(),
-            provider: Some(crate::spec::Provider::S3),
-            bucket: "b".into(),
-            endpoint: "http://10.0.0.7:9".into(),
-            credentials: [("accessKeyId".to_string(), "a".to_string()), ("secretAccessKey".to_string(), secret.to_string())].into(),
-            ..RawMount::default()
+        let raw = Mount {
+            endpoint: Some("http://10.0.0.7:9".into()),
+            credentials: crate::spec::Credentials([("accessKeyId".to_string(), "a".to_string()), ("secretAccessKey".to_string(), secret.to_string())].into()),
+            ..Mount::new("x", crate::spec::Provider::S3, "b")
         };
         validate(vec![raw]).unwrap().remove(0)
     }
@@ -257,9 +255,9 @@ mod tests {
         m.bucket = "b".into();
         m.endpoint = Some("http://169.254.169.254".into());
         assert_eq!(stores.refuses(&m).map(|r| r.0), Some("endpoint"), "the metadata service as an endpoint");
-        let local = validate(vec![RawMount { mount_path: "/data/l".into(), provider: Some(crate::spec::Provider::Local), bucket: "/srv/data".into(), ..RawMount::default() }]).unwrap().remove(0);
+        let local = validate(vec![Mount::new("l", crate::spec::Provider::Local, "/srv/data")]).unwrap().remove(0);
         assert!(stores.refuses(&local).unwrap().1.contains("--local-storage-root"));
-        let anonymous = validate(vec![RawMount { mount_path: "/data/x".into(), provider: Some(crate::spec::Provider::S3), bucket: "b".into(), ..RawMount::default() }]).unwrap().remove(0);
+        let anonymous = validate(vec![Mount::new("x", crate::spec::Provider::S3, "b")]).unwrap().remove(0);
         let lent = MountSpec { ambient_identity: true, ..anonymous.clone() };
         assert_ne!(identity(&anonymous), identity(&lent), "an unsigned client never serves a mount signed by the node, nor the reverse");
     }

@@ -18,7 +18,8 @@ use crate::manifest::{self, Kind, Object, Source};
 use crate::narrowing;
 use warren_api::reasons;
 
-use crate::storage::{Connection, EffectiveMount};
+use crate::storage::Connection;
+use warren_core::contract;
 use crate::types::{ApiKeySpec, EnvVar, Language, Network, SandboxSpec, SecretBody};
 
 const GIB: u64 = 1 << 30;
@@ -542,7 +543,7 @@ fn effective_mounts(
     sb: &SandboxConfig,
     connection: &dyn Fn(&str) -> Option<Result<Connection, String>>,
     ambient: bool,
-) -> Result<Vec<EffectiveMount>, ConfigError> {
+) -> Result<Vec<contract::Mount>, ConfigError> {
     for (i, n) in k.storage.iter().enumerate() {
         if !sb.storage.iter().any(|m| m.name == n.name) {
             return Err(c.err(&format!("spec.storage[{i}].name"), format!("the Sandbox has no mount named {:?}", n.name)));
@@ -574,7 +575,7 @@ fn effective_mounts(
         let max_write_bytes = m.max_write_bytes.as_ref().and_then(|q| quantity::bytes(&q.text())).unwrap_or(bounds::STORAGE_WRITE_BYTES.default);
         let read_only = mode == crate::types::MountMode::ReadOnly;
         out.push(match store {
-            Some(conn) => EffectiveMount {
+            Some(conn) => contract::Mount {
                 name: m.name.clone(),
                 ambient_identity: ambient && conn.credentials.0.is_empty() && conn.spec.provider != crate::types::StorageProvider::Local,
                 provider: crate::storage::provider(conn.spec.provider),
@@ -586,7 +587,7 @@ fn effective_mounts(
                 credentials: conn.credentials,
                 max_write_bytes,
             },
-            None => EffectiveMount {
+            None => contract::Mount {
                 name: m.name.clone(),
                 provider: warren_core::kinds::Provider::Volume,
                 bucket: String::new(),
@@ -609,7 +610,7 @@ pub struct Lookups<'a> {
     /// A StorageConnection with its credentials, by name.
     pub connection: &'a dyn Fn(&str) -> Option<Result<Connection, String>>,
     /// A Connector with its credentials, by name.
-    pub connector: &'a dyn Fn(&str) -> Option<Result<crate::connector::EffectiveConnector, String>>,
+    pub connector: &'a dyn Fn(&str) -> Option<Result<contract::Connector, String>>,
 }
 
 /// The key's connectors: a subset of the Sandbox's (all of them unless the
@@ -618,13 +619,13 @@ fn effective_connectors(
     c: &Checker<'_>,
     k: &ApiKeySpec,
     sb: &SandboxConfig,
-    connector: &dyn Fn(&str) -> Option<Result<crate::connector::EffectiveConnector, String>>,
-) -> Result<Vec<crate::connector::EffectiveConnector>, ConfigError> {
+    connector: &dyn Fn(&str) -> Option<Result<contract::Connector, String>>,
+) -> Result<Vec<contract::Connector>, ConfigError> {
     let offered: Vec<&str> = sb.connectors.iter().map(String::as_str).collect();
     let chosen: Option<Vec<&str>> = k.connectors.as_ref().map(|l| l.iter().map(|r| r.name.as_str()).collect());
     let names = narrowing::narrow_connectors(&offered, chosen.as_deref()).map_err(|e| c.err("spec.connectors", e))?;
     let field = if k.connectors.is_some() { "spec.connectors" } else { "spec.sandboxRef.name" };
-    let mut out: Vec<crate::connector::EffectiveConnector> = Vec::with_capacity(names.len());
+    let mut out: Vec<contract::Connector> = Vec::with_capacity(names.len());
     for name in names {
         if out.iter().any(|o| o.name == name) {
             continue;

@@ -1,60 +1,11 @@
 //! Connectors as a key publishes them: checked, with their credentials read
 //! from the named Secret (pure).
 
-use serde::{Deserialize, Serialize};
 use warren_core::endpoint::{is_host, url_host_port};
+use warren_core::contract;
 use warren_core::secret::Credentials;
 
 use crate::types::{ConnectorSpec, ConnectorType, PasswordMethod, SecretBody, TlsMode};
-
-/// One connector of a key, as the agent receives it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EffectiveConnector {
-    /// Connector name.
-    pub name: String,
-    /// The service (its wire name in the published configuration: `postgresql`, `mysql`, …).
-    pub kind: warren_core::kinds::ConnectorKind,
-    /// Service host.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// Service port.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// Database.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub database: Option<String>,
-    /// User name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub username: Option<String>,
-    /// Google Cloud project.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub project: Option<String>,
-    /// S3-compatible endpoint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// S3 region.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    /// PostgreSQL credential custody.
-    #[serde(default)]
-    pub custody: bool,
-    /// Custody: plain TCP toward the server (the Connector chose it).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub tls_disabled: bool,
-    /// Custody: the CA bundle (the Secret's `ca.crt`; none: the public web PKI).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_ca_pem: Option<String>,
-    /// Custody: the name the certificate must carry (none: the host).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_server_name: Option<String>,
-    /// Custody: weaker password methods allowed (`md5`, `cleartext`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub weak_auth: Vec<String>,
-    /// The Secret's entries the type needs.
-    #[serde(default)]
-    pub credentials: Credentials,
-}
 
 /// Checks a Connector on its own: `(field, why)` for the first problem.
 pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
@@ -112,11 +63,11 @@ pub fn check(spec: &ConnectorSpec) -> Result<(), (&'static str, String)> {
 
 /// The connector `name` with its credentials from `secret`. The error names
 /// what is missing, never a value.
-pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) -> Result<EffectiveConnector, String> {
+pub fn resolve(name: &str, spec: &ConnectorSpec, secret: Option<&SecretBody>) -> Result<contract::Connector, String> {
     check(spec).map_err(|(field, why)| format!("{field}: {why}"))?;
     // Keys and tokens never carry meaningful edge whitespace; JSON keeps its own.
     let values = crate::storage::secret_entries(&spec.credentials_secret_ref.name, secret, spec.kind.secret_entries(), &["serviceAccountJson"])?;
-    Ok(EffectiveConnector {
+    Ok(contract::Connector {
         name: name.to_string(),
         kind: spec.kind.contract(),
         host: spec.host.clone(),

@@ -68,11 +68,11 @@ pub struct EffectiveKey {
     pub thread_max_bytes: u64,
     /// Storage mounts under `/data` (absent in keys published before mounts).
     #[serde(default)]
-    pub storage: Vec<crate::storage::EffectiveMount>,
+    pub storage: Vec<warren_core::contract::Mount>,
     /// Connectors whose credentials every call gets (published only in the
     /// keys Secret, never logged).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub connectors: Vec<crate::connector::EffectiveConnector>,
+    pub connectors: Vec<warren_core::contract::Connector>,
 }
 
 impl EffectiveKey {

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use warren_core::kinds::Provider;
 
 use crate::types::{SecretBody, StorageConnectionSpec, StorageProvider};
@@ -53,40 +52,6 @@ pub fn secret_entry(name: &str, s: &SecretBody, entry: &str) -> Result<Option<St
         (None, Some(b)) => String::from_utf8(b.clone()).map(Some).map_err(|_| format!("Secret {name:?} entry {entry:?} is not UTF-8")),
         (None, None) => Ok(None),
     }
-}
-
-/// One mount of a key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EffectiveMount {
-    /// `/data/<name>`.
-    pub name: String,
-    /// Where the objects live (`volume`: managed).
-    pub provider: Provider,
-    /// Bucket, container or directory.
-    pub bucket: String,
-    /// Everything the mount may see: connection, Sandbox and ApiKey
-    /// prefixes joined (requests may narrow it with `sub_paths`).
-    pub prefix: String,
-    /// Writes are refused.
-    pub read_only: bool,
-    /// Endpoint URL.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// Region.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    /// Credentials (empty: unsigned requests, or the node's identity where
-    /// `ambient_identity` says so).
-    #[serde(default)]
-    pub credentials: Credentials,
-    /// Most bytes one call may write to the mount.
-    #[serde(default)]
-    pub max_write_bytes: u64,
-    /// No credentials, and the namespace's admin lent the node's cloud
-    /// identity (`warren.dev/ambient-identity`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ambient_identity: bool,
 }
 
 /// Where managed volume `name` of `namespace` lives in the platform store.
