@@ -63,11 +63,6 @@ pub fn invalid(field: &str, why: &str) -> Status {
     refuse(Code::InvalidArgument, Reason::InvalidField, field, format!("{field}: {why}"))
 }
 
-/// A part of the contract this agent does not offer (never silently dropped).
-pub fn unsupported(field: &str, message: impl Into<String>) -> Status {
-    refuse(Code::FailedPrecondition, Reason::Unsupported, field, message)
-}
-
 /// A second execution with the id of one running here.
 pub fn id_in_use() -> Status {
     invalid("execution_id", "another execution of this id runs here")

@@ -281,3 +281,99 @@ async fn a_missing_key_is_generated_into_an_owned_secret() {
     event(&mut handle, "SandboxNotFound").await;
     run.await.unwrap().expect("reconciled");
 }
+
+fn storage_connection(ns: &str, spec: Value) -> Arc<warren_api::StorageConnection> {
+    let v = json!({
+        "apiVersion": "warren.dev/v1alpha1", "kind": "StorageConnection",
+        "metadata": {"name": "lake", "namespace": ns, "generation": 2, "uid": "u-5"},
+        "spec": spec,
+    });
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+/// A consumable S3 credentials Secret (`accessKeyId` only when `complete` is false).
+fn s3_secret(complete: bool) -> Value {
+    let mut data = json!({"accessKeyId": "QUtJQQ=="});
+    if complete {
+        data["secretAccessKey"] = json!("czNjcjN0LXZhbHVl");
+    }
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lake-creds", "namespace": "team-a", "labels": {"warren.dev/consumable": "true"}}, "data": data})
+}
+
+/// The StorageConnection's verdict after its Secret was read: the Ready
+/// condition patched, then its event.
+async fn storage_verdict(handle: &mut Handle, sc: &warren_api::StorageConnection, secret: Value) -> (String, String, String) {
+    let (_, send) = expect(handle, "GET", "/api/v1/namespaces/team-a/secrets/lake-creds").await;
+    answer(send, 200, secret);
+    let (body, send) = expect(handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/storageconnections/lake/status").await;
+    let (status, reason, message, generation) = ready_of(&body);
+    assert_eq!(generation, 2);
+    assert!(!body.to_string().contains("czNjcjN0") && !body.to_string().contains("s3cr3t-value"), "the Secret's value leaked into the status: {body}");
+    answer_status(send, sc, &body);
+    event(handle, &reason).await;
+    (status, reason, message)
+}
+
+/// The operator's probe is a request from inside the cluster: a tenant
+/// aiming it at the operator's own loopback learns nothing and reaches
+/// nothing. The endpoint is refused before any connection (the listener
+/// on that port sees none).
+#[tokio::test]
+async fn a_storage_connection_aimed_at_the_operators_loopback_is_refused_unprobed() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let endpoint = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let (ctx, mut handle) = context(&["team-a"]);
+    let sc = storage_connection("team-a", json!({"provider": "S3", "bucket": "b", "endpoint": endpoint, "credentialsSecretRef": {"name": "lake-creds"}}));
+    let run = tokio::spawn(warren_operator::credentials::storage(sc.clone(), ctx));
+    let (status, reason, message) = storage_verdict(&mut handle, &sc, s3_secret(true)).await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"), "{message}");
+    assert!(message.contains("loopback"), "{message}");
+    run.await.unwrap().expect("reconciled");
+    assert!(matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "the probe connected to the refused endpoint");
+}
+
+/// A Secret without every entry its provider needs: not Ready, the
+/// missing entry named, no probe.
+#[tokio::test]
+async fn a_storage_secret_missing_an_entry_names_it() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let sc = storage_connection("team-a", json!({"provider": "S3", "bucket": "b", "credentialsSecretRef": {"name": "lake-creds"}}));
+    let run = tokio::spawn(warren_operator::credentials::storage(sc.clone(), ctx));
+    let (status, reason, message) = storage_verdict(&mut handle, &sc, s3_secret(false)).await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "SecretIncomplete"));
+    assert!(message.contains("secretAccessKey"), "{message}");
+    run.await.unwrap().expect("reconciled");
+}
+
+/// With an admin's grant for loopback, a store nobody answers for is
+/// probed and reported unreachable (a real store's answers are in
+/// `tests/tests/storage_mounts.rs`).
+#[tokio::test]
+async fn an_allowed_store_that_does_not_answer_is_unreachable() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let scope = SecretScope::Namespaces(["team-a".to_string()].into());
+    let loopback = Arc::new(warren_core::reach::EndpointPolicy::new(&["127.0.0.0/8".into()], vec![]).unwrap());
+    let ctx = Context::new(Client::new(service, "default"), "warren-keys".into(), "warren-system".into(), "app=agent".into(), None).with_secret_scope(scope).with_endpoints(loopback);
+    let sc = storage_connection("team-a", json!({"provider": "S3", "bucket": "b", "endpoint": format!("http://127.0.0.1:{closed}"), "credentialsSecretRef": {"name": "lake-creds"}}));
+    let run = tokio::spawn(warren_operator::credentials::storage(sc.clone(), Arc::new(ctx)));
+    let (status, reason, message) = storage_verdict(&mut handle, &sc, s3_secret(true)).await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "StoreUnreachable"), "{message}");
+    run.await.unwrap().expect("reconciled");
+}
+
+/// A Local directory is each node's to check: Ready without a Secret read
+/// or a probe.
+#[tokio::test]
+async fn a_local_directory_is_valid_without_a_probe() {
+    let (ctx, mut handle) = context(&["team-a"]);
+    let sc = storage_connection("team-a", json!({"provider": "Local", "bucket": "/srv/data"}));
+    let run = tokio::spawn(warren_operator::credentials::storage(sc.clone(), ctx));
+    let (body, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/storageconnections/lake/status").await;
+    let (status, reason, message, _) = ready_of(&body);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Valid"), "{message}");
+    answer_status(send, sc.as_ref(), &body);
+    event(&mut handle, "Valid").await;
+    run.await.unwrap().expect("reconciled");
+}

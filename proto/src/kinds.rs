@@ -37,7 +37,7 @@ impl From<ConnectorKind> for pb::ConnectorKind {
 
 /// A mount's provider: the enum, or the name an older sender set; `None`
 /// when neither is one this agent knows.
-pub fn provider(kind: i32, name: &str) -> Option<Provider> {
+pub(crate) fn provider(kind: i32, name: &str) -> Option<Provider> {
     match pb::StorageProvider::try_from(kind) {
         Ok(pb::StorageProvider::S3) => Some(Provider::S3),
         Ok(pb::StorageProvider::Azure) => Some(Provider::Azure),
@@ -51,7 +51,7 @@ pub fn provider(kind: i32, name: &str) -> Option<Provider> {
 
 /// A connector's kind: the enum, or the name an older sender set; `None`
 /// when neither is one this agent knows.
-pub fn connector_kind(kind: i32, name: &str) -> Option<ConnectorKind> {
+pub(crate) fn connector_kind(kind: i32, name: &str) -> Option<ConnectorKind> {
     match pb::ConnectorKind::try_from(kind) {
         Ok(pb::ConnectorKind::Postgresql) => Some(ConnectorKind::Postgres),
         Ok(pb::ConnectorKind::Mysql) => Some(ConnectorKind::Mysql),
