@@ -377,3 +377,41 @@ async fn a_local_directory_is_valid_without_a_probe() {
     event(&mut handle, "Valid").await;
     run.await.unwrap().expect("reconciled");
 }
+
+/// The publish path: a key whose Secret and `host` Sandbox exist is
+/// compiled and published to the gateways' namespace by server-side apply,
+/// and only a hash of the key travels there; the status says Published.
+#[tokio::test]
+async fn a_complete_key_is_published_as_a_hash() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secret_value = format!("sk-wrn-{}", "Q".repeat(40));
+    let (ctx, mut handle) = context(&["team-a"]);
+    let key = apikey("team-a");
+    let run = tokio::spawn(warren_operator::apikey::reconcile(key.clone(), ctx));
+    list_keys(&mut handle, &key).await;
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a/secrets/agent-key").await;
+    let owner = json!([{"apiVersion": "warren.dev/v1alpha1", "kind": "ApiKey", "name": "agent", "uid": "u-3", "controller": true}]);
+    answer(send, 200, json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "agent-key", "namespace": "team-a", "labels": {"warren.dev/consumable": "true"}, "ownerReferences": owner},
+        "data": {"key": b64(&secret_value), warren_config::WEBHOOK_SECRET_ENTRY: b64(&"w".repeat(40))}}));
+    let (_, send) = expect(&mut handle, "GET", "/apis/warren.dev/v1alpha1/namespaces/team-a/sandboxes/default").await;
+    answer(send, 200, serde_json::to_value(sandbox("host").as_ref()).unwrap());
+    let (_, send) = expect(&mut handle, "GET", "/api/v1/namespaces/team-a").await;
+    answer(send, 200, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}));
+    let published = format!("/api/v1/namespaces/warren-keys/secrets/{}", warren_config::published::secret_name("team-a", "agent"));
+    let (body, send) = expect(&mut handle, "PATCH", &published).await;
+    let config = base64::engine::general_purpose::STANDARD.decode(body["data"][warren_config::published::DATA_KEY].as_str().unwrap()).unwrap();
+    let config = String::from_utf8(config).unwrap();
+    assert!(!config.contains(&secret_value[7..]) && !body.to_string().contains(&b64(&secret_value)), "the key itself was published: {config}");
+    assert!(config.contains("\"sandbox\":\"default\""), "{config}");
+    assert_eq!(body["metadata"]["labels"][warren_config::published::LABEL], "true");
+    answer(send, 200, body.clone());
+    let (status, send) = expect(&mut handle, "PATCH", "/apis/warren.dev/v1alpha1/namespaces/team-a/apikeys/agent/status").await;
+    let (ready, reason, message, _) = ready_of(&status);
+    assert_eq!((ready.as_str(), reason.as_str()), ("True", "Published"), "{message}");
+    assert!(!status.to_string().contains(&secret_value[7..]), "the key leaked into the status: {status}");
+    answer_status(send, key.as_ref(), &status);
+    event(&mut handle, "Published").await;
+    run.await.unwrap().expect("reconciled");
+}
