@@ -108,3 +108,26 @@ impl Mount {
         }
     }
 }
+
+impl Connector {
+    /// Connector `name` of `kind`, every setting unset and no credentials.
+    pub fn new(name: &str, kind: ConnectorKind) -> Connector {
+        Connector {
+            name: name.into(),
+            kind,
+            host: None,
+            port: None,
+            database: None,
+            username: None,
+            project: None,
+            endpoint: None,
+            region: None,
+            custody: false,
+            tls_disabled: false,
+            tls_ca_pem: None,
+            tls_server_name: None,
+            weak_auth: Vec::new(),
+            credentials: Credentials::default(),
+        }
+    }
+}

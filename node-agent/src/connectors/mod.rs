@@ -364,21 +364,11 @@ mod tests {
     /// A connector as the wire edge reads it (`""`: none).
     fn grant(name: &str, kind: &str, host: &str, creds: &[(&str, &str)]) -> Connector {
         Connector {
-            name: name.into(),
-            kind: Kind::parse(kind).unwrap(),
             host: Some(host.to_string()).filter(|h| !h.is_empty()),
-            port: None,
             database: Some("app".into()),
             username: Some("agent".into()),
-            project: None,
-            endpoint: None,
-            region: None,
-            custody: false,
-            tls_disabled: false,
-            tls_ca_pem: None,
-            tls_server_name: None,
-            weak_auth: vec![],
             credentials: warren_core::secret::Credentials(creds.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Connector::new(name, Kind::parse(kind).unwrap())
         }
     }
 

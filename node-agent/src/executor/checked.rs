@@ -117,21 +117,9 @@ mod tests {
 
     fn redis(name: &str) -> Connector {
         Connector {
-            name: name.into(),
-            kind: ConnectorKind::Redis,
             host: Some("cache".into()),
-            port: None,
-            database: None,
-            username: None,
-            project: None,
-            endpoint: None,
-            region: None,
-            custody: false,
-            tls_disabled: false,
-            tls_ca_pem: None,
-            tls_server_name: None,
-            weak_auth: vec![],
             credentials: Credentials([("password".to_string(), "x".to_string())].into()),
+            ..Connector::new(name, ConnectorKind::Redis)
         }
     }
 
