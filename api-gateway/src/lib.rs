@@ -10,6 +10,7 @@ pub mod audit;
 pub mod auth;
 pub mod budget;
 pub mod cluster_config;
+pub mod console;
 pub mod discovery;
 pub mod error;
 pub mod exec;
