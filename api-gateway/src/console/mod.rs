@@ -1,5 +1,11 @@
-//! The admin console (issue #29), built in pieces that stand on their own:
-//! so far the sign-in's token rules ([`oidc`]), pure and unit-tested. No
-//! route serves the console yet.
+//! The admin console (issue #29), built in pieces that stand on their own,
+//! each pure and unit-tested; no route serves the console yet:
+//!
+//! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
+//! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
+//!   tokens, cookies, return paths that stay inside the console;
+//! - [`html`]: pages escaped by construction, and the security headers.
 
+pub mod html;
 pub mod oidc;
+pub mod session;
