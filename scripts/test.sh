@@ -22,6 +22,15 @@ if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azu
   mkdir -p "$AZURITE_DIR"
   npm install --silent --no-audit --no-fund --prefix "$AZURITE_DIR" "azurite@$AZURITE_VERSION" >/dev/null
 fi
+# The console's sign-in is tested against node-oidc-provider, an OpenID
+# Certified provider, from npm (~10 s once).
+OIDC_PROVIDER_VERSION=9.5.2
+OIDC_PROVIDER_DIR="$HOME/.cache/warren-tools/oidc-provider"
+if ! grep -qs "\"version\": \"$OIDC_PROVIDER_VERSION\"" "$OIDC_PROVIDER_DIR/node_modules/oidc-provider/package.json"; then
+  echo "==> installing oidc-provider $OIDC_PROVIDER_VERSION (identity provider for the console tests)"
+  mkdir -p "$OIDC_PROVIDER_DIR"
+  npm install --silent --no-audit --no-fund --prefix "$OIDC_PROVIDER_DIR" "oidc-provider@$OIDC_PROVIDER_VERSION" >/dev/null
+fi
 # The documentation book (docs/) is built by mdBook from crates.io (~2 min once).
 MDBOOK_VERSION=0.5.4
 MDBOOK_DIR="$HOME/.cache/warren-tools/mdbook-$MDBOOK_VERSION"

@@ -2,10 +2,13 @@
 //! each pure and unit-tested; no route serves the console yet:
 //!
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
+//! - [`provider`]: the identity provider over HTTP (discovery, keys, the
+//!   authorization request, the code exchange), bounded;
 //! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
 //!   tokens, cookies, return paths that stay inside the console;
 //! - [`html`]: pages escaped by construction, and the security headers.
 
 pub mod html;
 pub mod oidc;
+pub mod provider;
 pub mod session;

@@ -1,0 +1,171 @@
+//! The console's sign-in against a real OpenID provider: node-oidc-provider
+//! (OpenID Certified; installed by scripts/test.sh) on a loopback port, the
+//! authorization code flow with PKCE driven over HTTP as a browser would
+//! (the provider's interaction step signs in the user the test names), the
+//! code exchanged and the ID token checked by `console::provider`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use warren_api_gateway::console::provider::{Provider, ProviderConfig, ProviderError};
+use warren_api_gateway::console::session::Sessions;
+
+const SECRET: &str = "console-test-secret";
+
+/// The provider process; killed on drop, whatever the test's outcome.
+struct Idp {
+    child: Child,
+    issuer: String,
+    redirect: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Idp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn install_dir() -> PathBuf {
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+    home.join(".cache/warren-tools/oidc-provider/node_modules")
+}
+
+impl Idp {
+    fn start() -> Idp {
+        let modules = install_dir();
+        assert!(modules.join("oidc-provider/package.json").is_file(), "oidc-provider is not installed in {}: scripts/test.sh installs it", modules.display());
+        // ES modules resolve packages from the script's own directory up.
+        let dir = tempfile::Builder::new().prefix("warren-idp-").tempdir().unwrap();
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/oidc/idp.mjs"), dir.path().join("idp.mjs")).unwrap();
+        std::os::unix::fs::symlink(&modules, dir.path().join("node_modules")).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let redirect = "http://127.0.0.1:1/callback".to_string();
+        let child = Command::new("node")
+            .args(["idp.mjs", &port.to_string(), &redirect, SECRET])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting node");
+        let idp = Idp { child, issuer: format!("http://127.0.0.1:{port}"), redirect, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the identity provider did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        idp
+    }
+
+    fn config(&self) -> ProviderConfig {
+        ProviderConfig { issuer: self.issuer.clone(), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: self.redirect.clone() }
+    }
+}
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+fn random<const N: usize>() -> [[u8; 32]; N] {
+    std::array::from_fn(|_| rand_bytes())
+}
+
+fn rand_bytes() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut b).unwrap();
+    b
+}
+
+/// A browser without JavaScript: follows the provider's redirects by hand,
+/// keeping its cookies, until the provider sends it to the redirect URI;
+/// the query it carries there.
+async fn browse_to_callback(start: &str, user: &str, redirect: &str) -> Vec<(String, String)> {
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let mut cookies: Vec<String> = Vec::new();
+    let mut url = start.to_string();
+    for _ in 0..10 {
+        let answer = http.get(&url).header("cookie", cookies.join("; ")).send().await.unwrap();
+        for c in answer.headers().get_all("set-cookie") {
+            let pair = c.to_str().unwrap().split(';').next().unwrap().to_string();
+            let name = pair.split('=').next().unwrap().to_string();
+            cookies.retain(|k| !k.starts_with(&format!("{name}=")));
+            cookies.push(pair);
+        }
+        let location = answer.headers().get("location").unwrap_or_else(|| panic!("no redirect from {url}: {}", answer.status())).to_str().unwrap().to_string();
+        let next = url::Url::parse(&url).unwrap().join(&location).unwrap();
+        if next.as_str().starts_with(redirect) {
+            return next.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+        }
+        url = next.to_string();
+        if next.path().starts_with("/interaction/") {
+            url = format!("{url}?user={user}");
+        }
+    }
+    panic!("the provider never sent the browser back");
+}
+
+fn param<'a>(q: &'a [(String, String)], k: &str) -> &'a str {
+    q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("no {k} in {q:?}"))
+}
+
+#[tokio::test]
+async fn a_user_signs_in_with_the_code_flow_and_pkce_and_a_code_works_once() {
+    let idp = Idp::start();
+    let provider = Provider::discover(idp.config()).await.expect("discovery");
+    let sessions = Sessions::default();
+    for (user, email, group) in [("ada", "ada@example.test", "platform-admins"), ("bob", "bob@example.test", "team-a")] {
+        let started = sessions.begin("/executions", random::<3>(), Instant::now());
+        let auth = provider.authorization_url(&started);
+        assert!(auth.contains("code_challenge_method=S256") && auth.contains(&started.challenge));
+        let back = browse_to_callback(&auth, user, &idp.redirect).await;
+        assert_eq!(param(&back, "state"), started.state, "the provider returns the state it was given");
+        let sign_in = sessions.finish(param(&back, "state"), Instant::now()).expect("the sign-in is found once");
+        let code = param(&back, "code");
+        let id = provider.exchange(code, &sign_in, now()).await.expect("exchange");
+        assert_eq!((id.subject.as_str(), id.user.as_str(), id.groups.as_slice()), (user, email, &[group.to_string()][..]));
+        // The same code again (a replayed callback): the provider refuses it.
+        assert!(matches!(provider.exchange(code, &sign_in, now()).await, Err(ProviderError::Refused(_))), "a code is good once");
+    }
+}
+
+#[tokio::test]
+async fn a_code_without_its_verifier_or_from_another_sign_in_is_refused() {
+    let idp = Idp::start();
+    let provider = Provider::discover(idp.config()).await.unwrap();
+    let sessions = Sessions::default();
+    let first = sessions.begin("/", random::<3>(), Instant::now());
+    let other = sessions.begin("/", random::<3>(), Instant::now());
+    let back = browse_to_callback(&provider.authorization_url(&first), "bob", &idp.redirect).await;
+    sessions.finish(param(&back, "state"), Instant::now()).expect("the callback finds its sign-in");
+    let other = sessions.finish(&other.state, Instant::now()).unwrap();
+    // An attacker's code injected into another browser's sign-in: the PKCE
+    // verifier does not match, and neither would the nonce.
+    assert!(matches!(provider.exchange(param(&back, "code"), &other, now()).await, Err(ProviderError::Refused(_))));
+    // A code and verifier that belong together, checked against another
+    // sign-in's nonce: the provider issues the token, the console refuses it.
+    let third = sessions.begin("/", random::<3>(), Instant::now());
+    let back = browse_to_callback(&provider.authorization_url(&third), "bob", &idp.redirect).await;
+    let mut mixed = sessions.finish(param(&back, "state"), Instant::now()).unwrap();
+    mixed.nonce = other.nonce.clone();
+    let refused = provider.exchange(param(&back, "code"), &mixed, now()).await;
+    assert!(matches!(refused, Err(ProviderError::Token(warren_api_gateway::console::oidc::TokenError::Claim("nonce")))), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_provider_naming_another_issuer_or_not_answering_is_not_used() {
+    let idp = Idp::start();
+    let mut wrong = idp.config();
+    wrong.issuer = format!("{}/", idp.issuer);
+    assert!(matches!(Provider::discover(wrong).await, Err(ProviderError::Refused(m)) if m.contains("issuer")));
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut down = idp.config();
+    down.issuer = format!("http://127.0.0.1:{closed}");
+    assert!(matches!(Provider::discover(down).await, Err(ProviderError::Unavailable(_))));
+    let mut plain = idp.config();
+    plain.issuer = "http://idp.example.test".into();
+    assert!(matches!(Provider::discover(plain).await, Err(ProviderError::Refused(_))), "plain http off loopback is refused before any request");
+}
