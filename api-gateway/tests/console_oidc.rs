@@ -36,6 +36,11 @@ fn install_dir() -> PathBuf {
 
 impl Idp {
     fn start() -> Idp {
+        Idp::start_for("http://127.0.0.1:1/callback")
+    }
+
+    /// A provider sending browsers back to `redirect`.
+    fn start_for(redirect: &str) -> Idp {
         let modules = install_dir();
         assert!(modules.join("oidc-provider/package.json").is_file(), "oidc-provider is not installed in {}: scripts/test.sh installs it", modules.display());
         // ES modules resolve packages from the script's own directory up.
@@ -43,7 +48,7 @@ impl Idp {
         std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/oidc/idp.mjs"), dir.path().join("idp.mjs")).unwrap();
         std::os::unix::fs::symlink(&modules, dir.path().join("node_modules")).unwrap();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let redirect = "http://127.0.0.1:1/callback".to_string();
+        let redirect = redirect.to_string();
         let child = Command::new("node")
             .args(["idp.mjs", &port.to_string(), &redirect, SECRET])
             .current_dir(dir.path())
@@ -84,6 +89,11 @@ fn rand_bytes() -> [u8; 32] {
 /// keeping its cookies, until the provider sends it to the redirect URI;
 /// the query it carries there.
 async fn browse_to_callback(start: &str, user: &str, redirect: &str) -> Vec<(String, String)> {
+    browse_to(start, user, redirect).await.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
+}
+
+/// The same, the whole URL the provider sends the browser back to.
+async fn browse_to(start: &str, user: &str, redirect: &str) -> url::Url {
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let mut cookies: Vec<String> = Vec::new();
     let mut url = start.to_string();
@@ -98,7 +108,7 @@ async fn browse_to_callback(start: &str, user: &str, redirect: &str) -> Vec<(Str
         let location = answer.headers().get("location").unwrap_or_else(|| panic!("no redirect from {url}: {}", answer.status())).to_str().unwrap().to_string();
         let next = url::Url::parse(&url).unwrap().join(&location).unwrap();
         if next.as_str().starts_with(redirect) {
-            return next.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+            return next;
         }
         url = next.to_string();
         if next.path().starts_with("/interaction/") {
@@ -168,4 +178,110 @@ async fn a_provider_naming_another_issuer_or_not_answering_is_not_used() {
     let mut plain = idp.config();
     plain.issuer = "http://idp.example.test".into();
     assert!(matches!(Provider::discover(plain).await, Err(ProviderError::Refused(_))), "plain http off loopback is refused before any request");
+}
+
+/// The console on a loopback listener, stopped on drop.
+struct ConsoleServer {
+    base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ConsoleServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn console_listener() -> (tokio::net::TcpListener, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    (listener, base)
+}
+
+fn serve(listener: tokio::net::TcpListener, base: String, config: ProviderConfig) -> ConsoleServer {
+    let app = warren_api_gateway::console::app::router(warren_api_gateway::console::app::Console::new(config));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    ConsoleServer { base, task }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+}
+
+fn location(r: &reqwest::Response) -> String {
+    r.headers().get("location").expect("a redirect").to_str().unwrap().to_string()
+}
+
+/// Signs `user` in through the console: the session cookie (`name=value`)
+/// and the callback URL the browser was sent to.
+async fn sign_in(console: &ConsoleServer, idp: &Idp, user: &str) -> (String, String) {
+    let http = client();
+    let start = http.get(format!("{}/signin?return=%2F", console.base)).send().await.unwrap();
+    assert_eq!(start.status(), 303);
+    let callback = browse_to(&location(&start), user, &idp.redirect).await;
+    let done = http.get(callback.as_str()).send().await.unwrap();
+    assert_eq!((done.status().as_u16(), location(&done).as_str()), (303, "/"), "signed in and sent back");
+    let set = done.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "Secure", "SameSite=Lax"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    (set.split(';').next().unwrap().to_string(), callback.to_string())
+}
+
+#[tokio::test]
+async fn the_console_signs_in_shows_who_and_signs_out_only_with_its_csrf_token() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve(listener, base, idp.config());
+    let http = client();
+    // Without a session: sent to sign in, with the security headers.
+    let anonymous = http.get(format!("{}/", console.base)).send().await.unwrap();
+    assert_eq!((anonymous.status().as_u16(), location(&anonymous).as_str()), (303, "/signin?return=%2F"));
+    let csp = anonymous.headers().get("content-security-policy").unwrap().to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'") && !csp.contains("unsafe-inline"), "{csp}");
+    let (cookie, callback) = sign_in(&console, &idp, "ada").await;
+    let page = http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let body = page.text().await.unwrap();
+    assert!(body.contains("ada@example.test") && body.contains("platform-admins"), "{body}");
+    // The callback once more (a replayed state): refused, no session.
+    let replay = http.get(&callback).send().await.unwrap();
+    assert_eq!(replay.status(), 400);
+    assert!(replay.headers().get("set-cookie").is_none());
+    // Sign-out without the form's token, or with another: refused, still signed in.
+    let csrf = body.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+    for form in [String::new(), "csrf=forged".to_string(), format!("csrf={csrf}x")] {
+        let r = http.post(format!("{}/signout", console.base)).header("cookie", &cookie).header("content-type", "application/x-www-form-urlencoded").body(form).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+    }
+    assert_eq!(http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap().status(), 200);
+    let out = http.post(format!("{}/signout", console.base)).header("cookie", &cookie).header("content-type", "application/x-www-form-urlencoded").body(format!("csrf={csrf}")).send().await.unwrap();
+    assert_eq!(out.status(), 303);
+    assert!(out.headers().get("set-cookie").unwrap().to_str().unwrap().contains("Max-Age=0"));
+    let after = http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(after.status(), 303, "the old cookie is no session any more");
+}
+
+#[tokio::test]
+async fn claims_carrying_markup_render_inert() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve(listener, base, idp.config());
+    let (cookie, _) = sign_in(&console, &idp, "mallory").await;
+    let body = client().get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    assert!(body.contains("&lt;img src=x onerror=alert(1)&gt;@example.test") && body.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{body}");
+    assert!(!body.contains("<img") && !body.contains("<script"), "{body}");
+}
+
+#[tokio::test]
+async fn a_provider_that_is_down_gets_a_clear_page() {
+    let (listener, base) = console_listener().await;
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = ProviderConfig { issuer: format!("http://127.0.0.1:{closed}"), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: format!("{base}/callback") };
+    let console = serve(listener, base, config);
+    let r = client().get(format!("{}/signin", console.base)).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("identity provider is not answering"));
 }

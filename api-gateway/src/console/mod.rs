@@ -1,6 +1,7 @@
-//! The admin console (issue #29), built in pieces that stand on their own,
-//! each pure and unit-tested; no route serves the console yet:
+//! The admin console (issue #29), built in pieces that stand on their own:
 //!
+//! - [`app`]: the console's routes on their own listener (sign-in, sign-out,
+//!   assets, pages behind a session);
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
 //! - [`provider`]: the identity provider over HTTP (discovery, keys, the
 //!   authorization request, the code exchange), bounded;
@@ -8,6 +9,7 @@
 //!   tokens, cookies, return paths that stay inside the console;
 //! - [`html`]: pages escaped by construction, and the security headers.
 
+pub mod app;
 pub mod html;
 pub mod oidc;
 pub mod provider;
