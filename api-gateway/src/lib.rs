@@ -179,9 +179,50 @@ pub struct Args {
     /// Largest file upload, MiB (a thread's own size limit also applies).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub files_max_upload_mib: u64,
+    /// Serve the admin console on this address (no console without it).
+    /// It signs users in with the OpenID provider `--console-oidc-issuer`.
+    #[arg(long, env = "WARREN_CONSOLE_LISTEN")]
+    pub console_listen: Option<SocketAddr>,
+    /// The console's public URL (`https://warren-console.example.com`): the
+    /// provider sends browsers back to `<it>/callback`.
+    #[arg(long, env = "WARREN_CONSOLE_URL")]
+    pub console_url: Option<String>,
+    /// The OpenID provider's issuer URL, exactly as it names itself.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_ISSUER")]
+    pub console_oidc_issuer: Option<String>,
+    /// The console's client id at the provider.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_CLIENT_ID", default_value = "warren-console")]
+    pub console_oidc_client_id: String,
+    /// File holding the console's client secret at the provider.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_CLIENT_SECRET_FILE")]
+    pub console_oidc_client_secret_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
+}
+
+/// The console's address and provider, when `--console-listen` asks for
+/// one; every other console flag it needs must be there too.
+pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console::provider::ProviderConfig)>> {
+    let Some(listen) = args.console_listen else { return Ok(None) };
+    let (Some(url), Some(issuer), Some(secret_file)) = (&args.console_url, &args.console_oidc_issuer, &args.console_oidc_client_secret_file) else {
+        bail!("--console-listen needs --console-url, --console-oidc-issuer and --console-oidc-client-secret-file");
+    };
+    let client_secret = std::fs::read_to_string(secret_file).with_context(|| format!("reading {}", secret_file.display()))?.trim().to_string();
+    if client_secret.is_empty() {
+        bail!("{} holds no client secret", secret_file.display());
+    }
+    let redirect_uri = format!("{}/callback", url.trim_end_matches('/'));
+    Ok(Some((listen, console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri })))
+}
+
+/// Serves the console, when configured, until the task is aborted.
+async fn console_server(args: &Args, limits: http::serve::HttpLimits) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some((listen, config)) = console_config(args)? else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the console on {listen}"))?;
+    info!(addr = %listener.local_addr()?, issuer = %config.issuer, "console listening");
+    let app = console::app::router(console::app::Console::new(config));
+    Ok(Some(tokio::spawn(http::serve::serve(listener, app, limits, std::future::pending(), Duration::ZERO))))
 }
 
 /// Runs the gateway until SIGTERM or Ctrl-C, then drains in-flight requests.
@@ -236,9 +277,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         info!("shutting down: draining in-flight requests");
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
+    let console = console_server(&args, limits).await?;
     http::serve::serve(listener, http::app(state), limits, stop, drain).await;
     finish(webhook_stop, tasks, drain, recorder).await;
-    for task in [Some(sweep), Some(health), Some(reload), discovery].into_iter().flatten() {
+    for task in [Some(sweep), Some(health), Some(reload), discovery, console].into_iter().flatten() {
         task.abort();
     }
     info!("gateway stopped");

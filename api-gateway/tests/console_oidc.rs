@@ -285,3 +285,20 @@ async fn a_provider_that_is_down_gets_a_clear_page() {
     assert_eq!(r.status(), 503);
     assert!(r.text().await.unwrap().contains("identity provider is not answering"));
 }
+
+#[test]
+fn the_console_is_off_unless_asked_for_and_then_needs_its_provider() {
+    use clap::Parser as _;
+    let args = |extra: &[&str]| warren_api_gateway::Args::parse_from([&["warren-gateway"][..], extra].concat());
+    assert!(warren_api_gateway::console_config(&args(&[])).unwrap().is_none(), "no console by default");
+    let e = warren_api_gateway::console_config(&args(&["--console-listen", "127.0.0.1:8081"])).unwrap_err().to_string();
+    assert!(e.contains("--console-oidc-issuer"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret\n").unwrap();
+    let full = args(&["--console-listen", "127.0.0.1:8081", "--console-url", "https://console.example.test/", "--console-oidc-issuer", "https://idp.example.test", "--console-oidc-client-secret-file", secret.to_str().unwrap()]);
+    let (listen, config) = warren_api_gateway::console_config(&full).unwrap().unwrap();
+    assert_eq!((listen.port(), config.redirect_uri.as_str(), config.client_secret.as_str(), config.client_id.as_str()), (8081, "https://console.example.test/callback", "s3cret", "warren-console"));
+    std::fs::write(&secret, "\n").unwrap();
+    assert!(warren_api_gateway::console_config(&full).is_err(), "an empty secret");
+}
