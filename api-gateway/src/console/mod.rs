@@ -1,5 +1,7 @@
 //! The admin console (issue #29), built in pieces that stand on their own:
 //!
+//! - [`access`]: what a user may see and do, asked of the cluster's RBAC
+//!   (SubjectAccessReview);
 //! - [`app`]: the console's routes on their own listener (sign-in, sign-out,
 //!   assets, pages behind a session);
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
@@ -9,6 +11,7 @@
 //!   tokens, cookies, return paths that stay inside the console;
 //! - [`html`]: pages escaped by construction, and the security headers.
 
+pub mod access;
 pub mod app;
 pub mod html;
 pub mod oidc;
