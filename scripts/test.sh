@@ -13,24 +13,22 @@ if ! s3s-fs --version 2>/dev/null | grep -q "$S3S_VERSION"; then
   echo "==> installing s3s-fs $S3S_VERSION (S3 server for the thread-store tests)"
   cargo install --quiet --locked "s3s-fs@$S3S_VERSION" --features binary
 fi
+# npm_tool PACKAGE VERSION WHAT: installs an npm package into
+# ~/.cache/warren-tools/PACKAGE unless that version is there already.
+npm_tool() {
+  local dir="$HOME/.cache/warren-tools/$1"
+  if ! grep -qs "\"version\": \"$2\"" "$dir/node_modules/$1/package.json"; then
+    echo "==> installing $1 $2 ($3)"
+    mkdir -p "$dir"
+    npm install --silent --no-audit --no-fund --prefix "$dir" "$1@$2" >/dev/null
+  fi
+}
 # Azure Blob mounts are tested against Azurite, Microsoft's official
 # emulator, from npm (~15 s once).
-AZURITE_VERSION=3.35.0
-AZURITE_DIR="$HOME/.cache/warren-tools/azurite"
-if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azurite/package.json"; then
-  echo "==> installing azurite $AZURITE_VERSION (Azure Blob emulator for the storage tests)"
-  mkdir -p "$AZURITE_DIR"
-  npm install --silent --no-audit --no-fund --prefix "$AZURITE_DIR" "azurite@$AZURITE_VERSION" >/dev/null
-fi
+npm_tool azurite 3.35.0 "Azure Blob emulator for the storage tests"
 # The console's sign-in is tested against node-oidc-provider, an OpenID
 # Certified provider, from npm (~10 s once).
-OIDC_PROVIDER_VERSION=9.5.2
-OIDC_PROVIDER_DIR="$HOME/.cache/warren-tools/oidc-provider"
-if ! grep -qs "\"version\": \"$OIDC_PROVIDER_VERSION\"" "$OIDC_PROVIDER_DIR/node_modules/oidc-provider/package.json"; then
-  echo "==> installing oidc-provider $OIDC_PROVIDER_VERSION (identity provider for the console tests)"
-  mkdir -p "$OIDC_PROVIDER_DIR"
-  npm install --silent --no-audit --no-fund --prefix "$OIDC_PROVIDER_DIR" "oidc-provider@$OIDC_PROVIDER_VERSION" >/dev/null
-fi
+npm_tool oidc-provider 9.5.2 "identity provider for the console tests"
 # The documentation book (docs/) is built by mdBook from crates.io (~2 min once).
 MDBOOK_VERSION=0.5.4
 MDBOOK_DIR="$HOME/.cache/warren-tools/mdbook-$MDBOOK_VERSION"
