@@ -9,7 +9,8 @@
 //!   authorization request, the code exchange), bounded;
 //! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
 //!   tokens, cookies, return paths that stay inside the console;
-//! - [`html`]: pages escaped by construction, and the security headers.
+//! - [`html`]: pages escaped by construction, and the security headers;
+//! - [`views`]: execution records as pages (hostile data rendered inert).
 
 pub mod access;
 pub mod app;
@@ -17,3 +18,4 @@ pub mod html;
 pub mod oidc;
 pub mod provider;
 pub mod session;
+pub mod views;
