@@ -50,6 +50,17 @@ impl KeyStore {
         self.keys.len()
     }
 
+    /// Every usable key.
+    pub fn keys(&self) -> &[Arc<EffectiveKey>] {
+        &self.keys
+    }
+
+    /// The namespaces that hold keys, sorted: the tenants the console knows.
+    pub fn namespaces(&self) -> Vec<String> {
+        let set: std::collections::BTreeSet<&str> = self.keys.iter().map(|k| k.namespace.as_str()).collect();
+        set.into_iter().map(str::to_string).collect()
+    }
+
     /// The ApiKey `namespace/name` (what a signed file URL names).
     pub fn named(&self, namespace: &str, name: &str) -> Option<Arc<EffectiveKey>> {
         self.keys.iter().find(|k| k.namespace == namespace && k.name == name).cloned()

@@ -299,7 +299,7 @@ const MAX_METADATA_FILTERS: usize = 10;
 
 /// The query string as a [`Filter`] the key may run.
 fn filter(key: &EffectiveKey, pairs: &[(String, String)]) -> Result<Filter, ApiError> {
-    let mut f = Filter { namespace: key.namespace.clone(), key_name: Some(key.name.clone()), limit: 50, ..Default::default() };
+    let mut f = Filter { namespaces: vec![key.namespace.clone()], key_name: Some(key.name.clone()), limit: 50, ..Default::default() };
     for (k, v) in pairs {
         match k.as_str() {
             "since" => f.since_ms = Some(time(k, v)?),

@@ -196,32 +196,54 @@ pub struct Args {
     /// File holding the console's client secret at the provider.
     #[arg(long, env = "WARREN_CONSOLE_OIDC_CLIENT_SECRET_FILE")]
     pub console_oidc_client_secret_file: Option<PathBuf>,
+    /// Only members of these groups (the ID token's `groups`) may sign in
+    /// to the console (comma-separated; none: anyone the provider signs in).
+    #[arg(long, env = "WARREN_CONSOLE_ALLOWED_GROUPS", value_delimiter = ',')]
+    pub console_allowed_groups: Vec<String>,
+    /// Single-machine mode, instead of a provider: the local admin signs in
+    /// with a one-time link the gateway writes to this file (private to
+    /// its user; rewritten after each use).
+    #[arg(long, env = "WARREN_CONSOLE_LINK_FILE", conflicts_with_all = ["console_oidc_issuer", "cluster"])]
+    pub console_link_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
 }
 
-/// The console's address and provider, when `--console-listen` asks for
-/// one; every other console flag it needs must be there too.
-pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console::provider::ProviderConfig)>> {
+/// The console's address and how users sign in, when `--console-listen`
+/// asks for one; every other console flag it needs must be there too. A
+/// one-time link (`--console-link-file`) is written here.
+pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console::app::SignIn)>> {
     let Some(listen) = args.console_listen else { return Ok(None) };
+    if let Some(file) = &args.console_link_file {
+        let base = args.console_url.clone().unwrap_or_else(|| format!("http://{listen}"));
+        let link = console::link::LocalLink::new(file, &base).with_context(|| format!("writing the console's sign-in link to {}", file.display()))?;
+        return Ok(Some((listen, console::app::SignIn::Link(link))));
+    }
     let (Some(url), Some(issuer), Some(secret_file)) = (&args.console_url, &args.console_oidc_issuer, &args.console_oidc_client_secret_file) else {
-        bail!("--console-listen needs --console-url, --console-oidc-issuer and --console-oidc-client-secret-file");
+        bail!("--console-listen needs --console-url, --console-oidc-issuer and --console-oidc-client-secret-file (or, on one machine, --console-link-file)");
     };
     let client_secret = std::fs::read_to_string(secret_file).with_context(|| format!("reading {}", secret_file.display()))?.trim().to_string();
     if client_secret.is_empty() {
         bail!("{} holds no client secret", secret_file.display());
     }
     let redirect_uri = format!("{}/callback", url.trim_end_matches('/'));
-    Ok(Some((listen, console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri })))
+    let config = console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri };
+    let allowed_groups = args.console_allowed_groups.iter().map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).collect();
+    Ok(Some((listen, console::app::SignIn::Oidc { config, allowed_groups })))
 }
 
-/// Serves the console, when configured, until the task is aborted.
-async fn console_server(args: &Args, limits: http::serve::HttpLimits) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let Some((listen, config)) = console_config(args)? else { return Ok(None) };
+/// Serves the console, when configured, until the task is aborted. In a
+/// cluster, what a user sees is the cluster's RBAC's answer.
+async fn console_server(args: &Args, limits: http::serve::HttpLimits, state: &state::AppState, client: Option<kube::Client>) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some((listen, sign_in)) = console_config(args)? else { return Ok(None) };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the console on {listen}"))?;
-    info!(addr = %listener.local_addr()?, issuer = %config.issuer, "console listening");
-    let app = console::app::router(console::app::Console::new(config));
+    let access = match client {
+        Some(c) if args.cluster => console::access::Access::Cluster(console::access::ClusterAccess::new(c)),
+        _ => console::access::Access::SignedIn,
+    };
+    info!(addr = %listener.local_addr()?, "console listening");
+    let app = console::app::router(console::app::Console::new(sign_in, access, Some(state.clone())));
     Ok(Some(tokio::spawn(http::serve::serve(listener, app, limits, std::future::pending(), Duration::ZERO))))
 }
 
@@ -233,7 +255,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let (nodes, health, discovery) = agents(&args, client.as_ref()).await?;
-    let (rx, reload) = keys(&args, client);
+    let (rx, reload) = keys(&args, client.clone());
     let owner = warren_core::ids::random_id("gw_", 20, &mut |b: &mut [u8]| rand::fill(b));
     let store = open_records(&args.records).await?;
     store.heartbeat(&owner, records::now_ms()).await.context("writing this gateway's heartbeat to the record database")?;
@@ -277,7 +299,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         info!("shutting down: draining in-flight requests");
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
-    let console = console_server(&args, limits).await?;
+    let console = console_server(&args, limits, &state, client).await?;
     http::serve::serve(listener, http::app(state), limits, stop, drain).await;
     finish(webhook_stop, tasks, drain, recorder).await;
     for task in [Some(sweep), Some(health), Some(reload), discovery, console].into_iter().flatten() {

@@ -199,7 +199,12 @@ async fn console_listener() -> (tokio::net::TcpListener, String) {
 }
 
 fn serve(listener: tokio::net::TcpListener, base: String, config: ProviderConfig) -> ConsoleServer {
-    let app = warren_api_gateway::console::app::router(warren_api_gateway::console::app::Console::new(config));
+    serve_for(listener, base, config, vec![])
+}
+
+fn serve_for(listener: tokio::net::TcpListener, base: String, config: ProviderConfig, allowed_groups: Vec<String>) -> ConsoleServer {
+    use warren_api_gateway::console::{access::Access, app};
+    let app = app::router(app::Console::new(app::SignIn::Oidc { config, allowed_groups }, Access::SignedIn, None));
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -242,7 +247,7 @@ async fn the_console_signs_in_shows_who_and_signs_out_only_with_its_csrf_token()
     let csp = anonymous.headers().get("content-security-policy").unwrap().to_str().unwrap();
     assert!(csp.starts_with("default-src 'none'") && !csp.contains("unsafe-inline"), "{csp}");
     let (cookie, callback) = sign_in(&console, &idp, "ada").await;
-    let page = http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap();
+    let page = http.get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(page.status(), 200);
     let body = page.text().await.unwrap();
     assert!(body.contains("ada@example.test") && body.contains("platform-admins"), "{body}");
@@ -256,11 +261,11 @@ async fn the_console_signs_in_shows_who_and_signs_out_only_with_its_csrf_token()
         let r = http.post(format!("{}/signout", console.base)).header("cookie", &cookie).header("content-type", "application/x-www-form-urlencoded").body(form).send().await.unwrap();
         assert_eq!(r.status(), 403);
     }
-    assert_eq!(http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap().status(), 200);
+    assert_eq!(http.get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap().status(), 200);
     let out = http.post(format!("{}/signout", console.base)).header("cookie", &cookie).header("content-type", "application/x-www-form-urlencoded").body(format!("csrf={csrf}")).send().await.unwrap();
     assert_eq!(out.status(), 303);
     assert!(out.headers().get("set-cookie").unwrap().to_str().unwrap().contains("Max-Age=0"));
-    let after = http.get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap();
+    let after = http.get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(after.status(), 303, "the old cookie is no session any more");
 }
 
@@ -270,9 +275,23 @@ async fn claims_carrying_markup_render_inert() {
     let idp = Idp::start_for(&format!("{base}/callback"));
     let console = serve(listener, base, idp.config());
     let (cookie, _) = sign_in(&console, &idp, "mallory").await;
-    let body = client().get(format!("{}/", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    let body = client().get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
     assert!(body.contains("&lt;img src=x onerror=alert(1)&gt;@example.test") && body.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{body}");
     assert!(!body.contains("<img") && !body.contains("<script"), "{body}");
+}
+
+#[tokio::test]
+async fn only_the_allowed_groups_sign_in() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve_for(listener, base, idp.config(), vec!["platform-admins".into()]);
+    let http = client();
+    let start = http.get(format!("{}/signin", console.base)).send().await.unwrap();
+    let callback = browse_to(&location(&start), "bob", &idp.redirect).await;
+    let refused = http.get(callback.as_str()).send().await.unwrap();
+    assert_eq!(refused.status(), 403, "bob is in team-a only");
+    assert!(refused.headers().get("set-cookie").is_none(), "no session");
+    sign_in(&console, &idp, "ada").await;
 }
 
 #[tokio::test]
@@ -297,8 +316,19 @@ fn the_console_is_off_unless_asked_for_and_then_needs_its_provider() {
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "s3cret\n").unwrap();
     let full = args(&["--console-listen", "127.0.0.1:8081", "--console-url", "https://console.example.test/", "--console-oidc-issuer", "https://idp.example.test", "--console-oidc-client-secret-file", secret.to_str().unwrap()]);
-    let (listen, config) = warren_api_gateway::console_config(&full).unwrap().unwrap();
+    let (listen, sign_in) = warren_api_gateway::console_config(&full).unwrap().unwrap();
+    let warren_api_gateway::console::app::SignIn::Oidc { config, allowed_groups } = sign_in else { panic!("{sign_in:?}") };
+    assert!(allowed_groups.is_empty());
     assert_eq!((listen.port(), config.redirect_uri.as_str(), config.client_secret.as_str(), config.client_id.as_str()), (8081, "https://console.example.test/callback", "s3cret", "warren-console"));
     std::fs::write(&secret, "\n").unwrap();
     assert!(warren_api_gateway::console_config(&full).is_err(), "an empty secret");
+    // One machine: the local admin's link, written privately; never with a provider or in a cluster.
+    let file = dir.path().join("console-link");
+    let (_, sign_in) = warren_api_gateway::console_config(&args(&["--console-listen", "127.0.0.1:8081", "--console-link-file", file.to_str().unwrap()])).unwrap().unwrap();
+    assert!(matches!(sign_in, warren_api_gateway::console::app::SignIn::Link(_)));
+    assert!(std::fs::read_to_string(&file).unwrap().starts_with("http://127.0.0.1:8081/signin/link/"));
+    for extra in [&["--console-oidc-issuer", "https://idp.example.test"][..], &["--cluster"][..]] {
+        let both = [&["warren-gateway", "--console-listen", "127.0.0.1:8081", "--console-link-file", "/tmp/x"][..], extra].concat();
+        assert!(warren_api_gateway::Args::try_parse_from(both).is_err(), "{extra:?}");
+    }
 }

@@ -93,3 +93,30 @@ impl ClusterAccess {
         Ok(out)
     }
 }
+
+/// Who decides what a signed-in user may do.
+pub enum Access {
+    /// Single-machine mode: only the local admin (or the provider's
+    /// allowed groups) can sign in, and may do everything.
+    SignedIn,
+    /// The cluster's RBAC.
+    Cluster(ClusterAccess),
+}
+
+impl Access {
+    /// May `who` `verb` `resource` of `warren.dev` in `namespace`?
+    pub async fn may(&self, who: &Identity, verb: &'static str, resource: &'static str, namespace: &str) -> Result<bool, kube::Error> {
+        match self {
+            Access::SignedIn => Ok(true),
+            Access::Cluster(c) => c.may(who, verb, resource, namespace).await,
+        }
+    }
+
+    /// The namespaces among `candidates` the console shows `who`.
+    pub async fn visible(&self, who: &Identity, candidates: &[String]) -> Result<Vec<String>, kube::Error> {
+        match self {
+            Access::SignedIn => Ok(candidates.to_vec()),
+            Access::Cluster(c) => c.visible(who, candidates).await,
+        }
+    }
+}

@@ -16,30 +16,64 @@ use axum::Router;
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::access::Access;
 use super::html::{self, Html, SECURITY_HEADERS};
+use super::link::LocalLink;
+use super::oidc::Identity;
 use super::provider::{Provider, ProviderConfig};
 use super::session::{self, Session, Sessions};
+use crate::state::AppState;
 
 const CSS: &str = include_str!("console.css");
 /// Longest form body read (sign-out carries one token).
 const MAX_FORM_BYTES: usize = 4096;
 
-/// The console's state: the provider (discovered on first use, so a
-/// provider that is down at start does not stop the gateway) and sessions.
+/// How users sign in.
+pub enum SignIn {
+    /// With the identity provider; only members of `allowed_groups` (when
+    /// any are named).
+    Oidc {
+        /// The provider.
+        config: ProviderConfig,
+        /// Who may sign in at all (empty: anyone the provider signs in).
+        allowed_groups: Vec<String>,
+    },
+    /// Single-machine mode: the local admin's one-time link.
+    Link(LocalLink),
+}
+
+impl std::fmt::Debug for SignIn {
+    // Never the client secret or the link's token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SignIn::Oidc { config, allowed_groups } => f.debug_struct("Oidc").field("issuer", &config.issuer).field("allowed_groups", allowed_groups).finish_non_exhaustive(),
+            SignIn::Link(_) => f.write_str("Link"),
+        }
+    }
+}
+
+/// The console's state: how users sign in (the provider is discovered on
+/// first use, so a provider that is down at start does not stop the
+/// gateway), sessions, who may see what, and the gateway it shows.
 pub struct Console {
-    config: ProviderConfig,
+    sign_in: SignIn,
     provider: OnceCell<Arc<Provider>>,
-    sessions: Sessions,
+    pub(super) sessions: Sessions,
+    pub(super) access: Access,
+    /// The gateway's keys, records and nodes (`None`: sign-in only).
+    pub(super) warren: Option<AppState>,
 }
 
 impl Console {
-    /// A console signing in with the provider `config` names.
-    pub fn new(config: ProviderConfig) -> Arc<Console> {
-        Arc::new(Console { config, provider: OnceCell::new(), sessions: Sessions::default() })
+    /// A console signing users in by `sign_in`, deciding with `access`,
+    /// showing `warren`.
+    pub fn new(sign_in: SignIn, access: Access, warren: Option<AppState>) -> Arc<Console> {
+        Arc::new(Console { sign_in, provider: OnceCell::new(), sessions: Sessions::default(), access, warren })
     }
 
     async fn provider(&self) -> Result<&Arc<Provider>, Response> {
-        self.provider.get_or_try_init(|| async { Provider::discover(self.config.clone()).await.map(Arc::new) }).await.map_err(|e| {
+        let SignIn::Oidc { config, .. } = &self.sign_in else { return Err(not_found_page()) };
+        self.provider.get_or_try_init(|| async { Provider::discover(config.clone()).await.map(Arc::new) }).await.map_err(|e| {
             tracing::warn!(error = %e, "console: the identity provider cannot be used");
             page(StatusCode::SERVICE_UNAVAILABLE, "Sign-in unavailable", None, &Html::text("The identity provider is not answering as it should. Try again shortly; the execute API is not affected."))
         })
@@ -51,13 +85,37 @@ impl Console {
         let s = self.sessions.get(cookie, Instant::now())?;
         Some((cookie.to_string(), s))
     }
+
+    /// The session of a page request, or the way to sign in and come back to `uri`.
+    pub(super) fn signed_in(&self, headers: &HeaderMap, uri: &axum::http::Uri) -> Result<Session, Response> {
+        match self.session(headers) {
+            Some((_, s)) => Ok(s),
+            None => {
+                let back = uri.path_and_query().map_or("/", |p| p.as_str());
+                let back: String = url::form_urlencoded::byte_serialize(back.as_bytes()).collect();
+                Err(see_other(&format!("/signin?return={back}"), None))
+            }
+        }
+    }
+
+    fn start_session(&self, identity: Identity, return_to: &str) -> Response {
+        tracing::info!(user = %identity.user, "console: signed in");
+        let (id, _) = self.sessions.create(identity, random::<2>(), Instant::now());
+        see_other(return_to, Some(session::set_cookie(&id)))
+    }
 }
 
 /// The console's routes.
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
-        .route("/", get(overview))
+        .route("/", get(super::pages::overview))
+        .route("/executions", get(super::pages::executions))
+        .route("/executions/{id}", get(super::pages::execution))
+        .route("/keys", get(super::pages::keys))
+        .route("/sandboxes", get(super::pages::sandboxes))
+        .route("/account", get(account))
         .route("/signin", get(sign_in))
+        .route("/signin/link/{token}", get(sign_in_link))
         .route("/callback", get(callback))
         .route("/signout", post(sign_out))
         .route("/assets/console.css", get(css))
@@ -73,12 +131,13 @@ async fn secure(mut r: Response) -> Response {
     r
 }
 
-fn page(status: StatusCode, title: &str, user: Option<&str>, body: &Html) -> Response {
+pub(super) fn page(status: StatusCode, title: &str, user: Option<&Session>, body: &Html) -> Response {
+    let user = user.map(|s| (s.identity.user.as_str(), s.csrf.as_str()));
     let html = html::page(title, user, body);
     (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], html.as_str().to_string()).into_response()
 }
 
-fn see_other(location: &str, cookie: Option<String>) -> Response {
+pub(super) fn see_other(location: &str, cookie: Option<String>) -> Response {
     let mut r = (StatusCode::SEE_OTHER, [(header::LOCATION, location.to_string())]).into_response();
     if let Some(c) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
         r.headers_mut().insert(header::SET_COOKIE, c);
@@ -99,21 +158,26 @@ async fn css() -> Response {
 }
 
 async fn not_found() -> Response {
+    not_found_page()
+}
+
+pub(super) fn not_found_page() -> Response {
     page(StatusCode::NOT_FOUND, "Not found", None, &Html::text("There is no such page."))
 }
 
-/// The first page: who is signed in, and the way out.
-async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
-    let Some((_, s)) = c.session(&headers) else { return see_other("/signin?return=%2F", None) };
+/// Who is signed in, as the console (and the cluster's RBAC) sees them.
+async fn account(State(c): State<Arc<Console>>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    let s = match c.signed_in(&headers, &uri) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let mut body = Html::default();
-    body.push_markup("<p>Signed in as ");
+    body.push_markup("<dl><dt>user</dt><dd>");
     body.push_text(&s.identity.user);
-    body.push_markup(". Groups: ");
+    body.push_markup("</dd><dt>groups</dt><dd>");
     body.push_text(&s.identity.groups.join(", "));
-    body.push_markup(".</p><form method=\"post\" action=\"/signout\"><input type=\"hidden\" name=\"csrf\" value=\"");
-    body.push(&Html::attr(&s.csrf));
-    body.push_markup("\"><button type=\"submit\">Sign out</button></form>");
-    page(StatusCode::OK, "Overview", Some(&s.identity.user), &body)
+    body.push_markup("</dd></dl>");
+    page(StatusCode::OK, "Account", Some(&s), &body)
 }
 
 #[derive(Deserialize)]
@@ -122,8 +186,12 @@ struct SignInQuery {
     return_to: Option<String>,
 }
 
-/// Starts a sign-in at the provider.
+/// Starts a sign-in at the provider (or, on one machine, says where the link is).
 async fn sign_in(State(c): State<Arc<Console>>, Query(q): Query<SignInQuery>) -> Response {
+    if let SignIn::Link(_) = c.sign_in {
+        let body = Html::text("Open the one-time sign-in link that scripts/run-local.sh printed, or read the current one from the gateway's --console-link-file.");
+        return page(StatusCode::OK, "Sign in", None, &body);
+    }
     let provider = match c.provider().await {
         Ok(p) => p,
         Err(r) => return r,
@@ -161,14 +229,33 @@ async fn callback(State(c): State<Arc<Console>>, Query(q): Query<CallbackQuery>)
     };
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     match provider.exchange(code, &sign_in, now).await {
-        Ok(identity) => {
-            tracing::info!(user = %identity.user, "console: signed in");
-            let (id, _) = c.sessions.create(identity, random::<2>(), Instant::now());
-            see_other(&sign_in.return_to, Some(session::set_cookie(&id)))
+        Ok(identity) if !c.allows(&identity) => {
+            tracing::warn!(user = %identity.user, "console: signed in at the provider, but in none of the allowed groups");
+            page(StatusCode::FORBIDDEN, "Not allowed", None, &Html::text("Your account is not in a group allowed to use this console."))
         }
+        Ok(identity) => c.start_session(identity, &sign_in.return_to),
         Err(e) => {
             tracing::warn!(error = %e, "console: a sign-in was refused");
             again(StatusCode::UNAUTHORIZED, "The sign-in could not be verified.")
+        }
+    }
+}
+
+/// Single-machine mode: the local admin's one-time link.
+async fn sign_in_link(State(c): State<Arc<Console>>, axum::extract::Path(token): axum::extract::Path<String>) -> Response {
+    match &c.sign_in {
+        SignIn::Link(link) if link.redeem(&token) => c.start_session(super::link::local_admin(), "/"),
+        SignIn::Link(_) => page(StatusCode::FORBIDDEN, "Not signed in", None, &Html::text("This sign-in link was already used or is not valid. Read the current one from the gateway's --console-link-file.")),
+        SignIn::Oidc { .. } => not_found_page(),
+    }
+}
+
+impl Console {
+    /// Whether `who` is in a group allowed to sign in.
+    fn allows(&self, who: &Identity) -> bool {
+        match &self.sign_in {
+            SignIn::Oidc { allowed_groups, .. } => allowed_groups.is_empty() || who.groups.iter().any(|g| allowed_groups.contains(g)),
+            SignIn::Link(_) => true,
         }
     }
 }
@@ -178,7 +265,7 @@ async fn sign_out(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes
     let Some((id, s)) = c.session(&headers) else { return see_other("/signin", Some(session::clear_cookie())) };
     let token = (body.len() <= MAX_FORM_BYTES).then(|| url::form_urlencoded::parse(&body).find(|(k, _)| k == "csrf").map(|(_, v)| v.into_owned())).flatten();
     if !token.is_some_and(|t| s.csrf_ok(&t)) {
-        return page(StatusCode::FORBIDDEN, "Refused", Some(&s.identity.user), &Html::text("This form did not come from your console session."));
+        return page(StatusCode::FORBIDDEN, "Refused", Some(&s), &Html::text("This form did not come from your console session."));
     }
     c.sessions.end(&id);
     see_other("/signin", Some(session::clear_cookie()))

@@ -92,16 +92,19 @@ pub fn table(headers: &[&'static str], rows: impl IntoIterator<Item = Vec<Html>>
     h
 }
 
-/// A whole page: `title`, the signed-in `user` (if any) and `body`.
-pub fn page(title: &str, user: Option<&str>, body: &Html) -> Html {
+/// A whole page: `title`, the signed-in user (if any: their name and
+/// session's CSRF token, for the sign-out form) and `body`.
+pub fn page(title: &str, user: Option<(&str, &str)>, body: &Html) -> Html {
     let mut h = Html::default();
     h.push_markup("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
     h.push_text(title);
     h.push_markup(" · Warren</title><link rel=\"stylesheet\" href=\"/assets/console.css\"></head><body><header><strong>Warren</strong>");
-    if let Some(user) = user {
-        h.push_markup("<span class=\"user\">");
+    if let Some((user, csrf)) = user {
+        h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a></nav><span class=\"user\">");
         h.push_text(user);
-        h.push_markup("</span>");
+        h.push_markup("</span><form method=\"post\" action=\"/signout\"><input type=\"hidden\" name=\"csrf\" value=\"");
+        h.push(&Html::attr(csrf));
+        h.push_markup("\"><button type=\"submit\">Sign out</button></form>");
     }
     h.push_markup("</header><main><h1>");
     h.push_text(title);
@@ -140,11 +143,11 @@ mod tests {
     fn pages_and_tables_escape_every_value_they_are_given() {
         let row = vec![Html::text("<b>trc_1</b>"), Html::text("print('<script>')")];
         let body = table(&["id", "code"], [row]);
-        let p = page("<i>Executions</i>", Some("\"ada\"@example.test"), &body);
+        let p = page("<i>Executions</i>", Some(("\"ada\"@example.test", "tok\"en")), &body);
         let s = p.as_str();
         assert!(s.starts_with("<!doctype html>") && s.contains("<th>id</th>"));
         assert!(s.contains("&lt;b&gt;trc_1&lt;/b&gt;") && s.contains("print(&#39;&lt;script&gt;&#39;)"));
-        assert!(s.contains("&lt;i&gt;Executions&lt;/i&gt;") && s.contains("&quot;ada&quot;@example.test"));
+        assert!(s.contains("&lt;i&gt;Executions&lt;/i&gt;") && s.contains("&quot;ada&quot;@example.test") && s.contains("value=\"tok&quot;en\""));
         assert!(!s.contains("<script") && !s.contains("<i>") && !s.contains("style="), "{s}");
     }
 

@@ -10,12 +10,20 @@
 //! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
 //!   tokens, cookies, return paths that stay inside the console;
 //! - [`html`]: pages escaped by construction, and the security headers;
-//! - [`views`]: execution records as pages (hostile data rendered inert).
+//! - [`link`]: single-machine sign-in, the local admin's one-time link;
+//! - `pages`: the pages behind a session, scoped to the namespaces the
+//!   user may see;
+//! - [`query`]: the audit log's filters, parsed strictly (pure);
+//! - [`views`]: records, nodes, keys and Sandboxes as pages (hostile data
+//!   rendered inert).
 
 pub mod access;
 pub mod app;
 pub mod html;
+pub mod link;
 pub mod oidc;
+mod pages;
 pub mod provider;
+pub mod query;
 pub mod session;
 pub mod views;

@@ -22,7 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const LEEWAY_SECS: i64 = 60;
 
 /// How the console is registered with the provider (chart values / flags).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ProviderConfig {
     /// The issuer URL, exactly as the provider names itself.
     pub issuer: String,
@@ -32,6 +32,13 @@ pub struct ProviderConfig {
     pub client_secret: String,
     /// `<console URL>/callback`, as registered.
     pub redirect_uri: String,
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    // Never the client secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderConfig").field("issuer", &self.issuer).field("client_id", &self.client_id).field("redirect_uri", &self.redirect_uri).finish_non_exhaustive()
+    }
 }
 
 /// Why the provider could not be used, or a sign-in failed. The text names

@@ -4,7 +4,187 @@
 //! [`Html::text`], and links are made only from ids of the documented form.
 
 use super::html::{table, Html};
-use crate::records::{rfc3339, Row};
+use super::query::{cursor_of, ListQuery, PAGE};
+use crate::records::{rfc3339, Row, Stats, Status};
+use warren_config::EffectiveKey;
+
+/// What the overview shows of one node-agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Its name (its address until it answered once).
+    pub name: String,
+    /// Answering its health checks.
+    pub ready: bool,
+    /// The agent's version.
+    pub version: String,
+    /// Executions running, of how many it takes.
+    pub running: u32,
+    /// Concurrent executions it takes.
+    pub capacity: u32,
+    /// cgroup version.
+    pub cgroup: u32,
+    /// OCI images warm on it.
+    pub images: Vec<String>,
+}
+
+/// The overview: the nodes, and the last hour and day from the records.
+pub fn overview(nodes: &[NodeFacts], hour: &Stats, day: &Stats, now_ms: i64) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<div class=\"cards\">");
+    let ready = nodes.iter().filter(|n| n.ready).count();
+    card(&mut h, "nodes ready", &format!("{ready} of {}", nodes.len()));
+    for (label, s) in [("last hour", hour), ("last day", day)] {
+        card(&mut h, &format!("executions, {label}"), &s.total.to_string());
+        card(&mut h, &format!("p50 / p99, {label}"), &format!("{} / {}", ms(s.p50_ms), ms(s.p99_ms)));
+    }
+    h.push_markup("</div><h2>Executions per minute, last hour</h2>");
+    h.push(&per_minute_chart(hour, now_ms));
+    h.push_markup("<h2>Outcomes, last day</h2>");
+    h.push(&table(&["outcome", "executions"], day.outcomes().into_iter().map(|(o, n)| vec![Html::text(o), Html::text(&n.to_string())])));
+    h.push_markup("<h2>Nodes</h2>");
+    let rows = nodes.iter().map(|n| {
+        vec![
+            Html::text(&n.name),
+            Html::text(if n.ready { "ready" } else { "not answering" }),
+            Html::text(&n.version),
+            Html::text(&format!("{} of {}", n.running, n.capacity)),
+            Html::text(&if n.cgroup == 0 { String::new() } else { format!("v{}", n.cgroup) }),
+            Html::text(&n.images.join(", ")),
+        ]
+    });
+    h.push(&table(&["node", "state", "agent version", "running", "cgroup", "images warm"], rows));
+    h
+}
+
+fn card(h: &mut Html, label: &str, value: &str) {
+    h.push_markup("<div class=\"card\"><strong>");
+    h.push_text(value);
+    h.push_markup("</strong>");
+    h.push_text(label);
+    h.push_markup("</div>");
+}
+
+fn ms(v: Option<u64>) -> String {
+    v.map_or("–".into(), |v| format!("{v} ms"))
+}
+
+/// The last hour's executions per minute as an SVG bar chart, drawn here
+/// (no script, no library): 60 bars, scaled to the busiest minute.
+pub fn per_minute_chart(s: &Stats, now_ms: i64) -> Html {
+    let last = now_ms.div_euclid(60_000) * 60_000;
+    let counts: Vec<u64> = (0..60).map(|i| s.per_minute.get(&(last - (59 - i) * 60_000)).copied().unwrap_or(0)).collect();
+    let max = counts.iter().copied().max().unwrap_or(0).max(1);
+    let mut h = Html::default();
+    h.push_markup("<svg class=\"chart\" viewBox=\"0 0 600 100\" preserveAspectRatio=\"none\" role=\"img\" aria-label=\"executions per minute\">");
+    for (i, n) in counts.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let height = (*n as f64 / max as f64 * 100.0).max(1.0);
+        h.push_markup("<rect x=\"");
+        h.push_text(&(i * 10 + 1).to_string());
+        h.push_markup("\" y=\"");
+        h.push_text(&format!("{:.1}", 100.0 - height));
+        h.push_markup("\" width=\"8\" height=\"");
+        h.push_text(&format!("{height:.1}"));
+        h.push_markup("\"><title>");
+        h.push_text(&format!("{n} at minute {}", i as i64 - 59));
+        h.push_markup("</title></rect>");
+    }
+    h.push_markup("</svg>");
+    h
+}
+
+/// The audit log's filter form (GET: a filtered view is a link), filled
+/// with `q`, offering the `namespaces` the user may see.
+pub fn filter_form(q: &ListQuery, namespaces: &[String]) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<form class=\"filters\" method=\"get\" action=\"/executions\"><label>namespace<select name=\"namespace\"><option value=\"\">all</option>");
+    for ns in namespaces {
+        option(&mut h, ns, ns, q.namespace == *ns);
+    }
+    h.push_markup("</select></label><label>status<select name=\"status\"><option value=\"\">any</option>");
+    for st in std::iter::once(Status::RUNNING).chain(Status::TERMINAL) {
+        option(&mut h, st, st, q.status == st);
+    }
+    h.push_markup("</select></label><label>language<select name=\"language\"><option value=\"\">any</option>");
+    for l in ["python", "node", "bash"] {
+        option(&mut h, l, l, q.language == l);
+    }
+    h.push_markup("</select></label>");
+    for (name, label, value, kind) in [
+        ("key", "key", &q.key, "text"),
+        ("thread_id", "thread", &q.thread_id, "text"),
+        ("metadata", "metadata (k=v …)", &q.metadata, "text"),
+        ("since", "since (UTC)", &q.since, "datetime-local"),
+        ("until", "until (UTC)", &q.until, "datetime-local"),
+    ] {
+        h.push_markup("<label>");
+        h.push_text(label);
+        h.push_markup("<input name=\"");
+        h.push_text(name);
+        h.push_markup("\" type=\"");
+        h.push_text(kind);
+        h.push_markup("\" value=\"");
+        h.push(&Html::attr(value));
+        h.push_markup("\"></label>");
+    }
+    h.push_markup("<button type=\"submit\">Filter</button></form>");
+    h
+}
+
+fn option(h: &mut Html, value: &str, label: &str, selected: bool) {
+    h.push_markup("<option value=\"");
+    h.push(&Html::attr(value));
+    h.push_markup(if selected { "\" selected>" } else { "\">" });
+    h.push_text(label);
+    h.push_markup("</option>");
+}
+
+/// The link to the next page, when `rows` filled this one.
+pub fn pager(q: &ListQuery, rows: &[Row]) -> Html {
+    let mut h = Html::default();
+    if let (true, Some(last)) = (rows.len() == PAGE as usize, rows.last()) {
+        h.push_markup("<p class=\"pager\"><a rel=\"next\" href=\"/executions?");
+        h.push(&Html::attr(&q.link(Some(&cursor_of(last.created_ms, &last.trace_id)))));
+        h.push_markup("\">Older executions →</a></p>");
+    }
+    h
+}
+
+/// The API keys: each one's effective configuration, never its secret
+/// (a key shows as its prefix).
+pub fn keys(keys: &[&EffectiveKey]) -> Html {
+    let rows = keys.iter().map(|k| {
+        vec![
+            Html::text(&k.namespace),
+            Html::text(&k.name),
+            Html::text(&format!("{}…", k.display_prefix)),
+            Html::text(if k.disabled { "disabled" } else { "enabled" }),
+            Html::text(&k.sandbox),
+            Html::text(&format!("{} at once, {} s max", k.max_concurrency, k.max_timeout_seconds)),
+            Html::text(if k.audit_namespace { "namespace" } else { "own" }),
+        ]
+    });
+    table(&["namespace", "name", "key", "state", "sandbox", "limits", "audit scope"], rows)
+}
+
+/// The Sandboxes as the keys narrow them: one row per key, since a key may
+/// narrow its Sandbox (network, limits, env).
+pub fn sandboxes(keys: &[&EffectiveKey]) -> Html {
+    let rows = keys.iter().map(|k| {
+        let l = &k.limits;
+        vec![
+            Html::text(&format!("{}/{}", k.namespace, k.sandbox)),
+            Html::text(&k.name),
+            Html::text(&k.image_digest.as_ref().map_or(k.image.clone(), |d| format!("{} ({d})", k.image))),
+            Html::text(&k.languages.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(", ")),
+            Html::text(&format!("{} mCPU, {} MiB, {} pids", l.cpu_millis, l.memory_bytes >> 20, l.pids)),
+            Html::text(&format!("{:?}", k.network).to_lowercase()),
+            Html::text(&k.storage.iter().map(|m| format!("/data/{}{}", m.name, if m.read_only { " (ro)" } else { "" })).collect::<Vec<_>>().join(", ")),
+            Html::text(&k.connectors.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
+            Html::text(&k.env.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")),
+        ]
+    });
+    table(&["sandbox", "via key", "image", "languages", "limits", "network", "storage", "connectors", "env (names)"], rows)
+}
 
 /// The audit log's table: one row per execution, newest first as given.
 pub fn executions(rows: &[Row]) -> Html {

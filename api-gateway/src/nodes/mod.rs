@@ -32,6 +32,8 @@ pub struct Node {
     in_flight: AtomicU32,
     /// OCI images warm on it (their references and digests), from `Status`.
     warm: std::sync::RwLock<std::collections::HashSet<String>>,
+    /// Its last `Status` answer (the console shows it).
+    last: std::sync::RwLock<Option<warren_proto::agent::StatusResponse>>,
 }
 
 impl Node {
@@ -44,6 +46,7 @@ impl Node {
             capacity: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
             warm: Default::default(),
+            last: Default::default(),
         })
     }
 
@@ -67,6 +70,17 @@ impl Node {
     /// Whether `image` (a reference or digest) is warm here.
     pub fn has_warm(&self, image: &str) -> bool {
         self.warm.read().map(|w| w.contains(image)).unwrap_or(false)
+    }
+
+    /// Whether its last check succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// What it said at its last successful check (version, features,
+    /// running executions, warm images).
+    pub fn last_status(&self) -> Option<warren_proto::agent::StatusResponse> {
+        self.last.read().ok().and_then(|l| l.clone())
     }
 
     fn free(&self) -> u32 {
@@ -144,6 +158,11 @@ impl Nodes {
 
     fn snapshot(&self) -> Arc<Vec<Arc<Node>>> {
         self.nodes.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Every agent, healthy or not.
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        self.snapshot().to_vec()
     }
 
     /// Number of healthy agents.
@@ -269,6 +288,9 @@ async fn check(node: &Node) {
             }
             if let Ok(mut warm) = node.warm.write() {
                 *warm = s.images.iter().flat_map(|i| [i.reference.clone(), i.digest.clone()]).collect();
+            }
+            if let Ok(mut last) = node.last.write() {
+                *last = Some(s.clone());
             }
             if !node.healthy.swap(true, Ordering::AcqRel) {
                 info!(node = %node.address, name = %s.node_name, capacity = s.max_executions, "node-agent healthy");

@@ -175,12 +175,12 @@ impl Row {
     }
 }
 
-/// An audit query. Always scoped to a namespace; to one key unless the
-/// caller may see its namespace.
+/// An audit query. Always scoped to namespaces (none: nothing matches);
+/// to one key unless the caller may see its namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
-    /// Namespace (always set).
-    pub namespace: String,
+    /// Namespaces (an empty list matches nothing).
+    pub namespaces: Vec<String>,
     /// One key's records only.
     pub key_name: Option<String>,
     /// Created at or after, Unix ms.
@@ -189,6 +189,8 @@ pub struct Filter {
     pub until_ms: Option<i64>,
     /// One status.
     pub status: Option<String>,
+    /// One language.
+    pub language: Option<String>,
     /// One thread.
     pub thread_id: Option<String>,
     /// Every pair must match.
@@ -197,6 +199,48 @@ pub struct Filter {
     pub after: Option<(i64, String)>,
     /// Page size.
     pub limit: u32,
+}
+
+/// Ended executions over a window, summed up (the console's overview).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// How many ended.
+    pub total: u64,
+    /// Executions per minute: (minute start, Unix ms; count), oldest first.
+    pub per_minute: BTreeMap<i64, u64>,
+    /// Count per outcome: the status, or `failed (error)` for an
+    /// infrastructure failure; most frequent first once [`Stats::outcomes`] sorts them.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Median duration.
+    pub p50_ms: Option<u64>,
+    /// 99th percentile duration.
+    pub p99_ms: Option<u64>,
+}
+
+impl Stats {
+    /// Counts `n` executions that ended with `status` (and `error`) in the minute starting at `minute_ms`.
+    pub fn add(&mut self, minute_ms: i64, status: &str, error: Option<&str>, n: u64) {
+        self.total += n;
+        *self.per_minute.entry(minute_ms).or_default() += n;
+        let outcome = match error {
+            Some(e) => format!("{status} ({e})"),
+            None => status.to_string(),
+        };
+        *self.outcomes.entry(outcome).or_default() += n;
+    }
+
+    /// The 0-based rank of the `p`th percentile among `total` sorted
+    /// durations (nearest rank); `None` when there are none.
+    pub fn rank(&self, p: u64) -> Option<u64> {
+        (self.total > 0).then(|| (self.total * p).div_ceil(100).saturating_sub(1))
+    }
+
+    /// The outcomes, most frequent first.
+    pub fn outcomes(&self) -> Vec<(&str, u64)> {
+        let mut v: Vec<_> = self.outcomes.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        v
+    }
 }
 
 /// `s` cut to at most `max` bytes on a character boundary; true when cut.
@@ -213,6 +257,20 @@ pub fn cut(s: &str, max: usize) -> (String, bool) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stats_count_per_minute_and_outcome_and_rank_percentiles() {
+        let mut s = super::Stats::default();
+        assert_eq!(s.rank(50), None);
+        s.add(60_000, "success", None, 97);
+        s.add(60_000, "failed", Some("node_lost"), 2);
+        s.add(120_000, "timeout", None, 1);
+        assert_eq!((s.total, s.per_minute[&60_000], s.per_minute[&120_000]), (100, 99, 1));
+        assert_eq!(s.outcomes(), vec![("success", 97), ("failed (node_lost)", 2), ("timeout", 1)]);
+        assert_eq!((s.rank(50), s.rank(99), s.rank(100)), (Some(49), Some(98), Some(99)));
+        let one = { let mut o = super::Stats::default(); o.add(0, "success", None, 1); o };
+        assert_eq!((one.rank(50), one.rank(99)), (Some(0), Some(0)));
+    }
+
     use super::*;
 
     #[test]

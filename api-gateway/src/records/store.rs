@@ -10,7 +10,7 @@ use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
 use sqlx::query::Query;
 use sqlx::{Any, AnyPool, AssertSqlSafe, Row as _};
 
-use super::model::{Filter, Finished, NewRecord, Row};
+use super::model::{Filter, Finished, NewRecord, Row, Stats};
 
 /// A failure of the record database (never shown to callers as such).
 #[derive(Debug, thiserror::Error)]
@@ -229,52 +229,73 @@ impl Store {
 
     /// Records matching `f`, newest first, without their output.
     pub async fn query(&self, f: &Filter) -> Result<Vec<Row>, StoreError> {
-        let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM warren_executions e WHERE namespace = $1");
-        let mut binds: Vec<Bind> = vec![Bind::Text(f.namespace.clone())];
-        let clause = |sql: &mut String, binds: &mut Vec<Bind>, text: &str, values: Vec<Bind>| {
-            let mut t = text.to_string();
-            for v in values {
-                binds.push(v);
-                t = t.replacen('?', &format!("${}", binds.len()), 1);
-            }
-            sql.push_str(" AND ");
-            sql.push_str(&t);
-        };
+        if f.namespaces.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut w = Where::namespaces(&f.namespaces);
         if let Some(k) = &f.key_name {
-            clause(&mut sql, &mut binds, "key_name = ?", vec![Bind::Text(k.clone())]);
+            w.and("key_name = ?", vec![Bind::Text(k.clone())]);
         }
         if let Some(t) = f.since_ms {
-            clause(&mut sql, &mut binds, "created_ms >= ?", vec![Bind::Int(t)]);
+            w.and("created_ms >= ?", vec![Bind::Int(t)]);
         }
         if let Some(t) = f.until_ms {
-            clause(&mut sql, &mut binds, "created_ms < ?", vec![Bind::Int(t)]);
+            w.and("created_ms < ?", vec![Bind::Int(t)]);
         }
         if let Some(s) = &f.status {
-            clause(&mut sql, &mut binds, "status = ?", vec![Bind::Text(s.clone())]);
+            w.and("status = ?", vec![Bind::Text(s.clone())]);
+        }
+        if let Some(l) = &f.language {
+            w.and("language = ?", vec![Bind::Text(l.clone())]);
         }
         if let Some(t) = &f.thread_id {
-            clause(&mut sql, &mut binds, "thread_id = ?", vec![Bind::Text(t.clone())]);
+            w.and("thread_id = ?", vec![Bind::Text(t.clone())]);
         }
         for (k, v) in &f.metadata {
             let exists = "EXISTS (SELECT 1 FROM warren_execution_metadata m WHERE m.trace_id = e.trace_id AND m.k = ? AND m.v = ?)";
-            clause(&mut sql, &mut binds, exists, vec![Bind::Text(k.clone()), Bind::Text(v.clone())]);
+            w.and(exists, vec![Bind::Text(k.clone()), Bind::Text(v.clone())]);
         }
         if let Some((t, id)) = &f.after {
             let page = "(created_ms < ? OR (created_ms = ? AND trace_id < ?))";
-            clause(&mut sql, &mut binds, page, vec![Bind::Int(*t), Bind::Int(*t), Bind::Text(id.clone())]);
+            w.and(page, vec![Bind::Int(*t), Bind::Int(*t), Bind::Text(id.clone())]);
         }
-        binds.push(Bind::Int(i64::from(f.limit)));
-        sql.push_str(&format!(" ORDER BY created_ms DESC, trace_id DESC LIMIT ${}", binds.len()));
-        // Only constant text and `$n` placeholders: every value is bound.
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for b in binds {
-            q = match b {
-                Bind::Text(s) => q.bind(s),
-                Bind::Int(i) => q.bind(i),
-            };
-        }
-        let rows = q.fetch_all(&self.pool).await?;
+        let limit = w.bind(Bind::Int(i64::from(f.limit)));
+        let sql = format!("SELECT {SUMMARY_COLUMNS} FROM warren_executions e WHERE {} ORDER BY created_ms DESC, trace_id DESC LIMIT {limit}", w.sql);
+        let rows = w.query(sql).fetch_all(&self.pool).await?;
         rows.iter().map(|r| Ok(decode(r)?)).collect()
+    }
+
+    /// What ended in `namespaces` at or after `since_ms`, summed up: counts
+    /// per minute and per outcome (grouped in the database, so bounded by
+    /// the window's minutes, not its executions), and the duration's p50
+    /// and p99 (read at their rank, one row each).
+    pub async fn stats(&self, namespaces: &[String], since_ms: i64) -> Result<Stats, StoreError> {
+        let mut stats = Stats::default();
+        if namespaces.is_empty() {
+            return Ok(stats);
+        }
+        let window = || {
+            let mut w = Where::namespaces(namespaces);
+            w.and("created_ms >= ?", vec![Bind::Int(since_ms)]);
+            w.and("status <> ?", vec![Bind::Text(super::Status::RUNNING.into())]);
+            w
+        };
+        let w = window();
+        let sql = format!("SELECT created_ms / 60000 AS minute, status, COALESCE(error, '') AS error, COUNT(*) AS n FROM warren_executions e WHERE {} GROUP BY minute, status, error", w.sql);
+        for r in w.query(sql).fetch_all(&self.pool).await? {
+            let (minute, n): (i64, i64) = (r.try_get("minute")?, r.try_get("n")?);
+            let (status, error): (String, String) = (r.try_get("status")?, r.try_get("error")?);
+            stats.add(minute * 60_000, &status, (!error.is_empty()).then_some(error.as_str()), n as u64);
+        }
+        let ranks = (stats.rank(50), stats.rank(99));
+        for (rank, slot) in [(ranks.0, &mut stats.p50_ms), (ranks.1, &mut stats.p99_ms)] {
+            let Some(rank) = rank else { continue };
+            let mut w = window();
+            let offset = w.bind(Bind::Int(rank as i64));
+            let sql = format!("SELECT duration_ms FROM warren_executions e WHERE {} ORDER BY duration_ms LIMIT 1 OFFSET {offset}", w.sql);
+            *slot = w.query(sql).fetch_optional(&self.pool).await?.map(|r| r.try_get::<i64, _>("duration_ms")).transpose()?.map(|d| d.max(0) as u64);
+        }
+        Ok(stats)
     }
 
     /// Removes the setting `name`, if any.
@@ -349,6 +370,56 @@ impl Store {
 enum Bind {
     Text(String),
     Int(i64),
+}
+
+/// A WHERE clause built from constant text with `?` for each value; the
+/// values are bound as `$n`, never spliced into the statement.
+struct Where {
+    sql: String,
+    binds: Vec<Bind>,
+}
+
+impl Where {
+    /// `namespace IN (…)`, every name bound.
+    fn namespaces(namespaces: &[String]) -> Where {
+        let mut w = Where { sql: String::new(), binds: Vec::new() };
+        let marks = namespaces.iter().map(|_| "?").collect::<Vec<_>>().join(", ");
+        w.push(&format!("namespace IN ({marks})"), namespaces.iter().map(|n| Bind::Text(n.clone())).collect());
+        w
+    }
+
+    /// Adds `AND text`.
+    fn and(&mut self, text: &str, values: Vec<Bind>) {
+        self.sql.push_str(" AND ");
+        self.push(text, values);
+    }
+
+    fn push(&mut self, text: &str, values: Vec<Bind>) {
+        let mut t = text.to_string();
+        for v in values {
+            let mark = self.bind(v);
+            t = t.replacen('?', &mark, 1);
+        }
+        self.sql.push_str(&t);
+    }
+
+    /// Binds `v`; its placeholder.
+    fn bind(&mut self, v: Bind) -> String {
+        self.binds.push(v);
+        format!("${}", self.binds.len())
+    }
+
+    /// The statement `sql` (constant text and this clause) with the values bound.
+    fn query(self, sql: String) -> Q<'static> {
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for b in self.binds {
+            q = match b {
+                Bind::Text(s) => q.bind(s),
+                Bind::Int(i) => q.bind(i),
+            };
+        }
+        q
+    }
 }
 
 /// One write the recorder batches.

@@ -1,0 +1,156 @@
+//! The pages behind a session: each asks who is signed in, which
+//! namespaces they may see (the cluster's RBAC, or everything for the
+//! local admin), and renders only those namespaces' objects and records.
+//! Another namespace's record answers like a missing one.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::Response;
+
+use super::app::{not_found_page, page, Console};
+use super::html::Html;
+use super::query::{ListQuery, Refusal};
+use super::session::Session;
+use super::views;
+use crate::records::{now_ms, Row};
+use crate::state::AppState;
+
+/// A signed-in request: who, what they may see, and the gateway.
+struct Viewer<'c> {
+    session: Session,
+    namespaces: Vec<String>,
+    warren: &'c AppState,
+}
+
+impl Console {
+    /// The viewer of a page request, or the answer instead of the page
+    /// (sign in, or a clear page when the gateway or RBAC cannot answer).
+    async fn viewer(&self, headers: &HeaderMap, uri: &Uri) -> Result<Viewer<'_>, Response> {
+        let session = self.signed_in(headers, uri)?;
+        let Some(warren) = self.warren.as_ref() else {
+            return Err(page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&session), &Html::text("This console is not connected to a gateway.")));
+        };
+        let candidates = warren.keys().namespaces();
+        match self.access.visible(&session.identity, &candidates).await {
+            Ok(namespaces) => Ok(Viewer { session, namespaces, warren }),
+            Err(e) => {
+                tracing::warn!(error = %e, "console: the cluster could not answer an access review");
+                Err(page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&session), &Html::text("The cluster could not say what you may see. Try again shortly.")))
+            }
+        }
+    }
+}
+
+impl Viewer<'_> {
+    fn page(&self, title: &str, body: &Html) -> Response {
+        page(StatusCode::OK, title, Some(&self.session), body)
+    }
+
+    fn unavailable(&self, e: crate::records::StoreError) -> Response {
+        tracing::warn!(error = %e, "console: the record store failed");
+        page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&self.session), &Html::text("The execution records cannot be read right now. Try again shortly."))
+    }
+
+    fn keys(&self) -> Vec<Arc<warren_config::EffectiveKey>> {
+        self.warren.keys().keys().iter().filter(|k| self.namespaces.contains(&k.namespace)).cloned().collect()
+    }
+}
+
+/// The overview: nodes, and the records of the last hour and day.
+pub(super) async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let now = now_ms();
+    let store = v.warren.service.records.store();
+    let (hour, day) = tokio::join!(store.stats(&v.namespaces, now - 3_600_000), store.stats(&v.namespaces, now - 86_400_000));
+    let (hour, day) = match (hour, day) {
+        (Ok(h), Ok(d)) => (h, d),
+        (Err(e), _) | (_, Err(e)) => return v.unavailable(e),
+    };
+    let nodes: Vec<views::NodeFacts> = v.warren.service.nodes.all().iter().map(|n| facts(n)).collect();
+    v.page("Overview", &views::overview(&nodes, &hour, &day, now))
+}
+
+fn facts(n: &crate::nodes::Node) -> views::NodeFacts {
+    let last = n.last_status().unwrap_or_default();
+    views::NodeFacts {
+        name: n.name(),
+        ready: n.is_healthy(),
+        version: last.agent_version,
+        running: last.running_executions,
+        capacity: last.max_executions,
+        cgroup: last.features.map_or(0, |f| f.cgroup_version),
+        images: last.images.into_iter().map(|i| i.reference).collect(),
+    }
+}
+
+/// The audit log: filters, a page of records, the link to the next.
+pub(super) async fn executions(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, RawQuery(raw): RawQuery) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes()).into_owned().collect();
+    let (q, filter) = match ListQuery::parse(&pairs).and_then(|q| q.filter(&v.namespaces).map(|f| (q, f))) {
+        Ok(ok) => ok,
+        Err(Refusal::NotVisible) => return not_found_page(),
+        Err(Refusal::Invalid(field, rule)) => {
+            let body = Html::text(&format!("The filter {field} must be {rule}."));
+            return page(StatusCode::BAD_REQUEST, "Executions", Some(&v.session), &body);
+        }
+    };
+    let rows = match v.warren.service.records.store().query(&filter).await {
+        Ok(rows) => rows,
+        Err(e) => return v.unavailable(e),
+    };
+    let mut body = views::filter_form(&q, &v.namespaces);
+    body.push(&views::executions(&rows));
+    body.push(&views::pager(&q, &rows));
+    v.page("Executions", &body)
+}
+
+/// One execution; while it runs, the page asks to be reloaded (a live
+/// view without script).
+pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(id): Path<String>) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if !warren_core::ids::is_execution_id(&id) {
+        return not_found_page();
+    }
+    let row: Row = match v.warren.service.records.store().get(&id).await {
+        Ok(Some(r)) if v.namespaces.contains(&r.namespace) => r,
+        Ok(_) => return not_found_page(),
+        Err(e) => return v.unavailable(e),
+    };
+    let mut r = v.page(&format!("Execution {id}"), &views::execution(&row));
+    if !row.is_terminal() {
+        r.headers_mut().insert("refresh", HeaderValue::from_static("2"));
+    }
+    r
+}
+
+/// The API keys the user may see.
+pub(super) async fn keys(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let keys = v.keys();
+    v.page("API keys", &views::keys(&keys.iter().map(|k| &**k).collect::<Vec<_>>()))
+}
+
+/// The Sandboxes, as the keys the user may see narrow them.
+pub(super) async fn sandboxes(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let keys = v.keys();
+    v.page("Sandboxes", &views::sandboxes(&keys.iter().map(|k| &**k).collect::<Vec<_>>()))
+}
