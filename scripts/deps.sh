@@ -27,6 +27,9 @@ ensure_deps() {
   # The cgroup-v2 node tests boot Debian guests (scripts/guest-image.sh) under emulation.
   command -v qemu-system-x86_64 >/dev/null 2>&1 || missing+=(qemu-system-x86)
   command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || missing+=(e2fsprogs)
+  # The console is tested in a real browser over WebDriver.
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
   apt_install "${missing[@]}"
   # The server packages enable services on their default ports; tests start
   # their own on free loopback ports.

@@ -13,6 +13,7 @@ BIN=$PWD/target/release
 STATE=${WARREN_STATE_DIR:-/var/lib/warren}
 SOCK=${WARREN_AGENT_SOCKET:-/run/warren/agent.sock}
 LISTEN=${WARREN_LISTEN:-127.0.0.1:8080}
+CONSOLE=${WARREN_CONSOLE_LISTEN:-127.0.0.1:8081}
 SECRETS=$PWD/.warren-local           # generated Secrets: never committed
 
 # The demo key lives in a Secret manifest outside Git, made once, with the
@@ -45,7 +46,8 @@ mkdir -p "$STATE/gateway" && chmod 700 "$STATE/gateway"
 AGENT=$!
 for _ in $(seq 1 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
 "$BIN/warren-gateway" --listen "$LISTEN" --manifests examples/local,"$SECRETS" --agent "unix:$SOCK" --log-format plain \
-  --records "sqlite://$STATE/gateway/records.db" --files-signing-key-file "$STATE/gateway/files-signing.key" &
+  --records "sqlite://$STATE/gateway/records.db" --files-signing-key-file "$STATE/gateway/files-signing.key" \
+  --console-listen "$CONSOLE" --console-link-file "$STATE/gateway/console-link" &
 GATEWAY=$!
 trap 'kill -TERM $GATEWAY $AGENT 2>/dev/null; wait $GATEWAY $AGENT 2>/dev/null' EXIT INT TERM
 URL="http://$LISTEN"
@@ -62,6 +64,8 @@ Warren is running.
   URL:      $URL
   API key:  $KEY
   Storage key (examples/local/storage.yaml, /data/files): $FILES_KEY
+  Console:  $(cat "$STATE/gateway/console-link")
+            (one-time sign-in link for the local admin; the next one: sudo cat $STATE/gateway/console-link)
 
 Try it:
   curl -sS $URL/v1/sandbox/execute -H 'Authorization: Bearer $KEY' \\

@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use tonic::transport::Channel;
 use warren_proto::client::AgentAddress;
 pub mod bench;
+pub mod browser;
 pub mod disk;
 pub mod docs;
 pub mod gateway;

@@ -66,7 +66,7 @@ pub(super) async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap, 
     };
     let now = now_ms();
     let store = v.warren.service.records.store();
-    let (hour, day) = tokio::join!(store.stats(&v.namespaces, now - 3_600_000), store.stats(&v.namespaces, now - 86_400_000));
+    let (hour, day) = tokio::join!(store.stats(&v.namespaces, now - 3_600_000, true), store.stats(&v.namespaces, now - 86_400_000, false));
     let (hour, day) = match (hour, day) {
         (Ok(h), Ok(d)) => (h, d),
         (Err(e), _) | (_, Err(e)) => return v.unavailable(e),

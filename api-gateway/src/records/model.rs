@@ -218,10 +218,13 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Counts `n` executions that ended with `status` (and `error`) in the minute starting at `minute_ms`.
-    pub fn add(&mut self, minute_ms: i64, status: &str, error: Option<&str>, n: u64) {
+    /// Counts `n` executions that ended with `status` (and `error`), in
+    /// the minute starting at `minute_ms` when counted per minute.
+    pub fn add(&mut self, minute_ms: Option<i64>, status: &str, error: Option<&str>, n: u64) {
         self.total += n;
-        *self.per_minute.entry(minute_ms).or_default() += n;
+        if let Some(m) = minute_ms {
+            *self.per_minute.entry(m).or_default() += n;
+        }
         let outcome = match error {
             Some(e) => format!("{status} ({e})"),
             None => status.to_string(),
@@ -261,14 +264,14 @@ mod tests {
     fn stats_count_per_minute_and_outcome_and_rank_percentiles() {
         let mut s = super::Stats::default();
         assert_eq!(s.rank(50), None);
-        s.add(60_000, "success", None, 97);
-        s.add(60_000, "failed", Some("node_lost"), 2);
-        s.add(120_000, "timeout", None, 1);
+        s.add(Some(60_000), "success", None, 97);
+        s.add(Some(60_000), "failed", Some("node_lost"), 2);
+        s.add(Some(120_000), "timeout", None, 1);
         assert_eq!((s.total, s.per_minute[&60_000], s.per_minute[&120_000]), (100, 99, 1));
         assert_eq!(s.outcomes(), vec![("success", 97), ("failed (node_lost)", 2), ("timeout", 1)]);
         assert_eq!((s.rank(50), s.rank(99), s.rank(100)), (Some(49), Some(98), Some(99)));
-        let one = { let mut o = super::Stats::default(); o.add(0, "success", None, 1); o };
-        assert_eq!((one.rank(50), one.rank(99)), (Some(0), Some(0)));
+        let one = { let mut o = super::Stats::default(); o.add(None, "success", None, 1); o };
+        assert_eq!((one.rank(50), one.rank(99), one.per_minute.len()), (Some(0), Some(0), 0));
     }
 
     use super::*;

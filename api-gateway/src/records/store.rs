@@ -266,10 +266,10 @@ impl Store {
     }
 
     /// What ended in `namespaces` at or after `since_ms`, summed up: counts
-    /// per minute and per outcome (grouped in the database, so bounded by
-    /// the window's minutes, not its executions), and the duration's p50
-    /// and p99 (read at their rank, one row each).
-    pub async fn stats(&self, namespaces: &[String], since_ms: i64) -> Result<Stats, StoreError> {
+    /// per outcome and, with `per_minute`, per minute (grouped in the
+    /// database, so bounded by the window's minutes, not its executions),
+    /// and the duration's p50 and p99 (read at their rank, one row each).
+    pub async fn stats(&self, namespaces: &[String], since_ms: i64, per_minute: bool) -> Result<Stats, StoreError> {
         let mut stats = Stats::default();
         if namespaces.is_empty() {
             return Ok(stats);
@@ -281,11 +281,12 @@ impl Store {
             w
         };
         let w = window();
-        let sql = format!("SELECT created_ms / 60000 AS minute, status, COALESCE(error, '') AS error, COUNT(*) AS n FROM warren_executions e WHERE {} GROUP BY minute, status, error", w.sql);
+        let minute = if per_minute { "created_ms / 60000" } else { "0" };
+        let sql = format!("SELECT {minute} AS minute, status, COALESCE(error, '') AS error, COUNT(*) AS n FROM warren_executions e WHERE {} GROUP BY minute, status, error", w.sql);
         for r in w.query(sql).fetch_all(&self.pool).await? {
             let (minute, n): (i64, i64) = (r.try_get("minute")?, r.try_get("n")?);
             let (status, error): (String, String) = (r.try_get("status")?, r.try_get("error")?);
-            stats.add(minute * 60_000, &status, (!error.is_empty()).then_some(error.as_str()), n as u64);
+            stats.add(per_minute.then_some(minute * 60_000), &status, (!error.is_empty()).then_some(error.as_str()), n as u64);
         }
         let ranks = (stats.rank(50), stats.rank(99));
         for (rank, slot) in [(ranks.0, &mut stats.p50_ms), (ranks.1, &mut stats.p99_ms)] {

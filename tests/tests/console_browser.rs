@@ -1,0 +1,100 @@
+//! The console in a real browser (Debian's chromium over WebDriver),
+//! against the real gateway, node-agent and record store, on one machine:
+//! the local admin signs in with the one-time link, sees the overview, the
+//! audit log (filtered, paged), an execution whose output is an XSS
+//! payload rendered inert, the keys without their secrets and the
+//! Sandboxes; a used link and a form without its CSRF token are refused.
+//! Every page is written as a 1280×800 screenshot.
+
+use serde_json::json;
+use warren_e2e::browser::{screenshot_dir, Browser};
+use warren_e2e::gateway::{ended, key, Gateway};
+use warren_e2e::{http, skip_unless_root, Agent};
+
+/// An execution's output that would run script if it were markup.
+const XSS: &str = "<script>window.__xss=1</script><img src=x onerror=\"window.__xss=2;alert(2)\">";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
+    if skip_unless_root("the_local_admin_browses_the_console_and_hostile_output_stays_text") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let link_file = dir.path().join("console-link");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let gw = Gateway::start(&[agent.address()], &["--console-listen", &listen, "--console-link-file", link_file.to_str().unwrap()], true).await.unwrap();
+    let console: std::net::SocketAddr = listen.parse().unwrap();
+    let shots = screenshot_dir();
+
+    // Executions through the API: hostile output, and one tagged to filter on.
+    let xss = gw.execute(&key("main"), &json!({"code": format!("print({XSS:?})"), "metadata": {"suite": "console"}}));
+    assert_eq!(xss.status, 200, "{}", xss.text());
+    let xss_trace = xss.json()["trace_id"].as_str().unwrap().to_string();
+    let other = gw.execute(&key("short"), &json!({"code": "exit 3", "language": "bash"}));
+    let other_trace = other.json()["trace_id"].as_str().unwrap().to_string();
+    gw.record_when("main", &xss_trace, ended);
+    gw.record_when("short", &other_trace, ended);
+
+    // Anonymous: sent to sign in, which on one machine points at the link.
+    let b = Browser::start().unwrap();
+    b.goto(&format!("http://{listen}/executions")).unwrap();
+    assert!(b.url().unwrap().contains("/signin?return=%2Fexecutions"), "{}", b.url().unwrap());
+    assert!(b.text().unwrap().contains("one-time sign-in link"));
+
+    // The link signs the local admin in, once.
+    let link = std::fs::read_to_string(&link_file).unwrap().trim().to_string();
+    b.goto(&link).unwrap();
+    assert_eq!(b.url().unwrap(), format!("http://{listen}/"));
+    let overview = b.text().unwrap();
+    assert!(overview.contains("local-admin") && overview.contains("1 of 1") && overview.contains("nodes ready"), "{overview}");
+    assert!(overview.contains("success") && overview.contains("failed"), "outcomes of the last day: {overview}");
+    b.screenshot(&shots, "overview").unwrap();
+    let again = http::get(console, &link.replace(&format!("http://{listen}"), ""));
+    assert_eq!(again.status, 403, "a used link signs nobody in");
+    assert_ne!(std::fs::read_to_string(&link_file).unwrap().trim(), link, "the next link is written");
+
+    // The audit log, then filtered by the form.
+    b.goto(&format!("http://{listen}/executions")).unwrap();
+    let list = b.text().unwrap();
+    assert!(list.contains(&xss_trace) && list.contains(&other_trace), "{list}");
+    b.screenshot(&shots, "executions").unwrap();
+    let metadata = b.find("input[name=metadata]").unwrap();
+    b.type_into(&metadata, "suite=console").unwrap();
+    b.click(&b.find("form.filters button").unwrap()).unwrap();
+    assert!(b.url().unwrap().contains("metadata=suite%3Dconsole"), "{}", b.url().unwrap());
+    let filtered = b.text().unwrap();
+    assert!(filtered.contains(&xss_trace) && !filtered.contains(&other_trace), "{filtered}");
+
+    // The hostile execution: shown as text, nothing ran.
+    b.click(&b.find(&format!("a[href='/executions/{xss_trace}']")).unwrap()).unwrap();
+    let page = b.text().unwrap();
+    assert!(page.contains(XSS), "the payload is shown as text: {page}");
+    assert_eq!(b.eval("return [typeof window.__xss, document.scripts.length, document.images.length]").unwrap(), json!(["undefined", 0, 0]));
+    assert!(!b.alert_open(), "no dialog opened");
+    b.screenshot(&shots, "execution").unwrap();
+
+    // Keys by their prefix only; the Sandboxes as keys narrow them.
+    b.goto(&format!("http://{listen}/keys")).unwrap();
+    let keys = b.source().unwrap();
+    assert!(keys.contains("sk-wrn-main") && !keys.contains(&key("main")), "a key shows as its prefix, never whole");
+    assert!(b.text().unwrap().contains("disabled"), "the disabled key says so");
+    b.screenshot(&shots, "keys").unwrap();
+    b.goto(&format!("http://{listen}/sandboxes")).unwrap();
+    assert!(b.text().unwrap().contains("default/sb"));
+    b.screenshot(&shots, "sandboxes").unwrap();
+
+    // A form posted without the session's token changes nothing.
+    let cookie = b.cookie("warren_console").unwrap();
+    let forged = http::post(console, "/signout", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], b"csrf=forged");
+    assert_eq!(forged.status, 403);
+    b.goto(&format!("http://{listen}/account")).unwrap();
+    assert!(b.text().unwrap().contains("local-admin"), "still signed in");
+    b.screenshot(&shots, "account").unwrap();
+    // Signing out with the page's own form ends the session.
+    b.click(&b.find("header form button").unwrap()).unwrap();
+    b.goto(&format!("http://{listen}/")).unwrap();
+    assert!(b.url().unwrap().contains("/signin"), "{}", b.url().unwrap());
+    println!("screenshots in {}", shots.display());
+}
