@@ -19,6 +19,7 @@ pub mod gateway;
 pub mod guest;
 pub mod helm;
 pub mod http;
+pub mod idp;
 pub mod kube;
 pub mod netlab;
 pub mod pki;

@@ -5,71 +5,12 @@
 //! code exchanged and the ID token checked by `console::provider`.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use warren_api_gateway::console::provider::{Provider, ProviderConfig, ProviderError};
 use warren_api_gateway::console::session::Sessions;
 
-const SECRET: &str = "console-test-secret";
-
-/// The provider process; killed on drop, whatever the test's outcome.
-struct Idp {
-    child: Child,
-    issuer: String,
-    redirect: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Idp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn install_dir() -> PathBuf {
-    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
-    home.join(".cache/warren-tools/oidc-provider/node_modules")
-}
-
-impl Idp {
-    fn start() -> Idp {
-        Idp::start_for("http://127.0.0.1:1/callback")
-    }
-
-    /// A provider sending browsers back to `redirect`.
-    fn start_for(redirect: &str) -> Idp {
-        let modules = install_dir();
-        assert!(modules.join("oidc-provider/package.json").is_file(), "oidc-provider is not installed in {}: scripts/test.sh installs it", modules.display());
-        // ES modules resolve packages from the script's own directory up.
-        let dir = tempfile::Builder::new().prefix("warren-idp-").tempdir().unwrap();
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/oidc/idp.mjs"), dir.path().join("idp.mjs")).unwrap();
-        std::os::unix::fs::symlink(&modules, dir.path().join("node_modules")).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let redirect = redirect.to_string();
-        let child = Command::new("node")
-            .args(["idp.mjs", &port.to_string(), &redirect, SECRET])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting node");
-        let idp = Idp { child, issuer: format!("http://127.0.0.1:{port}"), redirect, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the identity provider did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        idp
-    }
-
-    fn config(&self) -> ProviderConfig {
-        ProviderConfig { issuer: self.issuer.clone(), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: self.redirect.clone() }
-    }
-}
+use warren_e2e::idp::{Idp, SECRET};
 
 fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
