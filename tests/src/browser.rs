@@ -103,6 +103,24 @@ impl Browser {
         self.session_call("POST", &format!("/element/{element}/click"), Some(json!({}))).map(drop)
     }
 
+    /// Clicks the element and waits (up to 20 s) until the browser is at a
+    /// URL for which `arrived` holds: a click returns once the navigation
+    /// starts, not once the redirects that follow are done.
+    pub fn click_to(&self, element: &str, arrived: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        self.click(element)?;
+        let start = Instant::now();
+        loop {
+            let url = self.url()?;
+            if arrived(&url) && self.eval("return document.readyState")? == "complete" {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!("the click did not lead where expected: at {url}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Clears the input and types `text` into it.
     pub fn type_into(&self, element: &str, text: &str) -> anyhow::Result<()> {
         self.session_call("POST", &format!("/element/{element}/clear"), Some(json!({})))?;

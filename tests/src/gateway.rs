@@ -278,9 +278,14 @@ impl Gateway {
     /// holds for it; panics after 30 s. Records of plain calls are written
     /// in the background, so a 404 only means "not yet".
     pub fn record_when(&self, key_name: &str, trace: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.record_when_with(&key(key_name), trace, done)
+    }
+
+    /// [`Gateway::record_when`] read with the API key `api_key` itself.
+    pub fn record_when_with(&self, api_key: &str, trace: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         let mut last = serde_json::Value::Null;
         let held = wait_for(Duration::from_secs(30), || {
-            last = self.get(&key(key_name), &format!("/v1/executions/{trace}")).json();
+            last = self.get(api_key, &format!("/v1/executions/{trace}")).json();
             done(&last)
         });
         assert!(held, "record {trace} never reached the expected state: {last}");

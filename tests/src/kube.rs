@@ -280,3 +280,51 @@ pub fn quickstart_with_image(image: &str) -> tempfile::TempDir {
     }
     dir
 }
+
+/// Namespaces `team-a` and `team-b` and the console's RBAC for two groups:
+/// `team-a` may view Warren's kinds in its namespace (a RoleBinding);
+/// `platform-admins` may view them everywhere and patch ApiKeys
+/// (ClusterRoleBindings).
+pub const CONSOLE_RBAC: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: warren-viewer}
+rules:
+- apiGroups: [warren.dev]
+  resources: [sandboxes, apikeys, storageconnections, connectors]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: warren-key-operator}
+rules:
+- apiGroups: [warren.dev]
+  resources: [apikeys]
+  verbs: [patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: team-a-viewers, namespace: team-a}
+subjects: [{kind: Group, name: team-a, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: warren-viewer, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: platform-viewers}
+subjects: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: warren-viewer, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: platform-key-operators}
+subjects: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: warren-key-operator, apiGroup: rbac.authorization.k8s.io}
+"#;

@@ -5,52 +5,9 @@
 
 use warren_api_gateway::console::access::ClusterAccess;
 use warren_api_gateway::console::oidc::Identity;
-use warren_e2e::kube::EnvTest;
+use warren_e2e::kube::{EnvTest, CONSOLE_RBAC as RBAC};
 use warren_e2e::skip_unless_root;
 
-const RBAC: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: {name: team-a}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: team-b}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: warren-viewer}
-rules:
-- apiGroups: [warren.dev]
-  resources: [sandboxes, apikeys, storageconnections, connectors]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: warren-key-operator}
-rules:
-- apiGroups: [warren.dev]
-  resources: [apikeys]
-  verbs: [patch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: team-a-viewers, namespace: team-a}
-subjects: [{kind: Group, name: team-a, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: ClusterRole, name: warren-viewer, apiGroup: rbac.authorization.k8s.io}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: platform-viewers}
-subjects: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: ClusterRole, name: warren-viewer, apiGroup: rbac.authorization.k8s.io}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: platform-key-operators}
-subjects: [{kind: Group, name: platform-admins, apiGroup: rbac.authorization.k8s.io}]
-roleRef: {kind: ClusterRole, name: warren-key-operator, apiGroup: rbac.authorization.k8s.io}
-"#;
 
 fn who(user: &str, groups: &[&str]) -> Identity {
     Identity { subject: user.into(), user: user.into(), groups: groups.iter().map(|g| g.to_string()).collect() }

@@ -62,13 +62,12 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     b.screenshot(&shots, "executions").unwrap();
     let metadata = b.find("input[name=metadata]").unwrap();
     b.type_into(&metadata, "suite=console").unwrap();
-    b.click(&b.find("form.filters button").unwrap()).unwrap();
-    assert!(b.url().unwrap().contains("metadata=suite%3Dconsole"), "{}", b.url().unwrap());
+    b.click_to(&b.find("form.filters button").unwrap(), |u| u.contains("metadata=suite%3Dconsole")).unwrap();
     let filtered = b.text().unwrap();
     assert!(filtered.contains(&xss_trace) && !filtered.contains(&other_trace), "{filtered}");
 
     // The hostile execution: shown as text, nothing ran.
-    b.click(&b.find(&format!("a[href='/executions/{xss_trace}']")).unwrap()).unwrap();
+    b.click_to(&b.find(&format!("a[href='/executions/{xss_trace}']")).unwrap(), |u| u.ends_with(&xss_trace)).unwrap();
     let page = b.text().unwrap();
     assert!(page.contains(XSS), "the payload is shown as text: {page}");
     assert_eq!(b.eval("return [typeof window.__xss, document.scripts.length, document.images.length]").unwrap(), json!(["undefined", 0, 0]));
@@ -93,8 +92,8 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     assert!(b.text().unwrap().contains("local-admin"), "still signed in");
     b.screenshot(&shots, "account").unwrap();
     // Signing out with the page's own form ends the session.
-    b.click(&b.find("header form button").unwrap()).unwrap();
+    b.click_to(&b.find("header form button").unwrap(), |u| u.contains("/signin")).unwrap();
     b.goto(&format!("http://{listen}/")).unwrap();
-    assert!(b.url().unwrap().contains("/signin"), "{}", b.url().unwrap());
+    assert!(b.url().unwrap().contains("/signin?return=%2F"), "signed out: {}", b.url().unwrap());
     println!("screenshots in {}", shots.display());
 }
