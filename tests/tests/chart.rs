@@ -52,6 +52,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains("--local-storage-root=/srv/warren-data") && rendered.contains("hostPath: {path: /srv/warren-data, type: Directory}"), "an admin's Local root is granted and mounted");
             assert!(rendered.contains("--allow-endpoint=10.96.0.10/32"), "{rendered}");
             assert!(rendered.contains("--console-listen=0.0.0.0:8081") && rendered.contains("--console-oidc-issuer=https://idp.example.com"), "{rendered}");
+            assert!(rendered.contains("resources: [apikeys]\n    verbs: [patch]"), "the console's one write: {rendered}");
             assert!(rendered.contains("name: warren-console\n") && rendered.contains("resources: [subjectaccessreviews]"), "the console's Service and its one cluster permission");
         } else {
             assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");

@@ -106,6 +106,16 @@ async fn each_user_sees_only_the_namespaces_rbac_gives_them() {
     b.goto(&format!("{console}/keys")).unwrap();
     let keys_page = b.text().unwrap();
     assert!(keys_page.contains("team-a") && !keys_page.contains("team-b"), "{keys_page}");
+    assert!(!keys_page.contains("Disable"), "viewing is not changing: no button without patch on ApiKeys");
+    // Posted anyway, with his own session and token: his RBAC refuses; another tenant's key is not found.
+    let csrf = csrf_of(&b.source().unwrap());
+    let form = format!("csrf={csrf}");
+    let cookie = b.cookie("warren_console").unwrap();
+    let console_addr: std::net::SocketAddr = listen.parse().unwrap();
+    let post = |path: &str| warren_e2e::http::post(console_addr, path, &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], form.as_bytes()).status;
+    assert_eq!(post("/keys/team-a/agent/disable"), 403);
+    assert_eq!(post("/keys/team-b/agent/disable"), 404);
+    assert_eq!(gw.execute(&key_a, &json!({"code": "print(1)"})).status, 200, "nothing changed");
     drop(b);
 
     // ada (platform-admins): every tenant.
@@ -117,4 +127,32 @@ async fn each_user_sees_only_the_namespaces_rbac_gives_them() {
     assert!(b.text().unwrap().contains("from-team-b"));
     b.goto(&format!("{console}/")).unwrap();
     b.screenshot(&shots, "cluster-overview-admin").unwrap();
+
+    // ada disables team-b's key in an emergency: the gateway refuses it within moments.
+    b.goto(&format!("{console}/keys")).unwrap();
+    b.click_to(&b.find("form[action='/keys/team-b/agent/disable'] button").unwrap(), |u| u.ends_with("/keys")).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || gw.execute(&key_b, &json!({"code": "print(1)"})).status == 403), "the disabled key is still served");
+    assert_eq!(gw.execute(&key_a, &json!({"code": "print(1)"})).status, 200, "the other tenant's key is untouched");
+    // Applied under the console's own field manager, so GitOps sees the drift.
+    let managers = k.kubectl_ok(&["get", "apikey", "agent", "-n", "team-b", "-o", "jsonpath={.metadata.managedFields[*].manager}"]);
+    assert!(managers.contains("warren-console"), "{managers}");
+    assert_eq!(k.kubectl_ok(&["get", "apikey", "agent", "-n", "team-b", "-o", "jsonpath={.spec.disabled}"]).trim(), "true");
+    b.goto(&format!("{console}/keys")).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || {
+        let _ = b.goto(&format!("{console}/keys"));
+        b.find("form[action='/keys/team-b/agent/enable'] button").is_ok()
+    }), "the key shows as disabled");
+    b.screenshot(&shots, "cluster-keys-admin").unwrap();
+    b.goto(&format!("{console}/activity")).unwrap();
+    let activity = b.text().unwrap();
+    assert!(activity.contains("ada@example.test") && activity.contains("disable-key") && activity.contains("team-b/agent"), "{activity}");
+    // And enables it again.
+    b.goto(&format!("{console}/keys")).unwrap();
+    b.click_to(&b.find("form[action='/keys/team-b/agent/enable'] button").unwrap(), |u| u.ends_with("/keys")).unwrap();
+    assert!(wait_for(Duration::from_secs(20), || gw.execute(&key_b, &json!({"code": "print(1)"})).status == 200), "the enabled key is not served");
+}
+
+/// The session's CSRF token, from a page's sign-out form.
+fn csrf_of(source: &str) -> String {
+    source.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a CSRF token").to_string()
 }

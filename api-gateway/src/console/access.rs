@@ -112,6 +112,14 @@ impl Access {
         }
     }
 
+    /// The API server's client, in a cluster (where the console's writes go).
+    pub fn client(&self) -> Option<&kube::Client> {
+        match self {
+            Access::SignedIn => None,
+            Access::Cluster(c) => Some(&c.client),
+        }
+    }
+
     /// The namespaces among `candidates` the console shows `who`.
     pub async fn visible(&self, who: &Identity, candidates: &[String]) -> Result<Vec<String>, kube::Error> {
         match self {

@@ -112,6 +112,9 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/executions", get(super::pages::executions))
         .route("/executions/{id}", get(super::pages::execution))
         .route("/keys", get(super::pages::keys))
+        .route("/keys/{namespace}/{name}/disable", post(super::writes::disable_key))
+        .route("/keys/{namespace}/{name}/enable", post(super::writes::enable_key))
+        .route("/activity", get(super::pages::activity))
         .route("/sandboxes", get(super::pages::sandboxes))
         .route("/account", get(account))
         .route("/signin", get(sign_in))
@@ -260,11 +263,16 @@ impl Console {
     }
 }
 
+/// True when the form `body` carries the session's CSRF token.
+pub(super) fn csrf_ok(s: &Session, body: &Bytes) -> bool {
+    let token = (body.len() <= MAX_FORM_BYTES).then(|| url::form_urlencoded::parse(body).find(|(k, _)| k == "csrf").map(|(_, v)| v.into_owned())).flatten();
+    token.is_some_and(|t| s.csrf_ok(&t))
+}
+
 /// Ends the session; the form must carry the session's CSRF token.
 async fn sign_out(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
     let Some((id, s)) = c.session(&headers) else { return see_other("/signin", Some(session::clear_cookie())) };
-    let token = (body.len() <= MAX_FORM_BYTES).then(|| url::form_urlencoded::parse(&body).find(|(k, _)| k == "csrf").map(|(_, v)| v.into_owned())).flatten();
-    if !token.is_some_and(|t| s.csrf_ok(&t)) {
+    if !csrf_ok(&s, &body) {
         return page(StatusCode::FORBIDDEN, "Refused", Some(&s), &Html::text("This form did not come from your console session."));
     }
     c.sessions.end(&id);

@@ -14,6 +14,8 @@
 //! - `pages`: the pages behind a session, scoped to the namespaces the
 //!   user may see;
 //! - [`query`]: the audit log's filters, parsed strictly (pure);
+//! - `writes`: the few changes a team clicks in an emergency (disable or
+//!   enable a key), each needing its RBAC verb and audited with the user;
 //! - [`views`]: records, nodes, keys and Sandboxes as pages (hostile data
 //!   rendered inert).
 
@@ -27,3 +29,4 @@ pub mod provider;
 pub mod query;
 pub mod session;
 pub mod views;
+mod writes;

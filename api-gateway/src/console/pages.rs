@@ -18,16 +18,16 @@ use crate::records::{now_ms, Row};
 use crate::state::AppState;
 
 /// A signed-in request: who, what they may see, and the gateway.
-struct Viewer<'c> {
-    session: Session,
-    namespaces: Vec<String>,
-    warren: &'c AppState,
+pub(super) struct Viewer<'c> {
+    pub(super) session: Session,
+    pub(super) namespaces: Vec<String>,
+    pub(super) warren: &'c AppState,
 }
 
 impl Console {
     /// The viewer of a page request, or the answer instead of the page
     /// (sign in, or a clear page when the gateway or RBAC cannot answer).
-    async fn viewer(&self, headers: &HeaderMap, uri: &Uri) -> Result<Viewer<'_>, Response> {
+    pub(super) async fn viewer(&self, headers: &HeaderMap, uri: &Uri) -> Result<Viewer<'_>, Response> {
         let session = self.signed_in(headers, uri)?;
         let Some(warren) = self.warren.as_ref() else {
             return Err(page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&session), &Html::text("This console is not connected to a gateway.")));
@@ -44,17 +44,20 @@ impl Console {
 }
 
 impl Viewer<'_> {
-    fn page(&self, title: &str, body: &Html) -> Response {
+    pub(super) fn page(&self, title: &str, body: &Html) -> Response {
         page(StatusCode::OK, title, Some(&self.session), body)
     }
 
-    fn unavailable(&self, e: crate::records::StoreError) -> Response {
+    pub(super) fn unavailable(&self, e: crate::records::StoreError) -> Response {
         tracing::warn!(error = %e, "console: the record store failed");
         page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&self.session), &Html::text("The execution records cannot be read right now. Try again shortly."))
     }
 
+    /// The keys in the namespaces they may see, by namespace and name.
     fn keys(&self) -> Vec<Arc<warren_config::EffectiveKey>> {
-        self.warren.keys().keys().iter().filter(|k| self.namespaces.contains(&k.namespace)).cloned().collect()
+        let mut keys: Vec<_> = self.warren.keys().keys().iter().filter(|k| self.namespaces.contains(&k.namespace)).cloned().collect();
+        keys.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        keys
     }
 }
 
@@ -135,14 +138,36 @@ pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap,
     r
 }
 
-/// The API keys the user may see.
+/// The API keys the user may see; in a cluster, with a button to disable
+/// or enable each key in namespaces where they may patch ApiKeys.
 pub(super) async fn keys(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
     let v = match c.viewer(&headers, &uri).await {
         Ok(v) => v,
         Err(r) => return r,
     };
     let keys = v.keys();
-    v.page("API keys", &views::keys(&keys.iter().map(|k| &**k).collect::<Vec<_>>()))
+    let mut writable = Vec::new();
+    if c.access.client().is_some() {
+        for ns in &v.namespaces {
+            if c.access.may(&v.session.identity, "patch", "apikeys", ns).await.unwrap_or(false) {
+                writable.push(ns.clone());
+            }
+        }
+    }
+    let rows: Vec<_> = keys.iter().map(|k| (&**k, writable.contains(&k.namespace))).collect();
+    v.page("API keys", &views::keys(&rows, &v.session.csrf))
+}
+
+/// What console users changed in the namespaces the user may see.
+pub(super) async fn activity(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match v.warren.service.records.store().actions(&v.namespaces, 200).await {
+        Ok(actions) => v.page("Activity", &views::actions(&actions)),
+        Err(e) => v.unavailable(e),
+    }
 }
 
 /// The Sandboxes, as the keys the user may see narrow them.

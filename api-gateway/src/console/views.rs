@@ -150,20 +150,43 @@ pub fn pager(q: &ListQuery, rows: &[Row]) -> Html {
 }
 
 /// The API keys: each one's effective configuration, never its secret
-/// (a key shows as its prefix).
-pub fn keys(keys: &[&EffectiveKey]) -> Html {
-    let rows = keys.iter().map(|k| {
+/// (a key shows as its prefix); with `true`, a form to disable or enable
+/// it (carrying the session's `csrf` token).
+pub fn keys(keys: &[(&EffectiveKey, bool)], csrf: &str) -> Html {
+    let rows = keys.iter().map(|(k, writable)| {
         vec![
             Html::text(&k.namespace),
             Html::text(&k.name),
-            Html::text(&format!("{}…", k.display_prefix)),
+            Html::text(&k.display_prefix),
             Html::text(if k.disabled { "disabled" } else { "enabled" }),
             Html::text(&k.sandbox),
             Html::text(&format!("{} at once, {} s max", k.max_concurrency, k.max_timeout_seconds)),
             Html::text(if k.audit_namespace { "namespace" } else { "own" }),
+            if *writable { key_switch(k, csrf) } else { Html::default() },
         ]
     });
-    table(&["namespace", "name", "key", "state", "sandbox", "limits", "audit scope"], rows)
+    table(&["namespace", "name", "key", "state", "sandbox", "limits", "audit scope", ""], rows)
+}
+
+/// The form that flips a key: names come from the cluster (DNS labels),
+/// still escaped as attribute text.
+fn key_switch(k: &EffectiveKey, csrf: &str) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<form method=\"post\" action=\"/keys/");
+    h.push(&Html::attr(&k.namespace));
+    h.push_markup("/");
+    h.push(&Html::attr(&k.name));
+    h.push_markup(if k.disabled { "/enable\">" } else { "/disable\">" });
+    h.push_markup("<input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(csrf));
+    h.push_markup(if k.disabled { "\"><button type=\"submit\">Enable</button></form>" } else { "\"><button type=\"submit\">Disable</button></form>" });
+    h
+}
+
+/// The console's audit of its own writes, newest first.
+pub fn actions(actions: &[crate::records::Action]) -> Html {
+    let rows = actions.iter().map(|a| vec![Html::text(&rfc3339(a.at_ms)), Html::text(&a.user), Html::text(&a.action), Html::text(&format!("{}/{}", a.namespace, a.object))]);
+    table(&["at (UTC)", "user", "action", "object"], rows)
 }
 
 /// The Sandboxes as the keys narrow them: one row per key, since a key may

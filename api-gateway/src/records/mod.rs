@@ -17,7 +17,7 @@ mod sweep;
 mod view;
 mod writer;
 
-pub use model::{cut, Filter, Finished, Mode, NewRecord, Row, Stats, Status};
+pub use model::{cut, Action, Filter, Finished, Mode, NewRecord, Row, Stats, Status};
 pub use store::{Store, StoreError};
 pub use sweep::{sweep_loop, Redeliver, Retention};
 pub use view::ExecutionStatus;

@@ -201,6 +201,21 @@ pub struct Filter {
     pub limit: u32,
 }
 
+/// A change made in the console, for the audit log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Action {
+    /// When, Unix ms.
+    pub at_ms: i64,
+    /// Who (as the identity provider names them).
+    pub user: String,
+    /// What: `disable-key`, `enable-key`, `cancel-execution`.
+    pub action: String,
+    /// The namespace of the object.
+    pub namespace: String,
+    /// The object: a key's or an execution's name.
+    pub object: String,
+}
+
 /// Ended executions over a window, summed up (the console's overview).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {

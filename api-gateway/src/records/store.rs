@@ -10,7 +10,7 @@ use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
 use sqlx::query::Query;
 use sqlx::{Any, AnyPool, AssertSqlSafe, Row as _};
 
-use super::model::{Filter, Finished, NewRecord, Row, Stats};
+use super::model::{Action, Filter, Finished, NewRecord, Row, Stats};
 
 /// A failure of the record database (never shown to callers as such).
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,16 @@ const MIGRATIONS: &[&[&str]] = &[&[
         id TEXT PRIMARY KEY,
         heartbeat_ms BIGINT NOT NULL
     )",
+], &[
+    // What console users changed (issue #29): who, what, where, when.
+    "CREATE TABLE IF NOT EXISTS warren_console_actions (
+        at_ms BIGINT NOT NULL,
+        user_name TEXT NOT NULL,
+        action TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        object TEXT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_console_actions_by_namespace ON warren_console_actions (namespace, at_ms)",
 ]];
 
 /// Columns read back into a [`Row`].
@@ -297,6 +307,33 @@ impl Store {
             *slot = w.query(sql).fetch_optional(&self.pool).await?.map(|r| r.try_get::<i64, _>("duration_ms")).transpose()?.map(|d| d.max(0) as u64);
         }
         Ok(stats)
+    }
+
+    /// Records that `a.user` did `a.action` to `a.object` in `a.namespace`.
+    pub async fn record_action(&self, a: &Action) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
+            .bind(a.at_ms)
+            .bind(a.user.clone())
+            .bind(a.action.clone())
+            .bind(a.namespace.clone())
+            .bind(a.object.clone())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The newest `limit` console actions in `namespaces`.
+    pub async fn actions(&self, namespaces: &[String], limit: u32) -> Result<Vec<Action>, StoreError> {
+        if namespaces.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut w = Where::namespaces(namespaces);
+        let limit = w.bind(Bind::Int(i64::from(limit)));
+        let sql = format!("SELECT at_ms, user_name, action, namespace, object FROM warren_console_actions WHERE {} ORDER BY at_ms DESC LIMIT {limit}", w.sql);
+        let rows = w.query(sql).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| Ok(Action { at_ms: r.try_get("at_ms")?, user: r.try_get("user_name")?, action: r.try_get("action")?, namespace: r.try_get("namespace")?, object: r.try_get("object")? }))
+            .collect()
     }
 
     /// Removes the setting `name`, if any.
