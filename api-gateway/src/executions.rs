@@ -90,14 +90,21 @@ const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
 async fn cancel(st: &AppState, headers: &HeaderMap, trace_id: &str) -> Result<CancelAnswer, ApiError> {
     let (_, row) = own(st, headers, trace_id).await?;
-    let answer = |status: String| CancelAnswer { trace_id: trace_id.to_string(), status };
+    let status = cancel_row(st, row).await?;
+    Ok(CancelAnswer { trace_id: trace_id.to_string(), status })
+}
+
+/// Cancels the execution of `row` (whoever may: the key that ran it, or
+/// a console user); its status afterwards.
+pub async fn cancel_row(st: &AppState, row: Row) -> Result<String, ApiError> {
     if row.is_terminal() {
-        return Ok(answer(row.status));
+        return Ok(row.status);
     }
+    let trace_id = row.trace_id.as_str();
     let store = st.service.records.store();
     let row = store.request_cancel(trace_id).await.map_err(unavailable)?.ok_or_else(not_found)?;
     if row.is_terminal() {
-        return Ok(answer(row.status));
+        return Ok(row.status);
     }
     let node = st.service.nodes.named(&row.node).ok_or_else(|| ApiError::unavailable("the node running this execution is not reachable from this gateway; retry"))?;
     match tokio::time::timeout(CANCEL_WAIT, node.agent().cancel(trace_id)).await {
@@ -108,7 +115,7 @@ async fn cancel(st: &AppState, headers: &HeaderMap, trace_id: &str) -> Result<Ca
     // The node has ended it; its record says `cancelled` unless it had
     // already succeeded (the owning gateway's write may still be queued).
     let now = store.get(trace_id).await.map_err(unavailable)?;
-    Ok(answer(now.filter(Row::is_terminal).map_or_else(|| "cancelled".to_string(), |r| r.status)))
+    Ok(now.filter(Row::is_terminal).map_or_else(|| "cancelled".to_string(), |r| r.status))
 }
 
 /// `after_seq` of a resumed stream.

@@ -84,6 +84,21 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     assert!(b.text().unwrap().contains("default/sb"));
     b.screenshot(&shots, "sandboxes").unwrap();
 
+    // A running execution: its page reloads itself until it ends; cancelled from the console.
+    let running = http::post(gw.addr, "/v1/sandbox/execute", &[("Authorization", &format!("Bearer {}", key("main"))), ("Content-Type", "application/json"), ("Prefer", "respond-async")], br#"{"code": "echo up; sleep 50", "language": "bash"}"#);
+    assert_eq!(running.status, 202, "{}", running.text());
+    let running = running.json()["trace_id"].as_str().unwrap().to_string();
+    gw.record_when("main", &running, |r| r["status"] == "running");
+    b.goto(&format!("http://{listen}/executions/{running}")).unwrap();
+    assert!(b.text().unwrap().contains("running"));
+    b.screenshot(&shots, "execution-running").unwrap();
+    b.click_to(&b.find("form[action$='/cancel'] button").unwrap(), |u| u.ends_with(&running)).unwrap();
+    let v = gw.record_when("main", &running, ended);
+    assert_eq!(v["status"], "cancelled", "{v}");
+    b.goto(&format!("http://{listen}/activity")).unwrap();
+    let activity = b.text().unwrap();
+    assert!(activity.contains("local-admin") && activity.contains("cancel-execution") && activity.contains(&running), "{activity}");
+
     // A form posted without the session's token changes nothing.
     let cookie = b.cookie("warren_console").unwrap();
     let forged = http::post(console, "/signout", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], b"csrf=forged");

@@ -111,6 +111,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/", get(super::pages::overview))
         .route("/executions", get(super::pages::executions))
         .route("/executions/{id}", get(super::pages::execution))
+        .route("/executions/{id}/cancel", post(super::writes::cancel_execution))
         .route("/keys", get(super::pages::keys))
         .route("/keys/{namespace}/{name}/disable", post(super::writes::disable_key))
         .route("/keys/{namespace}/{name}/enable", post(super::writes::enable_key))

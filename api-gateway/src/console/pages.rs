@@ -131,7 +131,11 @@ pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap,
         Ok(_) => return not_found_page(),
         Err(e) => return v.unavailable(e),
     };
-    let mut r = v.page(&format!("Execution {id}"), &views::execution(&row));
+    let mut body = views::execution(&row);
+    if !row.is_terminal() {
+        body.push(&views::cancel_form(&id, &v.session.csrf));
+    }
+    let mut r = v.page(&format!("Execution {id}"), &body);
     if !row.is_terminal() {
         r.headers_mut().insert("refresh", HeaderValue::from_static("2"));
     }

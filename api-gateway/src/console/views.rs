@@ -274,6 +274,18 @@ pub fn execution(r: &Row) -> Html {
     h
 }
 
+/// The button that cancels a running execution (the id is checked
+/// before this page is drawn; still escaped).
+pub fn cancel_form(id: &str, csrf: &str) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<form method=\"post\" action=\"/executions/");
+    h.push(&Html::attr(id));
+    h.push_markup("/cancel\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(csrf));
+    h.push_markup("\"><button type=\"submit\">Cancel this execution</button></form>");
+    h
+}
+
 fn status(r: &Row) -> Html {
     let mut h = Html::text(&r.status);
     if let Some(e) = &r.error {

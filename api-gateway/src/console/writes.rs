@@ -4,6 +4,8 @@
 //! manager, so the cluster records who owns the field and the next GitOps
 //! sync shows the drift. Each write needs the session's CSRF token and the
 //! RBAC verb (patch ApiKeys in the namespace), and is audited with the user.
+//! Cancelling a running execution changes no declared state; it needs the
+//! same verb (the right to stop the key that ran it).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 
 use super::app::{csrf_ok, not_found_page, page, see_other, Console};
 use super::html::Html;
+use super::pages::Viewer;
 use crate::records::{now_ms, Action};
 
 /// The field manager the console's changes are applied under.
@@ -26,6 +29,56 @@ pub(super) async fn disable_key(State(c): State<Arc<Console>>, headers: HeaderMa
 
 pub(super) async fn enable_key(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((namespace, name)): Path<(String, String)>, body: Bytes) -> Response {
     set_disabled(&c, &headers, &uri, &namespace, &name, &body, false).await
+}
+
+/// Cancels a running execution: needs `patch` on ApiKeys in its
+/// namespace (the right to stop the key that ran it).
+pub(super) async fn cancel_execution(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(id): Path<String>, body: Bytes) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let refuse = |status, why: &str| page(status, "Refused", Some(&v.session), &Html::text(why));
+    if !csrf_ok(&v.session, &body) {
+        return refuse(StatusCode::FORBIDDEN, "This form did not come from your console session.");
+    }
+    let row = match v.warren.service.records.store().get(&id).await {
+        Ok(Some(r)) if warren_core::ids::is_execution_id(&id) && v.namespaces.contains(&r.namespace) => r,
+        Ok(_) => return not_found_page(),
+        Err(e) => return v.unavailable(e),
+    };
+    if let Err(r) = may_patch_keys(&c, &v, &row.namespace).await {
+        return r;
+    }
+    let (namespace, back) = (row.namespace.clone(), format!("/executions/{id}"));
+    if let Err(e) = crate::executions::cancel_row(v.warren, row).await {
+        tracing::warn!(execution_id = %id, error = ?e, "console: a cancel did not go through");
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "The node running this execution did not confirm the cancel. Try again shortly.");
+    }
+    audit(&v, "cancel-execution", &namespace, &id).await;
+    see_other(&back, None)
+}
+
+/// `Ok` when the user's RBAC allows patching ApiKeys in `namespace`; else the refusal page.
+async fn may_patch_keys(c: &Console, v: &Viewer<'_>, namespace: &str) -> Result<(), Response> {
+    let refuse = |status, why: &str| page(status, "Refused", Some(&v.session), &Html::text(why));
+    match c.access.may(&v.session.identity, "patch", "apikeys", namespace).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(refuse(StatusCode::FORBIDDEN, "Your RBAC does not allow this in this namespace (it needs patch on ApiKeys).")),
+        Err(e) => {
+            tracing::warn!(error = %e, "console: the cluster could not answer an access review");
+            Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "The cluster could not say what you may change. Try again shortly."))
+        }
+    }
+}
+
+/// Adds the change to the audit log (and the gateway's log) with the user.
+async fn audit(v: &Viewer<'_>, action: &str, namespace: &str, object: &str) {
+    let action = Action { at_ms: now_ms(), user: v.session.identity.user.clone(), action: action.into(), namespace: namespace.into(), object: object.into() };
+    tracing::info!(user = %action.user, action = %action.action, namespace, object, "console: a change was made");
+    if let Err(e) = v.warren.service.records.store().record_action(&action).await {
+        tracing::warn!(error = %e, "console: the change was made but could not be added to the audit log");
+    }
 }
 
 async fn set_disabled(c: &Console, headers: &HeaderMap, uri: &Uri, namespace: &str, name: &str, body: &Bytes, disabled: bool) -> Response {
@@ -43,23 +96,14 @@ async fn set_disabled(c: &Console, headers: &HeaderMap, uri: &Uri, namespace: &s
     let Some(client) = c.access.client() else {
         return refuse(StatusCode::CONFLICT, "On one machine keys are declared in the manifest files: set `disabled` there.");
     };
-    match c.access.may(&v.session.identity, "patch", "apikeys", namespace).await {
-        Ok(true) => {}
-        Ok(false) => return refuse(StatusCode::FORBIDDEN, "Your RBAC does not allow changing ApiKeys in this namespace."),
-        Err(e) => {
-            tracing::warn!(error = %e, "console: the cluster could not answer an access review");
-            return refuse(StatusCode::SERVICE_UNAVAILABLE, "The cluster could not say what you may change. Try again shortly.");
-        }
+    if let Err(r) = may_patch_keys(c, &v, namespace).await {
+        return r;
     }
     if let Err(e) = apply_disabled(client, namespace, name, disabled).await {
         tracing::warn!(error = %e, namespace, key = name, "console: the ApiKey could not be changed");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "The API server did not take the change. Try again shortly.");
     }
-    let action = Action { at_ms: now_ms(), user: v.session.identity.user.clone(), action: if disabled { "disable-key" } else { "enable-key" }.into(), namespace: namespace.into(), object: name.into() };
-    tracing::info!(user = %action.user, action = %action.action, namespace, key = name, "console: a key was changed");
-    if let Err(e) = v.warren.service.records.store().record_action(&action).await {
-        tracing::warn!(error = %e, "console: the change was made but could not be added to the audit log");
-    }
+    audit(&v, if disabled { "disable-key" } else { "enable-key" }, namespace, name).await;
     see_other("/keys", None)
 }
 
