@@ -99,8 +99,27 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     let activity = b.text().unwrap();
     assert!(activity.contains("local-admin") && activity.contains("cancel-execution") && activity.contains(&running), "{activity}");
 
-    // A form posted without the session's token changes nothing.
+    // A thread's files: listed, downloaded as an attachment, and the thread deleted.
+    let t = gw.execute(&key("thr"), &json!({"code": "printf 'hello <b>' > ~/report.txt", "language": "bash", "thread_id": "console-t"}));
+    assert_eq!(t.status, 200, "{}", t.text());
+    let t = t.json()["trace_id"].as_str().unwrap().to_string();
+    gw.record_when("thr", &t, ended);
+    b.goto(&format!("http://{listen}/executions/{t}")).unwrap();
+    b.click_to(&b.find("a[href='/files/default/thr/thread/console-t']").unwrap(), |u| u.ends_with("/thread/console-t")).unwrap();
+    assert!(b.text().unwrap().contains("report.txt"), "{}", b.text().unwrap());
+    b.screenshot(&shots, "thread-files").unwrap();
     let cookie = b.cookie("warren_console").unwrap();
+    let file = http::raw(console, format!("GET /files/default/thr/thread/console-t/download?path=report.txt HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    assert_eq!((file.status, file.text().as_str()), (200, "hello <b>"));
+    assert_eq!(file.header("content-disposition"), Some("attachment; filename=\"report.txt\""));
+    assert_eq!(file.header("content-type"), Some("application/octet-stream"));
+    let escape = http::raw(console, format!("GET /files/default/thr/thread/console-t/download?path=..%2F..%2Fetc%2Fpasswd HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    assert!(escape.status >= 400 && !escape.text().contains("root:"), "no way out of the home: {}", escape.status);
+    b.click_to(&b.find("form[action$='/delete'] button").unwrap(), |u| u.ends_with("/thread/console-t")).unwrap();
+    let after = gw.execute(&key("thr"), &json!({"code": "cat ~/report.txt", "language": "bash", "thread_id": "console-t"}));
+    assert_ne!(after.json()["exit_code"], 0, "the deleted thread starts fresh: {}", after.text());
+
+    // A form posted without the session's token changes nothing.
     let forged = http::post(console, "/signout", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], b"csrf=forged");
     assert_eq!(forged.status, 403);
     b.goto(&format!("http://{listen}/account")).unwrap();

@@ -9,6 +9,8 @@
 //!   authorization request, the code exchange), bounded;
 //! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
 //!   tokens, cookies, return paths that stay inside the console;
+//! - `files`: a key's threads and managed volumes (list, download,
+//!   delete a thread), through the Files API's node calls;
 //! - [`html`]: pages escaped by construction, and the security headers;
 //! - [`link`]: single-machine sign-in, the local admin's one-time link;
 //! - `pages`: the pages behind a session, scoped to the namespaces the
@@ -21,6 +23,7 @@
 
 pub mod access;
 pub mod app;
+mod files;
 pub mod html;
 pub mod link;
 pub mod oidc;

@@ -132,6 +132,9 @@ pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap,
         Err(e) => return v.unavailable(e),
     };
     let mut body = views::execution(&row);
+    if let Some(thread) = row.thread_id.as_deref().filter(|t| warren_core::ids::is_thread_id(t)) {
+        body.push(&views::thread_link(&row.namespace, &row.key_name, thread));
+    }
     if !row.is_terminal() {
         body.push(&views::cancel_form(&id, &v.session.csrf));
     }

@@ -274,6 +274,15 @@ pub fn execution(r: &Row) -> Html {
     h
 }
 
+/// The link to a thread's files (its id checked by the caller).
+pub fn thread_link(namespace: &str, key: &str, thread: &str) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<p><a href=\"");
+    h.push(&Html::attr(&format!("/files/{namespace}/{key}/thread/{thread}")));
+    h.push_markup("\">Browse the thread's files</a></p>");
+    h
+}
+
 /// The button that cancels a running execution (the id is checked
 /// before this page is drawn; still escaped).
 pub fn cancel_form(id: &str, csrf: &str) -> Html {

@@ -73,7 +73,7 @@ async fn may_patch_keys(c: &Console, v: &Viewer<'_>, namespace: &str) -> Result<
 }
 
 /// Adds the change to the audit log (and the gateway's log) with the user.
-async fn audit(v: &Viewer<'_>, action: &str, namespace: &str, object: &str) {
+pub(super) async fn audit(v: &Viewer<'_>, action: &str, namespace: &str, object: &str) {
     let action = Action { at_ms: now_ms(), user: v.session.identity.user.clone(), action: action.into(), namespace: namespace.into(), object: object.into() };
     tracing::info!(user = %action.user, action = %action.action, namespace, object, "console: a change was made");
     if let Err(e) = v.warren.service.records.store().record_action(&action).await {

@@ -1,0 +1,133 @@
+//! Threads and managed volumes in the console: list a key's thread or
+//! volume, download a file, delete a thread. Reading needs `get` on
+//! ApiKeys in the key's namespace (the key's stored data); deleting a
+//! thread is a write (CSRF token, `patch` on ApiKeys, audited). The node
+//! calls are the Files API's own ([`FileAccess`]), so the same paths are
+//! refused (no `..`, no links out of the home or volume).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+use warren_config::EffectiveKey;
+
+use super::app::{csrf_ok, not_found_page, page, see_other, Console};
+use super::html::{table, Html};
+use super::pages::Viewer;
+use crate::files::FileAccess;
+
+/// A trace id for the node calls the console makes (its logs name it).
+const TRACE: &str = "console";
+
+/// `/files/{namespace}/{key}/{source}/{id}`.
+type Place = (String, String, String, String);
+
+#[derive(Deserialize)]
+pub(super) struct FileQuery {
+    path: String,
+}
+
+impl Console {
+    /// The viewer and the key of a files URL, when the user may read it.
+    async fn files_of(&self, headers: &HeaderMap, uri: &Uri, namespace: &str, key: &str, verb: &'static str) -> Result<(Viewer<'_>, Arc<EffectiveKey>), Response> {
+        let v = self.viewer(headers, uri).await?;
+        let key = v.warren.keys().named(namespace, key).filter(|_| v.namespaces.iter().any(|n| n == namespace)).ok_or_else(not_found_page)?;
+        match self.access.may(&v.session.identity, verb, "apikeys", namespace).await {
+            Ok(true) => Ok((v, key)),
+            Ok(false) => Err(page(StatusCode::FORBIDDEN, "Refused", Some(&v.session), &Html::text("Your RBAC does not allow this in this namespace."))),
+            Err(e) => {
+                tracing::warn!(error = %e, "console: the cluster could not answer an access review");
+                Err(page(StatusCode::SERVICE_UNAVAILABLE, "Unavailable", Some(&v.session), &Html::text("The cluster could not say what you may see. Try again shortly.")))
+            }
+        }
+    }
+}
+
+fn failed(v: &Viewer<'_>, e: crate::error::ApiError) -> Response {
+    let status = e.into_response().status();
+    let why = if status == StatusCode::NOT_FOUND { "There is no such thread, volume or file." } else { "The files could not be reached. Try again shortly." };
+    page(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, "Files", Some(&v.session), &Html::text(why))
+}
+
+/// The files of a thread or volume, each with its download link.
+pub(super) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>) -> Response {
+    let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "get").await {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
+    let listed = match FileAccess::new(v.warren, &k, &source, &id) {
+        Ok(access) => access.list("", TRACE).await,
+        Err(e) => Err(e),
+    };
+    let listed = match listed {
+        Ok(l) => l,
+        Err(e) => return failed(&v, e),
+    };
+    let base = format!("/files/{ns}/{key}/{source}/{id}");
+    let rows = listed.files.iter().map(|f| {
+        let mut link = Html::default();
+        link.push_markup("<a href=\"");
+        let href = format!("{base}/download?{}", url::form_urlencoded::Serializer::new(String::new()).append_pair("path", &f.path).finish());
+        link.push(&Html::attr(&href));
+        link.push_markup("\">");
+        link.push_text(&f.path);
+        link.push_markup("</a>");
+        vec![link, Html::text(&f.size.to_string()), Html::text(f.modified.as_deref().unwrap_or(""))]
+    });
+    let mut body = table(&["file", "bytes", "modified (UTC)"], rows);
+    if listed.truncated {
+        body.push_markup("<p>(more files than listed)</p>");
+    }
+    if source == "thread" {
+        body.push_markup("<form method=\"post\" action=\"");
+        body.push(&Html::attr(&format!("{base}/delete")));
+        body.push_markup("\"><input type=\"hidden\" name=\"csrf\" value=\"");
+        body.push(&Html::attr(&v.session.csrf));
+        body.push_markup("\"><button type=\"submit\">Delete this thread</button></form>");
+    }
+    v.page(&format!("{source} {id} of {ns}/{key}"), &body)
+}
+
+/// One file, as an attachment (never rendered by the browser).
+pub(super) async fn download(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, Query(q): Query<FileQuery>) -> Response {
+    let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "get").await {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
+    let stream = match FileAccess::new(v.warren, &k, &source, &id) {
+        Ok(access) => access.read(&q.path, TRACE).await,
+        Err(e) => Err(e),
+    };
+    match stream {
+        Ok(stream) => {
+            let name: String = q.path.rsplit('/').next().unwrap_or("file").chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+            let body = Body::from_stream(stream.map(|c| c.map_err(|s| std::io::Error::other(s.message().to_string()))));
+            let headers = [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\""))];
+            (headers, body).into_response()
+        }
+        Err(e) => failed(&v, e),
+    }
+}
+
+/// Deletes a thread (its home, everywhere): a write.
+pub(super) async fn delete_thread(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Bytes) -> Response {
+    if source != "thread" {
+        return not_found_page();
+    }
+    let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "patch").await {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
+    if !csrf_ok(&v.session, &body) {
+        return page(StatusCode::FORBIDDEN, "Refused", Some(&v.session), &Html::text("This form did not come from your console session."));
+    }
+    if let Err(e) = v.warren.service.delete_thread(&k, &id, TRACE).await {
+        return failed(&v, e.into());
+    }
+    super::writes::audit(&v, "delete-thread", &ns, &format!("{key}/{id}")).await;
+    see_other(&format!("/files/{ns}/{key}/thread/{id}"), None)
+}
