@@ -70,7 +70,7 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
         Delivery::Streamed => streamed(run, &st),
         // The HTTP API never asks for the MCP delivery.
         Delivery::Collected | Delivery::Mcp => collected(run).await,
-        Delivery::Async => accepted(run, &st, hook),
+        Delivery::Async | Delivery::Console => accepted(run, &st, hook),
     };
     if let Some(t) = trace {
         resp.headers_mut().insert("x-trace-id", t);
@@ -90,7 +90,7 @@ async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, deliver
     let mut admitted = st.service.admit(&key, req, delivery).await?;
     let (_, recorded) = tokio::sync::oneshot::channel();
     let mut recorded = std::mem::replace(&mut admitted.recorded, recorded);
-    if delivery == Delivery::Async && !(&mut recorded).await.unwrap_or(false) {
+    if matches!(delivery, Delivery::Async | Delivery::Console) && !(&mut recorded).await.unwrap_or(false) {
         return Err(ExecError::RecordStore.into());
     }
     let run = st.service.start(admitted).await?;
@@ -211,6 +211,12 @@ async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration
 fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
     let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
     let location = format!("/v1/executions/{}", run.id);
+    run_on(run, st, hook);
+    (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+}
+
+/// Drives `run` to its end in a task of the gateway, recording its lines.
+fn run_on(run: Run, st: &AppState, hook: Option<Hook>) {
     let rec = st.service.records.clone();
     let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone(), run.max_output_bytes), run.id.clone());
     let webhooks = st.webhooks.clone();
@@ -220,7 +226,22 @@ fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
             webhooks.deliver(rec, id, hook).await;
         }
     });
-    (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+}
+
+/// The console's playground: `body` (the execute API's JSON) run with
+/// `key`, recorded with delivery mode `console`, running on after this
+/// returns its trace id (once its record is committed).
+pub async fn run_for_console(st: &AppState, key: &warren_config::EffectiveKey, body: &[u8]) -> Result<String, ApiError> {
+    let req = request::parse(body)?;
+    let mut admitted = st.service.admit(key, req, Delivery::Console).await?;
+    let (_, recorded) = tokio::sync::oneshot::channel();
+    if !std::mem::replace(&mut admitted.recorded, recorded).await.unwrap_or(false) {
+        return Err(ExecError::RecordStore.into());
+    }
+    let run = st.service.start(admitted).await?;
+    let id = run.id.clone();
+    run_on(run, st, None);
+    Ok(id)
 }
 
 /// The 202 body of an asynchronous execution.

@@ -282,7 +282,8 @@ pub fn quickstart_with_image(image: &str) -> tempfile::TempDir {
 }
 
 /// Namespaces `team-a` and `team-b` and the console's RBAC for two groups:
-/// `team-a` may view Warren's kinds in its namespace (a RoleBinding);
+/// `team-a` may view Warren's kinds in its namespace and `use` its
+/// Sandboxes (the console's playground) (RoleBindings);
 /// `platform-admins` may view them everywhere and patch ApiKeys
 /// (ClusterRoleBindings).
 pub const CONSOLE_RBAC: &str = r#"
@@ -309,6 +310,20 @@ rules:
 - apiGroups: [warren.dev]
   resources: [apikeys]
   verbs: [patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: warren-runner}
+rules:
+- apiGroups: [warren.dev]
+  resources: [sandboxes]
+  verbs: [use]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: team-a-runners, namespace: team-a}
+subjects: [{kind: Group, name: team-a, apiGroup: rbac.authorization.k8s.io}]
+roleRef: {kind: ClusterRole, name: warren-runner, apiGroup: rbac.authorization.k8s.io}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

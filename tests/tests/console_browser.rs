@@ -99,6 +99,22 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     let activity = b.text().unwrap();
     assert!(activity.contains("local-admin") && activity.contains("cancel-execution") && activity.contains(&running), "{activity}");
 
+    // The playground: code run with a key, watched on its page while it runs, recorded as the console's.
+    b.goto(&format!("http://{listen}/playground")).unwrap();
+    b.click(&b.find("option[value='default/main']").unwrap()).unwrap();
+    b.click(&b.find("select[name=language] option:nth-child(3)").unwrap()).unwrap();
+    b.type_into(&b.find("textarea[name=code]").unwrap(), "echo 'played-<i>here</i>'; sleep 50").unwrap();
+    b.screenshot(&shots, "playground").unwrap();
+    b.click_to(&b.find("form.playground button").unwrap(), |u| u.contains("/executions/trc_")).unwrap();
+    let played = b.url().unwrap().rsplit('/').next().unwrap().to_string();
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || {
+        b.goto(&format!("http://{listen}/executions/{played}")).is_ok() && b.text().is_ok_and(|t| t.contains("Output so far") && t.contains("played-<i>here</i>"))
+    }), "the running execution's output never showed: {}", b.text().unwrap_or_default());
+    b.screenshot(&shots, "playground-running").unwrap();
+    b.click_to(&b.find("form[action$='/cancel'] button").unwrap(), |u| u.ends_with(&played)).unwrap();
+    let v = gw.record_when("main", &played, ended);
+    assert_eq!((v["delivery_mode"].as_str(), v["metadata"]["console.user"].as_str()), (Some("console"), Some("local-admin")), "{v}");
+
     // A thread's files: listed, downloaded as an attachment, and the thread deleted.
     let t = gw.execute(&key("thr"), &json!({"code": "printf 'hello <b>' > ~/report.txt", "language": "bash", "thread_id": "console-t"}));
     assert_eq!(t.status, 200, "{}", t.text());

@@ -116,6 +116,20 @@ async fn each_user_sees_only_the_namespaces_rbac_gives_them() {
     assert_eq!(post("/keys/team-a/agent/disable"), 403);
     assert_eq!(post("/keys/team-b/agent/disable"), 404);
     assert_eq!(gw.execute(&key_a, &json!({"code": "print(1)"})).status, 200, "nothing changed");
+    // The playground offers team-a's key only (he may `use` its Sandboxes) and records the run as his.
+    b.goto(&format!("{console}/playground")).unwrap();
+    let options = b.source().unwrap();
+    assert!(options.contains("value=\"team-a/agent\"") && !options.contains("team-b"), "{options}");
+    b.type_into(&b.find("textarea[name=code]").unwrap(), "print('played-by-bob')").unwrap();
+    b.click_to(&b.find("form.playground button").unwrap(), |u| u.contains("/executions/trc_")).unwrap();
+    let played = b.url().unwrap().rsplit('/').next().unwrap().to_string();
+    let v = gw.record_when_with(&key_a, &played, ended);
+    assert_eq!((v["stdout"].as_str(), v["delivery_mode"].as_str(), v["metadata"]["console.user"].as_str()), (Some("played-by-bob\n"), Some("console"), Some("bob@example.test")), "{v}");
+    b.goto(&format!("{console}/executions/{played}")).unwrap();
+    assert!(b.text().unwrap().contains("played-by-bob"));
+    let forged = format!("csrf={csrf}&key=team-b%2Fagent&language=python&code=print(1)");
+    let r = warren_e2e::http::post(console_addr, "/playground", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], forged.as_bytes());
+    assert_eq!(r.status, 403, "another tenant's key is refused");
     drop(b);
 
     // ada (platform-admins): every tenant.

@@ -5,6 +5,8 @@
 //! - [`app`]: the console's routes on their own listener (sign-in, sign-out,
 //!   assets, pages behind a session);
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
+//! - `playground`: run code with a key the user may `use`, recorded as
+//!   delivery `console` with the user;
 //! - [`provider`]: the identity provider over HTTP (discovery, keys, the
 //!   authorization request, the code exchange), bounded;
 //! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
@@ -28,6 +30,7 @@ pub mod html;
 pub mod link;
 pub mod oidc;
 mod pages;
+mod playground;
 pub mod provider;
 pub mod query;
 pub mod session;

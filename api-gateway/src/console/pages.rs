@@ -136,6 +136,9 @@ pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap,
         body.push(&views::thread_link(&row.namespace, &row.key_name, thread));
     }
     if !row.is_terminal() {
+        // The lines so far (recorded for async and playground runs).
+        let lines = v.warren.service.records.store().lines_after(&id, 0, 2000).await.unwrap_or_default();
+        body.push(&views::live_output(&lines));
         body.push(&views::cancel_form(&id, &v.session.csrf));
     }
     let mut r = v.page(&format!("Execution {id}"), &body);

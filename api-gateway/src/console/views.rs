@@ -237,8 +237,8 @@ pub fn execution(r: &Row) -> Html {
         ("delivery", r.mode.clone()),
         ("node", r.node.clone()),
         ("created (UTC)", rfc3339(r.created_ms)),
-        ("duration", format!("{} ms (CPU {} ms)", r.duration_ms, r.cpu_ms)),
-        ("peak memory", r.peak_memory_bytes.map_or("not measured on this node".into(), |b| format!("{b} bytes"))),
+        ("duration", if r.is_terminal() { format!("{} ms (CPU {} ms)", r.duration_ms, r.cpu_ms) } else { "(running)".into() }),
+        ("peak memory", if r.is_terminal() { r.peak_memory_bytes.map_or("not measured on this node".into(), |b| format!("{b} bytes")) } else { "(running)".into() }),
         ("webhook", r.webhook_status.clone().map_or(String::new(), |s| format!("{s} after {} attempt(s)", r.webhook_attempts))),
     ];
     h.push_markup("<dl>");
@@ -254,7 +254,9 @@ pub fn execution(r: &Row) -> Html {
     h.push_markup("</dd><dt>metadata</dt><dd>");
     h.push(&metadata(r));
     h.push_markup("</dd></dl>");
-    for (name, text, cut) in [("stdout", &r.stdout, r.stdout_truncated), ("stderr", &r.stderr, r.stderr_truncated)] {
+    // A running execution's output is shown from its stream (see [`live_output`]).
+    let ended = if r.is_terminal() { [("stdout", &r.stdout, r.stdout_truncated), ("stderr", &r.stderr, r.stderr_truncated)].to_vec() } else { Vec::new() };
+    for (name, text, cut) in ended {
         h.push_markup("<h2>");
         h.push_markup(name);
         h.push_markup("</h2>");
@@ -280,6 +282,30 @@ pub fn thread_link(namespace: &str, key: &str, thread: &str) -> Html {
     h.push_markup("<p><a href=\"");
     h.push(&Html::attr(&format!("/files/{namespace}/{key}/thread/{thread}")));
     h.push_markup("\">Browse the thread's files</a></p>");
+    h
+}
+
+/// The output a running execution has printed so far, from its recorded
+/// stream lines (each the NDJSON event the API would send).
+pub fn live_output(lines: &[(u64, String)]) -> Html {
+    let (mut out, mut err) = (String::new(), String::new());
+    for (_, line) in lines {
+        let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if ev["type"] != "output" {
+            continue;
+        }
+        let data = ev["data"].as_str().unwrap_or_default();
+        if ev["stream"] == "stderr" { err.push_str(data) } else { out.push_str(data) }
+    }
+    let mut h = Html::default();
+    h.push_markup("<h2>Output so far</h2><pre class=\"live\">");
+    h.push_text(&out);
+    h.push_markup("</pre>");
+    if !err.is_empty() {
+        h.push_markup("<pre class=\"live error\">");
+        h.push_text(&err);
+        h.push_markup("</pre>");
+    }
     h
 }
 
@@ -332,7 +358,7 @@ mod tests {
             namespace: "team-a".into(),
             key_name: "agent".into(),
             language: "python".into(),
-            status: "succeeded".into(),
+            status: "success".into(),
             exit_code: Some(0),
             thread_id: Some("<b>t</b>".into()),
             metadata: [("run".to_string(), "\"><script>alert(1)</script>".to_string())].into(),

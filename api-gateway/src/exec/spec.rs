@@ -33,6 +33,9 @@ pub enum Delivery {
     Async,
     /// An MCP tool call: one result.
     Mcp,
+    /// The console's playground: runs on like an async execution, its
+    /// lines recorded; read on the execution's page.
+    Console,
 }
 
 impl Delivery {
@@ -43,6 +46,7 @@ impl Delivery {
             Delivery::Streamed => crate::records::Mode::Stream,
             Delivery::Async => crate::records::Mode::Async,
             Delivery::Mcp => crate::records::Mode::Mcp,
+            Delivery::Console => crate::records::Mode::Console,
         }
     }
 }

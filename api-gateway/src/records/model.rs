@@ -13,6 +13,8 @@ pub enum Mode {
     Async,
     /// The MCP endpoint's `sandbox_execute`.
     Mcp,
+    /// The console's playground (its metadata names the signed-in user).
+    Console,
 }
 
 impl Mode {
@@ -23,6 +25,7 @@ impl Mode {
             Mode::Stream => "stream",
             Mode::Async => "async",
             Mode::Mcp => "mcp",
+            Mode::Console => "console",
         }
     }
 }

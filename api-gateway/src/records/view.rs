@@ -27,7 +27,7 @@ pub struct ExecutionStatus {
     pub error: Option<String>,
     /// Wall time of the program, milliseconds.
     pub duration_ms: u64,
-    /// `inline`, `stream`, `async` or `mcp`.
+    /// `inline`, `stream`, `async`, `mcp` or `console` (the admin console's playground).
     pub delivery_mode: String,
     /// When it was admitted (RFC 3339).
     pub created_at: String,

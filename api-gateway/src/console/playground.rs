@@ -1,0 +1,102 @@
+//! The playground: run Python, Node or Bash with a key the user may use,
+//! and watch it on the execution's page (which reloads itself while it
+//! runs, showing the lines so far). Running code with a tenant's key (and
+//! so its Sandbox's credentials) needs the RBAC verb `use` on Sandboxes in
+//! the namespace — granted deliberately, never implied by viewing. Each run
+//! is recorded with delivery mode `console` and the signed-in user in its
+//! metadata (`console.user`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+use super::app::{csrf_ok, page, see_other, Console};
+use super::html::Html;
+use super::pages::Viewer;
+
+/// Largest playground form (the code is at most 1 MiB, form-encoded).
+const MAX_FORM: usize = 3 << 20;
+/// Longest user name kept in the run's metadata (its values' limit).
+const MAX_USER: usize = 256;
+
+/// The keys `v`'s user may run code with: enabled, in namespaces where
+/// they may `use` Sandboxes.
+async fn usable(c: &Console, v: &Viewer<'_>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for ns in &v.namespaces {
+        if !c.access.may(&v.session.identity, "use", "sandboxes", ns).await.unwrap_or(false) {
+            continue;
+        }
+        let mut keys: Vec<_> = v.warren.keys().keys().iter().filter(|k| &k.namespace == ns && !k.disabled).map(|k| (k.namespace.clone(), k.name.clone())).collect();
+        keys.sort();
+        out.extend(keys);
+    }
+    out
+}
+
+/// The form: a key, a language, the code.
+pub(super) async fn form(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let keys = usable(&c, &v).await;
+    if keys.is_empty() {
+        return v.page("Playground", &Html::text("No API key you may run code with (the RBAC verb `use` on Sandboxes in its namespace)."));
+    }
+    let mut h = Html::default();
+    h.push_markup("<form class=\"playground\" method=\"post\" action=\"/playground\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(&v.session.csrf));
+    h.push_markup("\"><label>key <select name=\"key\">");
+    for (ns, name) in &keys {
+        let both = format!("{ns}/{name}");
+        h.push_markup("<option value=\"");
+        h.push(&Html::attr(&both));
+        h.push_markup("\">");
+        h.push_text(&both);
+        h.push_markup("</option>");
+    }
+    h.push_markup("</select></label> <label>language <select name=\"language\"><option>python</option><option>node</option><option>bash</option></select></label>");
+    h.push_markup("<textarea name=\"code\" rows=\"12\" cols=\"100\" spellcheck=\"false\">print(\"hello from Warren\")</textarea><button type=\"submit\">Run</button></form>");
+    v.page("Playground", &h)
+}
+
+/// Runs the form's code; the browser goes to the execution's page.
+pub(super) async fn run(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let refuse = |status, why: &str| page(status, "Playground", Some(&v.session), &Html::text(why));
+    if body.len() > MAX_FORM {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "The code is too large (1 MiB at most).");
+    }
+    if !csrf_ok(&v.session, &body) {
+        return refuse(StatusCode::FORBIDDEN, "This form did not come from your console session.");
+    }
+    let field = |name: &str| url::form_urlencoded::parse(&body).find(|(k, _)| k == name).map(|(_, v)| v.into_owned()).unwrap_or_default();
+    let (chosen, language, code) = (field("key"), field("language"), field("code"));
+    let usable = usable(&c, &v).await;
+    let Some((ns, name)) = usable.iter().find(|(ns, name)| chosen == format!("{ns}/{name}")) else {
+        return refuse(StatusCode::FORBIDDEN, "You may not run code with this key.");
+    };
+    let Some(key) = v.warren.keys().named(ns, name) else { return refuse(StatusCode::NOT_FOUND, "No such key.") };
+    let user: String = v.session.identity.user.chars().take(MAX_USER).collect();
+    let request = serde_json::json!({"code": code, "language": language, "metadata": {"console.user": user}});
+    match crate::execute::run_for_console(v.warren, &key, request.to_string().as_bytes()).await {
+        Ok(id) => {
+            tracing::info!(user = %v.session.identity.user, execution_id = %id, namespace = %ns, key = %name, "console: playground run");
+            see_other(&format!("/executions/{id}"), None)
+        }
+        Err(e) => {
+            let r = e.into_response();
+            let status = r.status();
+            let text = String::from_utf8_lossy(&axum::body::to_bytes(r.into_body(), 64 << 10).await.unwrap_or_default()).into_owned();
+            let message = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["message"].as_str().map(str::to_string)).unwrap_or_else(|| "The run was refused.".into());
+            refuse(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, &message)
+        }
+    }
+}
