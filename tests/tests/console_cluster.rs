@@ -127,6 +127,16 @@ async fn each_user_sees_only_the_namespaces_rbac_gives_them() {
     assert_eq!((v["stdout"].as_str(), v["delivery_mode"].as_str(), v["metadata"]["console.user"].as_str()), (Some("played-by-bob\n"), Some("console"), Some("bob@example.test")), "{v}");
     b.goto(&format!("{console}/executions/{played}")).unwrap();
     assert!(b.text().unwrap().contains("played-by-bob"));
+    // Objects from the API server: Ready, the manifest for Git, events; another tenant's: not found.
+    b.goto(&format!("{console}/objects/apikeys")).unwrap();
+    let objects = b.text().unwrap();
+    assert!(objects.contains("team-a/agent") && objects.contains("True") && !objects.contains("team-b"), "{objects}");
+    b.click_to(&b.find("a[href='/objects/apikeys/team-a/agent']").unwrap(), |u| u.ends_with("/team-a/agent")).unwrap();
+    let object = b.text().unwrap();
+    assert!(object.contains("sandboxRef") && object.contains("kind: ApiKey") && !object.contains("managedFields") && !object.contains(&key_a), "{object}");
+    b.screenshot(&shots, "cluster-object-apikey").unwrap();
+    b.goto(&format!("{console}/objects/apikeys/team-b/agent")).unwrap();
+    assert!(b.text().unwrap().contains("There is no such page"));
     let forged = format!("csrf={csrf}&key=team-b%2Fagent&language=python&code=print(1)");
     let r = warren_e2e::http::post(console_addr, "/playground", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], forged.as_bytes());
     assert_eq!(r.status, 403, "another tenant's key is refused");

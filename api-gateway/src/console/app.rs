@@ -116,6 +116,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/keys/{namespace}/{name}/disable", post(super::writes::disable_key))
         .route("/keys/{namespace}/{name}/enable", post(super::writes::enable_key))
         .route("/activity", get(super::pages::activity))
+        .route("/objects/{kind}", get(super::objects::list))
+        .route("/objects/{kind}/{namespace}/{name}", get(super::objects::show))
         .route("/playground", get(super::playground::form).post(super::playground::run))
         .route("/files/{namespace}/{key}/{source}/{id}", get(super::files::list))
         .route("/files/{namespace}/{key}/{source}/{id}/download", get(super::files::download))

@@ -100,7 +100,7 @@ pub fn page(title: &str, user: Option<(&str, &str)>, body: &Html) -> Html {
     h.push_text(title);
     h.push_markup(" · Warren</title><link rel=\"stylesheet\" href=\"/assets/console.css\"></head><body><header><strong>Warren</strong>");
     if let Some((user, csrf)) = user {
-        h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a><a href=\"/playground\">Playground</a><a href=\"/activity\">Activity</a></nav><span class=\"user\">");
+        h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a><a href=\"/objects/sandboxes\">Objects</a><a href=\"/playground\">Playground</a><a href=\"/activity\">Activity</a></nav><span class=\"user\">");
         h.push_text(user);
         h.push_markup("</span><form method=\"post\" action=\"/signout\"><input type=\"hidden\" name=\"csrf\" value=\"");
         h.push(&Html::attr(csrf));

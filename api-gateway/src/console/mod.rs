@@ -4,6 +4,8 @@
 //!   (SubjectAccessReview);
 //! - [`app`]: the console's routes on their own listener (sign-in, sign-out,
 //!   assets, pages behind a session);
+//! - [`objects`]: Warren's kinds as the API server holds them (Ready,
+//!   the manifest for Git, events), in a cluster;
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
 //! - `playground`: run code with a key the user may `use`, recorded as
 //!   delivery `console` with the user;
@@ -28,6 +30,7 @@ pub mod app;
 mod files;
 pub mod html;
 pub mod link;
+pub mod objects;
 pub mod oidc;
 mod pages;
 mod playground;
