@@ -103,13 +103,14 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     b.goto(&format!("http://{listen}/playground")).unwrap();
     b.click(&b.find("option[value='default/main']").unwrap()).unwrap();
     b.click(&b.find("select[name=language] option:nth-child(3)").unwrap()).unwrap();
-    b.type_into(&b.find("textarea[name=code]").unwrap(), "echo 'played-<i>here</i>'; sleep 50").unwrap();
+    b.type_into(&b.find("textarea[name=code]").unwrap(), "echo first; sleep 2; echo 'played-<i>here</i>'; sleep 50").unwrap();
     b.screenshot(&shots, "playground").unwrap();
     b.click_to(&b.find("form.playground button").unwrap(), |u| u.contains("/executions/trc_")).unwrap();
     let played = b.url().unwrap().rsplit('/').next().unwrap().to_string();
-    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || {
-        b.goto(&format!("http://{listen}/executions/{played}")).is_ok() && b.text().is_ok_and(|t| t.contains("Output so far") && t.contains("played-<i>here</i>"))
-    }), "the running execution's output never showed: {}", b.text().unwrap_or_default());
+    // Followed live (server-sent events, text nodes): the later line arrives without a reload.
+    b.eval("window.__same_page = true; return 1").unwrap();
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || b.text().is_ok_and(|t| t.contains("played-<i>here</i>"))), "the running execution's output never showed: {}", b.text().unwrap_or_default());
+    assert_eq!(b.eval("return [window.__same_page === true, document.querySelectorAll('pre.live i').length, document.scripts.length]").unwrap(), json!([true, 0, 1]), "the same page, the output as text, only the console's own script");
     b.screenshot(&shots, "playground-running").unwrap();
     b.click_to(&b.find("form[action$='/cancel'] button").unwrap(), |u| u.ends_with(&played)).unwrap();
     let v = gw.record_when("main", &played, ended);

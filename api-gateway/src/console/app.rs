@@ -25,6 +25,7 @@ use super::session::{self, Session, Sessions};
 use crate::state::AppState;
 
 const CSS: &str = include_str!("console.css");
+const JS: &str = include_str!("console.js");
 /// Longest form body read (sign-out carries one token).
 const MAX_FORM_BYTES: usize = 4096;
 
@@ -112,6 +113,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/executions", get(super::pages::executions))
         .route("/executions/{id}", get(super::pages::execution))
         .route("/executions/{id}/cancel", post(super::writes::cancel_execution))
+        .route("/executions/{id}/events", get(super::pages::events))
         .route("/keys", get(super::pages::keys))
         .route("/keys/{namespace}/{name}/disable", post(super::writes::disable_key))
         .route("/keys/{namespace}/{name}/enable", post(super::writes::enable_key))
@@ -129,6 +131,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/callback", get(callback))
         .route("/signout", post(sign_out))
         .route("/assets/console.css", get(css))
+        .route("/assets/console.js", get(js))
         .fallback(not_found)
         .with_state(console)
         .layer(axum::middleware::map_response(secure))
@@ -165,6 +168,10 @@ fn random<const N: usize>() -> [[u8; 32]; N] {
 
 async fn css() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS).into_response()
+}
+
+async fn js() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], JS).into_response()
 }
 
 async fn not_found() -> Response {

@@ -95,10 +95,25 @@ pub fn table(headers: &[&'static str], rows: impl IntoIterator<Item = Vec<Html>>
 /// A whole page: `title`, the signed-in user (if any: their name and
 /// session's CSRF token, for the sign-out form) and `body`.
 pub fn page(title: &str, user: Option<(&str, &str)>, body: &Html) -> Html {
+    document(title, user, body, false)
+}
+
+/// A page that follows something running: with script, the console's
+/// script updates it live (server-sent events); without, it reloads
+/// itself every 2 s.
+pub fn live_page(title: &str, user: Option<(&str, &str)>, body: &Html) -> Html {
+    document(title, user, body, true)
+}
+
+fn document(title: &str, user: Option<(&str, &str)>, body: &Html, live: bool) -> Html {
     let mut h = Html::default();
     h.push_markup("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
     h.push_text(title);
-    h.push_markup(" · Warren</title><link rel=\"stylesheet\" href=\"/assets/console.css\"></head><body><header><strong>Warren</strong>");
+    h.push_markup(" · Warren</title><link rel=\"stylesheet\" href=\"/assets/console.css\">");
+    if live {
+        h.push_markup("<noscript><meta http-equiv=\"refresh\" content=\"2\"></noscript><script src=\"/assets/console.js\" defer></script>");
+    }
+    h.push_markup("</head><body><header><strong>Warren</strong>");
     if let Some((user, csrf)) = user {
         h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a><a href=\"/objects/sandboxes\">Objects</a><a href=\"/playground\">Playground</a><a href=\"/activity\">Activity</a></nav><span class=\"user\">");
         h.push_text(user);

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
-use axum::response::Response;
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 
 use super::app::{not_found_page, page, Console};
 use super::html::Html;
@@ -135,17 +136,65 @@ pub(super) async fn execution(State(c): State<Arc<Console>>, headers: HeaderMap,
     if let Some(thread) = row.thread_id.as_deref().filter(|t| warren_core::ids::is_thread_id(t)) {
         body.push(&views::thread_link(&row.namespace, &row.key_name, thread));
     }
-    if !row.is_terminal() {
-        // The lines so far (recorded for async and playground runs).
-        let lines = v.warren.service.records.store().lines_after(&id, 0, 2000).await.unwrap_or_default();
-        body.push(&views::live_output(&lines));
-        body.push(&views::cancel_form(&id, &v.session.csrf));
+    let title = format!("Execution {id}");
+    if row.is_terminal() {
+        return v.page(&title, &body);
     }
-    let mut r = v.page(&format!("Execution {id}"), &body);
-    if !row.is_terminal() {
-        r.headers_mut().insert("refresh", HeaderValue::from_static("2"));
-    }
-    r
+    // The lines so far (recorded for async and playground runs), then live.
+    let lines = v.warren.service.records.store().lines_after(&id, 0, 2000).await.unwrap_or_default();
+    body.push(&views::live_output(&id, &lines));
+    body.push(&views::cancel_form(&id, &v.session.csrf));
+    page_live(&v, &title, &body)
+}
+
+fn page_live(v: &Viewer<'_>, title: &str, body: &Html) -> Response {
+    let html = super::html::live_page(title, Some((&v.session.identity.user, &v.session.csrf)), body);
+    (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")], html.as_str().to_string()).into_response()
+}
+
+#[derive(serde::Deserialize)]
+pub(super) struct After {
+    #[serde(default)]
+    after: u64,
+}
+
+/// How often a live view looks for new lines.
+const POLL: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// A running execution's output lines as server-sent events (each the
+/// NDJSON event the API would send), then `end`. Bounded by the
+/// execution's own timeout; a client that leaves ends it.
+pub(super) async fn events(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(id): Path<String>, Query(q): Query<After>) -> Response {
+    let v = match c.viewer(&headers, &uri).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let row = match v.warren.service.records.store().get(&id).await {
+        Ok(Some(r)) if warren_core::ids::is_execution_id(&id) && v.namespaces.contains(&r.namespace) => r,
+        Ok(_) => return not_found_page(),
+        Err(e) => return v.unavailable(e),
+    };
+    let store = v.warren.service.records.store().clone();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(u64::from(row.timeout_secs) + 60);
+    let stream = async_stream::stream! {
+        let mut seq = q.after;
+        while tokio::time::Instant::now() < deadline {
+            let lines = store.lines_after(&id, seq, 200).await.unwrap_or_default();
+            if lines.is_empty() {
+                if store.get(&id).await.ok().flatten().is_none_or(|r| r.is_terminal()) {
+                    break;
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            for (s, line) in lines {
+                seq = s;
+                yield Ok::<_, std::convert::Infallible>(Event::default().data(line));
+            }
+        }
+        yield Ok(Event::default().event("end").data("end"));
+    };
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// The API keys the user may see; in a cluster, with a button to disable

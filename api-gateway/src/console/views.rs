@@ -286,8 +286,9 @@ pub fn thread_link(namespace: &str, key: &str, thread: &str) -> Html {
 }
 
 /// The output a running execution has printed so far, from its recorded
-/// stream lines (each the NDJSON event the API would send).
-pub fn live_output(lines: &[(u64, String)]) -> Html {
+/// stream lines (each the NDJSON event the API would send); the console's
+/// script follows `id`'s events after the last of them.
+pub fn live_output(id: &str, lines: &[(u64, String)]) -> Html {
     let (mut out, mut err) = (String::new(), String::new());
     for (_, line) in lines {
         let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else { continue };
@@ -295,17 +296,21 @@ pub fn live_output(lines: &[(u64, String)]) -> Html {
             continue;
         }
         let data = ev["data"].as_str().unwrap_or_default();
-        if ev["stream"] == "stderr" { err.push_str(data) } else { out.push_str(data) }
+        if ev["stream"] == "stderr" {
+            err.push_str(data)
+        } else {
+            out.push_str(data)
+        }
     }
+    let after = lines.last().map_or(0, |(seq, _)| *seq);
     let mut h = Html::default();
-    h.push_markup("<h2>Output so far</h2><pre class=\"live\">");
+    h.push_markup("<h2>Output so far</h2><pre class=\"live\" data-events=\"");
+    h.push(&Html::attr(&format!("/executions/{id}/events?after={after}")));
+    h.push_markup("\">");
     h.push_text(&out);
+    h.push_markup("</pre><pre class=\"live-err error\">");
+    h.push_text(&err);
     h.push_markup("</pre>");
-    if !err.is_empty() {
-        h.push_markup("<pre class=\"live error\">");
-        h.push_text(&err);
-        h.push_markup("</pre>");
-    }
     h
 }
 
