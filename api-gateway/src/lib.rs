@@ -229,7 +229,12 @@ pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console
     }
     let redirect_uri = format!("{}/callback", url.trim_end_matches('/'));
     let config = console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri };
-    let allowed_groups = args.console_allowed_groups.iter().map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).collect();
+    let allowed_groups: Vec<String> = args.console_allowed_groups.iter().map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).collect();
+    // Off a cluster there is no RBAC to ask: whoever signs in may do
+    // everything, so who may sign in must be named.
+    if !args.cluster && allowed_groups.is_empty() {
+        bail!("on one machine the console's provider needs --console-allowed-groups (everyone who signs in is an admin there)");
+    }
     Ok(Some((listen, console::app::SignIn::Oidc { config, allowed_groups })))
 }
 

@@ -257,9 +257,12 @@ fn the_console_is_off_unless_asked_for_and_then_needs_its_provider() {
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "s3cret\n").unwrap();
     let full = args(&["--console-listen", "127.0.0.1:8081", "--console-url", "https://console.example.test/", "--console-oidc-issuer", "https://idp.example.test", "--console-oidc-client-secret-file", secret.to_str().unwrap()]);
+    let e = warren_api_gateway::console_config(&full).unwrap_err().to_string();
+    assert!(e.contains("--console-allowed-groups"), "off a cluster, who may sign in must be named: {e}");
+    let full = args(&["--console-listen", "127.0.0.1:8081", "--console-url", "https://console.example.test/", "--console-oidc-issuer", "https://idp.example.test", "--console-oidc-client-secret-file", secret.to_str().unwrap(), "--console-allowed-groups", "ops, admins"]);
     let (listen, sign_in) = warren_api_gateway::console_config(&full).unwrap().unwrap();
     let warren_api_gateway::console::app::SignIn::Oidc { config, allowed_groups } = sign_in else { panic!("{sign_in:?}") };
-    assert!(allowed_groups.is_empty());
+    assert_eq!(allowed_groups, ["ops", "admins"]);
     assert_eq!((listen.port(), config.redirect_uri.as_str(), config.client_secret.as_str(), config.client_id.as_str()), (8081, "https://console.example.test/callback", "s3cret", "warren-console"));
     std::fs::write(&secret, "\n").unwrap();
     assert!(warren_api_gateway::console_config(&full).is_err(), "an empty secret");

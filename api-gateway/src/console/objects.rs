@@ -56,8 +56,14 @@ pub fn manifest(obj: &serde_json::Value) -> String {
 }
 
 impl Console {
-    fn cluster_client(&self, v: &Viewer<'_>) -> Result<&kube::Client, Response> {
-        self.access.client().ok_or_else(|| page(StatusCode::NOT_FOUND, "Objects", Some(&v.session), &Html::text("On one machine the objects are the manifest files; see API keys and Sandboxes for their effect.")))
+    /// The viewer of an object page, its kind and the API server's client.
+    async fn objects_of(&self, headers: &HeaderMap, uri: &Uri, plural: &str) -> Result<(Viewer<'_>, (&'static str, &'static str), &kube::Client), Response> {
+        let v = self.viewer(headers, uri).await?;
+        let kind = kind_of(plural).ok_or_else(not_found_page)?;
+        let Some(client) = self.access.client() else {
+            return Err(page(StatusCode::NOT_FOUND, "Objects", Some(&v.session), &Html::text("On one machine the objects are the manifest files; see API keys and Sandboxes for their effect.")));
+        };
+        Ok((v, kind, client))
     }
 }
 
@@ -68,13 +74,8 @@ fn unavailable(v: &Viewer<'_>, e: kube::Error) -> Response {
 
 /// Every object of one kind in the namespaces where the user may list it.
 pub(super) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(plural): Path<String>) -> Response {
-    let v = match c.viewer(&headers, &uri).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let Some(kind) = kind_of(&plural) else { return not_found_page() };
-    let client = match c.cluster_client(&v) {
-        Ok(client) => client,
+    let (v, kind, client) = match c.objects_of(&headers, &uri, &plural).await {
+        Ok(ok) => ok,
         Err(r) => return r,
     };
     let mut rows = Vec::new();
@@ -120,13 +121,8 @@ fn kinds_nav() -> Html {
 
 /// One object: Ready, its manifest, its events.
 pub(super) async fn show(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((plural, ns, name)): Path<(String, String, String)>) -> Response {
-    let v = match c.viewer(&headers, &uri).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let Some(kind) = kind_of(&plural) else { return not_found_page() };
-    let client = match c.cluster_client(&v) {
-        Ok(client) => client,
+    let (v, kind, client) = match c.objects_of(&headers, &uri, &plural).await {
+        Ok(ok) => ok,
         Err(r) => return r,
     };
     if !v.namespaces.contains(&ns) || !c.access.may(&v.session.identity, "get", kind.0, &ns).await.unwrap_or(false) {
