@@ -35,7 +35,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a}"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a},console.ingress.enabled=true,console.ingress.host=console.example.com,console.ingress.tlsSecret=console-tls"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -54,12 +54,14 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains("--console-listen=0.0.0.0:8081") && rendered.contains("--console-oidc-issuer=https://idp.example.com"), "{rendered}");
             assert!(rendered.contains("resources: [apikeys]\n    verbs: [patch]"), "the console's one write: {rendered}");
             assert!(rendered.contains("--console-allowed-groups=platform-admins,team-a"), "{rendered}");
+            assert!(rendered.contains("kind: Ingress\n") && rendered.contains("secretName: console-tls") && rendered.contains("host: \"console.example.com\""), "the optional console Ingress: {rendered}");
             assert!(rendered.contains("name: warren-console\n") && rendered.contains("resources: [subjectaccessreviews]"), "the console's Service and its one cluster permission");
         } else {
             assert!(rendered.contains("--thread-store=dir:/var/lib/warren/thread-store"), "the default keeps threads on the node");
             assert!(rendered.contains("--records=sqlite:///var/lib/warren/gateway/records.db"), "one replica keeps its records in the pod");
             assert!(!rendered.contains("--local-storage-root") && !rendered.contains("--allow-endpoint"), "no host path and no node endpoint by default");
             assert!(!rendered.contains("--console-listen") && !rendered.contains("subjectaccessreviews"), "no console by default");
+            assert!(!rendered.contains("kind: Ingress\n") && !rendered.contains("port: 8081"), "nothing of the console by default");
             assert!(rendered.contains("except: [\"169.254.0.0/16\"]") && rendered.contains("fieldPath: status.hostIP"), "the agent's egress avoids the metadata service; it knows the node's address");
         }
         assert!(rendered.contains("--keys-namespace=warren-system-keys") && rendered.contains("--publish-namespace=warren-system-keys"), "{name}");
@@ -82,6 +84,10 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     // Warren's own namespace is never a tenant's (its Secrets hold the CA keys).
     let own = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--namespace", "warren-system", "--set", "tenantNamespaces={warren-system}"]).output().unwrap();
     assert!(!own.status.success() && String::from_utf8_lossy(&own.stderr).contains("Warren's own namespace"));
+    // With the default NetworkPolicy, the console's port is let in too.
+    let policy = helm(&["template", "warren", &chart[..], "--set", "console.enabled=true,console.url=https://c.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=s"]);
+    let gateway_policy = policy.split("\n---").find(|d| d.contains("kind: NetworkPolicy") && d.contains("name: warren-gateway\n")).expect("the gateway's NetworkPolicy");
+    assert!(gateway_policy.contains("{port: 8080, protocol: TCP}") && gateway_policy.contains("{port: 8081, protocol: TCP}"), "{gateway_policy}");
     // A console without its identity provider is refused at render time.
     let console = Command::new(warren_e2e::helm::helm().unwrap()).args(["template", "warren", &chart[..], "--set", "console.enabled=true,console.url=https://c.example.com"]).output().unwrap();
     assert!(!console.status.success() && String::from_utf8_lossy(&console.stderr).contains("console.oidc.issuer is required"));
