@@ -56,6 +56,7 @@ impl Audit {
             stdout_truncated: r.stdout_truncated || out_cut,
             stderr_truncated: r.stderr_truncated || err_cut,
             completed_ms: 0,
+            blocked_egress: (!r.blocked_egress.is_empty()).then(|| serde_json::to_string(&r.blocked_egress).unwrap_or_default()),
         });
     }
 }

@@ -18,7 +18,7 @@ use warren_config::EffectiveKey;
 use crate::error::ApiError;
 use crate::ndjson;
 use crate::records::{self, ExecutionStatus, Filter, Row, Status, Store};
-use crate::result::{ExecuteResult, StreamEvent};
+use crate::result::{BlockedEgress, ExecuteResult, StreamEvent};
 use crate::state::AppState;
 
 /// Answer to a cancel.
@@ -225,7 +225,7 @@ fn result_line(row: &Row, seq: u64) -> StreamEvent {
         exit_code: row.exit_code.unwrap_or(-1),
         error: row.error.clone(),
         unsynced_paths: Vec::new(),
-        blocked_egress: Vec::new(),
+        blocked_egress: BlockedEgress::from_record(row.blocked_egress.as_deref()),
         trace_id: row.trace_id.clone(),
         duration_ms: row.duration_ms,
         cpu_ms: row.cpu_ms,

@@ -1,7 +1,7 @@
 //! What an execution returns: the result object, the NDJSON stream events,
 //! and the outcome classification used by responses, metrics and audit.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use warren_core::exit::{Blocked, Exit as Exited, Failure};
 
@@ -232,7 +232,7 @@ impl ExecuteResult {
 
 
 /// One destination the network policy refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BlockedEgress {
     /// The DNS name the program resolved the address from, or asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -246,6 +246,14 @@ pub struct BlockedEgress {
     pub protocol: String,
     /// Packets (or queries) refused.
     pub count: u64,
+}
+
+impl BlockedEgress {
+    /// The list a record kept (the JSON this crate wrote; anything else
+    /// reads as none).
+    pub fn from_record(json: Option<&str>) -> Vec<BlockedEgress> {
+        json.and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default()
+    }
 }
 
 impl From<&Blocked> for BlockedEgress {

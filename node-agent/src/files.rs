@@ -133,6 +133,25 @@ impl Files {
         }
     }
 
+    /// Removes the regular file at `rel`.
+    pub async fn delete(&self, target: &Target, rel: &str) -> Result<(), FilesError> {
+        let rel = check(rel)?;
+        if rel.as_os_str().is_empty() {
+            return Err(FilesError::Invalid("path: required"));
+        }
+        match target {
+            Target::Thread(o) => self.threads.delete_file(o.clone(), &rel).await.map(drop).map_err(FilesError::from),
+            Target::Volume(prefix) => {
+                let (store, at) = self.volume(prefix, &rel)?;
+                match store.head(&at).await {
+                    Ok(_) => store.delete(&at).await.map_err(|e| FilesError::Store(e.to_string())),
+                    Err(object_store::Error::NotFound { .. }) => Err(FilesError::NotFound),
+                    Err(e) => Err(FilesError::Store(e.to_string())),
+                }
+            }
+        }
+    }
+
     /// Stores exactly `size` bytes from `chunks` at `rel`.
     pub async fn write(&self, target: &Target, rel: &str, size: u64, chunks: impl Stream<Item = Result<Bytes, FilesError>> + Send + Unpin) -> Result<(), FilesError> {
         let rel = check(rel)?;

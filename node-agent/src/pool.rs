@@ -43,6 +43,11 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Sandboxes ready for a call, over every shape.
+    pub fn ready(&self) -> usize {
+        self.lock().ready.values().map(VecDeque::len).sum()
+    }
+
     /// Starts filling the pool for `shape`.
     pub fn warm(&self, shape: Shape) {
         let mut inner = self.lock();

@@ -44,6 +44,8 @@ pub struct NodeReport {
     pub images: Vec<(String, String)>,
     /// `Unrestricted` sandboxes are offered.
     pub network: bool,
+    /// Sandboxes in the warm pool, ready for a call.
+    pub warm_sandboxes: u32,
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -105,6 +107,7 @@ impl Backend for Executor {
             languages: self.languages(),
             images: self.warm_images(),
             network: self.has_network(),
+            warm_sandboxes: self.pool().ready() as u32,
         }
     }
 
@@ -276,6 +279,15 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         Ok(Response::new(pb::WriteFileResponse {}))
     }
 
+    async fn delete_file(&self, req: Request<pb::FilesRequest>) -> Result<Response<pb::DeleteFileResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("delete_file", trace_id = %trace_of(&req));
+        let (files, req) = (self.files()?, req.into_inner());
+        let target = file_target(&req)?;
+        files.delete(&target, &req.path).instrument(span).await.map_err(|e| refusal::status(&e))?;
+        Ok(Response::new(pb::DeleteFileResponse {}))
+    }
+
     type HoldKeySlotStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<pb::KeySlotEvent, Status>> + Send>>;
 
     async fn hold_key_slot(&self, req: Request<pb::KeySlotRequest>) -> Result<Response<Self::HoldKeySlotStream>, Status> {
@@ -303,6 +315,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             languages: r.languages.into_iter().map(|l| pb::Language::from(l) as i32).collect(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             images: r.images.into_iter().map(|(reference, digest)| pb::WarmImageInfo { reference, digest }).collect(),
+            warm_sandboxes: r.warm_sandboxes,
         }))
     }
 

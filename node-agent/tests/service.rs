@@ -122,6 +122,7 @@ impl Backend for Double {
             languages: vec![Language::Python, Language::Bash],
             images: vec![("reg.example:5000/py:3.12".into(), format!("sha256:{}", "a".repeat(64)))],
             network: false,
+            warm_sandboxes: 2,
         }
     }
 
@@ -177,7 +178,7 @@ fn assert_refused(status: &Status, code: Code, reason: Reason, field: &str) {
 async fn status_reports_the_backend() {
     let (double, _) = Double::new(Script::FailToStart);
     let status = AgentService::new(double).status(full(pb::StatusRequest {})).await.unwrap().into_inner();
-    assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions), ("node-7", 3, 32));
+    assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions, status.warm_sandboxes), ("node-7", 3, 32, 2));
     assert_eq!(status.languages, [pb::Language::Python as i32, pb::Language::Bash as i32]);
     let f = status.features.unwrap();
     assert!(f.user_namespaces && f.seccomp && !f.overlayfs);

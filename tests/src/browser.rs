@@ -121,6 +121,24 @@ impl Browser {
         }
     }
 
+    /// Clicks the element and waits (up to 20 s) until another document
+    /// has loaded: for a form that posts and is sent back to the same URL.
+    pub fn click_to_next_page(&self, element: &str) -> anyhow::Result<()> {
+        self.eval("window.__warren_old_page = true; return 1")?;
+        self.click(element)?;
+        let start = Instant::now();
+        loop {
+            // Mid-navigation the driver may refuse a script: not there yet.
+            if self.eval("return window.__warren_old_page === undefined && document.readyState === 'complete'").is_ok_and(|v| v == true) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!("the click loaded no new page: at {}", self.url()?);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Clears the input and types `text` into it.
     pub fn type_into(&self, element: &str, text: &str) -> anyhow::Result<()> {
         self.session_call("POST", &format!("/element/{element}/clear"), Some(json!({})))?;

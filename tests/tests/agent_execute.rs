@@ -118,6 +118,16 @@ async fn status_reports_features_languages_and_load() {
     for l in [Language::Python, Language::Node, Language::Bash] {
         assert!(s.languages.contains(&(l as i32)), "{l:?}");
     }
+    // The warm pool fills the default shape to --pool-size (2) and says so.
+    let mut warm = 0;
+    for _ in 0..300 {
+        warm = client.status(StatusRequest {}).await.unwrap().into_inner().warm_sandboxes;
+        if warm == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(warm, 2, "the pool reports its ready sandboxes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,6 +225,7 @@ async fn tcp_requires_mutual_tls_and_the_bearer_token() {
     assert_eq!(err.code(), Code::PermissionDenied, "the warm token runs nothing");
     let files = warren_proto::agent::FilesRequest::default();
     assert_eq!(warm.list_files(files.clone()).await.unwrap_err().code(), Code::PermissionDenied);
+    assert_eq!(warm.delete_file(files.clone()).await.unwrap_err().code(), Code::PermissionDenied);
     assert_eq!(warm.cancel(warren_proto::agent::CancelRequest { execution_id: "x".into() }).await.unwrap_err().code(), Code::PermissionDenied);
     // No pool: any sandbox on this agent would be this call's.
     assert!(agent.sandbox_processes().is_empty() && agent.leftover_cgroups().is_empty(), "nothing ran");

@@ -27,6 +27,15 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     let gw = Gateway::start(&[agent.address()], &["--console-listen", &listen, "--console-link-file", link_file.to_str().unwrap()], true).await.unwrap();
     let console: std::net::SocketAddr = listen.parse().unwrap();
     let shots = screenshot_dir();
+    // A key whose Sandbox mounts a managed volume (in the local platform store).
+    let volume = format!(
+        "apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: with-volume}}\nspec: {{image: host, storage: [{{name: work, volume: work, mode: ReadWrite}}]}}\n---\n\
+         apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: vol}}\nspec: {{sandboxRef: {{name: with-volume}}}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: vol-key}}\nstringData: {{key: {}}}\n",
+        key("vol")
+    );
+    std::fs::write(gw.manifest_dir().join("volume.yaml"), volume).unwrap();
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || gw.execute(&key("vol"), &json!({"code": "print(1)"})).status == 200), "the volume's key never loaded");
 
     // Executions through the API: hostile output, and one tagged to filter on.
     let xss = gw.execute(&key("main"), &json!({"code": format!("print({XSS:?})"), "metadata": {"suite": "console"}}));
@@ -132,9 +141,47 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     assert_eq!(file.header("content-type"), Some("application/octet-stream"));
     let escape = http::raw(console, format!("GET /files/default/thr/thread/console-t/download?path=..%2F..%2Fetc%2Fpasswd HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
     assert!(escape.status >= 400 && !escape.text().contains("root:"), "no way out of the home: {}", escape.status);
-    b.click_to(&b.find("form[action$='/delete'] button").unwrap(), |u| u.ends_with("/thread/console-t")).unwrap();
-    let after = gw.execute(&key("thr"), &json!({"code": "cat ~/report.txt", "language": "bash", "thread_id": "console-t"}));
+    // Uploaded by the page's form (multipart, in a new directory), and one file deleted by its
+    // button: each a save of the thread, as an execution's changes are.
+    let local = dir.path().join("notes.txt");
+    std::fs::write(&local, "from the console\n").unwrap();
+    b.type_into(&b.find("form[action$='/upload'] input[name=path]").unwrap(), "docs/notes.txt").unwrap();
+    b.type_into(&b.find("form[action$='/upload'] input[type=file]").unwrap(), local.to_str().unwrap()).unwrap();
+    b.click_to_next_page(&b.find("form[action$='/upload'] button").unwrap()).unwrap();
+    assert!(b.text().unwrap().contains("docs/notes.txt"), "{}", b.text().unwrap());
+    b.click_to_next_page(&b.find("form[action$='/remove']:has(input[value='report.txt']) button").unwrap()).unwrap();
+    assert!(!b.text().unwrap().contains("report.txt"), "{}", b.text().unwrap());
+    b.screenshot(&shots, "thread-files-changed").unwrap();
+    let now = gw.execute(&key("thr"), &json!({"code": "cat ~/docs/notes.txt; test -e ~/report.txt || echo gone", "language": "bash", "thread_id": "console-t"}));
+    assert_eq!(now.json()["stdout"].as_str(), Some("from the console\ngone\n"), "{}", now.text());
+    // A delete without the session's token, or of a path out of the home, changes nothing.
+    let thread_files = "/files/default/thr/thread/console-t";
+    let forged = http::post(console, &format!("{thread_files}/remove"), &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], b"csrf=forged&path=docs%2Fnotes.txt");
+    assert_eq!(forged.status, 403);
+    let csrf = b.eval("return document.querySelector(\"input[name=csrf]\").value").unwrap();
+    let out = format!("csrf={}&path=..%2F..%2Fetc%2Fpasswd", csrf.as_str().unwrap());
+    let escape = http::post(console, &format!("{thread_files}/remove"), &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], out.as_bytes());
+    assert_eq!(escape.status, 400, "{}", escape.text());
+    assert!(std::path::Path::new("/etc/passwd").exists());
+    b.click_to_next_page(&b.find("form[action$='/delete'] button").unwrap()).unwrap();
+    let after = gw.execute(&key("thr"), &json!({"code": "cat ~/docs/notes.txt", "language": "bash", "thread_id": "console-t"}));
     assert_ne!(after.json()["exit_code"], 0, "the deleted thread starts fresh: {}", after.text());
+
+    // A managed volume: linked from the Sandboxes page, a file uploaded and deleted there.
+    b.goto(&format!("http://{listen}/sandboxes")).unwrap();
+    b.click_to(&b.find("a[href='/files/default/vol/volume/work']").unwrap(), |u| u.ends_with("/volume/work")).unwrap();
+    b.type_into(&b.find("form[action$='/upload'] input[type=file]").unwrap(), local.to_str().unwrap()).unwrap();
+    b.click_to_next_page(&b.find("form[action$='/upload'] button").unwrap()).unwrap();
+    assert!(b.text().unwrap().contains("notes.txt"), "stored under the file's own name: {}", b.text().unwrap());
+    let read = gw.execute(&key("vol"), &json!({"code": "cat /data/work/notes.txt", "language": "bash"}));
+    assert_eq!(read.json()["stdout"].as_str(), Some("from the console\n"), "{}", read.text());
+    b.click_to_next_page(&b.find("form[action$='/remove']:has(input[value='notes.txt']) button").unwrap()).unwrap();
+    let gone = gw.execute(&key("vol"), &json!({"code": "test -e /data/work/notes.txt || echo gone", "language": "bash"}));
+    assert_eq!(gone.json()["stdout"].as_str(), Some("gone\n"), "{}", gone.text());
+    let activity = http::raw(console, format!("GET /activity HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap().text();
+    for action in ["upload-file", "delete-file", "delete-thread"] {
+        assert!(activity.contains(action), "{action} in the console's activity: {activity}");
+    }
 
     // A form posted without the session's token changes nothing.
     let forged = http::post(console, "/signout", &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], b"csrf=forged");

@@ -211,6 +211,10 @@ async fn the_http_result_says_blocked_and_keys_narrow_the_sandboxs_allowlist() -
     assert_eq!((r["success"].as_bool(), r["error"].as_str()), (Some(false), Some("blocked")), "{r}");
     let refused = &r["blocked_egress"][0];
     assert_eq!((refused["ip"].as_str(), refused["port"].as_u64(), refused["protocol"].as_str()), (Some("10.200.0.10"), Some(80), Some("tcp")), "{r}");
+    // The record keeps it, for the async result and the console's page.
+    let trace = r["trace_id"].as_str().unwrap_or_default();
+    let record = gw.record_when("net", trace, |v| v["status"] == "blocked");
+    assert_eq!(record["blocked_egress"], r["blocked_egress"], "{record}");
     // The Sandbox's allowlist, whole; then as the narrowing key has it.
     let both = "get('public', 'http://public.test/'); tcp('other', 'other.test')";
     let r = gw.execute(&key("net"), &body(both)).json();

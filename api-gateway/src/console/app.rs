@@ -124,6 +124,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/files/{namespace}/{key}/{source}/{id}", get(super::files::list))
         .route("/files/{namespace}/{key}/{source}/{id}/download", get(super::files::download))
         .route("/files/{namespace}/{key}/{source}/{id}/delete", post(super::files::delete_thread))
+        .route("/files/{namespace}/{key}/{source}/{id}/upload", post(super::files::upload))
+        .route("/files/{namespace}/{key}/{source}/{id}/remove", post(super::files::remove))
         .route("/sandboxes", get(super::pages::sandboxes))
         .route("/account", get(account))
         .route("/signin", get(sign_in))

@@ -1,7 +1,7 @@
 //! Threads and managed volumes in the console: list a key's thread or
-//! volume, download a file, delete a thread. Reading needs `get` on
-//! ApiKeys in the key's namespace (the key's stored data); deleting a
-//! thread is a write (CSRF token, `patch` on ApiKeys, audited). The node
+//! volume, download, upload and delete a file, delete a thread. Reading
+//! needs `get` on ApiKeys in the key's namespace (the key's stored data);
+//! every change is a write (CSRF token, `patch` on ApiKeys, audited). The node
 //! calls are the Files API's own ([`FileAccess`]), so the same paths are
 //! refused (no `..`, no links out of the home or volume).
 
@@ -26,6 +26,12 @@ const TRACE: &str = "console";
 /// `/files/{namespace}/{key}/{source}/{id}`.
 type Place = (String, String, String, String);
 
+/// Largest upload through the console's form (held in memory while it is
+/// read); the Files API's signed URLs stream larger files.
+const UPLOAD_MAX: u64 = 64 << 20;
+/// Room for the form's other fields and its boundaries.
+const FORM_OVERHEAD: u64 = 16 << 10;
+
 #[derive(Deserialize)]
 pub(super) struct FileQuery {
     path: String,
@@ -48,9 +54,17 @@ impl Console {
 }
 
 fn failed(v: &Viewer<'_>, e: crate::error::ApiError) -> Response {
-    let status = e.into_response().status();
-    let why = if status == StatusCode::NOT_FOUND { "There is no such thread, volume or file." } else { "The files could not be reached. Try again shortly." };
-    page(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, "Files", Some(&v.session), &Html::text(why))
+    let status = e.status;
+    let why = match status {
+        StatusCode::NOT_FOUND => "There is no such thread, volume or file.".to_string(),
+        s if s.is_client_error() => e.body.message,
+        _ => "The files could not be reached. Try again shortly.".to_string(),
+    };
+    page(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, "Files", Some(&v.session), &Html::text(&why))
+}
+
+fn forged(v: &Viewer<'_>) -> Response {
+    page(StatusCode::FORBIDDEN, "Refused", Some(&v.session), &Html::text("This form did not come from your console session."))
 }
 
 /// The files of a thread or volume, each with its download link.
@@ -76,12 +90,13 @@ pub(super) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
         link.push_markup("\">");
         link.push_text(&f.path);
         link.push_markup("</a>");
-        vec![link, Html::text(&f.size.to_string()), Html::text(f.modified.as_deref().unwrap_or(""))]
+        vec![link, Html::text(&f.size.to_string()), Html::text(f.modified.as_deref().unwrap_or("")), remove_form(&base, &f.path, &v.session.csrf)]
     });
-    let mut body = table(&["file", "bytes", "modified (UTC)"], rows);
+    let mut body = table(&["file", "bytes", "modified (UTC)", ""], rows);
     if listed.truncated {
         body.push_markup("<p>(more files than listed)</p>");
     }
+    body.push(&upload_form(&base, &v.session.csrf));
     if source == "thread" {
         body.push_markup("<form method=\"post\" action=\"");
         body.push(&Html::attr(&format!("{base}/delete")));
@@ -123,11 +138,97 @@ pub(super) async fn delete_thread(State(c): State<Arc<Console>>, headers: Header
         Err(r) => return r,
     };
     if !csrf_ok(&v.session, &body) {
-        return page(StatusCode::FORBIDDEN, "Refused", Some(&v.session), &Html::text("This form did not come from your console session."));
+        return forged(&v);
     }
     if let Err(e) = v.warren.service.delete_thread(&k, &id, TRACE).await {
         return failed(&v, e.into());
     }
     super::writes::audit(&v, "delete-thread", &ns, &format!("{key}/{id}")).await;
     see_other(&format!("/files/{ns}/{key}/thread/{id}"), None)
+}
+
+/// The button that deletes one file (its path escaped as an attribute).
+fn remove_form(base: &str, path: &str, csrf: &str) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<form method=\"post\" action=\"");
+    h.push(&Html::attr(&format!("{base}/remove")));
+    h.push_markup("\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(csrf));
+    h.push_markup("\"><input type=\"hidden\" name=\"path\" value=\"");
+    h.push(&Html::attr(path));
+    h.push_markup("\"><button type=\"submit\">Delete</button></form>");
+    h
+}
+
+/// The upload form: a file, and where to store it.
+fn upload_form(base: &str, csrf: &str) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<h2>Upload a file</h2><form method=\"post\" enctype=\"multipart/form-data\" action=\"");
+    h.push(&Html::attr(&format!("{base}/upload")));
+    h.push_markup("\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(csrf));
+    h.push_markup("\"><label>Path <input name=\"path\" placeholder=\"dir/name (default: the file's name)\"></label> ");
+    h.push_markup("<input type=\"file\" name=\"file\" required> <button type=\"submit\">Upload</button></form>");
+    h
+}
+
+/// Stores the form's file (a write): bounded by the key's upload limit and
+/// [`UPLOAD_MAX`], read whole before anything is stored.
+pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Body) -> Response {
+    let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "patch").await {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
+    let access = match FileAccess::new(v.warren, &k, &source, &id) {
+        Ok(a) => a,
+        Err(e) => return failed(&v, e),
+    };
+    let max = access.max_upload().min(UPLOAD_MAX);
+    let Some(boundary) = headers.get(header::CONTENT_TYPE).and_then(|t| t.to_str().ok()).and_then(super::multipart::boundary) else {
+        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Send the upload form as multipart/form-data."));
+    };
+    let Ok(body) = axum::body::to_bytes(body, (max + FORM_OVERHEAD) as usize).await else {
+        return page(StatusCode::PAYLOAD_TOO_LARGE, "Files", Some(&v.session), &Html::text(&format!("The console takes files of at most {max} bytes here; use the Files API for larger ones.")));
+    };
+    let parts = match super::multipart::parse(&body, &boundary) {
+        Ok(p) => p,
+        Err(why) => return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text(why)),
+    };
+    let field = |n: &str| parts.iter().find(|p| p.name == n);
+    if !field("csrf").is_some_and(|t| std::str::from_utf8(&t.data).is_ok_and(|t| v.session.csrf_ok(t))) {
+        return forged(&v);
+    }
+    let Some(file) = field("file") else { return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Choose a file to upload.")) };
+    let named = field("path").map(|p| String::from_utf8_lossy(&p.data).trim().to_string()).filter(|p| !p.is_empty());
+    let Some(path) = named.or_else(|| file.filename.clone()).filter(|p| !p.is_empty()) else {
+        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Name where to store the file."));
+    };
+    if let Err(e) = access.write(&path, file.data.clone(), TRACE).await {
+        return failed(&v, e);
+    }
+    super::writes::audit(&v, "upload-file", &ns, &format!("{key}/{source}/{id}/{path}")).await;
+    see_other(&format!("/files/{ns}/{key}/{source}/{id}"), None)
+}
+
+/// Deletes one file (a write).
+pub(super) async fn remove(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Bytes) -> Response {
+    let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "patch").await {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
+    if !csrf_ok(&v.session, &body) {
+        return forged(&v);
+    }
+    let Some(path) = url::form_urlencoded::parse(&body).find(|(k, _)| k == "path").map(|(_, p)| p.into_owned()) else {
+        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("The form names no file."));
+    };
+    let removed = match FileAccess::new(v.warren, &k, &source, &id) {
+        Ok(access) => access.delete(&path, TRACE).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = removed {
+        return failed(&v, e);
+    }
+    super::writes::audit(&v, "delete-file", &ns, &format!("{key}/{source}/{id}/{path}")).await;
+    see_other(&format!("/files/{ns}/{key}/{source}/{id}"), None)
 }

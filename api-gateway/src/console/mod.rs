@@ -28,6 +28,7 @@
 pub mod access;
 pub mod app;
 mod files;
+mod multipart;
 pub mod html;
 pub mod link;
 pub mod objects;

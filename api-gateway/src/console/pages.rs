@@ -89,6 +89,7 @@ fn facts(n: &crate::nodes::Node) -> views::NodeFacts {
         capacity: last.max_executions,
         cgroup: last.features.map_or(0, |f| f.cgroup_version),
         images: last.images.into_iter().map(|i| i.reference).collect(),
+        warm: last.warm_sandboxes,
     }
 }
 

@@ -6,6 +6,7 @@
 use super::html::{table, Html};
 use super::query::{cursor_of, ListQuery, PAGE};
 use crate::records::{rfc3339, Row, Stats, Status};
+use crate::result::BlockedEgress;
 use warren_config::EffectiveKey;
 
 /// What the overview shows of one node-agent.
@@ -25,6 +26,8 @@ pub struct NodeFacts {
     pub cgroup: u32,
     /// OCI images warm on it.
     pub images: Vec<String>,
+    /// Sandboxes in its warm pool.
+    pub warm: u32,
 }
 
 /// The overview: the nodes, and the last hour and day from the records.
@@ -48,11 +51,12 @@ pub fn overview(nodes: &[NodeFacts], hour: &Stats, day: &Stats, now_ms: i64) -> 
             Html::text(if n.ready { "ready" } else { "not answering" }),
             Html::text(&n.version),
             Html::text(&format!("{} of {}", n.running, n.capacity)),
+            Html::text(&n.warm.to_string()),
             Html::text(&if n.cgroup == 0 { String::new() } else { format!("v{}", n.cgroup) }),
             Html::text(&n.images.join(", ")),
         ]
     });
-    h.push(&table(&["node", "state", "agent version", "running", "cgroup", "images warm"], rows));
+    h.push(&table(&["node", "state", "agent version", "running", "warm sandboxes", "cgroup", "images warm"], rows));
     h
 }
 
@@ -183,6 +187,28 @@ fn key_switch(k: &EffectiveKey, csrf: &str) -> Html {
     h
 }
 
+/// A key's mounts; a managed volume links to its files.
+fn storage(k: &EffectiveKey) -> Html {
+    let mut h = Html::default();
+    for (i, m) in k.storage.iter().enumerate() {
+        if i > 0 {
+            h.push_markup(", ");
+        }
+        let text = format!("/data/{}{}", m.name, if m.read_only { " (ro)" } else { "" });
+        match m.prefix.split('/').nth(2).filter(|_| m.provider == warren_core::kinds::Provider::Volume) {
+            Some(volume) => {
+                h.push_markup("<a href=\"");
+                h.push(&Html::attr(&format!("/files/{}/{}/volume/{volume}", k.namespace, k.name)));
+                h.push_markup("\">");
+                h.push_text(&text);
+                h.push_markup("</a>");
+            }
+            None => h.push_text(&text),
+        }
+    }
+    h
+}
+
 /// The console's audit of its own writes, newest first.
 pub fn actions(actions: &[crate::records::Action]) -> Html {
     let rows = actions.iter().map(|a| vec![Html::text(&rfc3339(a.at_ms)), Html::text(&a.user), Html::text(&a.action), Html::text(&format!("{}/{}", a.namespace, a.object))]);
@@ -201,7 +227,7 @@ pub fn sandboxes(keys: &[&EffectiveKey]) -> Html {
             Html::text(&k.languages.iter().map(|l| l.as_str()).collect::<Vec<_>>().join(", ")),
             Html::text(&format!("{} mCPU, {} MiB, {} pids", l.cpu_millis, l.memory_bytes >> 20, l.pids)),
             Html::text(&format!("{:?}", k.network).to_lowercase()),
-            Html::text(&k.storage.iter().map(|m| format!("/data/{}{}", m.name, if m.read_only { " (ro)" } else { "" })).collect::<Vec<_>>().join(", ")),
+            storage(k),
             Html::text(&k.connectors.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
             Html::text(&k.env.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")),
         ]
@@ -254,6 +280,7 @@ pub fn execution(r: &Row) -> Html {
     h.push_markup("</dd><dt>metadata</dt><dd>");
     h.push(&metadata(r));
     h.push_markup("</dd></dl>");
+    h.push(&blocked_egress(r));
     // A running execution's output is shown from its stream (see [`live_output`]).
     let ended = if r.is_terminal() { [("stdout", &r.stdout, r.stdout_truncated), ("stderr", &r.stderr, r.stderr_truncated)].to_vec() } else { Vec::new() };
     for (name, text, cut) in ended {
@@ -273,6 +300,28 @@ pub fn execution(r: &Row) -> Html {
             None => h.push_markup("<p>(none kept)</p>"),
         }
     }
+    h
+}
+
+/// What the Sandbox's network refused this execution, when it refused
+/// anything: the addresses and names are the program's choice, so text.
+fn blocked_egress(r: &Row) -> Html {
+    let blocked = BlockedEgress::from_record(r.blocked_egress.as_deref());
+    if blocked.is_empty() {
+        return Html::default();
+    }
+    let rows = blocked.iter().map(|b| {
+        vec![
+            Html::text(b.host.as_deref().unwrap_or("")),
+            Html::text(b.ip.as_deref().unwrap_or("")),
+            Html::text(&b.port.to_string()),
+            Html::text(&b.protocol),
+            Html::text(&b.count.to_string()),
+        ]
+    });
+    let mut h = Html::default();
+    h.push_markup("<h2>Refused network destinations</h2>");
+    h.push(&table(&["host", "address", "port", "protocol", "refused"], rows));
     h
 }
 
@@ -372,6 +421,7 @@ mod tests {
             output_expired: true,
             error: Some("<i>node_lost</i>".into()),
             created_ms: 1_800_000_000_000,
+            blocked_egress: Some(r#"[{"host":"<svg onload=alert(4)>.test","ip":"10.200.0.10","port":80,"protocol":"tcp","count":2}]"#.into()),
             ..Row::default()
         }
     }
@@ -380,13 +430,16 @@ mod tests {
     fn hostile_records_render_inert_in_the_list_and_the_page() {
         for html in [executions(&[hostile()]), execution(&hostile())] {
             let s = html.as_str();
-            for bad in ["<script", "<img", "<b>", "<i>", "\"><"] {
+            for bad in ["<script", "<img", "<b>", "<i>", "\"><", "<svg"] {
                 assert!(!s.contains(bad), "{bad} in {s}");
             }
         }
         let page = execution(&hostile());
         assert!(page.as_str().contains("&lt;img src=x onerror=alert(2)&gt;\n&lt;/pre&gt;&lt;script&gt;alert(3)&lt;/script&gt;"));
         assert!(page.as_str().contains("(removed by the output retention)"));
+        assert!(page.as_str().contains("<h2>Refused network destinations</h2>") && page.as_str().contains("&lt;svg onload=alert(4)&gt;.test"), "{}", page.as_str());
+        let open = Row { blocked_egress: None, ..hostile() };
+        assert!(!execution(&open).as_str().contains("Refused"), "no table when nothing was refused");
     }
 
     #[test]

@@ -356,6 +356,21 @@ impl<'a> FileAccess<'a> {
         node.agent().files().ok_or_else(no_files)?.write_file(req, size, data, trace).await.map_err(|s| refused(&s))
     }
 
+    /// Removes the file at `path` (a write: refused on a read-only mount).
+    pub async fn delete(&self, path: &str, trace: &str) -> Result<(), ApiError> {
+        if !self.place.writable {
+            return Err(ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly"));
+        }
+        let req = self.request(clean(path, false)?);
+        let node = self.node()?;
+        node.agent().files().ok_or_else(no_files)?.delete_file(req, trace).await.map_err(|s| refused(&s))
+    }
+
+    /// The largest file this key may store here, bytes.
+    pub fn max_upload(&self) -> u64 {
+        self.place.max.min(self.st.files.max_upload)
+    }
+
     /// Stores `data` at `path`.
     pub async fn write(&self, path: &str, data: bytes::Bytes, trace: &str) -> Result<(), ApiError> {
         let size = data.len() as u64;

@@ -47,6 +47,8 @@ pub trait FileAgent: Send + Sync {
     fn read_file(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<FileStream, Status>>;
     /// Stores one file of `size` bytes from `data`.
     fn write_file(&self, target: pb::FilesRequest, size: u64, data: BoxStream<'static, bytes::Bytes>, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
+    /// Removes one file.
+    fn delete_file(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
 }
 
 /// A granted key slot: the open call that holds it on the counting agent.
@@ -124,6 +126,11 @@ impl Agent for GrpcAgent {
 }
 
 impl FileAgent for GrpcAgent {
+    fn delete_file(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { client.delete_file(req).await.map(drop) }.boxed()
+    }
+
     fn list_files(&self, req: pb::FilesRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ListFilesResponse, Status>> {
         let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
         async move { Ok(client.list_files(req).await?.into_inner()) }.boxed()

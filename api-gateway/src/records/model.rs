@@ -108,6 +108,9 @@ pub struct Finished {
     pub stderr_truncated: bool,
     /// When it ended, Unix ms.
     pub completed_ms: i64,
+    /// The refused destinations, the result's `blocked_egress` as JSON
+    /// (`None`: none were refused).
+    pub blocked_egress: Option<String>,
 }
 
 /// A stored record, as read back.
@@ -169,6 +172,8 @@ pub struct Row {
     pub created_ms: i64,
     /// Ended at.
     pub completed_ms: Option<i64>,
+    /// Refused destinations as JSON (not read by list views).
+    pub blocked_egress: Option<String>,
 }
 
 impl Row {

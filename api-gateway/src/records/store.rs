@@ -109,17 +109,21 @@ const MIGRATIONS: &[&[&str]] = &[&[
         object TEXT NOT NULL
     )",
     "CREATE INDEX IF NOT EXISTS warren_console_actions_by_namespace ON warren_console_actions (namespace, at_ms)",
+], &[
+    // The destinations the sandbox's network refused, as the result's JSON
+    // array (bounded by the agent's report), for later readers.
+    "ALTER TABLE warren_executions ADD COLUMN blocked_egress TEXT",
 ]];
 
 /// Columns read back into a [`Row`].
 const COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, stdout, stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, blocked_egress";
 
 /// The same columns without the output (list views).
 const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, NULL AS blocked_egress";
 
 type Q<'q> = Query<'q, Any, AnyArguments>;
 
@@ -475,7 +479,7 @@ impl Write {
         let s = |o: &Option<String>| o.as_ref().map_or(0, String::len);
         match self {
             Write::Insert(_) | Write::Webhook(..) => 1024,
-            Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error),
+            Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error) + s(&f.blocked_egress),
             Write::Line(id, _, line) => 64 + id.len() + line.len(),
         }
     }
@@ -514,7 +518,7 @@ impl Write {
                 "UPDATE warren_executions SET \
                  status = CASE WHEN cancel_requested = 1 AND $2 <> 'success' THEN 'cancelled' ELSE $3 END, \
                  error = $4, exit_code = $5, duration_ms = $6, cpu_ms = $7, peak_memory_bytes = $8, stdout = $9, stderr = $10, \
-                 stdout_truncated = $11, stderr_truncated = $12, completed_ms = $13 \
+                 stdout_truncated = $11, stderr_truncated = $12, completed_ms = $13, blocked_egress = $14 \
                  WHERE trace_id = $1 AND completed_ms IS NULL",
             )
             .bind(id.clone())
@@ -529,7 +533,8 @@ impl Write {
             .bind(f.stderr.clone())
             .bind(i64::from(f.stdout_truncated))
             .bind(i64::from(f.stderr_truncated))
-            .bind(f.completed_ms)],
+            .bind(f.completed_ms)
+            .bind(f.blocked_egress.clone())],
             Write::Webhook(id, status, attempts) => vec![sqlx::query("UPDATE warren_executions SET webhook_status = $2, webhook_attempts = $3 WHERE trace_id = $1")
                 .bind(id.clone())
                 .bind(status.to_string())
@@ -573,6 +578,7 @@ fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
         webhook_attempts: int("webhook_attempts")? as u32,
         created_ms: int("created_ms")?,
         completed_ms: r.try_get("completed_ms")?,
+        blocked_egress: r.try_get("blocked_egress")?,
     })
 }
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::Row;
+use crate::result::BlockedEgress;
 
 /// An execution's record (`GET /v1/executions/{trace_id}`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -60,6 +61,9 @@ pub struct ExecutionStatus {
     pub stderr_truncated: bool,
     /// The output was removed by retention; the record stays.
     pub output_expired: bool,
+    /// Destinations the Sandbox's network refused (absent when none, and in lists).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocked_egress: Vec<BlockedEgress>,
 }
 
 impl ExecutionStatus {
@@ -90,6 +94,7 @@ impl ExecutionStatus {
             stdout_truncated: r.stdout_truncated,
             stderr_truncated: r.stderr_truncated,
             output_expired: r.output_expired,
+            blocked_egress: BlockedEgress::from_record(r.blocked_egress.as_deref()),
         }
     }
 }

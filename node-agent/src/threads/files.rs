@@ -79,6 +79,29 @@ impl Threads {
         blocking("opening the thread file", move || open(&state, &rel)).await?.ok_or(ThreadError::NotFound)
     }
 
+    /// Deletes the regular file at `rel` as a save of its own: an upper
+    /// directory holding only its whiteout, as overlayfs would leave had a
+    /// program removed it. `NotFound` when there is no such file (a
+    /// directory or a symlink is not one).
+    pub async fn delete_file(&self, options: ThreadOptions, rel: &Path) -> Result<Saved, ThreadError> {
+        if !is_plain(rel) || rel.as_os_str().is_empty() {
+            return Err(bad_path());
+        }
+        let home = self.existing(options).await?;
+        let (state, r) = (home.state.clone(), rel.to_path_buf());
+        if blocking("finding the thread file", move || open(&state, &r)).await?.is_none() {
+            return Err(ThreadError::NotFound);
+        }
+        let upper = self.spool.join(format!("delete-{}", new_id()));
+        mkdir_private(&upper).map_err(io_err("staging the deletion"))?;
+        let saved = match whiteout(&upper, rel).map_err(io_err("staging the deletion")) {
+            Ok(()) => self.save_measured(&home, &upper, layer::IdMap::CANONICAL, Some(4096)).await,
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_dir_all(&upper);
+        saved
+    }
+
     /// A fresh upper directory with an empty file at `rel`, owned by the
     /// sandbox user, for [`Threads::save_staged`].
     pub fn stage(&self, rel: &Path) -> Result<Staged, ThreadError> {
@@ -115,6 +138,19 @@ impl Threads {
         let home = self.restore(options, lock).await?;
         self.save_measured(&home, &staged.upper, layer::IdMap::CANONICAL, Some(size + 4096)).await
     }
+}
+
+/// `rel`'s parents (owned by the sandbox user, as uploads make them) and
+/// an overlay whiteout (a 0/0 character device) at its name, below `upper`.
+fn whiteout(upper: &Path, rel: &Path) -> io::Result<()> {
+    let mut dir = upper.to_path_buf();
+    for part in rel.parent().into_iter().flat_map(Path::components) {
+        dir.push(part);
+        std::fs::create_dir(&dir)?;
+        std::os::unix::fs::chown(&dir, Some(1000), Some(1000))?;
+    }
+    let name = rel.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    nix::sys::stat::mknod(&dir.join(name), nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0).map_err(io::Error::from)
 }
 
 fn list(state: &Path, rel: &Path, max: usize) -> io::Result<(Vec<HomeFile>, bool)> {

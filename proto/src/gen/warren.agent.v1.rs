@@ -56,6 +56,8 @@ pub struct WriteFileRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WriteFileResponse {}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DeleteFileResponse {}
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecuteRequest {
     /// Caller-chosen id used in logs and cgroup names; `\[a-zA-Z0-9_-\]{1,64}`.
@@ -508,6 +510,9 @@ pub struct StatusResponse {
     /// OCI images warm on this node (placement prefers these nodes).
     #[prost(message, repeated, tag = "7")]
     pub images: ::prost::alloc::vec::Vec<WarmImageInfo>,
+    /// Sandboxes prepared ahead of demand and waiting for a call (all shapes).
+    #[prost(uint32, tag = "8")]
+    pub warm_sandboxes: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {
@@ -1198,6 +1203,33 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "WriteFile"));
             self.inner.client_streaming(req, path, codec).await
         }
+        /// DeleteFile removes one regular file: in a thread as a save of its own
+        /// (a layer that deletes it), in a volume its object. NOT_FOUND when there
+        /// is no such file; ABORTED while the thread runs.
+        pub async fn delete_file(
+            &mut self,
+            request: impl tonic::IntoRequest<super::FilesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteFileResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/DeleteFile",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "DeleteFile"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1312,6 +1344,16 @@ pub mod node_agent_server {
             request: tonic::Request<tonic::Streaming<super::WriteFileRequest>>,
         ) -> std::result::Result<
             tonic::Response<super::WriteFileResponse>,
+            tonic::Status,
+        >;
+        /// DeleteFile removes one regular file: in a thread as a save of its own
+        /// (a layer that deletes it), in a volume its object. NOT_FOUND when there
+        /// is no such file; ABORTED while the thread runs.
+        async fn delete_file(
+            &self,
+            request: tonic::Request<super::FilesRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DeleteFileResponse>,
             tonic::Status,
         >;
     }
@@ -1792,6 +1834,49 @@ pub mod node_agent_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.client_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/DeleteFile" => {
+                    #[allow(non_camel_case_types)]
+                    struct DeleteFileSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<T: NodeAgent> tonic::server::UnaryService<super::FilesRequest>
+                    for DeleteFileSvc<T> {
+                        type Response = super::DeleteFileResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::FilesRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::delete_file(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DeleteFileSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
