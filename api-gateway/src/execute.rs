@@ -4,7 +4,7 @@
 //! fields (400), options against the key (400/501), key concurrency (429),
 //! thread (409), node capacity (503). Nothing reaches a node before all pass.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -61,17 +61,21 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     } else {
         Delivery::Collected
     };
+    let t0 = Instant::now();
     let (run, hook) = match admit_and_start(&st, &headers, body, delivery).await {
         Ok(started) => started,
         Err(e) => return e.into_response(),
     };
     let trace = HeaderValue::from_str(&run.id).ok();
+    let started = t0.elapsed();
     let mut resp = match delivery {
         Delivery::Streamed => streamed(run, &st),
         // The HTTP API never asks for the MCP delivery.
         Delivery::Collected | Delivery::Mcp => collected(run).await,
         Delivery::Async | Delivery::Console => accepted(run, &st, hook),
     };
+    // The gateway's part of the per-phase profile (docs: Performance).
+    tracing::debug!(start_us = started.as_micros() as u64, answer_us = (t0.elapsed() - started).as_micros() as u64, "execution phases");
     if let Some(t) = trace {
         resp.headers_mut().insert("x-trace-id", t);
     }
@@ -84,10 +88,16 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
 /// too (they carry the trace id a client resumes with), while the program
 /// already starts.
 async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<(Run, Option<Hook>), ApiError> {
+    let t0 = Instant::now();
     let key = st.keys().authenticate(headers)?;
+    let t_key = t0.elapsed();
     let req = read_request(st, headers, body, delivery).await?;
+    let t_body = t0.elapsed();
     let hook = req.webhook_url.as_deref().map(|url| hook(st, &key, url)).transpose()?;
     let mut admitted = st.service.admit(&key, req, delivery).await?;
+    let t_admit = t0.elapsed();
+    let us = |d: Duration| d.as_micros() as u64;
+    tracing::debug!(key_us = us(t_key), body_us = us(t_body - t_key), admit_us = us(t_admit - t_body), "admission phases");
     let (_, recorded) = tokio::sync::oneshot::channel();
     let mut recorded = std::mem::replace(&mut admitted.recorded, recorded);
     if matches!(delivery, Delivery::Async | Delivery::Console) && !(&mut recorded).await.unwrap_or(false) {

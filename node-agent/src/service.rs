@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 use warren_isolation::features::Features;
 use warren_core::contract::Spec;
 use warren_isolation::spec::Language;
@@ -216,6 +216,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             drop(registration);
             drop(key_slot);
         };
+        debug!(admit_us = received.elapsed().as_micros() as u64, "admission phases");
         tokio::spawn(task.instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

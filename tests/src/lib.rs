@@ -210,6 +210,11 @@ impl Agent {
             cmd.args(["--allow-endpoint", "127.0.0.0/8"]);
         }
         cmd.env("RUST_LOG", std::env::var("WARREN_TEST_LOG").unwrap_or_else(|_| "warn".into()));
+        // A caller's own RUST_LOG wins; WARREN_E2E_AGENT_LOG names a file for its log.
+        cmd.envs(env.iter().copied().filter(|(k, _)| *k == "RUST_LOG"));
+        if let Some((_, file)) = env.iter().find(|(k, _)| *k == "WARREN_E2E_AGENT_LOG") {
+            cmd.stderr(std::fs::File::create(file).context("creating the agent's log file")?);
+        }
         cmd.stdin(Stdio::null());
         let child = cmd.spawn().context("spawning warren-node-agent")?;
         Ok(Agent { child: Some(child), _dir: dir, socket, state, cgroup_name, uid_base })
