@@ -28,6 +28,19 @@ pub struct Metrics {
     durations: Family<ExecutionLabels, Histogram>,
     in_flight: Gauge,
     healthy_nodes: Gauge,
+    warm_sandboxes: Gauge,
+    warm_memory: Gauge,
+}
+
+/// What the healthy node-agents last said of themselves, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeTotals {
+    /// Node-agents answering health checks.
+    pub healthy: usize,
+    /// Sandboxes waiting in their warm pools.
+    pub warm_sandboxes: u64,
+    /// Memory those sandboxes hold, bytes.
+    pub warm_memory_bytes: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -50,7 +63,11 @@ impl Default for Metrics {
         registry.register("executions_in_flight", "Executions running now", in_flight.clone());
         let healthy_nodes = Gauge::default();
         registry.register("healthy_nodes", "Node-agents answering health checks", healthy_nodes.clone());
-        Metrics { registry, requests, durations, in_flight, healthy_nodes }
+        let warm_sandboxes = Gauge::default();
+        registry.register("warm_sandboxes", "Sandboxes waiting in the healthy nodes' warm pools", warm_sandboxes.clone());
+        let warm_memory = Gauge::default();
+        registry.register("warm_sandbox_memory_bytes", "Memory the healthy nodes' idle warm sandboxes hold", warm_memory.clone());
+        Metrics { registry, requests, durations, in_flight, healthy_nodes, warm_sandboxes, warm_memory }
     }
 }
 
@@ -81,9 +98,11 @@ impl Metrics {
         InFlight(self.in_flight.clone())
     }
 
-    /// Text exposition, with the node gauge refreshed.
-    pub fn render(&self, healthy_nodes: usize) -> String {
-        self.healthy_nodes.set(healthy_nodes as i64);
+    /// Text exposition, with the node gauges refreshed.
+    pub fn render(&self, nodes: NodeTotals) -> String {
+        self.healthy_nodes.set(nodes.healthy as i64);
+        self.warm_sandboxes.set(nodes.warm_sandboxes as i64);
+        self.warm_memory.set(nodes.warm_memory_bytes.min(i64::MAX as u64) as i64);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -43,9 +43,13 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sandboxes ready for a call, over every shape.
-    pub fn ready(&self) -> usize {
-        self.lock().ready.values().map(VecDeque::len).sum()
+    /// Sandboxes ready for a call, over every shape, and the memory they
+    /// hold together (read from their cgroups after the lock is released,
+    /// so a status call never delays a claim).
+    pub fn ready(&self) -> (usize, u64) {
+        let files: Vec<std::path::PathBuf> = self.lock().ready.values().flatten().map(Prepared::memory_file).collect();
+        let read = |f: &std::path::PathBuf| std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+        (files.len(), files.iter().map(read).sum())
     }
 
     /// Starts filling the pool for `shape`.

@@ -279,6 +279,11 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
 }
 
 impl Prepared {
+    /// Where to read the memory the idle sandbox holds (its cgroup's charge).
+    pub fn memory_file(&self) -> PathBuf {
+        self.cgroup.memory_now_file()
+    }
+
     /// Sandbox id (`<slot>-<random>`), also its cgroup name suffix.
     pub fn id(&self) -> &str {
         &self.id

@@ -46,6 +46,8 @@ pub struct NodeReport {
     pub network: bool,
     /// Sandboxes in the warm pool, ready for a call.
     pub warm_sandboxes: u32,
+    /// Memory those sandboxes hold, bytes.
+    pub warm_memory_bytes: u64,
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -99,6 +101,7 @@ impl Backend for Executor {
     }
 
     fn report(&self) -> NodeReport {
+        let warm = self.pool().ready();
         NodeReport {
             node_name: self.node_name().to_string(),
             features: self.features().clone(),
@@ -107,7 +110,8 @@ impl Backend for Executor {
             languages: self.languages(),
             images: self.warm_images(),
             network: self.has_network(),
-            warm_sandboxes: self.pool().ready() as u32,
+            warm_sandboxes: warm.0 as u32,
+            warm_memory_bytes: warm.1,
         }
     }
 
@@ -317,6 +321,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             images: r.images.into_iter().map(|(reference, digest)| pb::WarmImageInfo { reference, digest }).collect(),
             warm_sandboxes: r.warm_sandboxes,
+            warm_memory_bytes: r.warm_memory_bytes,
         }))
     }
 

@@ -119,15 +119,19 @@ async fn status_reports_features_languages_and_load() {
         assert!(s.languages.contains(&(l as i32)), "{l:?}");
     }
     // The warm pool fills the default shape to --pool-size (2) and says so.
-    let mut warm = 0;
+    let mut warm = (0, 0);
     for _ in 0..300 {
-        warm = client.status(StatusRequest {}).await.unwrap().into_inner().warm_sandboxes;
-        if warm == 2 {
+        let s = client.status(StatusRequest {}).await.unwrap().into_inner();
+        warm = (s.warm_sandboxes, s.warm_memory_bytes);
+        if warm.0 == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(warm, 2, "the pool reports its ready sandboxes");
+    assert_eq!(warm.0, 2, "the pool reports its ready sandboxes");
+    eprintln!("2 idle warm sandboxes hold {} KiB", warm.1 >> 10);
+    // Their cgroups hold their supervisors' and inits' memory: more than nothing, less than 64 MiB each.
+    assert!(warm.1 > 0 && warm.1 < 2 * (64 << 20), "idle sandboxes hold {} bytes", warm.1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -413,6 +413,14 @@ async fn operations_endpoints_and_the_openapi_document() {
     ] {
         assert!(m.contains(want), "{want} not in:\n{m}");
     }
+    // The nodes' warm pools, as their status answers say: sandboxes, and the memory they hold.
+    let gauge = |m: &str, name: &str| m.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<u64>().ok());
+    let mut m = String::new();
+    let warm = warren_e2e::gateway::wait_for(Duration::from_secs(20), || {
+        m = http::get(gw.addr, "/metrics").text();
+        gauge(&m, "warren_gateway_warm_sandboxes").is_some_and(|n| n >= 1) && gauge(&m, "warren_gateway_warm_sandbox_memory_bytes").is_some_and(|b| b > 0)
+    });
+    assert!(warm, "the warm pool is reported:\n{m}");
     // Raw paths never become labels.
     http::get(gw.addr, "/no/such/path/12345");
     assert!(!http::get(gw.addr, "/metrics").text().contains("12345"));

@@ -90,6 +90,7 @@ fn facts(n: &crate::nodes::Node) -> views::NodeFacts {
         cgroup: last.features.map_or(0, |f| f.cgroup_version),
         images: last.images.into_iter().map(|i| i.reference).collect(),
         warm: last.warm_sandboxes,
+        warm_memory: last.warm_memory_bytes,
     }
 }
 

@@ -28,6 +28,8 @@ pub struct NodeFacts {
     pub images: Vec<String>,
     /// Sandboxes in its warm pool.
     pub warm: u32,
+    /// Memory they hold, bytes.
+    pub warm_memory: u64,
 }
 
 /// The overview: the nodes, and the last hour and day from the records.
@@ -51,7 +53,7 @@ pub fn overview(nodes: &[NodeFacts], hour: &Stats, day: &Stats, now_ms: i64) -> 
             Html::text(if n.ready { "ready" } else { "not answering" }),
             Html::text(&n.version),
             Html::text(&format!("{} of {}", n.running, n.capacity)),
-            Html::text(&n.warm.to_string()),
+            Html::text(&format!("{} ({} MiB)", n.warm, n.warm_memory >> 20)),
             Html::text(&if n.cgroup == 0 { String::new() } else { format!("v{}", n.cgroup) }),
             Html::text(&n.images.join(", ")),
         ]

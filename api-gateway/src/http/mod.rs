@@ -54,7 +54,7 @@ async fn readyz(State(st): State<AppState>) -> Response {
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 async fn metrics(State(st): State<AppState>) -> Response {
-    let text = st.service.metrics.render(st.service.nodes.healthy());
+    let text = st.service.metrics.render(st.service.nodes.totals());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 

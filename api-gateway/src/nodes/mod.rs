@@ -170,6 +170,19 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).count()
     }
 
+    /// The healthy agents' counts, from their last status answers.
+    pub fn totals(&self) -> crate::metrics::NodeTotals {
+        let mut t = crate::metrics::NodeTotals::default();
+        for n in self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)) {
+            t.healthy += 1;
+            if let Some(s) = n.last_status() {
+                t.warm_sandboxes += u64::from(s.warm_sandboxes);
+                t.warm_memory_bytes = t.warm_memory_bytes.saturating_add(s.warm_memory_bytes);
+            }
+        }
+        t
+    }
+
     /// The healthy agents.
     pub fn healthy_nodes(&self) -> Vec<Arc<Node>> {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).cloned().collect()

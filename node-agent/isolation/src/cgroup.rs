@@ -464,6 +464,16 @@ impl Cgroup {
         Ok(())
     }
 
+    /// The file that says how much memory the group holds now (its
+    /// processes, page cache and kernel memory charged to it), in bytes.
+    pub fn memory_now_file(&self) -> PathBuf {
+        let file = match self.layout {
+            CgroupLayout::V1 { .. } => "memory.usage_in_bytes",
+            CgroupLayout::V2 { .. } => "memory.current",
+        };
+        self.layout.dir_for(Controller::Memory, &self.name).join(file)
+    }
+
     /// Reads what the group used.
     pub fn usage(&self) -> Result<Usage> {
         match self.layout {

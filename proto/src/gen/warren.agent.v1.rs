@@ -513,6 +513,9 @@ pub struct StatusResponse {
     /// Sandboxes prepared ahead of demand and waiting for a call (all shapes).
     #[prost(uint32, tag = "8")]
     pub warm_sandboxes: u32,
+    /// Memory those idle sandboxes hold together (their cgroups' charge), bytes.
+    #[prost(uint64, tag = "9")]
+    pub warm_memory_bytes: u64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {
