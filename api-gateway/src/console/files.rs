@@ -63,6 +63,10 @@ fn failed(v: &Viewer<'_>, e: crate::error::ApiError) -> Response {
     page(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, "Files", Some(&v.session), &Html::text(&why))
 }
 
+fn bad(v: &Viewer<'_>, why: &str) -> Response {
+    page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text(why))
+}
+
 fn forged(v: &Viewer<'_>) -> Response {
     page(StatusCode::FORBIDDEN, "Refused", Some(&v.session), &Html::text("This form did not come from your console session."))
 }
@@ -185,23 +189,23 @@ pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, ur
     };
     let max = access.max_upload().min(UPLOAD_MAX);
     let Some(boundary) = headers.get(header::CONTENT_TYPE).and_then(|t| t.to_str().ok()).and_then(super::multipart::boundary) else {
-        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Send the upload form as multipart/form-data."));
+        return bad(&v, "Send the upload form as multipart/form-data.");
     };
     let Ok(body) = axum::body::to_bytes(body, (max + FORM_OVERHEAD) as usize).await else {
         return page(StatusCode::PAYLOAD_TOO_LARGE, "Files", Some(&v.session), &Html::text(&format!("The console takes files of at most {max} bytes here; use the Files API for larger ones.")));
     };
     let parts = match super::multipart::parse(&body, &boundary) {
         Ok(p) => p,
-        Err(why) => return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text(why)),
+        Err(why) => return bad(&v, why),
     };
     let field = |n: &str| parts.iter().find(|p| p.name == n);
     if !field("csrf").is_some_and(|t| std::str::from_utf8(&t.data).is_ok_and(|t| v.session.csrf_ok(t))) {
         return forged(&v);
     }
-    let Some(file) = field("file") else { return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Choose a file to upload.")) };
+    let Some(file) = field("file") else { return bad(&v, "Choose a file to upload.") };
     let named = field("path").map(|p| String::from_utf8_lossy(&p.data).trim().to_string()).filter(|p| !p.is_empty());
     let Some(path) = named.or_else(|| file.filename.clone()).filter(|p| !p.is_empty()) else {
-        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("Name where to store the file."));
+        return bad(&v, "Name where to store the file.");
     };
     if let Err(e) = access.write(&path, file.data.clone(), TRACE).await {
         return failed(&v, e);
@@ -220,7 +224,7 @@ pub(super) async fn remove(State(c): State<Arc<Console>>, headers: HeaderMap, ur
         return forged(&v);
     }
     let Some(path) = url::form_urlencoded::parse(&body).find(|(k, _)| k == "path").map(|(_, p)| p.into_owned()) else {
-        return page(StatusCode::BAD_REQUEST, "Files", Some(&v.session), &Html::text("The form names no file."));
+        return bad(&v, "The form names no file.");
     };
     let removed = match FileAccess::new(v.warren, &k, &source, &id) {
         Ok(access) => access.delete(&path, TRACE).await,

@@ -137,7 +137,7 @@ pub async fn upload_url(State(st): State<AppState>, headers: HeaderMap, b: Body)
         let path = clean(&r.path, false)?;
         let place = place(&key, &r.source, &r.id)?;
         if !place.writable {
-            return Err(ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly"));
+            return Err(read_only());
         }
         let max = place.max.min(st.files.max_upload);
         if r.content_length > max {
@@ -348,19 +348,20 @@ impl<'a> FileAccess<'a> {
 
     /// Stores `size` bytes from `data` at `path`.
     pub async fn write_stream(&self, path: &str, size: u64, data: futures_util::stream::BoxStream<'static, bytes::Bytes>, trace: &str) -> Result<(), ApiError> {
-        if !self.place.writable {
-            return Err(ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly"));
-        }
+        self.writable()?;
         let req = self.request(clean(path, false)?);
         let node = self.node()?;
         node.agent().files().ok_or_else(no_files)?.write_file(req, size, data, trace).await.map_err(|s| refused(&s))
     }
 
+    /// Refuses a write through a read-only mount of the volume.
+    fn writable(&self) -> Result<(), ApiError> {
+        if self.place.writable { Ok(()) } else { Err(read_only()) }
+    }
+
     /// Removes the file at `path` (a write: refused on a read-only mount).
     pub async fn delete(&self, path: &str, trace: &str) -> Result<(), ApiError> {
-        if !self.place.writable {
-            return Err(ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly"));
-        }
+        self.writable()?;
         let req = self.request(clean(path, false)?);
         let node = self.node()?;
         node.agent().files().ok_or_else(no_files)?.delete_file(req, trace).await.map_err(|s| refused(&s))
@@ -416,6 +417,10 @@ fn node_for(st: &AppState, place: &Place) -> Result<std::sync::Arc<crate::nodes:
         None => st.service.nodes.healthy_nodes().into_iter().next(),
     };
     node.ok_or_else(|| ApiError::unavailable("no node-agent is reachable right now; retry shortly"))
+}
+
+fn read_only() -> ApiError {
+    ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly")
 }
 
 fn no_files() -> ApiError {

@@ -109,13 +109,7 @@ impl Threads {
         let upper = self.spool.join(format!("upload-{}", new_id()));
         mkdir_private(&upper).map_err(io_err("staging the upload"))?;
         let staged = |upper: &Path| -> io::Result<File> {
-            let mut dir = upper.to_path_buf();
-            for part in rel.parent().into_iter().flat_map(Path::components) {
-                dir.push(part);
-                std::fs::create_dir(&dir)?;
-                std::os::unix::fs::chown(&dir, Some(1000), Some(1000))?;
-            }
-            let path = dir.join(name);
+            let path = parents(upper, rel)?.join(name);
             let f = File::create(&path)?;
             std::os::unix::fs::chown(&path, Some(1000), Some(1000))?;
             Ok(f)
@@ -140,17 +134,23 @@ impl Threads {
     }
 }
 
-/// `rel`'s parents (owned by the sandbox user, as uploads make them) and
-/// an overlay whiteout (a 0/0 character device) at its name, below `upper`.
-fn whiteout(upper: &Path, rel: &Path) -> io::Result<()> {
+/// `rel`'s parent directories below the fresh `upper`, owned by the
+/// sandbox user as a program's would be; returns the innermost.
+fn parents(upper: &Path, rel: &Path) -> io::Result<PathBuf> {
     let mut dir = upper.to_path_buf();
     for part in rel.parent().into_iter().flat_map(Path::components) {
         dir.push(part);
         std::fs::create_dir(&dir)?;
         std::os::unix::fs::chown(&dir, Some(1000), Some(1000))?;
     }
+    Ok(dir)
+}
+
+/// An overlay whiteout (a 0/0 character device) for `rel` below `upper`.
+fn whiteout(upper: &Path, rel: &Path) -> io::Result<()> {
     let name = rel.file_name().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    nix::sys::stat::mknod(&dir.join(name), nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0).map_err(io::Error::from)
+    let at = parents(upper, rel)?.join(name);
+    nix::sys::stat::mknod(&at, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0).map_err(io::Error::from)
 }
 
 fn list(state: &Path, rel: &Path, max: usize) -> io::Result<(Vec<HomeFile>, bool)> {
