@@ -82,7 +82,9 @@ impl Pool {
         }
         match found {
             Some(p) => Ok(p),
-            None => prepare(&self.env, shape).await,
+            // A miss starts cold: an interpreter started now would cost the
+            // call what a cold start costs, and more.
+            None => prepare(&self.env, Shape { warm: None, ..shape }).await,
         }
     }
 

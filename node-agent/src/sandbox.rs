@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use warren_isolation::cgroup::{Cgroup, CgroupLayout};
 use warren_isolation::launch::{supervisor_command, with_fds_inherited, SupervisorFds};
 use warren_isolation::spec::{ExecSpec, Limits};
-use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent};
+use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent, WarmStart};
 
 use warren_network::{NetPolicy, SandboxNet};
 
@@ -94,6 +94,8 @@ pub struct SandboxEnv {
     pub output_stall: Duration,
     /// Sandbox networking (`Unrestricted`); `None` when the node has none.
     pub net: Option<Arc<warren_network::NodeNet>>,
+    /// Calls a warm interpreter served so far.
+    pub warm_starts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The root filesystem a sandbox is built on.
@@ -151,12 +153,19 @@ pub struct Shape {
     pub rootfs: Rootfs,
     /// `Unrestricted` network under this policy; `None`: `Blocked`.
     pub network: Option<Arc<NetPolicy>>,
+    /// The interpreter started ahead of the call; `None`: a cold start.
+    pub warm: Option<Arc<WarmStart>>,
 }
 
 impl Shape {
-    /// The shape a spec needs on `rootfs` with `network`.
+    /// The shape a spec needs on `rootfs` with `network` (cold).
     pub fn of(limits: &Limits, rootfs: Rootfs, network: Option<Arc<NetPolicy>>) -> Shape {
-        Shape { tmp_bytes: limits.tmp_bytes, rootfs, network }
+        Shape { tmp_bytes: limits.tmp_bytes, rootfs, network, warm: None }
+    }
+
+    /// The same shape with `warm` started ahead of the call.
+    pub fn warmed(self, warm: Option<WarmStart>) -> Shape {
+        Shape { warm: warm.map(Arc::new), ..self }
     }
 }
 
@@ -179,6 +188,10 @@ pub struct Prepared {
     init_pid: i32,
     /// The network of an `Unrestricted` sandbox.
     net: Option<SandboxNet>,
+    /// The interpreter waiting in the sandbox, once init reported it ready.
+    warm: Option<Arc<WarmStart>>,
+    /// Counts the calls a warm interpreter served (the node's status).
+    warm_starts: Arc<std::sync::atomic::AtomicU64>,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
 }
@@ -254,11 +267,14 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         data_dir: data_dir_of(&home_dir),
         conn_dir: conn_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
+        warm: shape.warm.as_deref().cloned(),
     };
     let output_stall = env.output_stall;
     let network = shape.network;
-    let mut prepared =
-        Prepared { id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, _rootfs: shape.rootfs };
+    let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
+    let mut prepared = Prepared {
+        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_starts, _rootfs: shape.rootfs,
+    };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
         prepared.wait_ready().await?;
@@ -338,7 +354,12 @@ impl Prepared {
         while !(ready && self.userns.is_some()) {
             tokio::select! {
                 ev = self.init.recv::<InitEvent>(), if !ready => match ev.map_err(io("read init"))? {
-                    Some(InitEvent::Ready) => ready = true,
+                    Some(InitEvent::Ready { warm }) => {
+                        ready = true;
+                        if !warm {
+                            self.warm = None;
+                        }
+                    }
                     Some(InitEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),
                 },
@@ -376,8 +397,14 @@ impl Prepared {
     /// process of the sandbox is gone and its usage is read; the returned
     /// [`Teardown`] (reaping the supervisor, removing the cgroup) can run
     /// after the caller has its answer.
-    pub async fn run(mut self, spec: &ExecSpec, go: Go, received: Instant, events: &mpsc::Sender<Event>) -> (Outcome, Teardown) {
+    pub async fn run(mut self, spec: &ExecSpec, mut go: Go, received: Instant, events: &mpsc::Sender<Event>) -> (Outcome, Teardown) {
         let mut out = Outcome::default();
+        warren_isolation::spec::dedupe_env(&mut go.env);
+        // The call may have gained startup variables since its shape was
+        // chosen (a connector's): the warm interpreter serves it only if
+        // it started with exactly the call's.
+        go.warm = self.warm.as_ref().is_some_and(|w| w.interpreter == go.interpreter && w.env == warren_isolation::spec::python_startup_env(&go.env));
+
         let applied = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage());
         let sent = match applied {
             Ok(()) => self.init.send(&go).await.map_err(|e| e.to_string()),
@@ -390,6 +417,7 @@ impl Prepared {
             let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
             return (out, Teardown(self));
         }
+        let go_warm = go.warm;
         let started = Instant::now();
         let mut queue = Queue::new(self.output_stall);
         queue.push(events, Event::Started { setup: started - received });
@@ -414,7 +442,7 @@ impl Prepared {
         if let Some(net) = &self.net {
             out.blocked = net.blocked();
         }
-        debug!(exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
+        debug!(warm_asked = go_warm, exit_us = (ended - started).as_micros() as u64, drained_us = ended.elapsed().as_micros() as u64, "phases");
         (out, Teardown(self))
     }
 
@@ -472,7 +500,10 @@ impl Prepared {
                 }
                 ev = self.init.recv::<InitEvent>(), if init_open => {
                     match ev {
-                        Ok(Some(InitEvent::Exited { code, signal })) => {
+                        Ok(Some(InitEvent::Exited { code, signal, warm })) => {
+                            if warm {
+                                self.warm_starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
                             out.exit_code = code;
                             out.signal = signal;
                             reported = true;

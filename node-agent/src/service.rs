@@ -48,6 +48,8 @@ pub struct NodeReport {
     pub warm_sandboxes: u32,
     /// Memory those sandboxes hold, bytes.
     pub warm_memory_bytes: u64,
+    /// Calls warm interpreters ran.
+    pub warm_starts: u64,
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -112,6 +114,7 @@ impl Backend for Executor {
             network: self.has_network(),
             warm_sandboxes: warm.0 as u32,
             warm_memory_bytes: warm.1,
+            warm_starts: self.warm_starts(),
         }
     }
 
@@ -322,6 +325,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             images: r.images.into_iter().map(|(reference, digest)| pb::WarmImageInfo { reference, digest }).collect(),
             warm_sandboxes: r.warm_sandboxes,
             warm_memory_bytes: r.warm_memory_bytes,
+            warm_starts: r.warm_starts,
         }))
     }
 

@@ -123,6 +123,7 @@ impl Backend for Double {
             images: vec![("reg.example:5000/py:3.12".into(), format!("sha256:{}", "a".repeat(64)))],
             network: false,
             warm_sandboxes: 2,
+            warm_starts: 5,
             warm_memory_bytes: 3 << 20,
         }
     }
@@ -180,6 +181,7 @@ async fn status_reports_the_backend() {
     let (double, _) = Double::new(Script::FailToStart);
     let status = AgentService::new(double).status(full(pb::StatusRequest {})).await.unwrap().into_inner();
     assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions, status.warm_sandboxes, status.warm_memory_bytes), ("node-7", 3, 32, 2, 3 << 20));
+    assert_eq!(status.warm_starts, 5);
     assert_eq!(status.languages, [pb::Language::Python as i32, pb::Language::Bash as i32]);
     let f = status.features.unwrap();
     assert!(f.user_namespaces && f.seccomp && !f.overlayfs);

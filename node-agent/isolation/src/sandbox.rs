@@ -19,5 +19,6 @@ mod program;
 pub mod rootfs;
 mod supervisor;
 pub mod sys;
+mod warm;
 
 pub use supervisor::supervisor_main;

@@ -62,6 +62,54 @@ impl LanguageExt for Language {
 
 pub use warren_core::{Limits, Network};
 
+/// One value per variable: the last one given wins, at the place of the
+/// first. (Given twice, `execve` would pass both and interpreters disagree on
+/// which counts: Python takes the first, bash the last.)
+pub fn dedupe_env(env: &mut Vec<(String, String)>) {
+    let mut last: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, (k, _)) in env.iter().enumerate() {
+        last.insert(k, i);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let values: Vec<Option<String>> = env.iter().map(|(k, _)| seen.insert(k.clone()).then(|| env[last[k.as_str()]].1.clone())).collect();
+    let mut values = values.into_iter();
+    env.retain_mut(|(_, v)| match values.next().flatten() {
+        Some(last) => {
+            *v = last;
+            true
+        }
+        None => false,
+    });
+}
+
+/// The variables that shape a Python interpreter's startup (flags, paths,
+/// locale and encodings, the user site): a warm interpreter serves only
+/// calls whose values are the ones it started with.
+fn python_startup_var(name: &str) -> bool {
+    name.starts_with("PYTHON") || name.starts_with("LC_") || matches!(name, "LANG" | "LANGUAGE" | "HOME")
+}
+
+/// What a warm interpreter for a call with `env` starts with, when the call
+/// can have one: Python only, and not when the call moves the user site
+/// (where the warm start's hook lives) or turns it off.
+pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)]) -> Option<crate::wire::WarmStart> {
+    if language != Language::Python {
+        return None;
+    }
+    let env = python_startup_env(env);
+    if env.iter().any(|(k, _)| matches!(k.as_str(), "PYTHONUSERBASE" | "PYTHONNOUSERSITE" | "PYTHONSTARTUP" | "PYTHONINSPECT")) {
+        return None;
+    }
+    Some(crate::wire::WarmStart { interpreter: interpreter.into(), script_name: language.script_name().into(), env })
+}
+
+/// The startup variables of `env` (deduplicated, in order).
+pub fn python_startup_env(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = env.iter().filter(|(k, _)| python_startup_var(k)).cloned().collect();
+    dedupe_env(&mut env);
+    env
+}
+
 /// A checked execution: safe to hand to the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecSpec {
@@ -134,6 +182,27 @@ mod tests {
         assert_eq!((run.code.as_str(), run.env), ("print(1)", vec![("A".to_string(), "1".to_string())]));
         spec.code = String::new();
         assert_eq!(ExecSpec::check(&mut spec, &NodePolicy::default()).unwrap_err().field, "code");
+    }
+
+    #[test]
+    fn env_keeps_the_last_value_at_the_first_place() {
+        let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        let mut env = v(&[("PATH", "/bin"), ("A", "1"), ("PATH", "/usr/bin"), ("B", "2"), ("A", "3")]);
+        dedupe_env(&mut env);
+        assert_eq!(env, v(&[("PATH", "/usr/bin"), ("A", "3"), ("B", "2")]));
+    }
+
+    #[test]
+    fn warm_starts_are_python_only_and_keyed_by_startup_variables() {
+        let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        let env = v(&[("PATH", "/bin"), ("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("TOKEN", "s3cret"), ("LC_ALL", "C")]);
+        let w = warm_start(Language::Python, "/usr/bin/python3", &env).unwrap();
+        assert_eq!(w.env, v(&[("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("LC_ALL", "C")]));
+        assert_eq!(w.script_name, "main.py");
+        assert!(warm_start(Language::Bash, "/bin/bash", &env).is_none());
+        assert!(warm_start(Language::Node, "/usr/bin/node", &env).is_none());
+        let moved = [env.clone(), v(&[("PYTHONUSERBASE", "/tmp/u")])].concat();
+        assert!(warm_start(Language::Python, "/usr/bin/python3", &moved).is_none());
     }
 
     #[test]

@@ -61,6 +61,23 @@ pub struct SupervisorConfig {
     pub conn_dir: PathBuf,
     /// Compiled seccomp filter (`struct sock_filter[]`).
     pub seccomp_bpf: Vec<u8>,
+    /// An interpreter to start while the sandbox waits (a warm start).
+    #[serde(default)]
+    pub warm: Option<WarmStart>,
+}
+
+/// An interpreter started inside the finished sandbox before its call, as the
+/// program's user under the program's filter, held just before it opens its
+/// script (see `sandbox::warm`). Python only.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WarmStart {
+    /// Absolute interpreter path inside the sandbox.
+    pub interpreter: String,
+    /// The script it will run, in `/run/warren/` (written at Go).
+    pub script_name: String,
+    /// What it starts with: the variables that shape the interpreter's
+    /// startup, equal to those of every call it may serve.
+    pub env: Vec<(String, String)>,
 }
 
 /// Supervisor → agent.
@@ -113,6 +130,11 @@ pub struct Go {
     pub max_processes: u64,
     /// What `/home/sandbox` is.
     pub home: Home,
+    /// Hand the program to the warm interpreter (the agent checked that it
+    /// is the same interpreter with the same startup environment); false
+    /// stops it and starts the program cold.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// The program's home directory.
@@ -132,13 +154,19 @@ pub enum Home {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum InitEvent {
     /// Namespaces, mounts and filter are ready; waiting for [`Go`].
-    Ready,
+    Ready {
+        /// The warm interpreter asked for is started and waiting.
+        warm: bool,
+    },
     /// The main process ended.
     Exited {
         /// Exit status, or 128 + signal.
         code: i32,
         /// Killing signal, 0 if it exited.
         signal: i32,
+        /// A warm interpreter ran the program.
+        #[serde(default)]
+        warm: bool,
     },
     /// Setup or exec failed; nothing of the program ran.
     Failed {
@@ -187,10 +215,10 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &InitEvent::Exited { code: 3, signal: 0 }).unwrap();
+        write_frame(&mut buf, &InitEvent::Exited { code: 3, signal: 0, warm: false }).unwrap();
         write_frame(&mut buf, &SupervisorCommand::Kill).unwrap();
         let mut r = &buf[..];
-        assert_eq!(read_frame::<InitEvent>(&mut r).unwrap(), Some(InitEvent::Exited { code: 3, signal: 0 }));
+        assert_eq!(read_frame::<InitEvent>(&mut r).unwrap(), Some(InitEvent::Exited { code: 3, signal: 0, warm: false }));
         assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), Some(SupervisorCommand::Kill));
         assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), None);
     }

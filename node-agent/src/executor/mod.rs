@@ -14,7 +14,7 @@ use tracing::debug;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use warren_isolation::features::Features;
 use warren_core::contract::Spec;
-use warren_isolation::spec::{ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
+use warren_isolation::spec::{warm_start, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::{Go, Home};
 
 use crate::lifecycle::storage::StorageResource;
@@ -116,6 +116,7 @@ pub struct Executor {
     env: Arc<SandboxEnv>,
     pool: Pool,
     policy: NodePolicy,
+    warm_interpreters: bool,
     interpreters: BTreeMap<Language, String>,
     features: Features,
     permits: Arc<Semaphore>,
@@ -136,6 +137,8 @@ pub struct ExecutorConfig {
     pub max_executions: u32,
     /// Sandboxes kept ready per shape.
     pub pool_size: usize,
+    /// Start Python's interpreter in pooled sandboxes ahead of the call.
+    pub warm_interpreters: bool,
     /// Name reported in `Status` and `Started`.
     pub node_name: String,
     /// Store clients for storage mounts, kept across calls.
@@ -151,14 +154,9 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// winning: Warren's defaults, the image's (filtered), the interpreter's
 /// settings, then the request's.
 fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) -> Go {
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), PATH.into()),
-        ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
-        ("LANG".into(), "C.UTF-8".into()),
-    ];
-    env.extend(image_env.iter().cloned());
-    env.extend(spec.language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut env = program_env(spec.language, image_env);
     env.extend(spec.env.iter().cloned());
+    warren_isolation::spec::dedupe_env(&mut env);
     Go {
         interpreter: interpreter.to_string(),
         script_name: spec.language.script_name().into(),
@@ -168,7 +166,21 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
         file_size_bytes: spec.limits.file_size_bytes,
         max_processes: spec.limits.pids.into(),
         home: Home::Tmpfs { bytes: spec.limits.home_bytes },
+        warm: false,
     }
+}
+
+/// Warren's defaults, the image's (filtered) and the interpreter's settings:
+/// a program's environment before the request's.
+fn program_env(language: Language, image_env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), PATH.into()),
+        ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ];
+    env.extend(image_env.iter().cloned());
+    env.extend(language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
 }
 
 /// Interpreters of the `host` image: the first candidate present per language.
@@ -186,13 +198,21 @@ impl Executor {
     /// Builds the executor and starts warming the pool for the default shape.
     pub fn new(env: Arc<SandboxEnv>, features: Features, threads: Arc<Threads>, config: ExecutorConfig) -> Executor {
         let pool = Pool::new(env.clone(), config.pool_size);
+        let interpreters = host_interpreters();
         if features.can_run_sandboxes() {
-            pool.warm(Shape::of(&config.policy.defaults, Rootfs::Host, None));
+            let shape = Shape::of(&config.policy.defaults, Rootfs::Host, None);
+            pool.warm(shape.clone());
+            // The warm interpreter a Python call without env of its own takes.
+            let python = interpreters.get(&Language::Python).filter(|_| config.warm_interpreters);
+            if let Some(w) = python.and_then(|p| warm_start(Language::Python, p, &program_env(Language::Python, &[]))) {
+                pool.warm(shape.warmed(Some(w)));
+            }
         }
         Executor {
             env,
             pool,
-            interpreters: host_interpreters(),
+            warm_interpreters: config.warm_interpreters,
+            interpreters,
             features,
             permits: Arc::new(Semaphore::new(config.max_executions as usize)),
             max_executions: config.max_executions,
@@ -268,6 +288,11 @@ impl Executor {
         self.interpreters.keys().copied().collect()
     }
 
+    /// Calls warm interpreters ran since the agent started.
+    pub fn warm_starts(&self) -> u64 {
+        self.env.warm_starts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Executions running now.
     pub fn running(&self) -> u32 {
         self.max_executions - self.permits.available_permits() as u32
@@ -340,8 +365,9 @@ impl Executor {
         if !connectors.is_empty() {
             resources.push(Box::new(crate::connectors::resource::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
-        let shape = Shape::of(&spec.limits, rootfs, network);
         let go = go_for(&spec, &interpreter, &image_env);
+        let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env)).flatten();
+        let shape = Shape::of(&spec.limits, rootfs, network).warmed(warm);
         seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
     }
 

@@ -516,6 +516,10 @@ pub struct StatusResponse {
     /// Memory those idle sandboxes hold together (their cgroups' charge), bytes.
     #[prost(uint64, tag = "9")]
     pub warm_memory_bytes: u64,
+    /// Calls a warm interpreter (started in the sandbox ahead of the call) ran
+    /// since the agent started.
+    #[prost(uint64, tag = "10")]
+    pub warm_starts: u64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use super::{program, rootfs, sys};
+use super::{program, rootfs, sys, warm};
 use crate::wire::{self, Go, Home, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
@@ -37,7 +37,8 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
     if let Err((stage, e)) = setup(cfg) {
         fail(&mut ctrl, stage, &e);
     }
-    if wire::write_frame(&mut ctrl, &InitEvent::Ready).is_err() {
+    let zygote = cfg.warm.as_ref().and_then(|w| warm::start(w, &cfg.seccomp_bpf));
+    if wire::write_frame(&mut ctrl, &InitEvent::Ready { warm: zygote.is_some() }).is_err() {
         sys::exit_now(1);
     }
     let go: Go = match wire::read_frame(&mut ctrl) {
@@ -45,7 +46,7 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         // The agent discarded this sandbox.
         _ => sys::exit_now(0),
     };
-    run_program(&mut ctrl, &go, cfg)
+    run_program(&mut ctrl, &go, cfg, zygote)
 }
 
 fn fail(ctrl: &mut UnixStream, stage: &str, e: &dyn std::fmt::Display) -> ! {
@@ -66,16 +67,43 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
     rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))
 }
 
-fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig) -> ! {
-    let bpf = &cfg.seccomp_bpf[..];
+fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: Option<warm::Zygote>) -> ! {
     if let Home::Tmpfs { bytes } = go.home {
         if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
             fail(ctrl, "home", &e);
         }
     }
+    if let Err(e) = warm::remove_hook() {
+        fail(ctrl, "script", &e);
+    }
     if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
         fail(ctrl, "script", &e);
     }
+    let warm = match zygote {
+        Some(z) if go.warm => z.deliver(go).ok(),
+        Some(z) => {
+            z.stop();
+            None
+        }
+        None => None,
+    };
+    let child = match warm {
+        Some(pid) => pid,
+        // No warm interpreter (or it died waiting): the program starts cold.
+        None => start_cold(ctrl, go, &cfg.seccomp_bpf),
+    };
+    let warm = warm.is_some();
+    // Only the program (and what it starts) may hold the output pipes, so the
+    // agent sees EOF exactly when the sandbox is done.
+    let _ = nix::unistd::close(wire::STDOUT_FD);
+    let _ = nix::unistd::close(wire::STDERR_FD);
+    let (code, signal) = reap_until(child);
+    let _ = wire::write_frame(ctrl, &InitEvent::Exited { code, signal, warm });
+    sys::exit_now(0)
+}
+
+/// Forks the program and execs its interpreter; reports a failed exec.
+fn start_cold(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> Pid {
     let launch = match program::Launch::new(go) {
         Ok(l) => l,
         Err(e) => fail(ctrl, "exec", &e),
@@ -94,18 +122,12 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig) -> ! {
         Err(e) => fail(ctrl, "fork", &e),
     };
     drop(status_w);
-    // Only the program (and what it starts) may hold the output pipes, so the
-    // agent sees EOF exactly when the sandbox is done.
-    let _ = nix::unistd::close(wire::STDOUT_FD);
-    let _ = nix::unistd::close(wire::STDERR_FD);
     let mut errno = [0u8; 4];
     if let Ok(4) = std::fs::File::from(status_r).read(&mut errno) {
         let e = io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
         fail(ctrl, "exec", &e);
     }
-    let (code, signal) = reap_until(child);
-    let _ = wire::write_frame(ctrl, &InitEvent::Exited { code, signal });
-    sys::exit_now(0)
+    child
 }
 
 /// Reaps every child (orphans re-parent to us) until `main` ends.

@@ -10,14 +10,14 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
 
 use nix::sys::resource::{setrlimit, Resource};
 
 use super::rootfs::{HOME, SANDBOX_UID, SCRIPT_DIR};
 use super::sys;
-use crate::wire::{self, Go};
+use crate::wire::{self, Go, WarmStart};
 
 /// Everything `execve` needs, allocated before fork.
 pub struct Launch {
@@ -27,6 +27,8 @@ pub struct Launch {
     open_files: u64,
     file_size: u64,
     max_processes: u64,
+    /// A warm interpreter's channel to init (see [`Launch::warm`]).
+    warm: Option<RawFd>,
 }
 
 impl Launch {
@@ -42,7 +44,28 @@ impl Launch {
             open_files: go.open_files,
             file_size: go.file_size_bytes,
             max_processes: go.max_processes,
+            warm: None,
         })
+    }
+
+    /// The warm interpreter's start: its script does not exist yet, the
+    /// per-call limits come at Go (`warm::deliver`), and `ctrl` is its
+    /// channel to init (kept as fd [`warm::CTRL_FD`](super::warm::CTRL_FD)).
+    pub fn warm(w: &WarmStart, user_base: &str, ctrl: RawFd) -> io::Result<Launch> {
+        let mut env = w.env.clone();
+        env.push(("PYTHONUSERBASE".into(), user_base.into()));
+        let go = Go {
+            interpreter: w.interpreter.clone(),
+            script_name: w.script_name.clone(),
+            code: String::new(),
+            env,
+            open_files: 0,
+            file_size_bytes: 0,
+            max_processes: 0,
+            home: wire::Home::Mounted,
+            warm: true,
+        };
+        Ok(Launch { warm: Some(ctrl), ..Launch::new(&go)? })
     }
 }
 
@@ -66,19 +89,29 @@ fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
 /// `RLIMIT_MEMLOCK` of every program.
 const MEMLOCK_BYTES: u64 = 64 * 1024;
 
+// Long: the privilege drop in its one safe order (see the module comment); a warm interpreter differs only in where its output goes and which limits wait for Go.
 fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     use nix::unistd::{dup2_stdin, dup2_stdout, dup2_stderr};
-    let devnull = std::fs::File::open("/dev/null")?;
+    let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
     dup2_stdin(&devnull)?;
-    let out = unsafe_borrow(wire::STDOUT_FD);
-    let errfd = unsafe_borrow(wire::STDERR_FD);
-    dup2_stdout(out)?;
-    dup2_stderr(errfd)?;
+    match l.warm {
+        // What a warm interpreter prints while it starts is nobody's output;
+        // it takes the call's pipes at Go.
+        Some(_) => {
+            dup2_stdout(&devnull)?;
+            dup2_stderr(&devnull)?;
+        }
+        None => {
+            dup2_stdout(unsafe_borrow(wire::STDOUT_FD))?;
+            dup2_stderr(unsafe_borrow(wire::STDERR_FD))?;
+        }
+    }
+    drop(devnull);
     std::env::set_current_dir(HOME)?;
-    setrlimit(Resource::RLIMIT_NOFILE, l.open_files, l.open_files)?;
-    setrlimit(Resource::RLIMIT_FSIZE, l.file_size, l.file_size)?;
+    if l.warm.is_none() {
+        super::warm::set_call_limits(0, l.open_files, l.file_size, l.max_processes)?;
+    }
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
-    setrlimit(Resource::RLIMIT_NPROC, l.max_processes, l.max_processes)?;
     // No real-time scheduling and no raised priority, whatever the host's
     // defaults: a sandbox must not starve its neighbours' CPU.
     setrlimit(Resource::RLIMIT_RTPRIO, 0, 0)?;
@@ -99,6 +132,9 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     sys::clear_capabilities()?;
     sys::set_no_new_privs()?;
     sys::cloexec_from(3)?;
+    if let Some(ctrl) = l.warm {
+        super::warm::keep_fds(ctrl)?;
+    }
     sys::load_seccomp(bpf)
 }
 

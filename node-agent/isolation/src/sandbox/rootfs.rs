@@ -43,7 +43,7 @@ pub const HOME: &str = "/home/sandbox";
 /// Directory holding the program text.
 pub const SCRIPT_DIR: &str = "/run/warren";
 /// The tmpfs holding it on an image root (code is at most 1 MiB).
-const SCRIPT_TMPFS: &str = "size=2m,nr_inodes=16,mode=0755";
+const SCRIPT_TMPFS: &str = "size=2m,nr_inodes=64,mode=0755";
 
 /// Top-level entries that are symlinks into /usr on merged-/usr systems, or
 /// directories to bind read-only otherwise.

@@ -197,6 +197,31 @@ pub fn loopback_up() -> io::Result<()> {
     result
 }
 
+/// `dup2(old, new)` without close-on-exec on `new`; `new` is closed first
+/// if open. The caller owns `new` afterwards.
+pub fn dup_to(old: RawFd, new: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 only changes this process's descriptor table; the caller
+    // chose `new` as a number nothing else in this process uses.
+    let ret = unsafe { libc::dup2(old, new) };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// A duplicate of `fd` numbered `min` or higher, close-on-exec.
+pub fn dup_above(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only adds a descriptor to this process's table.
+    let ret = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
+    check(ret as libc::c_long).map(|fd| fd as RawFd)
+}
+
+/// `prlimit(2)`: sets soft and hard `resource` of `pid` (0: this process).
+pub fn set_rlimit_of(pid: libc::pid_t, resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let limit = libc::rlimit64 { rlim_cur: value, rlim_max: value };
+    // SAFETY: `limit` is a valid rlimit64 for the duration of the call; the
+    // old-value pointer is null (not asked for).
+    let ret = unsafe { libc::prlimit64(pid, resource, &limit, std::ptr::null_mut()) };
+    check(ret as libc::c_long).map(drop)
+}
+
 /// `_exit(2)`: leave without running destructors or atexit handlers (used in
 /// forked children, where those belong to the parent).
 pub fn exit_now(code: i32) -> ! {

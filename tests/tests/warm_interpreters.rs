@@ -1,0 +1,163 @@
+//! Single-use warm interpreters (#30): a Python program cannot tell a warm
+//! start from a cold one except by time. The same programs run on an agent
+//! with warm interpreters (each call checked to have taken one) and on one
+//! without, and print, exit and die identically.
+
+use std::time::Duration;
+
+use warren_e2e::{request, skip_unless_root, Agent, Run};
+use warren_proto::agent::{self as pb, Language, StatusRequest};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Programs covering what a start decides: argv, `__main__`, paths, cwd,
+/// stdio, environment, limits, signals, tracebacks and their files, exit
+/// statuses, fork, subprocesses, threads, atexit, flushing on kill.
+const PROGRAMS: &[&str] = &[
+    "import sys; print(sys.argv, sys.orig_argv, sys.executable)",
+    "print(__name__, __file__, __doc__, __package__, __spec__, __cached__, __loader__.name, __loader__.path)",
+    "'''A docstring.'''\nprint(__doc__, sorted(globals()), type(__builtins__).__name__)",
+    "import sys; print(sys.path)",
+    "import sys; print(list(sys.path_importer_cache))",
+    "import sys; print(sorted(sys.modules))",
+    "import sys; print(sys.flags)",
+    "import os; print(os.getcwd(), sorted(os.listdir('.')), sorted(os.listdir('/run/warren')))",
+    "import sys; print(repr(sys.stdin.read()), sys.stdin.isatty(), sys.stdout.fileno(), sys.stderr.fileno())",
+    "import os; print(sorted(os.environ.items()))",
+    "import subprocess; print(subprocess.run(['env'], capture_output=True, text=True).stdout)",
+    "import subprocess, sys\nr = subprocess.run(['bash', '-c', 'echo $HOME $PWD; echo err >&2; exit 4'])\nprint(r.returncode)",
+    "import os; print(sorted(os.listdir('/proc/self/fd')))",
+    "import os; print(os.getpid(), os.getppid(), os.getuid(), os.getgid(), os.getgroups(), oct(os.umask(0)))",
+    "import resource as r\nprint([r.getrlimit(x) for x in (r.RLIMIT_NOFILE, r.RLIMIT_NPROC, r.RLIMIT_FSIZE, r.RLIMIT_CORE, r.RLIMIT_MEMLOCK, r.RLIMIT_RTPRIO, r.RLIMIT_NICE)])",
+    "import signal; print([str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGCHLD)])",
+    "print([l.strip() for l in open('/proc/self/status') if l.startswith(('Cap', 'NoNewPrivs', 'Seccomp', 'Uid', 'Gid', 'Groups'))])",
+    "import sys, locale\nprint(sys.stdout.encoding, sys.stdout.errors, sys.stdout.line_buffering, sys.stdout.write_through, sys.getfilesystemencoding(), locale.getpreferredencoding())",
+    "import site; print(site.ENABLE_USER_SITE, site.USER_BASE, site.USER_SITE)",
+    "import sys; print(sys.getrecursionlimit(), sys.prefix, sys.base_prefix, sys.platlibdir)",
+    "print('héllo ✓'); import sys; print('ünï', file=sys.stderr)",
+    "print('x' * 200000)",
+    "def f():\n    raise ValueError('boom')\n\nf()",
+    "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise KeyError('k') from e",
+    "print(1\n",
+    "def f():\n    f()\nf()",
+    "input()",
+    "raise KeyboardInterrupt",
+    "import sys; sys.exit(3)",
+    "import sys; sys.exit('bye')",
+    "raise SystemExit(None)",
+    "import os; print('x', flush=True); os._exit(5)",
+    "import os, signal; print('term', flush=True); os.kill(os.getpid(), signal.SIGTERM)",
+    "import os, signal, sys; sys.stdout.write('unflushed'); print('err', file=sys.stderr); os.kill(os.getpid(), signal.SIGKILL)",
+    "import os\npid = os.fork()\nif pid == 0:\n    print('child', os.getppid())\n    os._exit(7)\n_, status = os.waitpid(pid, 0)\nprint('parent', os.waitstatus_to_exitcode(status))",
+    "import threading\nseen = threading.Event()\ndef late():\n    seen.wait()\n    print('late')\nthreading.Thread(target=late).start()\nprint('main')\nseen.set()",
+    "import threading\ndef f():\n    raise RuntimeError('in thread')\nt = threading.Thread(target=f, name='T')\nt.start()\nt.join()\nprint('joined')",
+    "import atexit\natexit.register(print, 'bye')\nprint('hi')\nraise ValueError('after atexit')",
+    "import warnings; warnings.warn('careful')",
+    "import traceback\ndef f():\n    traceback.print_stack()\nf()",
+    "import inspect; print(len(inspect.stack()), [f.function for f in inspect.stack()])",
+    "from __future__ import annotations\nx: int = 1\nprint(__annotations__)",
+    "# -*- coding: latin-1 -*-\nprint(repr('é'))",
+    "open('/home/sandbox/f', 'w').write('x')\nimport os; print(os.listdir('/home/sandbox'), oct(os.stat('/home/sandbox').st_mode))",
+];
+
+async fn run(agent: &Agent, code: &str, thread: Option<&str>) -> Run {
+    let mut req = request(Language::Python, code, T);
+    req.env.insert("CALL_VAR".into(), "from the request".into());
+    req.env.insert("TZ".into(), "UTC".into());
+    if let Some(id) = thread {
+        let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
+        req.thread = Some(pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
+    }
+    agent.run_request(req).await.unwrap()
+}
+
+/// Waits until the agent has a warm interpreter ready (two per shape fill
+/// the Blocked/host shape of bash and of Python).
+async fn warm_ready(agent: &Agent) -> u64 {
+    let mut client = agent.client().await.unwrap();
+    for _ in 0..600 {
+        let s = client.status(StatusRequest {}).await.unwrap().into_inner();
+        if s.warm_sandboxes >= 4 {
+            return s.warm_starts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the warm pool did not fill");
+}
+
+async fn warm_starts(agent: &Agent) -> u64 {
+    agent.client().await.unwrap().status(StatusRequest {}).await.unwrap().into_inner().warm_starts
+}
+
+fn same(what: &str, warm: &Run, cold: &Run) {
+    assert_eq!(
+        (&warm.stdout, &warm.stderr, warm.exited.exit_code, warm.exited.signal),
+        (&cold.stdout, &cold.stderr, cold.exited.exit_code, cold.exited.signal),
+        "{what}: a warm start differs from a cold one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_and_cold_starts_are_indistinguishable() {
+    if skip_unless_root("warm_and_cold_starts_are_indistinguishable") {
+        return;
+    }
+    assert!(PROGRAMS.len() >= 30);
+    let warm = Agent::start(&[]).await.unwrap();
+    let cold = Agent::start(&["--warm-interpreters", "false"]).await.unwrap();
+    for code in PROGRAMS {
+        let before = warm_ready(&warm).await;
+        let w = run(&warm, code, None).await;
+        assert_eq!(warm_starts(&warm).await, before + 1, "{code:?} ran on a warm interpreter");
+        let c = run(&cold, code, None).await;
+        same(code, &w, &c);
+    }
+    assert_eq!(warm_starts(&cold).await, 0, "the cold agent starts every program cold");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_interpreter_sees_the_threads_home_and_its_user_packages() {
+    if skip_unless_root("a_warm_interpreter_sees_the_threads_home_and_its_user_packages") {
+        return;
+    }
+    let warm = Agent::start(&[]).await.unwrap();
+    let cold = Agent::start(&["--warm-interpreters", "false"]).await.unwrap();
+    // A package installed in the thread's user site (as `pip install --user`
+    // would), with a .pth file adding a directory of its own.
+    let install = "import site, os\nd = site.getusersitepackages()\nos.makedirs(d + '/../extra', exist_ok=True)\n\
+                   open(d + '/mymod.py', 'w').write('VALUE = 42\\n')\nopen(d + '/zz.pth', 'w').write('../extra\\n')\n\
+                   open(d + '/../extra/other.py', 'w').write('NAME = \"other\"\\n')\nprint('installed')";
+    let use_it = "import mymod, other, sys, os\nprint(mymod.VALUE, other.NAME, mymod.__file__)\nprint(sys.path)\nprint(os.getcwd(), sorted(os.listdir('.')))";
+    for agent in [&warm, &cold] {
+        assert_eq!(run(agent, install, Some("t")).await.stdout, "installed\n");
+    }
+    let before = warm_ready(&warm).await;
+    let w = run(&warm, use_it, Some("t")).await;
+    assert_eq!(warm_starts(&warm).await, before + 1, "the thread's call ran on a warm interpreter");
+    let c = run(&cold, use_it, Some("t")).await;
+    assert!(w.stdout.starts_with("42 other /home/sandbox/.local/lib/python3"), "{}\n{}", w.stdout, w.stderr);
+    same("a thread's user site", &w, &c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_interpreter_that_died_while_waiting_gives_a_cold_start() {
+    if skip_unless_root("a_warm_interpreter_that_died_while_waiting_gives_a_cold_start") {
+        return;
+    }
+    let warm = Agent::start(&[]).await.unwrap();
+    let before = warm_ready(&warm).await;
+    // Every waiting interpreter of this agent dies (as if OOM-killed while idle).
+    let waiting: Vec<u32> = warm
+        .sandbox_processes()
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.py\0")))
+        .collect();
+    assert_eq!(waiting.len(), 2, "two warm interpreters wait in the pool");
+    for pid in &waiting {
+        assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    }
+    let r = run(&warm, "import sys; print('ran', sys.argv)", None).await;
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.exited.exit_code), ("ran ['/run/warren/main.py']\n", "", 0));
+    assert_eq!(warm_starts(&warm).await, before, "the call started cold, transparently");
+}
