@@ -403,7 +403,7 @@ impl Prepared {
         // The call may have gained startup variables since its shape was
         // chosen (a connector's): the warm interpreter serves it only if
         // it started with exactly the call's.
-        go.warm = self.warm.as_ref().is_some_and(|w| w.interpreter == go.interpreter && w.env == warren_isolation::spec::python_startup_env(&go.env));
+        go.warm = self.warm.as_ref().is_some_and(|w| w.interpreter == go.interpreter && w.env == warren_isolation::spec::startup_env(w.kind, &go.env));
 
         let applied = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage());
         let sent = match applied {

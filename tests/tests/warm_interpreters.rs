@@ -60,8 +60,41 @@ const PROGRAMS: &[&str] = &[
     "open('/home/sandbox/f', 'w').write('x')\nimport os; print(os.listdir('/home/sandbox'), oct(os.stat('/home/sandbox').st_mode))",
 ];
 
+/// The same for Node: argv, the main module, cwd, stdio, environment,
+/// descriptors, errors and their stacks, exit codes, signals, events.
+const NODE_PROGRAMS: &[&str] = &[
+    "console.log(process.argv, process.argv0, process.execPath, process.execArgv)",
+    "console.log(require.main === module, __filename, __dirname, module.id, module.paths)",
+    "console.log(Object.keys(require.cache), module.children.length, module.parent, module.loaded)",
+    "const fs = require('fs'); console.log(process.cwd(), fs.readdirSync('.'), fs.readdirSync('/run/warren'))",
+    "console.log(Object.keys(process.env), Object.entries(process.env).sort(), typeof process.env.NODE_OPTIONS)",
+    "console.log(require('child_process').execSync('env').toString())",
+    "console.log(require('fs').readdirSync('/proc/self/fd'), require('fs').openSync('/dev/null'))",
+    "console.log(process.pid, process.ppid, process.getuid(), process.getgid(), process.getgroups(), process.umask().toString(8))",
+    "console.log(require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').filter(l => /^(Cap|NoNewPrivs|Seccomp|Uid|Gid)/.test(l)))",
+    "console.log(process.stdout.constructor.name, process.stdout.isTTY, process.stderr.constructor.name, process.stdin.constructor.name)",
+    "console.log(Object.keys(globalThis).sort(), process.title, process.release.name)",
+    "console.log(process.listenerCount('SIGINT'), process.listenerCount('exit'), process.listeners('uncaughtException').length)",
+    "console.log(new Error('e').stack)",
+    "function f() { throw new Error('boom'); }\nf();",
+    "Promise.reject(new Error('nope'));",
+    "let x = ;",
+    "process.exit(3)",
+    "process.exitCode = 4; console.log('x')",
+    "process.on('exit', c => console.log('exit', c)); console.log('hi')",
+    "setTimeout(() => console.log('later'), 10); console.log('now')",
+    "process.kill(process.pid, 'SIGTERM')",
+    "process.stdout.write('written'); process.kill(process.pid, 'SIGKILL')",
+    "const r = require('child_process').spawnSync('bash', ['-c', 'echo $HOME $PWD; exit 5']); console.log(r.status, r.stdout.toString())",
+    "require('fs').writeFileSync('/home/sandbox/f', 'x'); console.log(require('fs').readdirSync('/home/sandbox'))",
+];
+
 async fn run(agent: &Agent, code: &str, thread: Option<&str>) -> Run {
-    let mut req = request(Language::Python, code, T);
+    run_in(agent, Language::Python, code, thread).await
+}
+
+async fn run_in(agent: &Agent, language: Language, code: &str, thread: Option<&str>) -> Run {
+    let mut req = request(language, code, T);
     req.env.insert("CALL_VAR".into(), "from the request".into());
     req.env.insert("TZ".into(), "UTC".into());
     if let Some(id) = thread {
@@ -71,13 +104,17 @@ async fn run(agent: &Agent, code: &str, thread: Option<&str>) -> Run {
     agent.run_request(req).await.unwrap()
 }
 
-/// Waits until the agent has a warm interpreter ready (two per shape fill
-/// the Blocked/host shape of bash and of Python).
+/// Waits until the agent's pool is full (two per shape: plain sandboxes
+/// and warm Python interpreters from the start), returns its warm starts.
 async fn warm_ready(agent: &Agent) -> u64 {
+    warm_ready_with(agent, 4).await
+}
+
+async fn warm_ready_with(agent: &Agent, sandboxes: u32) -> u64 {
     let mut client = agent.client().await.unwrap();
     for _ in 0..600 {
         let s = client.status(StatusRequest {}).await.unwrap().into_inner();
-        if s.warm_sandboxes >= 4 {
+        if s.warm_sandboxes >= sandboxes {
             return s.warm_starts;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -113,6 +150,26 @@ async fn warm_and_cold_starts_are_indistinguishable() {
         same(code, &w, &c);
     }
     assert_eq!(warm_starts(&cold).await, 0, "the cold agent starts every program cold");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_and_cold_node_starts_are_indistinguishable() {
+    if skip_unless_root("warm_and_cold_node_starts_are_indistinguishable") {
+        return;
+    }
+    let warm = Agent::start(&[]).await.unwrap();
+    let cold = Agent::start(&["--warm-interpreters", "false"]).await.unwrap();
+    // Node's interpreters are warmed by demand: the first call starts cold.
+    let before = warm_ready(&warm).await;
+    assert_eq!(run_in(&warm, Language::Node, "console.log(1)", None).await.stdout, "1\n");
+    assert_eq!(warm_starts(&warm).await, before, "a pool miss starts cold");
+    for code in NODE_PROGRAMS {
+        let before = warm_ready_with(&warm, 6).await;
+        let w = run_in(&warm, Language::Node, code, None).await;
+        assert_eq!(warm_starts(&warm).await, before + 1, "{code:?} ran on a warm interpreter");
+        let c = run_in(&cold, Language::Node, code, None).await;
+        same(code, &w, &c);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,6 +62,8 @@ impl LanguageExt for Language {
 
 pub use warren_core::{Limits, Network};
 
+use crate::wire::{WarmKind, WarmStart};
+
 /// One value per variable: the last one given wins, at the place of the
 /// first. (Given twice, `execve` would pass both and interpreters disagree on
 /// which counts: Python takes the first, bash the last.)
@@ -82,30 +84,42 @@ pub fn dedupe_env(env: &mut Vec<(String, String)>) {
     });
 }
 
-/// The variables that shape a Python interpreter's startup (flags, paths,
-/// locale and encodings, the user site): a warm interpreter serves only
-/// calls whose values are the ones it started with.
-fn python_startup_var(name: &str) -> bool {
-    name.starts_with("PYTHON") || name.starts_with("LC_") || matches!(name, "LANG" | "LANGUAGE" | "HOME")
+/// The variables that shape an interpreter's startup (flags, paths, locale
+/// and encodings, the user site; Node's options, OpenSSL's configuration
+/// read when it starts): a warm interpreter serves only calls whose values
+/// are the ones it started with.
+fn startup_var(kind: WarmKind, name: &str) -> bool {
+    match kind {
+        WarmKind::Python => name.starts_with("PYTHON") || name.starts_with("LC_") || matches!(name, "LANG" | "LANGUAGE" | "HOME"),
+        WarmKind::Node => {
+            ["NODE_", "UV_", "OPENSSL_", "SSL_", "LC_"].iter().any(|p| name.starts_with(p)) || matches!(name, "LANG" | "LANGUAGE" | "HOME" | "TZ")
+        }
+    }
 }
 
 /// What a warm interpreter for a call with `env` starts with, when the call
-/// can have one: Python only, and not when the call moves the user site
-/// (where the warm start's hook lives) or turns it off.
-pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)]) -> Option<crate::wire::WarmStart> {
-    if language != Language::Python {
+/// can have one: Python and Node, and not when the call's own startup
+/// variables take the place the warm start's hook needs.
+pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)]) -> Option<WarmStart> {
+    let kind = match language {
+        Language::Python => WarmKind::Python,
+        Language::Node => WarmKind::Node,
+        Language::Bash => return None,
+    };
+    let env = startup_env(kind, env);
+    let taken: &[&str] = match kind {
+        WarmKind::Python => &["PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONSTARTUP", "PYTHONINSPECT"],
+        WarmKind::Node => &["NODE_OPTIONS"],
+    };
+    if env.iter().any(|(k, _)| taken.contains(&k.as_str())) {
         return None;
     }
-    let env = python_startup_env(env);
-    if env.iter().any(|(k, _)| matches!(k.as_str(), "PYTHONUSERBASE" | "PYTHONNOUSERSITE" | "PYTHONSTARTUP" | "PYTHONINSPECT")) {
-        return None;
-    }
-    Some(crate::wire::WarmStart { interpreter: interpreter.into(), script_name: language.script_name().into(), env })
+    Some(WarmStart { kind, interpreter: interpreter.into(), script_name: language.script_name().into(), env })
 }
 
-/// The startup variables of `env` (deduplicated, in order).
-pub fn python_startup_env(env: &[(String, String)]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = env.iter().filter(|(k, _)| python_startup_var(k)).cloned().collect();
+/// The startup variables of `env` for `kind` (deduplicated, in order).
+pub fn startup_env(kind: WarmKind, env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = env.iter().filter(|(k, _)| startup_var(kind, k)).cloned().collect();
     dedupe_env(&mut env);
     env
 }
@@ -193,14 +207,18 @@ mod tests {
     }
 
     #[test]
-    fn warm_starts_are_python_only_and_keyed_by_startup_variables() {
+    fn warm_starts_are_keyed_by_startup_variables() {
         let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
         let env = v(&[("PATH", "/bin"), ("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("TOKEN", "s3cret"), ("LC_ALL", "C")]);
         let w = warm_start(Language::Python, "/usr/bin/python3", &env).unwrap();
         assert_eq!(w.env, v(&[("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("LC_ALL", "C")]));
         assert_eq!(w.script_name, "main.py");
         assert!(warm_start(Language::Bash, "/bin/bash", &env).is_none());
-        assert!(warm_start(Language::Node, "/usr/bin/node", &env).is_none());
+        let node = [env.clone(), v(&[("NODE_ENV", "production"), ("TZ", "UTC")])].concat();
+        let n = warm_start(Language::Node, "/usr/bin/node", &node).unwrap();
+        assert_eq!((n.kind, n.env), (WarmKind::Node, v(&[("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("LC_ALL", "C"), ("NODE_ENV", "production"), ("TZ", "UTC")])));
+        let node_options = [env.clone(), v(&[("NODE_OPTIONS", "--inspect")])].concat();
+        assert!(warm_start(Language::Node, "/usr/bin/node", &node_options).is_none());
         let moved = [env.clone(), v(&[("PYTHONUSERBASE", "/tmp/u")])].concat();
         assert!(warm_start(Language::Python, "/usr/bin/python3", &moved).is_none());
     }

@@ -68,9 +68,11 @@ pub struct SupervisorConfig {
 
 /// An interpreter started inside the finished sandbox before its call, as the
 /// program's user under the program's filter, held just before it opens its
-/// script (see `sandbox::warm`). Python only.
+/// script (see `sandbox::warm`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WarmStart {
+    /// Which interpreter it is (how it is held and handed its call).
+    pub kind: WarmKind,
     /// Absolute interpreter path inside the sandbox.
     pub interpreter: String,
     /// The script it will run, in `/run/warren/` (written at Go).
@@ -109,6 +111,15 @@ pub enum SupervisorEvent {
 pub enum SupervisorCommand {
     /// Kill every process of the sandbox now (timeout, cancellation).
     Kill,
+}
+
+/// The interpreters that can start warm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WarmKind {
+    /// CPython 3.8+ (its audit hooks hold it).
+    Python,
+    /// Node.js (a `--require` preload holds it).
+    Node,
 }
 
 /// Agent → init: run this program now.

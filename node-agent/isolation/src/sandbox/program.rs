@@ -17,7 +17,7 @@ use nix::sys::resource::{setrlimit, Resource};
 
 use super::rootfs::{HOME, SANDBOX_UID, SCRIPT_DIR};
 use super::sys;
-use crate::wire::{self, Go, WarmStart};
+use crate::wire::{self, Go, WarmKind, WarmStart};
 
 /// Everything `execve` needs, allocated before fork.
 pub struct Launch {
@@ -27,8 +27,8 @@ pub struct Launch {
     open_files: u64,
     file_size: u64,
     max_processes: u64,
-    /// A warm interpreter's channel to init (see [`Launch::warm`]).
-    warm: Option<RawFd>,
+    /// A warm interpreter's kind and channel to init (see [`Launch::warm`]).
+    warm: Option<(WarmKind, RawFd)>,
 }
 
 impl Launch {
@@ -49,11 +49,12 @@ impl Launch {
     }
 
     /// The warm interpreter's start: its script does not exist yet, the
-    /// per-call limits come at Go (`warm::deliver`), and `ctrl` is its
-    /// channel to init (kept as fd [`warm::CTRL_FD`](super::warm::CTRL_FD)).
-    pub fn warm(w: &WarmStart, user_base: &str, ctrl: RawFd) -> io::Result<Launch> {
+    /// per-call limits come at Go (`warm::Zygote::deliver`), `hook` makes it
+    /// load its hook, and `ctrl` is its channel to init (kept as fd
+    /// [`warm::CTRL_FD`](super::warm::CTRL_FD)).
+    pub fn warm(w: &WarmStart, hook: (String, String), ctrl: RawFd) -> io::Result<Launch> {
         let mut env = w.env.clone();
-        env.push(("PYTHONUSERBASE".into(), user_base.into()));
+        env.push(hook);
         let go = Go {
             interpreter: w.interpreter.clone(),
             script_name: w.script_name.clone(),
@@ -65,8 +66,9 @@ impl Launch {
             home: wire::Home::Mounted,
             warm: true,
         };
-        Ok(Launch { warm: Some(ctrl), ..Launch::new(&go)? })
+        Ok(Launch { warm: Some((w.kind, ctrl)), ..Launch::new(&go)? })
     }
+
 }
 
 /// Sets up the process and execs; on failure reports errno on `status` and exits 127.
@@ -95,21 +97,24 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
     dup2_stdin(&devnull)?;
     match l.warm {
-        // What a warm interpreter prints while it starts is nobody's output;
-        // it takes the call's pipes at Go.
-        Some(_) => {
+        // What Python prints while it starts is nobody's output; it takes
+        // the call's pipes at Go. (Node cannot move descriptors: it holds
+        // them from the start, and its startup prints nothing.)
+        Some((WarmKind::Python, _)) => {
             dup2_stdout(&devnull)?;
             dup2_stderr(&devnull)?;
         }
-        None => {
+        Some((WarmKind::Node, _)) | None => {
             dup2_stdout(unsafe_borrow(wire::STDOUT_FD))?;
             dup2_stderr(unsafe_borrow(wire::STDERR_FD))?;
         }
     }
     drop(devnull);
     std::env::set_current_dir(HOME)?;
-    if l.warm.is_none() {
-        super::warm::set_call_limits(0, l.open_files, l.file_size, l.max_processes)?;
+    match l.warm {
+        None => super::warm::set_call_limits(0, l.open_files, l.file_size, l.max_processes)?,
+        // Room for the hooks' descriptors; the call's limit comes at Go.
+        Some(_) => sys::set_rlimit_of(0, libc::RLIMIT_NOFILE, super::warm::WARM_OPEN_FILES)?,
     }
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     // No real-time scheduling and no raised priority, whatever the host's
@@ -132,7 +137,7 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     sys::clear_capabilities()?;
     sys::set_no_new_privs()?;
     sys::cloexec_from(3)?;
-    if let Some(ctrl) = l.warm {
+    if let Some((_, ctrl)) = l.warm {
         super::warm::keep_fds(ctrl)?;
     }
     sys::load_seccomp(bpf)

@@ -1,10 +1,11 @@
-//! Warm interpreters: a Python process started inside the finished sandbox
-//! while it waits in the pool, as the program's user under the program's
-//! filter, and held just before it opens its script. At Go init writes the
-//! script, sets the call's limits on it and sends it the call's working
-//! directory and environment; the interpreter's hook (`warm_python.py`)
-//! applies them and lets Python run the script exactly as a cold start
-//! would. One interpreter serves one call: it is the sandbox's program.
+//! Warm interpreters: a Python or Node process started inside the finished
+//! sandbox while it waits in the pool, as the program's user under the
+//! program's filter, and held just before it opens its script. At Go init
+//! writes the script, sets the call's limits on it and sends it the call's
+//! working directory and environment; the interpreter's hook
+//! (`warm_python.py`, `warm_node.js`) applies them and lets the interpreter
+//! run the script exactly as a cold start would. One interpreter serves one
+//! call: it is the sandbox's program.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -19,16 +20,21 @@ use nix::unistd::{ForkResult, Pid};
 
 use super::rootfs::HOME;
 use super::{program, sys};
-use crate::wire::{Go, WarmStart};
+use crate::wire::{Go, WarmKind, WarmStart};
 
 /// The interpreter's channel to init, and the call's stdout and stderr
-/// (held apart from fds 1 and 2 until Go); `warm_python.py` knows them.
-pub const CTRL_FD: RawFd = 10;
-const OUT_FD: RawFd = 11;
-const ERR_FD: RawFd = 12;
-/// `PYTHONUSERBASE` while warm: its user site holds the hook. Removed at Go.
-const USER_BASE: &str = "/run/warren/.warm";
-const HOOK: &str = include_str!("warm_python.py");
+/// (Python's are held apart from fds 1 and 2 until Go); the hooks know
+/// them. High, so the interpreter's own descriptors get the numbers they get
+/// in a cold start, and the hooks close them before the program runs.
+pub const CTRL_FD: RawFd = 500;
+const OUT_FD: RawFd = 501;
+const ERR_FD: RawFd = 502;
+/// Open-files limit while warm (the call's is set at Go).
+pub const WARM_OPEN_FILES: u64 = 1024;
+/// Where the hooks live while warm (Python's `PYTHONUSERBASE`). Removed at Go.
+const WARM_DIR: &str = "/run/warren/.warm";
+const PYTHON_HOOK: &str = include_str!("warm_python.py");
+const NODE_HOOK: &str = include_str!("warm_node.js");
 /// Python versions whose user site (`lib/python3.N`) finds the hook.
 const MINORS: std::ops::RangeInclusive<u32> = 6..=20;
 /// How long an interpreter may take to start (imports included).
@@ -43,9 +49,9 @@ pub struct Zygote {
 /// Starts `w` in this (finished) sandbox. `None` when it is not waiting
 /// ready in time: the sandbox then starts its program cold.
 pub fn start(w: &WarmStart, bpf: &[u8]) -> Option<Zygote> {
-    install_hook().ok()?;
+    let hook_env = install_hook(w.kind).ok()?;
     let (ours, theirs) = UnixStream::pair().ok()?;
-    let launch = program::Launch::warm(w, USER_BASE, theirs.as_raw_fd()).ok()?;
+    let launch = program::Launch::warm(w, hook_env, theirs.as_raw_fd()).ok()?;
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
     // SAFETY: init is single-threaded, so the child may run arbitrary code.
     let pid = match unsafe { nix::unistd::fork() } {
@@ -131,27 +137,41 @@ pub fn keep_fds(ctrl: RawFd) -> io::Result<()> {
     sys::dup_to(crate::wire::STDERR_FD, ERR_FD)
 }
 
-/// Writes the hook into a user site under [`USER_BASE`], one per Python
-/// version (links to one directory).
-fn install_hook() -> io::Result<()> {
-    let base = Path::new(USER_BASE);
-    let site = base.join("lib/py/site-packages");
-    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&site)?;
-    for (name, text) in [("_warren_warm.py", HOOK), ("_warren_warm.pth", "import _warren_warm\n")] {
-        let path = site.join(name);
-        std::fs::write(&path, text)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
+/// Writes `kind`'s hook; returns the variable that makes the interpreter
+/// load it.
+fn install_hook(kind: WarmKind) -> io::Result<(String, String)> {
+    let base = Path::new(WARM_DIR);
+    match kind {
+        // A user site under PYTHONUSERBASE, one per Python version (links
+        // to one directory); `site` runs its .pth file at startup.
+        WarmKind::Python => {
+            let site = base.join("lib/py/site-packages");
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(&site)?;
+            write_readonly(&site.join("_warren_warm.py"), PYTHON_HOOK)?;
+            write_readonly(&site.join("_warren_warm.pth"), "import _warren_warm\n")?;
+            for minor in MINORS {
+                symlink("py", base.join(format!("lib/python3.{minor}")))?;
+            }
+            Ok(("PYTHONUSERBASE".into(), WARM_DIR.into()))
+        }
+        WarmKind::Node => {
+            std::fs::DirBuilder::new().mode(0o755).create(base)?;
+            let hook = base.join("warm.js");
+            write_readonly(&hook, NODE_HOOK)?;
+            Ok(("NODE_OPTIONS".into(), format!("--require {}", hook.display())))
+        }
     }
-    for minor in MINORS {
-        symlink("py", base.join(format!("lib/python3.{minor}")))?;
-    }
-    Ok(())
+}
+
+fn write_readonly(path: &Path, text: &str) -> io::Result<()> {
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444))
 }
 
 /// Removes the hook before the program's script is written (a cold start
 /// has only the script in `/run/warren`).
 pub fn remove_hook() -> io::Result<()> {
-    match std::fs::remove_dir_all(USER_BASE) {
+    match std::fs::remove_dir_all(WARM_DIR) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }

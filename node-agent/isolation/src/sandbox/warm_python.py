@@ -17,7 +17,7 @@ def _arm():
     import site
     import sys
 
-    ctrl, out, err = 10, 11, 12
+    ctrl, out, err = 500, 501, 502
     warm_base = os.environ.get("PYTHONUSERBASE", "")
     armed = [True]
 
