@@ -37,6 +37,7 @@ fn key() -> EffectiveKey {
         network: warren_config::Network::Blocked,
         egress: None,
         connectors: Vec::new(),
+        warm: Default::default(),
         env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
         thread_retention: Default::default(),
         thread_max_bytes: 1 << 30,

@@ -29,6 +29,7 @@ pub mod path;
 pub mod quantity;
 pub mod reach;
 pub mod secret;
+pub mod warm;
 
 pub use language::Language;
 pub use limits::Limits;

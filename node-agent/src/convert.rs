@@ -23,7 +23,30 @@ pub fn warmed(w: crate::executor::WarmedImage) -> pb::WarmImageResponse {
         digest: w.digest,
         languages: w.languages.into_iter().map(|(l, version)| pb::ImageLanguage { language: pb::Language::from(l) as i32, version }).collect(),
         bytes: w.bytes,
+        warm_failures: w
+            .warm_failures
+            .into_iter()
+            .map(|(l, module, message)| pb::WarmFailure { language: pb::Language::from(l) as i32, module, message })
+            .collect(),
     }
+}
+
+/// The modules a warm-image request tries, per language.
+pub fn warm_modules(list: Vec<pb::WarmModules>) -> Result<warren_core::warm::WarmModules, Status> {
+    let mut out = warren_core::warm::WarmModules::default();
+    for w in list {
+        let language = pb::Language::try_from(w.language).ok().and_then(|l| warren_core::Language::try_from(l).ok());
+        let target = match language {
+            Some(warren_core::Language::Python) => &mut out.python,
+            Some(warren_core::Language::Node) => &mut out.node,
+            _ => return Err(invalid("warm.language", "python or node")),
+        };
+        target.extend(w.modules);
+    }
+    for l in [warren_core::Language::Python, warren_core::Language::Node] {
+        warren_core::warm::check(l, out.of(l)).map_err(|why| invalid("warm.modules", &why))?;
+    }
+    Ok(out)
 }
 
 /// The thread of a file request, checked.

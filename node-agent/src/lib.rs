@@ -302,6 +302,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         output_stall: Duration::from_secs(output_stall_secs),
         net: net.clone(),
         warm_starts: Arc::default(),
+        warm_failures_logged: Default::default(),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let (stores, fuse_pool) = storage(&store_spec, s3_pool_max_idle, local_roots, endpoints, state_reserve, &state_dir, storage_cache, storage_fuse_pool, &fuse_pool_dir)?;

@@ -96,6 +96,8 @@ pub struct SandboxEnv {
     pub net: Option<Arc<warren_network::NodeNet>>,
     /// Calls a warm interpreter served so far.
     pub warm_starts: Arc<std::sync::atomic::AtomicU64>,
+    /// Warm modules already logged as failing (once each per agent).
+    pub warm_failures_logged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The root filesystem a sandbox is built on.
@@ -190,6 +192,8 @@ pub struct Prepared {
     net: Option<SandboxNet>,
     /// The interpreter waiting in the sandbox, once init reported it ready.
     warm: Option<Arc<WarmStart>>,
+    /// Modules the warm interpreter could not load: (module, why).
+    warm_failed: Vec<(String, String)>,
     /// Counts the calls a warm interpreter served (the node's status).
     warm_starts: Arc<std::sync::atomic::AtomicU64>,
     /// Keeps the image in use while the sandbox exists.
@@ -273,7 +277,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let network = shape.network;
     let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
     let mut prepared = Prepared {
-        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_starts, _rootfs: shape.rootfs,
+        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, _rootfs: shape.rootfs,
     };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
@@ -286,10 +290,28 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     };
     let ready = tokio::time::timeout(PREPARE_TIMEOUT, ready).await.unwrap_or(Err(SandboxError::Timeout));
     match ready {
-        Ok(()) => Ok(prepared),
+        Ok(()) => {
+            log_warm_failures(env, &prepared.warm_failed);
+            Ok(prepared)
+        }
         Err(e) => {
             prepared.discard().await;
             Err(e)
+        }
+    }
+}
+
+/// Warns once per module that a Sandbox's warm module does not load (the
+/// operator reports it on the Sandbox's status; single-machine mode has only
+/// this log).
+fn log_warm_failures(env: &SandboxEnv, failed: &[(String, String)]) {
+    if failed.is_empty() {
+        return;
+    }
+    let mut logged = env.warm_failures_logged.lock().unwrap_or_else(|p| p.into_inner());
+    for (module, why) in failed {
+        if logged.len() < 1024 && logged.insert(module.clone()) {
+            warn!(%module, error = %why, "a warm module does not load; calls import it themselves");
         }
     }
 }
@@ -298,6 +320,12 @@ impl Prepared {
     /// Where to read the memory the idle sandbox holds (its cgroup's charge).
     pub fn memory_file(&self) -> PathBuf {
         self.cgroup.memory_now_file()
+    }
+
+    /// Whether a warm interpreter waits in it, and the modules it could not
+    /// load: (module, what the interpreter said).
+    pub fn warm_state(&self) -> (bool, &[(String, String)]) {
+        (self.warm.is_some(), &self.warm_failed)
     }
 
     /// Sandbox id (`<slot>-<random>`), also its cgroup name suffix.
@@ -354,11 +382,12 @@ impl Prepared {
         while !(ready && self.userns.is_some()) {
             tokio::select! {
                 ev = self.init.recv::<InitEvent>(), if !ready => match ev.map_err(io("read init"))? {
-                    Some(InitEvent::Ready { warm }) => {
+                    Some(InitEvent::Ready { warm, failed }) => {
                         ready = true;
                         if !warm {
                             self.warm = None;
                         }
+                        self.warm_failed = failed;
                     }
                     Some(InitEvent::Failed { stage, message }) => return Err(SandboxError::Setup { stage, message }),
                     other => return Err(SandboxError::Setup { stage: "init".into(), message: format!("unexpected {other:?}") }),

@@ -72,7 +72,7 @@ pub trait Backend: Send + Sync + 'static {
     /// How long a caller may take none of an execution's output.
     fn output_stall(&self) -> Duration;
     /// Pulls an image (unless warm) and finds its interpreters.
-    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send;
+    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth, warm: &warren_core::warm::WarmModules) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send;
     /// The Files API, when this backend offers it.
     fn files(&self) -> Option<crate::files::Files> {
         None
@@ -122,8 +122,8 @@ impl Backend for Executor {
         Executor::output_stall(self)
     }
 
-    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send {
-        Executor::warm_image(self, reference, auth)
+    fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth, warm: &warren_core::warm::WarmModules) -> impl Future<Output = Result<WarmedImage, ExecError>> + Send {
+        Executor::warm_image(self, reference, auth, warm)
     }
 
     fn files(&self) -> Option<crate::files::Files> {
@@ -334,8 +334,9 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         async {
             let req = req.into_inner();
             let auth = convert::pull_auth(req.image_pull)?;
-            let warmed = self.backend.warm_image(&req.image, &auth).await.map_err(|e| refusal::status(&e))?;
-            info!(image = %req.image, digest = %warmed.digest, "image warm");
+            let warm = convert::warm_modules(req.warm)?;
+            let warmed = self.backend.warm_image(&req.image, &auth, &warm).await.map_err(|e| refusal::status(&e))?;
+            info!(image = %req.image, digest = %warmed.digest, warm_failures = warmed.warm_failures.len(), "image warm");
             Ok(Response::new(convert::warmed(warmed)))
         }
         .instrument(span)

@@ -132,13 +132,13 @@ impl Backend for Double {
         Duration::from_secs(2)
     }
 
-    async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> Result<WarmedImage, ExecError> {
+    async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth, _warm: &warren_core::warm::WarmModules) -> Result<WarmedImage, ExecError> {
         self.seen.lock().unwrap().pull_auth.push(format!("{auth:?}"));
         match reference {
             "slow" => Err(ExecError::ImagePulling(reference.into())),
             "missing" => Err(ExecError::Image("registry: manifest unknown".into())),
             "BAD REF" => Err(ExecError::ImageReference("not a reference".into())),
-            _ => Ok(WarmedImage { digest: format!("sha256:{}", "b".repeat(64)), languages: vec![(Language::Python, "3.12.1".into())], bytes: 42 }),
+            _ => Ok(WarmedImage { digest: format!("sha256:{}", "b".repeat(64)), languages: vec![(Language::Python, "3.12.1".into())], bytes: 42, warm_failures: vec![] }),
         }
     }
 }
@@ -193,7 +193,7 @@ async fn warm_image_answers_what_is_warm_and_maps_refusals() {
     let (double, seen) = Double::new(Script::FailToStart);
     let service = AgentService::new(double);
     let creds = |pairs: &[(&str, &str)]| Some(pb::Credentials { values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() });
-    let warm = |image: &str, image_pull| service.warm_image(full(pb::WarmImageRequest { image: image.into(), image_pull }));
+    let warm = |image: &str, image_pull| service.warm_image(full(pb::WarmImageRequest { image: image.into(), image_pull, warm: vec![] }));
     let ok = warm("reg.example:5000/py:3.12", creds(&[("username", "robot"), ("password", "hunter2")])).await.unwrap().into_inner();
     assert_eq!(ok.digest, format!("sha256:{}", "b".repeat(64)));
     assert_eq!(ok.languages, [pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }]);

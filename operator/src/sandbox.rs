@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use warren_api::reasons;
-use warren_api::sandbox::Interpreter;
+use warren_api::sandbox::{Interpreter, WarmFailure};
 use warren_api::{Sandbox, SandboxStatus};
 use warren_config::types::Language;
 use warren_config::Where;
@@ -33,12 +33,13 @@ struct Verdict {
     interpreters: Vec<Interpreter>,
     image_digest: Option<String>,
     warm_nodes: Vec<String>,
+    warm_failures: Vec<WarmFailure>,
     requeue: Duration,
 }
 
 impl Verdict {
     fn not_ready(reason: &'static str, message: String, requeue: Duration) -> Verdict {
-        Verdict { ok: false, reason, message, languages: Vec::new(), interpreters: Vec::new(), image_digest: None, warm_nodes: Vec::new(), requeue }
+        Verdict { ok: false, reason, message, languages: Vec::new(), interpreters: Vec::new(), image_digest: None, warm_nodes: Vec::new(), warm_failures: Vec::new(), requeue }
     }
 }
 
@@ -49,11 +50,17 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
     let verdict = match warren_config::check_sandbox(&at, &sb.spec) {
         Err(e) => Verdict::not_ready(reasons::INVALID_SPEC, e.to_string(), RESYNC),
         Ok(c) if !c.is_oci() => {
-            let nodes = warm::agent_pods(&ctx).await?.into_iter().map(|p| p.node).collect();
+            let pods = warm::agent_pods(&ctx).await?;
+            let warm_failures = match (&ctx.agents, c.warm.is_empty()) {
+                // The host's interpreters try the warm modules (any node's answer).
+                (Some(access), false) => warm::summarise(warm::warm_everywhere(access, &pods, "host", None, &c.warm).await).map(|s| failures(s.warm_failures)).unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            let nodes = pods.into_iter().map(|p| p.node).collect();
             let message = format!("image {} is available on every node", c.image);
-            Verdict { ok: true, reason: reasons::VALID, message, languages: c.languages, interpreters: Vec::new(), image_digest: None, warm_nodes: nodes, requeue: RESYNC }
+            Verdict { ok: true, reason: reasons::VALID, message, languages: c.languages, interpreters: Vec::new(), image_digest: None, warm_nodes: nodes, warm_failures, requeue: RESYNC }
         }
-        Ok(_) => warm_image(&sb, &ns, &ctx).await?,
+        Ok(c) => warm_image(&sb, &ns, &ctx, &c.warm).await?,
     };
     let old = sb.status.clone().unwrap_or_default();
     let conditions = status::ready(verdict.ok, verdict.reason, &verdict.message, sb.meta().generation, &old.conditions, now());
@@ -64,6 +71,7 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
         interpreters: verdict.interpreters,
         image_digest: verdict.image_digest,
         warm_nodes: verdict.warm_nodes,
+        warm_failures: verdict.warm_failures,
     };
     if status::differs(&old.conditions, &new.conditions)
         || old.languages != new.languages
@@ -71,6 +79,7 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
         || old.warm_nodes != new.warm_nodes
         || old.image_digest != new.image_digest
         || old.interpreters != new.interpreters
+        || old.warm_failures != new.warm_failures
     {
         status::patch(&Api::<Sandbox>::namespaced(ctx.client.clone(), &ns), &sb.name_any(), &new).await?;
         if status::ready_of(&old.conditions) != status::ready_of(&new.conditions) {
@@ -81,7 +90,7 @@ pub async fn sandbox(sb: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action, Erro
 }
 
 /// Warms an OCI Sandbox's image on every node-agent.
-async fn warm_image(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<Verdict, Error> {
+async fn warm_image(sb: &Sandbox, ns: &str, ctx: &Context, warm_modules: &warren_core::warm::WarmModules) -> Result<Verdict, Error> {
     let image = &sb.spec.image;
     let Some(access) = &ctx.agents else {
         let why = "the operator has no node-agent credentials (--agent-tls-*), so it cannot warm images".to_string();
@@ -93,7 +102,7 @@ async fn warm_image(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<Verdict, Er
     };
     let pods = warm::agent_pods(ctx).await?;
     let total = pods.len();
-    let (digest, nodes, found) = match warm::summarise(warm::warm_everywhere(access, &pods, image, pull.as_ref()).await) {
+    let warm::Summary { digest, nodes, languages: found, warm_failures } = match warm::summarise(warm::warm_everywhere(access, &pods, image, pull.as_ref(), warm_modules).await) {
         Ok(summary) => summary,
         Err(why) => return Ok(Verdict::not_ready(reasons::IMAGE_PULL_FAILED, format!("image {image}: {why}"), RETRY_PULL)),
     };
@@ -102,7 +111,17 @@ async fn warm_image(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<Verdict, Er
         .filter_map(|(l, version)| Some(Interpreter { language: Language::try_from(*l).ok()?, version: version.clone() }))
         .collect();
     let has: Vec<Language> = interpreters.iter().map(|i| i.language).collect();
-    let mut verdict = Verdict { ok: true, reason: reasons::VALID, message: String::new(), languages: Vec::new(), interpreters, image_digest: Some(digest.clone()), warm_nodes: nodes, requeue: RESYNC };
+    let mut verdict = Verdict {
+        ok: true,
+        reason: reasons::VALID,
+        message: String::new(),
+        languages: Vec::new(),
+        interpreters,
+        image_digest: Some(digest.clone()),
+        warm_nodes: nodes,
+        warm_failures: failures(warm_failures),
+        requeue: RESYNC,
+    };
     match offered(&has, sb.spec.languages.as_deref()) {
         Ok(languages) => {
             verdict.languages = languages;
@@ -116,6 +135,13 @@ async fn warm_image(sb: &Sandbox, ns: &str, ctx: &Context) -> Result<Verdict, Er
         }
     }
     Ok(verdict)
+}
+
+/// The warm modules that did not load, for the status.
+fn failures(list: Vec<warren_proto::agent::WarmFailure>) -> Vec<WarmFailure> {
+    list.into_iter()
+        .filter_map(|f| Some(WarmFailure { language: Language::try_from(f.language()).ok()?, module: f.module, message: f.message }))
+        .collect()
 }
 
 /// The languages offered: the spec's (each must be in the image) or, when

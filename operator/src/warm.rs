@@ -7,6 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use warren_core::secret::Credentials;
+use warren_core::warm::WarmModules;
 use warren_proto::agent::{self as pb, node_agent_client::NodeAgentClient};
 use warren_proto::client::AgentAddress;
 
@@ -38,13 +39,18 @@ pub async fn agent_pods(ctx: &Context) -> Result<Vec<AgentPod>, Error> {
 }
 
 /// Asks one agent to warm `image`.
-async fn warm_one(access: &AgentAccess, pod: &AgentPod, image: &str, pull: Option<&Credentials>) -> Result<pb::WarmImageResponse, String> {
+async fn warm_one(access: &AgentAccess, pod: &AgentPod, image: &str, pull: Option<&Credentials>, warm: &WarmModules) -> Result<pb::WarmImageResponse, String> {
     let host = if pod.ip.contains(':') { format!("[{}]", pod.ip) } else { pod.ip.clone() };
     let address = AgentAddress::Tcp(format!("https://{host}:{}", access.port));
     let channel = warren_proto::client::connect(&address, &access.tls).await.map_err(|e| format!("cannot reach the node-agent: {e}"))?;
     let mut request = tonic::Request::new(pb::WarmImageRequest {
         image: image.to_string(),
         image_pull: pull.map(|c| pb::Credentials { values: c.0.clone().into_iter().collect() }),
+        warm: [(pb::Language::Python, &warm.python), (pb::Language::Node, &warm.node)]
+            .into_iter()
+            .filter(|(_, m)| !m.is_empty())
+            .map(|(l, m)| pb::WarmModules { language: l as i32, modules: m.clone() })
+            .collect(),
     });
     request.set_timeout(WARM_TIMEOUT);
     if let Some(v) = access.token.as_ref().and_then(|t| format!("Bearer {t}").parse().ok()) {
@@ -54,34 +60,48 @@ async fn warm_one(access: &AgentAccess, pod: &AgentPod, image: &str, pull: Optio
     reply.map(|r| r.into_inner()).map_err(|s| s.message().to_string())
 }
 
-/// Warms `image` on every agent in parallel: (node, result) per agent.
-pub async fn warm_everywhere(access: &AgentAccess, pods: &[AgentPod], image: &str, pull: Option<&Credentials>) -> Vec<(String, Result<pb::WarmImageResponse, String>)> {
-    let calls = pods.iter().map(|pod| async move { (pod.node.clone(), warm_one(access, pod, image, pull).await) });
+/// Warms `image` on every agent in parallel (trying `warm`'s modules in
+/// it): (node, result) per agent.
+pub async fn warm_everywhere(access: &AgentAccess, pods: &[AgentPod], image: &str, pull: Option<&Credentials>, warm: &WarmModules) -> Vec<(String, Result<pb::WarmImageResponse, String>)> {
+    let calls = pods.iter().map(|pod| async move { (pod.node.clone(), warm_one(access, pod, image, pull, warm).await) });
     futures_util::future::join_all(calls).await
 }
 
-/// What the nodes answered, summarised: the digest most nodes hold, the
-/// nodes holding it, its interpreters; or the first error when none could.
-pub fn summarise(results: Vec<(String, Result<pb::WarmImageResponse, String>)>) -> Result<(String, Vec<String>, Vec<(pb::Language, String)>), String> {
-    let mut by_digest: std::collections::BTreeMap<String, (Vec<String>, Vec<(pb::Language, String)>)> = Default::default();
+/// What the nodes answered, summarised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// The digest most nodes hold.
+    pub digest: String,
+    /// The nodes holding it, sorted.
+    pub nodes: Vec<String>,
+    /// Its interpreters and their versions.
+    pub languages: Vec<(pb::Language, String)>,
+    /// Warm modules that did not load there (one node's answer).
+    pub warm_failures: Vec<pb::WarmFailure>,
+}
+
+/// The digest most nodes hold, the nodes holding it, its interpreters and
+/// warm failures; or the first error when no node could warm it.
+pub fn summarise(results: Vec<(String, Result<pb::WarmImageResponse, String>)>) -> Result<Summary, String> {
+    let mut by_digest: std::collections::BTreeMap<String, Summary> = Default::default();
     let mut first_error = None;
     for (node, result) in results {
         match result {
             Ok(r) => {
-                let entry = by_digest.entry(r.digest.clone()).or_default();
-                entry.0.push(node);
-                entry.1 = r.languages.iter().map(|l| (l.language(), l.version.clone())).collect();
+                let entry = by_digest.entry(r.digest.clone()).or_insert_with(|| Summary { digest: r.digest.clone(), nodes: vec![], languages: vec![], warm_failures: vec![] });
+                entry.nodes.push(node);
+                entry.languages = r.languages.iter().map(|l| (l.language(), l.version.clone())).collect();
+                entry.warm_failures = r.warm_failures;
             }
             Err(e) => {
                 first_error.get_or_insert(format!("node {node}: {e}"));
             }
         }
     }
-    let best = by_digest.into_iter().max_by_key(|(_, (nodes, _))| nodes.len());
-    match best {
-        Some((digest, (mut nodes, languages))) => {
-            nodes.sort();
-            Ok((digest, nodes, languages))
+    match by_digest.into_values().max_by_key(|s| s.nodes.len()) {
+        Some(mut best) => {
+            best.nodes.sort();
+            Ok(best)
         }
         None => Err(first_error.unwrap_or_else(|| "no node-agent is running".into())),
     }
@@ -107,15 +127,15 @@ mod tests {
     use super::*;
 
     fn ok(digest: &str) -> Result<pb::WarmImageResponse, String> {
-        Ok(pb::WarmImageResponse { digest: digest.into(), languages: vec![pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }], bytes: 1 })
+        Ok(pb::WarmImageResponse { digest: digest.into(), languages: vec![pb::ImageLanguage { language: pb::Language::Python as i32, version: "3.12.1".into() }], bytes: 1, warm_failures: vec![] })
     }
 
     #[test]
     fn the_digest_most_nodes_hold_wins() {
         let results = vec![("n3".to_string(), ok("sha256:new")), ("n1".to_string(), ok("sha256:old")), ("n2".to_string(), ok("sha256:new")), ("n4".to_string(), Err("registry: unauthorized".into()))];
-        let (digest, nodes, languages) = summarise(results).unwrap();
-        assert_eq!((digest.as_str(), nodes), ("sha256:new", vec!["n2".to_string(), "n3".to_string()]));
-        assert_eq!(languages, [(pb::Language::Python, "3.12.1".to_string())]);
+        let s = summarise(results).unwrap();
+        assert_eq!((s.digest.as_str(), s.nodes), ("sha256:new", vec!["n2".to_string(), "n3".to_string()]));
+        assert_eq!(s.languages, [(pb::Language::Python, "3.12.1".to_string())]);
         assert_eq!(summarise(vec![("n1".into(), Err("registry: unauthorized".into()))]).unwrap_err(), "node n1: registry: unauthorized");
         assert_eq!(summarise(vec![]).unwrap_err(), "no node-agent is running");
     }

@@ -89,6 +89,7 @@ impl From<Spec> for pb::ExecuteRequest {
             // Transport, not contract: the gateway sets it when the
             // executing agent counts the key.
             key_slot: None,
+            warm_modules: s.warm_modules,
         }
     }
 }
@@ -116,6 +117,7 @@ impl TryFrom<pb::ExecuteRequest> for Spec {
             mounts: r.mounts.into_iter().enumerate().map(|(i, m)| read_mount(i, m)).collect::<Result<_, _>>()?,
             connectors: r.connectors.into_iter().map(read_connector).collect::<Result<_, _>>()?,
             thread: r.thread.map(Thread::try_from).transpose()?,
+            warm_modules: r.warm_modules,
         })
     }
 }

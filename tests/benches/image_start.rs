@@ -68,7 +68,7 @@ async fn main() {
     let agent = Agent::start(&[]).await.expect("agent");
     let mut client = agent.client().await.expect("client");
     let t = Instant::now();
-    let warm = client.warm_image(pb::WarmImageRequest { image: reference.clone(), image_pull: None }).await.expect("warm").into_inner();
+    let warm = client.warm_image(pb::WarmImageRequest { image: reference.clone(), image_pull: None, warm: vec![] }).await.expect("warm").into_inner();
     let cold = t.elapsed();
     println!(
         "cold pull + unpack + interpreter discovery: {:.0} ms for {:.1} MB compressed / {:.1} MB unpacked ({:.0} MB/s unpacked)",

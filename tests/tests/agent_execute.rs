@@ -225,7 +225,7 @@ async fn tcp_requires_mutual_tls_and_the_bearer_token() {
     // reads status, and nothing else.
     let mut warm = with_token("warm-token-0123456789abcdef");
     assert!(warm.status(StatusRequest {}).await.is_ok());
-    let warmed = warm.warm_image(warren_proto::agent::WarmImageRequest { image: "127.0.0.1:1/none:1".into(), image_pull: None }).await;
+    let warmed = warm.warm_image(warren_proto::agent::WarmImageRequest { image: "127.0.0.1:1/none:1".into(), image_pull: None, warm: vec![] }).await;
     assert_ne!(warmed.map(|_| Code::Ok).unwrap_or_else(|e| e.code()), Code::PermissionDenied, "warming is the warm token's to do");
     let err = warm.execute(request(Language::Bash, "touch /tmp/ran", T)).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "the warm token runs nothing");

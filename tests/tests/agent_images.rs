@@ -27,7 +27,7 @@ async fn code_runs_inside_a_pulled_image_with_its_interpreters() {
     let mut client = agent.client().await.unwrap();
 
     // Warm first, as the operator does: digest and interpreters come back.
-    let warm = client.warm_image(pb::WarmImageRequest { image: reference.clone(), image_pull: None }).await.unwrap().into_inner();
+    let warm = client.warm_image(pb::WarmImageRequest { image: reference.clone(), image_pull: None, warm: vec![] }).await.unwrap().into_inner();
     assert_eq!(warm.digest, digest);
     let langs: Vec<(i32, String)> = warm.languages.iter().map(|l| (l.language, l.version.clone())).collect();
     assert_eq!(langs.len(), 2, "python and bash, no node: {langs:?}");

@@ -65,6 +65,7 @@ impl Spec {
             return Err(SpecError::new("timeout", format!("must be at most {}s on this node", policy.max_timeout.as_secs())));
         }
         check_env(self.env.iter())?;
+        crate::warm::check(self.language, &self.warm_modules).map_err(|why| SpecError::new("warm_modules", why))?;
         if self.network != Network::Unrestricted && !self.egress.is_empty() {
             return Err(SpecError::new("egress", "an allowlist needs network Unrestricted"));
         }

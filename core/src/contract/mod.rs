@@ -46,6 +46,8 @@ pub struct Spec {
     pub connectors: Vec<Connector>,
     /// The saved home, when the call runs in a thread.
     pub thread: Option<Thread>,
+    /// Modules the Sandbox warms for this language (see [`crate::warm`]).
+    pub warm_modules: Vec<String>,
 }
 
 impl Spec {
@@ -66,6 +68,7 @@ impl Spec {
             mounts: Vec::new(),
             connectors: Vec::new(),
             thread: None,
+            warm_modules: Vec::new(),
         }
     }
 }

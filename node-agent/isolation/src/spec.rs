@@ -100,7 +100,7 @@ fn startup_var(kind: WarmKind, name: &str) -> bool {
 /// What a warm interpreter for a call with `env` starts with, when the call
 /// can have one: Python and Node, and not when the call's own startup
 /// variables take the place the warm start's hook needs.
-pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)]) -> Option<WarmStart> {
+pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)], modules: &[String]) -> Option<WarmStart> {
     let kind = match language {
         Language::Python => WarmKind::Python,
         Language::Node => WarmKind::Node,
@@ -114,7 +114,7 @@ pub fn warm_start(language: Language, interpreter: &str, env: &[(String, String)
     if env.iter().any(|(k, _)| taken.contains(&k.as_str())) {
         return None;
     }
-    Some(WarmStart { kind, interpreter: interpreter.into(), script_name: language.script_name().into(), env })
+    Some(WarmStart { kind, interpreter: interpreter.into(), script_name: language.script_name().into(), env, modules: modules.to_vec() })
 }
 
 /// The startup variables of `env` for `kind` (deduplicated, in order).
@@ -210,17 +210,17 @@ mod tests {
     fn warm_starts_are_keyed_by_startup_variables() {
         let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
         let env = v(&[("PATH", "/bin"), ("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("TOKEN", "s3cret"), ("LC_ALL", "C")]);
-        let w = warm_start(Language::Python, "/usr/bin/python3", &env).unwrap();
+        let w = warm_start(Language::Python, "/usr/bin/python3", &env, &[]).unwrap();
         assert_eq!(w.env, v(&[("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("PYTHONUNBUFFERED", "1"), ("LC_ALL", "C")]));
         assert_eq!(w.script_name, "main.py");
-        assert!(warm_start(Language::Bash, "/bin/bash", &env).is_none());
+        assert!(warm_start(Language::Bash, "/bin/bash", &env, &[]).is_none());
         let node = [env.clone(), v(&[("NODE_ENV", "production"), ("TZ", "UTC")])].concat();
-        let n = warm_start(Language::Node, "/usr/bin/node", &node).unwrap();
+        let n = warm_start(Language::Node, "/usr/bin/node", &node, &[]).unwrap();
         assert_eq!((n.kind, n.env), (WarmKind::Node, v(&[("HOME", "/home/sandbox"), ("LANG", "C.UTF-8"), ("LC_ALL", "C"), ("NODE_ENV", "production"), ("TZ", "UTC")])));
         let node_options = [env.clone(), v(&[("NODE_OPTIONS", "--inspect")])].concat();
-        assert!(warm_start(Language::Node, "/usr/bin/node", &node_options).is_none());
+        assert!(warm_start(Language::Node, "/usr/bin/node", &node_options, &[]).is_none());
         let moved = [env.clone(), v(&[("PYTHONUSERBASE", "/tmp/u")])].concat();
-        assert!(warm_start(Language::Python, "/usr/bin/python3", &moved).is_none());
+        assert!(warm_start(Language::Python, "/usr/bin/python3", &moved, &[]).is_none());
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct WarmStart {
     /// What it starts with: the variables that shape the interpreter's
     /// startup, equal to those of every call it may serve.
     pub env: Vec<(String, String)>,
+    /// Modules it loads before it says ready (the Sandbox's `spec.warm`).
+    #[serde(default)]
+    pub modules: Vec<String>,
 }
 
 /// Supervisor → agent.
@@ -168,6 +171,9 @@ pub enum InitEvent {
     Ready {
         /// The warm interpreter asked for is started and waiting.
         warm: bool,
+        /// Its modules that did not load: (module, what it said).
+        #[serde(default)]
+        failed: Vec<(String, String)>,
     },
     /// The main process ended.
     Exited {

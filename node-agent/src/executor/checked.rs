@@ -33,6 +33,8 @@ pub struct Checked {
     pub network: NetworkRequest,
     /// Connectors whose credentials the program gets.
     pub connectors: Vec<crate::connectors::Grant>,
+    /// Modules a warm interpreter for this call loads ahead of it.
+    pub warm_modules: Vec<String>,
 }
 
 impl Checked {
@@ -47,6 +49,7 @@ impl Checked {
             image_pull: pull_auth(spec.image.pull)?,
             image_digest: spec.image.digest.unwrap_or_default(),
             image: spec.image.reference,
+            warm_modules: std::mem::take(&mut spec.warm_modules),
             run,
         })
     }

@@ -14,6 +14,7 @@ use tracing::debug;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use warren_isolation::features::Features;
 use warren_core::contract::Spec;
+use warren_core::warm::WarmModules;
 use warren_isolation::spec::{warm_start, ExecSpec, Language, LanguageExt, NodePolicy, SpecError};
 use warren_isolation::wire::{Go, Home};
 
@@ -84,6 +85,7 @@ pub struct Admission {
     mounts: Vec<warren_storage::MountSpec>,
     network: Option<Arc<NetPolicy>>,
     connectors: Vec<crate::connectors::Grant>,
+    warm_modules: Vec<String>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -109,6 +111,8 @@ pub struct WarmedImage {
     pub languages: Vec<(Language, String)>,
     /// Uncompressed size.
     pub bytes: u64,
+    /// Warm modules that did not load: (language, module, why).
+    pub warm_failures: Vec<(Language, String, String)>,
 }
 
 /// Runs executions on this node.
@@ -204,7 +208,7 @@ impl Executor {
             pool.warm(shape.clone());
             // The warm interpreter a Python call without env of its own takes.
             let python = interpreters.get(&Language::Python).filter(|_| config.warm_interpreters);
-            if let Some(w) = python.and_then(|p| warm_start(Language::Python, p, &program_env(Language::Python, &[]))) {
+            if let Some(w) = python.and_then(|p| warm_start(Language::Python, p, &program_env(Language::Python, &[]), &[])) {
                 pool.warm(shape.warmed(Some(w)));
             }
         }
@@ -232,15 +236,47 @@ impl Executor {
 
     /// Pulls `reference` (unless warm), waiting as long as it takes, and
     /// finds its interpreters: what the operator asks before any call.
-    pub async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth) -> Result<WarmedImage, ExecError> {
+    pub async fn warm_image(&self, reference: &str, auth: &warren_image::PullAuth, warm: &WarmModules) -> Result<WarmedImage, ExecError> {
+        if matches!(reference, "" | "host") {
+            let languages = self.interpreters.keys().map(|l| (*l, String::new())).collect();
+            let warm_failures = self.try_warm_modules(&Rootfs::Host, &self.interpreters, &[], warm).await;
+            return Ok(WarmedImage { digest: String::new(), languages, bytes: 0, warm_failures });
+        }
         let images = self.images.as_ref().ok_or(ExecError::ImagesDisabled)?;
         let image = images.pull(reference, auth, None).await?;
         let found = match image.interpreters() {
             Some(found) => found,
             None => self.discover(&image).await,
         };
+        let paths = found.iter().filter_map(|i| Some((Language::parse(&i.language)?, i.path.clone()))).collect();
+        let warm_failures = self.try_warm_modules(&Rootfs::image(image.clone()), &paths, &image.env(), warm).await;
         let languages = found.into_iter().filter_map(|i| Some((Language::parse(&i.language)?, i.version))).collect();
-        Ok(WarmedImage { digest: image.digest(), languages, bytes: image.bytes() })
+        Ok(WarmedImage { digest: image.digest(), languages, bytes: image.bytes(), warm_failures })
+    }
+
+    /// Loads `warm`'s modules in a warm interpreter of each language, as a
+    /// call's would; returns those that failed: (language, module, why).
+    async fn try_warm_modules(&self, rootfs: &Rootfs, interpreters: &BTreeMap<Language, String>, image_env: &[(String, String)], warm: &WarmModules) -> Vec<(Language, String, String)> {
+        let mut failures = Vec::new();
+        for (language, path) in interpreters {
+            let modules = warm.of(*language);
+            let Some(start) = (!modules.is_empty()).then(|| warm_start(*language, path, &program_env(*language, image_env), modules)).flatten() else {
+                continue;
+            };
+            let shape = Shape::of(&self.policy.defaults, rootfs.clone(), None).warmed(Some(start));
+            match crate::sandbox::prepare(&self.env, shape).await {
+                Ok(sandbox) => {
+                    let (started, failed) = sandbox.warm_state();
+                    match started {
+                        true => failures.extend(failed.iter().map(|(m, why)| (*language, m.clone(), why.clone()))),
+                        false => failures.extend(modules.iter().map(|m| (*language, m.clone(), "the interpreter did not start with its warm modules".to_string()))),
+                    }
+                    sandbox.discard().await;
+                }
+                Err(e) => failures.extend(modules.iter().map(|m| (*language, m.clone(), format!("no sandbox to try it in: {e}")))),
+            }
+        }
+        failures
     }
 
     /// Images warm here: (reference, digest).
@@ -307,7 +343,7 @@ impl Executor {
     /// briefly for a slot: the previous execution's teardown (after its
     /// answer was sent) usually frees one within milliseconds.
     pub async fn admit(&self, spec: Spec) -> Result<Admission, ExecError> {
-        let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors } = Checked::of(spec, &self.policy)?;
+        let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors, warm_modules } = Checked::of(spec, &self.policy)?;
         for (i, m) in mounts.iter().enumerate() {
             if let Some((field, why)) = self.stores.refuses(m) {
                 return Err(ExecError::MountRefused { field: format!("mounts[{i}].{field}"), why });
@@ -347,13 +383,13 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, _permit: permit })
+        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, _permit: permit })
     }
 
     /// Runs an admitted execution (see [`seam::run`]). Errors are returned
     /// only when nothing ran.
     pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
-        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, _permit } = admission;
+        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, _permit } = admission;
         let mut resources = Resources::default();
         if let Some((options, lock)) = thread {
             resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
@@ -366,7 +402,7 @@ impl Executor {
             resources.push(Box::new(crate::connectors::resource::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
         let go = go_for(&spec, &interpreter, &image_env);
-        let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env)).flatten();
+        let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env, &warm_modules)).flatten();
         let shape = Shape::of(&spec.limits, rootfs, network).warmed(warm);
         seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
     }

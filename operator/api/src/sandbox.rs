@@ -95,6 +95,55 @@ pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub connectors: Vec<LocalRef>,
+    /// Modules warm interpreters load before their call arrives (only
+    /// what the image has; one that fails to import is listed in
+    /// `status.warmFailures`, never in calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<Warm>,
+}
+
+/// What a Sandbox's warm interpreters load ahead of their call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Warm {
+    /// Python's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<WarmPython>,
+    /// Node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<WarmNode>,
+}
+
+/// Python modules imported ahead of the call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmPython {
+    /// Module names (`numpy`, `pandas`, `os.path`), at most 32.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub imports: Vec<String>,
+}
+
+/// Node packages required ahead of the call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmNode {
+    /// Package names (`lodash`, `@scope/pkg`), at most 32.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub modules: Vec<String>,
+}
+
+/// A warm module that did not load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmFailure {
+    /// `python` or `node`.
+    pub language: Language,
+    /// The module, as listed in `spec.warm`.
+    pub module: String,
+    /// What the interpreter said (first line).
+    pub message: String,
 }
 
 /// Read-only or read-write access to a mount.
@@ -161,6 +210,10 @@ pub struct SandboxStatus {
     /// Nodes where the image is unpacked and ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warm_nodes: Vec<String>,
+    /// Modules of `spec.warm` that did not load in the image (calls still
+    /// run; they import them themselves, or fail to, as without `warm`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warm_failures: Vec<WarmFailure>,
 }
 
 /// An interpreter found in a Sandbox's image.

@@ -71,6 +71,8 @@ pub struct SandboxConfig {
     pub storage: Vec<crate::types::StorageMount>,
     /// Connector names.
     pub connectors: Vec<String>,
+    /// Modules its warm interpreters load ahead of the call.
+    pub warm: warren_core::warm::WarmModules,
 }
 
 impl SandboxConfig {
@@ -370,6 +372,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
     let timeout = Bound { default: bounds::TIMEOUT_SECS.max, ..bounds::TIMEOUT_SECS };
     let max_timeout_seconds = c.bound("spec.maxTimeoutSeconds", s.max_timeout_seconds, timeout)?;
     c.env("spec.env", &s.env)?;
+    let warm = warm_modules(&c, s.warm.as_ref())?;
     Ok(SandboxConfig {
         image: s.image.clone(),
         image_digest: None,
@@ -385,7 +388,17 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), bounds::THREAD_BYTES.default, bounds::THREAD_BYTES)?,
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
+        warm,
     })
+}
+
+/// `spec.warm`: module names only (never paths), per language.
+fn warm_modules(c: &Checker<'_>, warm: Option<&warren_api::sandbox::Warm>) -> Result<warren_core::warm::WarmModules, ConfigError> {
+    let python = warm.and_then(|w| w.python.as_ref()).map(|p| p.imports.clone()).unwrap_or_default();
+    let node = warm.and_then(|w| w.node.as_ref()).map(|n| n.modules.clone()).unwrap_or_default();
+    warren_core::warm::check(Language::Python, &python).map_err(|why| c.err("spec.warm.python.imports", why))?;
+    warren_core::warm::check(Language::Node, &node).map_err(|why| c.err("spec.warm.node.modules", why))?;
+    Ok(warren_core::warm::WarmModules { python, node })
 }
 
 /// An egress section: only with `Unrestricted`, every rule well-formed and
@@ -523,6 +536,7 @@ pub fn effective_key(
         thread_max_bytes: sb.thread_max_bytes,
         storage,
         connectors,
+        warm: sb.warm.clone(),
     };
     let over = Checker { at, reason: reasons::CEILING_EXCEEDED };
     match ceilings.map(|c| c.exceeded_by(&key)) {

@@ -73,6 +73,9 @@ pub struct EffectiveKey {
     /// keys Secret, never logged).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connectors: Vec<warren_core::contract::Connector>,
+    /// Modules the Sandbox's warm interpreters load ahead of the call.
+    #[serde(default, skip_serializing_if = "warren_core::warm::WarmModules::is_empty")]
+    pub warm: warren_core::warm::WarmModules,
 }
 
 impl EffectiveKey {

@@ -126,15 +126,41 @@ pub struct ExecuteRequest {
     /// Registry credentials for pulling `image` ("username", "password").
     #[prost(message, optional, tag = "15")]
     pub image_pull: ::core::option::Option<Credentials>,
+    /// Modules the Sandbox's warm interpreters import before the call (its
+    /// `spec.warm`), for this request's language.
+    #[prost(string, repeated, tag = "16")]
+    pub warm_modules: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WarmImageRequest {
-    /// OCI reference, optionally pinned ("repo:tag@sha256:…").
+    /// OCI reference, optionally pinned ("repo:tag@sha256:…"), or "host".
     #[prost(string, tag = "1")]
     pub image: ::prost::alloc::string::String,
     /// Registry credentials ("username", "password").
     #[prost(message, optional, tag = "2")]
     pub image_pull: ::core::option::Option<Credentials>,
+    /// Modules to try in a warm interpreter of the image, per language; those
+    /// that fail come back in `warm_failures`.
+    #[prost(message, repeated, tag = "3")]
+    pub warm: ::prost::alloc::vec::Vec<WarmModules>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WarmModules {
+    #[prost(enumeration = "Language", tag = "1")]
+    pub language: i32,
+    #[prost(string, repeated, tag = "2")]
+    pub modules: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// A module a warm interpreter could not import.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WarmFailure {
+    #[prost(enumeration = "Language", tag = "1")]
+    pub language: i32,
+    #[prost(string, tag = "2")]
+    pub module: ::prost::alloc::string::String,
+    /// Why, as the interpreter said it (first line).
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
 }
 /// An interpreter an image provides.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -155,6 +181,9 @@ pub struct WarmImageResponse {
     /// Uncompressed size of its layers.
     #[prost(uint64, tag = "3")]
     pub bytes: u64,
+    /// Modules of the request's `warm` that did not import.
+    #[prost(message, repeated, tag = "4")]
+    pub warm_failures: ::prost::alloc::vec::Vec<WarmFailure>,
 }
 /// An image warm on a node.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

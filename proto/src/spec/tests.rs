@@ -86,6 +86,7 @@ impl Gen {
             mounts: (0..self.below(3)).map(|_| self.mount()).collect(),
             connectors: (0..self.below(3)).map(|_| self.connector()).collect(),
             thread: self.flag().then(|| self.thread()),
+            warm_modules: (0..self.below(3)).map(|_| self.word()).collect(),
         }
     }
 }

@@ -37,8 +37,11 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
     if let Err((stage, e)) = setup(cfg) {
         fail(&mut ctrl, stage, &e);
     }
-    let zygote = cfg.warm.as_ref().and_then(|w| warm::start(w, &cfg.seccomp_bpf));
-    if wire::write_frame(&mut ctrl, &InitEvent::Ready { warm: zygote.is_some() }).is_err() {
+    let (zygote, failed) = match cfg.warm.as_ref().and_then(|w| warm::start(w, &cfg.seccomp_bpf)) {
+        Some((z, failed)) => (Some(z), failed),
+        None => (None, Vec::new()),
+    };
+    if wire::write_frame(&mut ctrl, &InitEvent::Ready { warm: zygote.is_some(), failed }).is_err() {
         sys::exit_now(1);
     }
     let go: Go = match wire::read_frame(&mut ctrl) {

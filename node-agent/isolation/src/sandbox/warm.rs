@@ -40,16 +40,25 @@ const MINORS: std::ops::RangeInclusive<u32> = 6..=20;
 /// How long an interpreter may take to start (imports included).
 const READY_TIMEOUT_MS: u16 = 10_000;
 
+/// Longest "ready" message (the modules that failed, with their errors).
+const MAX_READY: usize = 64 * 1024;
+
 /// A started interpreter waiting for its call.
 pub struct Zygote {
     pid: Pid,
     ctrl: UnixStream,
+    /// It loaded modules, so at Go it answers whether the call's home
+    /// shadows one of them (then the call starts cold).
+    asks: bool,
 }
+
+/// What failed to load: (module, what the interpreter said).
+pub type Failed = Vec<(String, String)>;
 
 /// Starts `w` in this (finished) sandbox. `None` when it is not waiting
 /// ready in time: the sandbox then starts its program cold.
-pub fn start(w: &WarmStart, bpf: &[u8]) -> Option<Zygote> {
-    let hook_env = install_hook(w.kind).ok()?;
+pub fn start(w: &WarmStart, bpf: &[u8]) -> Option<(Zygote, Failed)> {
+    let hook_env = install_hook(w.kind, &w.modules).ok()?;
     let (ours, theirs) = UnixStream::pair().ok()?;
     let launch = program::Launch::warm(w, hook_env, theirs.as_raw_fd()).ok()?;
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
@@ -63,25 +72,37 @@ pub fn start(w: &WarmStart, bpf: &[u8]) -> Option<Zygote> {
         Err(_) => return None,
     };
     drop((theirs, status_w));
-    let zygote = Zygote { pid, ctrl: ours };
+    let zygote = Zygote { pid, ctrl: ours, asks: !w.modules.is_empty() };
     let mut errno = [0u8; 4];
     let exec_failed = matches!(std::fs::File::from(status_r).read(&mut errno), Ok(4));
-    if exec_failed || !zygote.ready() {
-        zygote.stop();
-        return None;
+    match (exec_failed, zygote.ready()) {
+        (false, Some(failed)) => Some((zygote, failed)),
+        _ => {
+            zygote.stop();
+            None
+        }
     }
-    Some(zygote)
 }
 
 impl Zygote {
-    /// Waits (bounded) for the interpreter's "ready": it reached its script.
-    fn ready(&self) -> bool {
-        let mut fds = [PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
-        if !matches!(poll(&mut fds, PollTimeout::from(READY_TIMEOUT_MS)), Ok(1)) {
-            return false;
+    /// Waits (bounded) for the interpreter's "ready" line: it reached its
+    /// script. It lists the modules that failed to load.
+    fn ready(&self) -> Option<Failed> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(READY_TIMEOUT_MS.into());
+        let mut line = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !line.ends_with(b"\n") {
+            let left = deadline.saturating_duration_since(std::time::Instant::now()).as_millis().min(u16::MAX.into()) as u16;
+            let mut fds = [PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
+            if left == 0 || !matches!(poll(&mut fds, PollTimeout::from(left)), Ok(1)) {
+                return None;
+            }
+            match (&self.ctrl).read(&mut buf) {
+                Ok(n) if n > 0 && line.len() + n <= MAX_READY => line.extend_from_slice(&buf[..n]),
+                _ => return None,
+            }
         }
-        let mut byte = [0u8; 1];
-        matches!((&self.ctrl).read(&mut byte), Ok(1)) && byte[0] == b'R'
+        parse_ready(&line)
     }
 
     /// Gives the interpreter its call: the call's limits, then its working
@@ -90,14 +111,22 @@ impl Zygote {
     /// can start the program cold.
     pub fn deliver(mut self, go: &Go) -> Result<Pid, ()> {
         let limits = set_call_limits(self.pid.as_raw(), go.open_files, go.file_size_bytes, go.max_processes);
-        let sent = limits.and_then(|()| self.ctrl.write_all(&message(go)));
-        match sent {
-            Ok(()) => Ok(self.pid),
-            Err(_) => {
+        let sent = limits.and_then(|()| self.ctrl.write_all(&message(go))).and_then(|()| self.ctrl.shutdown(std::net::Shutdown::Write));
+        // With modules loaded, it says whether the call's home (mounted
+        // now) shadows one of them: 'G' runs warm, anything else cold.
+        let go_on = sent.is_ok() && (!self.asks || self.answer() == Some(b'G'));
+        match go_on {
+            true => Ok(self.pid),
+            false => {
                 self.stop();
                 Err(())
             }
         }
+    }
+
+    fn answer(&mut self) -> Option<u8> {
+        let mut byte = [0u8; 1];
+        matches!(self.ctrl.read(&mut byte), Ok(1)).then_some(byte[0])
     }
 
     /// Kills and reaps the interpreter (a call it cannot serve).
@@ -105,6 +134,14 @@ impl Zygote {
         let _ = kill(self.pid, Signal::SIGKILL);
         let _ = waitpid(self.pid, None);
     }
+}
+
+/// `R` then (module SOH message) entries separated by NUL, then a newline.
+fn parse_ready(line: &[u8]) -> Option<Failed> {
+    let body = line.strip_prefix(b"R")?.strip_suffix(b"\n")?;
+    let text = String::from_utf8_lossy(body);
+    let failed = text.split('\0').filter(|e| !e.is_empty()).filter_map(|e| e.split_once('\u{1}')).map(|(m, why)| (m.to_string(), why.to_string())).collect();
+    Some(failed)
 }
 
 /// `cwd NUL name=value NUL ...`, read to its end by the hook.
@@ -139,8 +176,10 @@ pub fn keep_fds(ctrl: RawFd) -> io::Result<()> {
 
 /// Writes `kind`'s hook; returns the variable that makes the interpreter
 /// load it.
-fn install_hook(kind: WarmKind) -> io::Result<(String, String)> {
+fn install_hook(kind: WarmKind, modules: &[String]) -> io::Result<(String, String)> {
     let base = Path::new(WARM_DIR);
+    std::fs::DirBuilder::new().mode(0o755).create(base)?;
+    write_readonly(&base.join("modules"), &modules.iter().map(|m| format!("{m}\n")).collect::<String>())?;
     match kind {
         // A user site under PYTHONUSERBASE, one per Python version (links
         // to one directory); `site` runs its .pth file at startup.
@@ -155,7 +194,6 @@ fn install_hook(kind: WarmKind) -> io::Result<(String, String)> {
             Ok(("PYTHONUSERBASE".into(), WARM_DIR.into()))
         }
         WarmKind::Node => {
-            std::fs::DirBuilder::new().mode(0o755).create(base)?;
             let hook = base.join("warm.js");
             write_readonly(&hook, NODE_HOOK)?;
             Ok(("NODE_OPTIONS".into(), format!("--require {}", hook.display())))
@@ -174,5 +212,20 @@ pub fn remove_hook() -> io::Result<()> {
     match std::fs::remove_dir_all(WARM_DIR) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_ready_line_lists_what_failed() {
+        assert_eq!(super::parse_ready(b"R\n"), Some(vec![]));
+        let line = "R\0numpy\u{1}ModuleNotFoundError: No module named 'numpy'\0x.y\u{1}ImportError: nope\n";
+        assert_eq!(
+            super::parse_ready(line.as_bytes()),
+            Some(vec![("numpy".into(), "ModuleNotFoundError: No module named 'numpy'".into()), ("x.y".into(), "ImportError: nope".into())])
+        );
+        assert_eq!(super::parse_ready(b"X\n"), None);
+        assert_eq!(super::parse_ready(b"R"), None);
     }
 }

@@ -9,7 +9,8 @@
 # the real /run/warren/main.py and runs it as it always does.
 #
 # Only modules already loaded at startup are used (os, sys, site), so
-# sys.modules is the same as in a cold start.
+# sys.modules is the same as in a cold start -- apart from the Sandbox's
+# warm imports (`spec.warm.python.imports`), loaded before "ready".
 
 
 def _arm():
@@ -20,6 +21,31 @@ def _arm():
     ctrl, out, err = 500, 501, 502
     warm_base = os.environ.get("PYTHONUSERBASE", "")
     armed = [True]
+    loaded = []
+
+    def warm_imports():
+        # The Sandbox's modules, from the image; what fails is reported
+        # (once, on the Sandbox's status), never to a call.
+        try:
+            with open(os.path.join(warm_base, "modules"), "rb") as f:
+                names = f.read().decode().split()
+        except OSError:
+            names = []
+        failed = []
+        for name in names:
+            try:
+                __import__(name)
+                loaded.append(name.partition(".")[0])
+            except BaseException as e:
+                lines = ("%s: %s" % (type(e).__name__, e)).splitlines() or [type(e).__name__]
+                failed.append("%s\x01%s" % (name, lines[0].replace("\0", " ")))
+        return names, failed
+
+    def shadowed(added):
+        # A module of the call's home (a thread's user site) would have been
+        # imported cold instead of the image's one loaded here.
+        finder = sys.modules["_frozen_importlib_external"].PathFinder
+        return bool(added) and any(finder.find_spec(top, added) is not None for top in set(loaded))
 
     def read_all(fd):
         chunks = []
@@ -36,28 +62,21 @@ def _arm():
         site.USER_SITE = None
         path = site.getusersitepackages()
         if at is None or not site.ENABLE_USER_SITE or not os.path.isdir(path):
-            return
+            return []
         n = len(sys.path)
         site.addsitedir(path)
         added = sys.path[n:]
         del sys.path[n:]
         sys.path[at:at] = added
+        return added
 
     def go():
-        os.write(ctrl, b"R")
+        names, failed = warm_imports()
+        os.write(ctrl, ("R" + "".join("\0" + f for f in failed) + "\n").encode())
         msg = read_all(ctrl)
         if not msg:
             os._exit(0)
         parts = msg.split(b"\0")
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        for fd in (ctrl, out, err):
-            os.close(fd)
         os.chdir(parts[0])
         os.environb.clear()
         for entry in parts[1:]:
@@ -74,7 +93,25 @@ def _arm():
         for finder in sys.path_importer_cache.values():
             if hasattr(finder, "invalidate_caches"):
                 finder.invalidate_caches()
-        user_site(at)
+        added = user_site(at)
+        if names:
+            if shadowed(added):
+                os.write(ctrl, b"C")
+                os._exit(0)
+            os.write(ctrl, b"G")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        for fd in (ctrl, out, err):
+            os.close(fd)
+        if site.ENABLE_USER_SITE:
+            # Startup looked for it in the warm user site; a cold start looks
+            # in the call's.
+            site.execusercustomize()
         sys.modules.pop(__name__, None)
 
     def hook(event, args):
@@ -83,7 +120,11 @@ def _arm():
             try:
                 go()
             except BaseException as e:
-                os.write(2, ("warren: the warm interpreter failed: %r\n" % (e,)).encode())
+                text = ("warren: the warm interpreter failed: %r\n" % (e,)).encode()
+                try:
+                    os.write(err, text)
+                except OSError:
+                    os.write(2, text)
                 os._exit(70)
 
     sys.addaudithook(hook)
