@@ -109,6 +109,16 @@ async fn the_operator_warms_sandbox_images_and_keys_run_in_them() {
     assert!(wait_for(Duration::from_secs(60), || ready(&k, "sandbox", "wants-node") == "False/LanguageUnavailable"), "{}", ready(&k, "sandbox", "wants-node"));
     assert!(wait_for(Duration::from_secs(60), || ready(&k, "sandbox", "missing") == "False/ImagePullFailed"), "{}", ready(&k, "sandbox", "missing"));
 
+    // Warm imports are tried in the image: what does not load is on the status.
+    apply(&k, dir.path(), "warm", &sandbox("warm", &reference, "  warm: {python: {imports: [json, no_such_module_xyz]}}\n"));
+    let failures = || get(&k, "sandbox", "warm", "{.status.warmFailures}");
+    assert!(wait_for(Duration::from_secs(60), || failures().contains("no_such_module_xyz")), "{}", get(&k, "sandbox", "warm", "{.status}"));
+    let listed: serde_json::Value = serde_json::from_str(&failures()).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "only the missing module: {listed}");
+    assert_eq!((listed[0]["language"].as_str(), listed[0]["module"].as_str()), (Some("python"), Some("no_such_module_xyz")));
+    assert!(listed[0]["message"].as_str().unwrap().starts_with("ModuleNotFoundError"), "{listed}");
+    assert_eq!(ready(&k, "sandbox", "warm"), "True/Valid", "a module that does not load never makes a Sandbox unusable");
+
     // The tag moves: the next reconcile resolves and warms the new digest.
     let mut moved = bash_python_image();
     moved.layers.push(tar_of(&[("opt/release", b"2\n")]));

@@ -183,16 +183,18 @@ async fn a_warm_interpreter_sees_the_threads_home_and_its_user_packages() {
     // would), with a .pth file adding a directory of its own.
     let install = "import site, os\nd = site.getusersitepackages()\nos.makedirs(d + '/../extra', exist_ok=True)\n\
                    open(d + '/mymod.py', 'w').write('VALUE = 42\\n')\nopen(d + '/zz.pth', 'w').write('../extra\\n')\n\
-                   open(d + '/../extra/other.py', 'w').write('NAME = \"other\"\\n')\nprint('installed')";
+                   open(d + '/../extra/other.py', 'w').write('NAME = \"other\"\\n')\n\
+                   open(d + '/usercustomize.py', 'w').write('print(\"usercustomize ran\")\\n')\nprint('installed')";
     let use_it = "import mymod, other, sys, os\nprint(mymod.VALUE, other.NAME, mymod.__file__)\nprint(sys.path)\nprint(os.getcwd(), sorted(os.listdir('.')))";
     for agent in [&warm, &cold] {
-        assert_eq!(run(agent, install, Some("t")).await.stdout, "installed\n");
+        let r = run(agent, install, Some("t")).await;
+        assert_eq!(r.stdout, "installed\n", "{}", r.stderr);
     }
     let before = warm_ready(&warm).await;
     let w = run(&warm, use_it, Some("t")).await;
     assert_eq!(warm_starts(&warm).await, before + 1, "the thread's call ran on a warm interpreter");
     let c = run(&cold, use_it, Some("t")).await;
-    assert!(w.stdout.starts_with("42 other /home/sandbox/.local/lib/python3"), "{}\n{}", w.stdout, w.stderr);
+    assert!(w.stdout.starts_with("usercustomize ran\n42 other /home/sandbox/.local/lib/python3"), "{}\n{}", w.stdout, w.stderr);
     same("a thread's user site", &w, &c);
 }
 
@@ -217,4 +219,67 @@ async fn a_warm_interpreter_that_died_while_waiting_gives_a_cold_start() {
     let r = run(&warm, "import sys; print('ran', sys.argv)", None).await;
     assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.exited.exit_code), ("ran ['/run/warren/main.py']\n", "", 0));
     assert_eq!(warm_starts(&warm).await, before, "the call started cold, transparently");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_imports_are_loaded_before_the_call_unless_the_home_shadows_them() {
+    if skip_unless_root("warm_imports_are_loaded_before_the_call_unless_the_home_shadows_them") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    // boto3 is in the host's dist-packages (a thread's user site comes first).
+    let with_imports = |code: &str, thread: Option<&str>| {
+        let mut req = request(Language::Python, code, T);
+        req.warm_modules = vec!["boto3".into(), "no_such_module_xyz".into()];
+        if let Some(id) = thread {
+            let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
+            req.thread = Some(pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
+        }
+        req
+    };
+    let probe = "import sys; print('boto3' in sys.modules, 'no_such_module_xyz' in sys.modules)";
+    // The first call of these modules misses the pool and starts cold.
+    let before = warm_ready(&agent).await;
+    let r = agent.run_request(with_imports(probe, None)).await.unwrap();
+    assert_eq!((r.stdout.as_str(), warm_starts(&agent).await), ("False False\n", before));
+    // Its demand warms interpreters that imported boto3 ahead of the call.
+    let before = warm_ready_with(&agent, 6).await;
+    let r = agent.run_request(with_imports(probe, None)).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str(), warm_starts(&agent).await), ("True False\n", "", before + 1));
+    // A module that does not load is the program's business, as cold.
+    let before = warm_ready_with(&agent, 6).await;
+    let r = agent.run_request(with_imports("import no_such_module_xyz", None)).await.unwrap();
+    assert!(r.stderr.contains("ModuleNotFoundError: No module named 'no_such_module_xyz'") && r.exited.exit_code == 1, "{}", r.stderr);
+    assert_eq!(warm_starts(&agent).await, before + 1);
+    // A thread's own boto3 (its user site) wins, as in a cold start: the
+    // warm interpreter, holding the image's, hands the call to a cold one.
+    let install = "import site, os\nd = site.getusersitepackages()\nos.makedirs(d)\nopen(d + '/boto3.py', 'w').write('WHOSE = \"mine\"\\n')";
+    let r = agent.run_request(with_imports(install, Some("shadow"))).await.unwrap();
+    assert_eq!(r.exited.exit_code, 0, "{}", r.stderr);
+    let before = warm_ready_with(&agent, 6).await;
+    let r = agent.run_request(with_imports("import boto3; print(boto3.WHOSE, boto3.__file__)", Some("shadow"))).await.unwrap();
+    assert!(r.stdout.starts_with("mine /home/sandbox/.local/lib/python3"), "{}{}", r.stdout, r.stderr);
+    assert_eq!(warm_starts(&agent).await, before, "the shadowed call started cold");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_image_reports_the_warm_modules_that_do_not_load() {
+    if skip_unless_root("warm_image_reports_the_warm_modules_that_do_not_load") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let warm = vec![
+        pb::WarmModules { language: Language::Python as i32, modules: vec!["json".into(), "no_such_module_xyz".into()] },
+        pb::WarmModules { language: Language::Node as i32, modules: vec!["fs".into(), "no-such-package-xyz".into()] },
+    ];
+    let r = client.warm_image(pb::WarmImageRequest { image: "host".into(), image_pull: None, warm }).await.unwrap().into_inner();
+    let failed: Vec<(i32, &str)> = r.warm_failures.iter().map(|f| (f.language, f.module.as_str())).collect();
+    assert_eq!(failed, [(Language::Python as i32, "no_such_module_xyz"), (Language::Node as i32, "no-such-package-xyz")], "{:?}", r.warm_failures);
+    assert!(r.warm_failures[0].message.starts_with("ModuleNotFoundError: No module named"), "{:?}", r.warm_failures);
+    assert!(r.warm_failures[1].message.contains("Cannot find module 'no-such-package-xyz'"), "{:?}", r.warm_failures);
+    // Names, never paths.
+    let bad = vec![pb::WarmModules { language: Language::Node as i32, modules: vec!["../../etc/passwd".into()] }];
+    let err = client.warm_image(pb::WarmImageRequest { image: "host".into(), image_pull: None, warm: bad }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
 }

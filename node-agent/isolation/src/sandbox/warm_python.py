@@ -45,7 +45,7 @@ def _arm():
         # A module of the call's home (a thread's user site) would have been
         # imported cold instead of the image's one loaded here.
         finder = sys.modules["_frozen_importlib_external"].PathFinder
-        return bool(added) and any(finder.find_spec(top, added) is not None for top in set(loaded))
+        return bool(added) and any(finder.find_spec(top, added) is not None for top in sorted(set(loaded)))
 
     def read_all(fd):
         chunks = []
@@ -108,9 +108,9 @@ def _arm():
         os.dup2(err, 2)
         for fd in (ctrl, out, err):
             os.close(fd)
-        if site.ENABLE_USER_SITE:
-            # Startup looked for it in the warm user site; a cold start looks
-            # in the call's.
+        finder = sys.modules["_frozen_importlib_external"].PathFinder
+        if added and finder.find_spec("usercustomize", added) is not None:
+            # Startup looked for it everywhere but the call's user site.
             site.execusercustomize()
         sys.modules.pop(__name__, None)
 
