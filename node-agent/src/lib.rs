@@ -84,6 +84,10 @@ pub struct Args {
     /// (single-use warm interpreters); `false` starts every program cold.
     #[arg(long, env = "WARREN_WARM_INTERPRETERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub warm_interpreters: bool,
+    /// Most memory the warm pool's idle sandboxes (and their interpreters)
+    /// hold together (`512Mi`, `2Gi`); the pool stops growing there.
+    #[arg(long, env = "WARREN_WARM_POOL_MEMORY", default_value = "1Gi", value_parser = parse_bytes)]
+    pub warm_pool_memory: u64,
     /// Concurrent executions accepted; more get RESOURCE_EXHAUSTED.
     #[arg(long, env = "WARREN_MAX_EXECUTIONS", default_value_t = 32)]
     pub max_executions: u32,
@@ -221,6 +225,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         sandbox_binary,
         pool_size,
         warm_interpreters,
+        warm_pool_memory,
         max_executions,
         uid_base,
         max_output_bytes,
@@ -307,7 +312,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let (stores, fuse_pool) = storage(&store_spec, s3_pool_max_idle, local_roots, endpoints, state_reserve, &state_dir, storage_cache, storage_fuse_pool, &fuse_pool_dir)?;
     let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, insecure_registries, Duration::from_secs(image_pull_wait_secs))?;
-    let config = ExecutorConfig { policy, max_executions, pool_size, warm_interpreters, node_name: node_name.clone(), stores, images: images.clone() };
+    let config = ExecutorConfig { policy, max_executions, pool_size, warm_interpreters, warm_pool_memory, node_name: node_name.clone(), stores, images: images.clone() };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));
     if images.is_some() {

@@ -283,3 +283,24 @@ async fn warm_image_reports_the_warm_modules_that_do_not_load() {
     let err = client.warm_image(pb::WarmImageRequest { image: "host".into(), image_pull: None, warm: bad }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_stays_within_its_memory_budget_and_calls_still_run() {
+    if skip_unless_root("the_pool_stays_within_its_memory_budget_and_calls_still_run") {
+        return;
+    }
+    // A budget one sandbox already exceeds: each of the two shapes warmed
+    // at start (plain, Python) may prepare one while the pool is empty, and
+    // no more; calls past it start cold.
+    let agent = Agent::start(&["--warm-pool-memory", "1"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let mut most = 0;
+    for i in 0..20 {
+        let (language, code) = if i % 2 == 0 { (Language::Bash, "echo ok") } else { (Language::Python, "print('ok')") };
+        let r = agent.run(language, code, T).await.unwrap();
+        assert_eq!(r.stdout, "ok\n", "{}", r.stderr);
+        let s = client.status(StatusRequest {}).await.unwrap().into_inner();
+        most = most.max(s.warm_sandboxes);
+    }
+    assert!(most <= 2, "the pool held {most} idle sandboxes over its budget");
+}

@@ -141,8 +141,10 @@ pub struct ExecutorConfig {
     pub max_executions: u32,
     /// Sandboxes kept ready per shape.
     pub pool_size: usize,
-    /// Start Python's interpreter in pooled sandboxes ahead of the call.
+    /// Start Python's and Node's interpreter in pooled sandboxes ahead of the call.
     pub warm_interpreters: bool,
+    /// Most memory the pool's idle sandboxes hold together, bytes.
+    pub warm_pool_memory: u64,
     /// Name reported in `Status` and `Started`.
     pub node_name: String,
     /// Store clients for storage mounts, kept across calls.
@@ -174,6 +176,14 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
     }
 }
 
+/// Cools the pool's shapes now and then (see [`Pool::cool`]).
+async fn cool_now_and_then(pool: Pool) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        pool.cool().await;
+    }
+}
+
 /// Warren's defaults, the image's (filtered) and the interpreter's settings:
 /// a program's environment before the request's.
 fn program_env(language: Language, image_env: &[(String, String)]) -> Vec<(String, String)> {
@@ -201,7 +211,8 @@ pub fn host_interpreters() -> BTreeMap<Language, String> {
 impl Executor {
     /// Builds the executor and starts warming the pool for the default shape.
     pub fn new(env: Arc<SandboxEnv>, features: Features, threads: Arc<Threads>, config: ExecutorConfig) -> Executor {
-        let pool = Pool::new(env.clone(), config.pool_size);
+        let pool = Pool::new(env.clone(), config.pool_size, config.warm_pool_memory);
+        tokio::spawn(cool_now_and_then(pool.clone()));
         let interpreters = host_interpreters();
         if features.can_run_sandboxes() {
             let shape = Shape::of(&config.policy.defaults, Rootfs::Host, None);
