@@ -4,7 +4,9 @@
 //! received, through gRPC on a Unix socket, warm pool as deployed) are
 //! interleaved with N spawns of the same interpreter on the same program with
 //! a minimal environment, stdout piped and waited for. Prints p50/p99 of both
-//! and the difference. Needs root (CI and the README command run it as root).
+//! and the difference. This is the cold path: the agent runs without warm
+//! interpreters (`benches/warm_start.rs` measures those). Needs root (CI and
+//! the README command run it as root).
 //!
 //! `cargo bench -p warren-e2e --bench agent_overhead` (N from WARREN_BENCH_RUNS, default 200).
 
@@ -22,7 +24,7 @@ async fn main() {
         return;
     }
     let runs: usize = std::env::var("WARREN_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let agent = Agent::start(&[]).await.expect("agent starts");
+    let agent = Agent::start(&["--warm-interpreters", "false"]).await.expect("agent starts");
     let mut client = agent.client().await.expect("client");
     let dir = tempfile::tempdir().unwrap();
     println!("agent overhead benchmark: {runs} runs per language, interleaved with bare spawns");

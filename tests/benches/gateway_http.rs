@@ -4,7 +4,8 @@
 //! 1. Latency: for python, node and bash, N `POST /v1/sandbox/execute` calls
 //!    on one keep-alive connection (request sent → JSON result read) are
 //!    interleaved with N bare spawns of the interpreter; p50/p99 of both and
-//!    the difference.
+//!    the difference. Before each call the warm pool has refilled (warm
+//!    interpreters included), as between an agent's tool calls.
 //! 2. Throughput: C clients (own connections) call `echo 1` in bash as fast
 //!    as they can for S seconds; executions/s and errors (anything but a 200
 //!    with stdout "1\n").
@@ -37,11 +38,39 @@ async fn main() {
     let agent_args: Vec<&str> = agent_args.split_whitespace().collect();
     let agent = Agent::start(&agent_args).await.expect("agent starts");
     let gw = Gateway::start(&[agent.address()], &[], true).await.expect("gateway starts");
-    latency(&gw, env_or("WARREN_BENCH_RUNS", 200) as usize).await;
+    latency(&gw, &agent, env_or("WARREN_BENCH_RUNS", 200) as usize).await;
     throughput(&gw, env_or("WARREN_BENCH_CLIENTS", 64) as usize, Duration::from_secs(env_or("WARREN_BENCH_SECONDS", 30))).await;
 }
 
-async fn latency(gw: &Gateway, runs: usize) {
+/// Idle sandboxes in the agent's pool.
+async fn pooled(agent: &Agent) -> u32 {
+    agent.client().await.unwrap().status(warren_proto::agent::StatusRequest {}).await.unwrap().into_inner().warm_sandboxes
+}
+
+/// The pool's full size once it stops growing (new shapes fill by demand).
+async fn settled(agent: &Agent) -> u32 {
+    let (mut last, mut same_since) = (pooled(agent).await, Instant::now());
+    while same_since.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = pooled(agent).await;
+        if now != last {
+            (last, same_since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
+/// Waits (bounded) until the pool holds `n` sandboxes again.
+async fn refilled(agent: &Agent, n: u32) {
+    for _ in 0..2000 {
+        if pooled(agent).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn latency(gw: &Gateway, agent: &Agent, runs: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut conn = Conn::open(gw.addr).await.unwrap();
     let k = key("main");
@@ -52,7 +81,12 @@ async fn latency(gw: &Gateway, runs: usize) {
         std::fs::File::create(&script).unwrap().write_all(code.as_bytes()).unwrap();
         let body = serde_json::json!({"code": code, "language": lang}).to_string();
         let (mut b, mut h) = (Vec::new(), Vec::new());
+        let mut full = 0;
         for i in 0..runs + 5 {
+            if i == 5 {
+                full = settled(agent).await;
+            }
+            refilled(agent, full).await;
             let bd = bare(interp, &script);
             let t = Instant::now();
             let (status, resp) = conn.execute(&k, body.as_bytes()).await.unwrap();
@@ -64,8 +98,6 @@ async fn latency(gw: &Gateway, runs: usize) {
                 b.push(bd);
                 h.push(hd);
             }
-            // Let the warm pool refill, as between an agent's tool calls.
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         b.sort();
         h.sort();

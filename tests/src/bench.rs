@@ -22,6 +22,13 @@ pub fn ms(d: Duration) -> f64 {
 /// Runs `interpreter script` with a minimal environment, output piped;
 /// returns the wall time. The script must print `1`.
 pub fn bare(interpreter: &str, script: &std::path::Path) -> Duration {
+    let (d, out) = bare_output(interpreter, script);
+    assert_eq!(out, b"1\n");
+    d
+}
+
+/// [`bare`], returning what the script printed.
+pub fn bare_output(interpreter: &str, script: &std::path::Path) -> (Duration, Vec<u8>) {
     let t = Instant::now();
     let out = Command::new(interpreter)
         .arg(script)
@@ -34,9 +41,7 @@ pub fn bare(interpreter: &str, script: &std::path::Path) -> Duration {
         .stderr(Stdio::piped())
         .output()
         .expect("bare run");
-    let d = t.elapsed();
-    assert_eq!(out.stdout, b"1\n");
-    d
+    (t.elapsed(), out.stdout)
 }
 
 /// One keep-alive HTTP/1.1 connection to the gateway.
