@@ -114,7 +114,11 @@ impl Pool {
                     state.target = (state.target * 2).clamp(1, max);
                 }
             }
-            self.start_filler(&mut inner, shape.clone());
+            // A hit is refilled once its program ended (`refill`): the
+            // refill would otherwise take CPU from the very call it serves.
+            if found.is_none() {
+                self.start_filler(&mut inner, shape.clone());
+            }
             found
         };
         for p in stale {
@@ -127,6 +131,12 @@ impl Pool {
             // call what a cold start costs, and more.
             None => prepare(&self.env, Shape { warm: None, ..shape }).await,
         }
+    }
+
+    /// Refills `shape` after a call that took one of its sandboxes ended.
+    pub fn refill(&self, shape: Shape) {
+        let mut inner = self.lock();
+        self.start_filler(&mut inner, shape);
     }
 
     /// The state of `shape`, made room for when new (the least recently

@@ -7,7 +7,13 @@
 //! from inside the sandbox, to show the path works while measured. Needs
 //! root.
 //!
-//! `cargo bench -p warren-e2e --bench network` (N from WARREN_BENCH_RUNS, default 200).
+//! Then under load: C clients call bash `echo 1` back to back for S seconds,
+//! first all `Blocked`, then all `Unrestricted`; p50/p99 of each and the
+//! ratio of the p99s (pool misses build networks while others run).
+//!
+//! `cargo bench -p warren-e2e --bench network` (N from WARREN_BENCH_RUNS,
+//! default 200; C from WARREN_BENCH_CLIENTS, default 16; S from
+//! WARREN_BENCH_SECONDS, default 10).
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +82,58 @@ async fn main() {
         let (p50, p99) = (percentile(&times[i], 0.5), percentile(&times[i], 0.99));
         println!("{:<13} {:>8.2}ms {:>8.2}ms {:>+8.2}ms {:>+8.2}ms", name, ms(p50), ms(p99), ms(p50) - ms(b50), ms(p99) - ms(b99));
     }
+    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (clients, seconds) = (env("WARREN_BENCH_CLIENTS", 16) as usize, Duration::from_secs(env("WARREN_BENCH_SECONDS", 10)));
+    println!();
+    println!("under load: {clients} clients, {} s each, bash `echo 1`", seconds.as_secs());
+    println!("{:<13} {:>8} {:>8} {:>10} {:>10}", "network", "calls", "errors", "p50", "p99");
+    let mut p99s = Vec::new();
+    for (name, network) in [("blocked", NetworkPolicy::Blocked), ("unrestricted", NetworkPolicy::Unrestricted)] {
+        let r = ExecuteRequest { network: network as i32, ..request(Language::Bash, "echo 1", Duration::from_secs(30)) };
+        let (mut times, errors) = load(&agent, r, clients, seconds).await;
+        times.sort();
+        let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+        println!("{:<13} {:>8} {:>8} {:>8.2}ms {:>8.2}ms", name, times.len(), errors, ms(p50), ms(p99));
+        p99s.push(p99);
+    }
+    println!("unrestricted p99 / blocked p99: {:.2}x", ms(p99s[1]) / ms(p99s[0]));
     drop(agent);
     drop(lab);
+}
+
+/// `clients` callers repeating `r` until `duration` ends: every call's
+/// time, and how many failed (bounded: the calls end with the duration).
+async fn load(agent: &Agent, r: ExecuteRequest, clients: usize, duration: Duration) -> (Vec<Duration>, u64) {
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (mut client, r) = (agent.client().await.expect("client"), r.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut times, mut errors) = (Vec::new(), 0u64);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let mut ok = false;
+                if let Ok(stream) = client.execute(r.clone()).await {
+                    let mut stream = stream.into_inner();
+                    while let Ok(Some(ev)) = stream.message().await {
+                        if let Some(warren_proto::agent::execute_event::Event::Exited(e)) = ev.event {
+                            ok = e.exit_code == 0;
+                        }
+                    }
+                }
+                match ok {
+                    true => times.push(t.elapsed()),
+                    false => errors += 1,
+                }
+            }
+            (times, errors)
+        }));
+    }
+    let mut all = (Vec::new(), 0);
+    for t in tasks {
+        let (times, errors) = t.await.expect("client task");
+        all.0.extend(times);
+        all.1 += errors;
+    }
+    all
 }

@@ -27,6 +27,8 @@ pub trait Sandboxes: Send + Sync {
     type Claimed: ClaimedSandbox;
     /// A ready sandbox of `shape`.
     fn claim(&self, shape: Shape) -> impl Future<Output = Result<Self::Claimed, SandboxError>> + Send;
+    /// The program that claimed a sandbox of `shape` ended: time to replace it.
+    fn refill(&self, _shape: Shape) {}
 }
 
 /// A sandbox that waits for its program.
@@ -52,6 +54,10 @@ impl Sandboxes for Pool {
 
     fn claim(&self, shape: Shape) -> impl Future<Output = Result<Prepared, SandboxError>> + Send {
         Pool::claim(self, shape)
+    }
+
+    fn refill(&self, shape: Shape) {
+        Pool::refill(self, shape)
     }
 }
 
@@ -128,7 +134,7 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
         return Ok(Outcome::never_ran(failure));
     }
     let t_acquired = t0.elapsed();
-    let sandbox = match sandboxes.claim(shape).await {
+    let sandbox = match sandboxes.claim(shape.clone()).await {
         Ok(sandbox) => sandbox,
         Err(e) => {
             tokio::spawn(async move {
@@ -144,6 +150,7 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
         false => resources.prepare(&sandbox.view(&spec)).await,
     };
     if let Err(failure) = prepared {
+        sandboxes.refill(shape);
         tokio::spawn(async move {
             resources.release().await;
             sandbox.discard().await;
@@ -154,6 +161,7 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
     let t_prepared = t0.elapsed();
     resources.shape(&mut go);
     let (mut outcome, teardown) = sandbox.run(&spec, go, received, &events).await;
+    sandboxes.refill(shape);
     let t_ran = t0.elapsed();
     resources.finish(&mut outcome).await;
     let us = |d: Duration| d.as_micros() as u64;
