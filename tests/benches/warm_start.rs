@@ -52,16 +52,31 @@ async fn status(agent: &Agent) -> (u32, u64, u64) {
     (s.warm_sandboxes, s.warm_memory_bytes, s.warm_starts)
 }
 
-/// Waits until the pool holds `n` sandboxes again (bounded).
-async fn refilled(agent: &Agent, n: u32) -> (u32, u64) {
-    for _ in 0..2000 {
-        let (count, memory, _) = status(agent).await;
-        if count >= n {
-            return (count, memory);
+/// Waits until the pool holds `n` sandboxes again (bounded: false when
+/// it did not, e.g. an idle shape's target cooled meanwhile).
+async fn refilled(agent: &Agent, n: u32) -> bool {
+    for _ in 0..1000 {
+        if status(agent).await.0 >= n {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    panic!("the pool did not refill to {n}");
+    false
+}
+
+/// The pool's size once it stops changing for 300 ms, and its memory.
+async fn settled(agent: &Agent) -> (u32, u64) {
+    let (mut last, mut since) = (status(agent).await, Instant::now());
+    while since.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = status(agent).await;
+        if now.0 != last.0 {
+            (last, since) = (now, Instant::now());
+        } else {
+            last = now;
+        }
+    }
+    (last.0, last.1)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -76,9 +91,8 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     // Idle memory: the cold agent pools plain sandboxes only (2); the warm
     // one adds a shape per interpreter (2 each).
-    let (_, plain) = refilled(&cold, 2).await;
-    let (_, with_python) = refilled(&warm, 4).await;
-    let mut pool = 4;
+    let (_, plain) = settled(&cold).await;
+    let (_, with_python) = settled(&warm).await;
     let mut memory = vec![("plain sandbox", plain / 2), ("python print(1)", with_python.saturating_sub(plain) / 2)];
     println!("warm start benchmark: {runs} calls per case and agent, interleaved with bare spawns");
     println!("{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10}", "case", "bare p50", "bare p99", "cold p50", "cold p99", "warm p50", "warm p99", "warm/bare", "warm hits");
@@ -87,11 +101,10 @@ async fn main() {
         let script = dir.path().join(c.name.replace(' ', "-"));
         std::fs::File::create(&script).unwrap().write_all(c.code.as_bytes()).unwrap();
         // A new shape: its first call starts cold and makes the demand.
-        let before = status(&warm).await.1;
+        let (count, before) = settled(&warm).await;
         call(&warm, req(c)).await;
-        if c.language == Language::Node || !c.modules.is_empty() {
-            pool += 2;
-            let (_, after) = refilled(&warm, pool).await;
+        let (mut pool, after) = settled(&warm).await;
+        if pool == count + 2 {
             memory.push((c.name, after.saturating_sub(before) / 2));
         }
         let (mut b, mut k, mut w) = (Vec::new(), Vec::new(), Vec::new());
@@ -99,7 +112,9 @@ async fn main() {
         for i in 0..runs + 3 {
             let (bd, bout) = bare_output(c.interpreter, &script);
             let (kd, kout) = call(&cold, req(c)).await;
-            refilled(&warm, pool).await;
+            if !refilled(&warm, pool).await {
+                pool = settled(&warm).await.0;
+            }
             let (wd, wout) = call(&warm, req(c)).await;
             assert_eq!((kout.as_bytes(), wout.as_bytes()), (&bout[..], &bout[..]));
             if i >= 3 {

@@ -39,6 +39,12 @@ def _arm():
             except BaseException as e:
                 lines = ("%s: %s" % (type(e).__name__, e)).splitlines() or [type(e).__name__]
                 failed.append("%s\x01%s" % (name, lines[0].replace("\0", " ")))
+        if loaded:
+            # What the imports made lives as long as this single-use
+            # process: the collector need not walk it again, at every
+            # collection nor at exit (boto3: 49 -> 9 ms of finalization).
+            import gc
+            gc.freeze()
         return names, failed
 
     def shadowed(added):
