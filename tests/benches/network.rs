@@ -90,7 +90,10 @@ async fn main() {
     let mut p99s = Vec::new();
     for (name, network) in [("blocked", NetworkPolicy::Blocked), ("unrestricted", NetworkPolicy::Unrestricted)] {
         let r = ExecuteRequest { network: network as i32, ..request(Language::Bash, "echo 1", Duration::from_secs(30)) };
-        let (mut times, errors) = load(&agent, r, clients, seconds).await;
+        let (mut times, errors, first) = load(&agent, r, clients, seconds).await;
+        if let Some(e) = first {
+            println!("  first error: {e}");
+        }
         times.sort();
         let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
         println!("{:<13} {:>8} {:>8} {:>8.2}ms {:>8.2}ms", name, times.len(), errors, ms(p50), ms(p99));
@@ -103,22 +106,30 @@ async fn main() {
 
 /// `clients` callers repeating `r` until `duration` ends: every call's
 /// time, and how many failed (bounded: the calls end with the duration).
-async fn load(agent: &Agent, r: ExecuteRequest, clients: usize, duration: Duration) -> (Vec<Duration>, u64) {
+async fn load(agent: &Agent, r: ExecuteRequest, clients: usize, duration: Duration) -> (Vec<Duration>, u64, Option<String>) {
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (mut client, r) = (agent.client().await.expect("client"), r.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut times, mut errors) = (Vec::new(), 0u64);
+            let (mut times, mut errors, mut first) = (Vec::new(), 0u64, None);
             while Instant::now() < deadline {
                 let t = Instant::now();
                 let mut ok = false;
-                if let Ok(stream) = client.execute(r.clone()).await {
-                    let mut stream = stream.into_inner();
-                    while let Ok(Some(ev)) = stream.message().await {
-                        if let Some(warren_proto::agent::execute_event::Event::Exited(e)) = ev.event {
-                            ok = e.exit_code == 0;
+                match client.execute(r.clone()).await {
+                    Ok(stream) => {
+                        let mut stream = stream.into_inner();
+                        while let Ok(Some(ev)) = stream.message().await {
+                            if let Some(warren_proto::agent::execute_event::Event::Exited(e)) = ev.event {
+                                ok = e.exit_code == 0;
+                                if !ok {
+                                    first.get_or_insert_with(|| format!("{e:?}"));
+                                }
+                            }
                         }
+                    }
+                    Err(e) => {
+                        first.get_or_insert_with(|| format!("{}: {}", e.code(), e.message()));
                     }
                 }
                 match ok {
@@ -126,14 +137,15 @@ async fn load(agent: &Agent, r: ExecuteRequest, clients: usize, duration: Durati
                     false => errors += 1,
                 }
             }
-            (times, errors)
+            (times, errors, first)
         }));
     }
-    let mut all = (Vec::new(), 0);
+    let mut all = (Vec::new(), 0, None);
     for t in tasks {
-        let (times, errors) = t.await.expect("client task");
+        let (times, errors, first) = t.await.expect("client task");
         all.0.extend(times);
         all.1 += errors;
+        all.2 = all.2.or(first);
     }
     all
 }
