@@ -97,11 +97,14 @@ async fn run_in(agent: &Agent, language: Language, code: &str, thread: Option<&s
     let mut req = request(language, code, T);
     req.env.insert("CALL_VAR".into(), "from the request".into());
     req.env.insert("TZ".into(), "UTC".into());
-    if let Some(id) = thread {
-        let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
-        req.thread = Some(pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
-    }
+    req.thread = thread.map(thread_options);
     agent.run_request(req).await.unwrap()
+}
+
+/// Thread `id` of one test key.
+fn thread_options(id: &str) -> pb::ThreadOptions {
+    let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
+    pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 }
 }
 
 /// Waits until the agent's pool is full (two per shape: plain sandboxes
@@ -231,10 +234,7 @@ async fn warm_imports_are_loaded_before_the_call_unless_the_home_shadows_them() 
     let with_imports = |code: &str, thread: Option<&str>| {
         let mut req = request(Language::Python, code, T);
         req.warm_modules = vec!["boto3".into(), "no_such_module_xyz".into()];
-        if let Some(id) = thread {
-            let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
-            req.thread = Some(pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
-        }
+        req.thread = thread.map(thread_options);
         req
     };
     let probe = "import sys; print('boto3' in sys.modules, 'no_such_module_xyz' in sys.modules)";
