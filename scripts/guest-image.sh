@@ -105,7 +105,8 @@ INIT
 chmod 0755 "$ROOT/sbin/warren-guest-init"
 echo warren-guest >"$ROOT/etc/hostname"
 size=$(( $(du -sm "$ROOT" | cut -f1) + 512 ))
-mkfs.ext4 -q -L warren-guest -d "$ROOT" "$WORK/out/rootfs.ext4" "${size}M"
+# mke2fs says "Creating regular file" on stdout even with -q: stdout is the path.
+mkfs.ext4 -q -L warren-guest -d "$ROOT" "$WORK/out/rootfs.ext4" "${size}M" >&2
 rm -rf "$OUT"
 mv "$WORK/out" "$OUT"
 # Images of earlier versions of this script are no longer used.

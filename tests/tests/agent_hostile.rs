@@ -245,16 +245,15 @@ async fn hostile_programs_are_contained_with_the_warm_pool() {
 async fn run_suite(pool: usize) {
     let mut agent = Agent::start(&["--pool-size", &pool.to_string()]).await.expect("agent starts");
     limits_are_in_place(&agent).await;
-    settled(&agent, pool).await.expect("the pool fills");
+    // The shapes kept warm from the start: plain sandboxes and ones
+    // holding a Python interpreter, `pool` each.
+    settled(&agent, 2 * pool).await.expect("the pool fills");
     let mounts_before = host_mount_count(&agent);
     let cases = cases();
     assert!(cases.len() >= 30, "the suite covers at least 30 programs");
     let mut failures = Vec::new();
-    // The pool keeps `pool` sandboxes per /tmp size seen (0: the default).
-    let mut shapes = std::collections::HashSet::from([0u64]);
     for case in cases {
         let mut req = warren_e2e::request(case.language, &case.code, case.timeout);
-        shapes.insert(case.limits.as_ref().map_or(0, |l| l.tmp_bytes));
         req.limits = case.limits;
         if case.name == "signals_stay_inside" {
             req.env.insert("AGENT_PID".into(), agent.pid().to_string());
@@ -267,7 +266,7 @@ async fn run_suite(pool: usize) {
             }
             Err(e) => failures.push(format!("{}: request failed: {e:#}", case.name)),
         }
-        if let Err(e) = nothing_left_behind(&mut agent, mounts_before, pool * shapes.len()).await {
+        if let Err(e) = nothing_left_behind(&mut agent, mounts_before).await {
             failures.push(format!("{} left something behind: {e}", case.name));
         }
     }
@@ -341,30 +340,37 @@ fn host_mount_count(agent: &Agent) -> usize {
         .count()
 }
 
-/// Waits (bounded) until exactly `pool` idle sandboxes exist: one cgroup
-/// and one process (its init) each, nothing else. The mount count is taken
-/// once the pool is full, so pooled sandboxes do not change it.
-async fn settled(agent: &Agent, pool: usize) -> Result<(), String> {
-    let count = || {
+/// Waits (bounded) until only the pool's idle sandboxes exist — as many as
+/// the agent reports, and at least `least`: one cgroup and one process (its
+/// init) each, plus at most one waiting interpreter each, nothing else. The
+/// mount count is taken once the pool is full, so pooled sandboxes do not
+/// change it.
+async fn settled(agent: &Agent, least: usize) -> Result<(), String> {
+    let mut client = agent.client().await.map_err(|e| e.to_string())?;
+    let waiting = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.py\0") || c.ends_with(b"/run/warren/main.js\0"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let pooled = client.status(warren_proto::agent::StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner().warm_sandboxes as usize;
         let mut groups: Vec<String> = agent.leftover_cgroups().iter().filter_map(|g| g.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         groups.sort();
         groups.dedup();
-        (groups.len(), agent.sandbox_processes().len())
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (groups, procs) = count();
-        if groups == pool && procs == pool {
+        let procs = agent.sandbox_processes();
+        let interpreters = procs.iter().filter(|(pid, _)| waiting(*pid)).count();
+        let inits = procs.len() - interpreters;
+        if pooled >= least && groups.len() == pooled && inits == pooled && interpreters <= pooled {
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("{groups} sandbox cgroups and {procs} sandbox processes, expected {pool} of each; processes: {:?}", agent.sandbox_processes()));
+            return Err(format!(
+                "{} sandbox cgroups, {inits} inits and {interpreters} waiting interpreters for {pooled} pooled sandboxes (at least {least}); processes: {procs:?}",
+                groups.len()
+            ));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
-async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize, pool: usize) -> Result<(), String> {
+async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<(), String> {
     if !agent.is_running() {
         return Err("the agent died".into());
     }
@@ -383,7 +389,7 @@ async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize, pool: usiz
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Only the pool's idle sandboxes remain (none without a pool).
-    settled(agent, pool).await?;
+    settled(agent, 0).await?;
     let mounts = host_mount_count(agent);
     if mounts != mounts_before {
         return Err(format!("host mount count changed from {mounts_before} to {mounts}"));
