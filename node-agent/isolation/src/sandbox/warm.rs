@@ -42,6 +42,8 @@ const READY_TIMEOUT_MS: u16 = 10_000;
 
 /// Longest "ready" message (the modules that failed, with their errors).
 const MAX_READY: usize = 64 * 1024;
+/// Longest reason kept for one module that failed, in characters.
+const MAX_WHY: usize = 300;
 
 /// A started interpreter waiting for its call.
 pub struct Zygote {
@@ -140,7 +142,9 @@ impl Zygote {
 fn parse_ready(line: &[u8]) -> Option<Failed> {
     let body = line.strip_prefix(b"R")?.strip_suffix(b"\n")?;
     let text = String::from_utf8_lossy(body);
-    let failed = text.split('\0').filter(|e| !e.is_empty()).filter_map(|e| e.split_once('\u{1}')).map(|(m, why)| (m.to_string(), why.to_string())).collect();
+    // What an image's modules say ends on a Sandbox's status: one short line each.
+    let short = |why: &str| why.chars().filter(|c| !c.is_control()).take(MAX_WHY).collect::<String>();
+    let failed = text.split('\0').filter(|e| !e.is_empty()).filter_map(|e| e.split_once('\u{1}')).map(|(m, why)| (m.to_string(), short(why))).collect();
     Some(failed)
 }
 
@@ -225,6 +229,8 @@ mod tests {
             super::parse_ready(line.as_bytes()),
             Some(vec![("numpy".into(), "ModuleNotFoundError: No module named 'numpy'".into()), ("x.y".into(), "ImportError: nope".into())])
         );
+        let long = format!("R\0m\u{1}{}\u{7}\n", "x".repeat(1000));
+        assert_eq!(super::parse_ready(long.as_bytes()), Some(vec![("m".into(), "x".repeat(super::MAX_WHY))]));
         assert_eq!(super::parse_ready(b"X\n"), None);
         assert_eq!(super::parse_ready(b"R"), None);
     }
