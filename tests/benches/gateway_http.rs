@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{bare, ms, percentile, Conn};
+use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled, Conn};
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::{is_root, Agent};
 
@@ -42,34 +42,6 @@ async fn main() {
     throughput(&gw, env_or("WARREN_BENCH_CLIENTS", 64) as usize, Duration::from_secs(env_or("WARREN_BENCH_SECONDS", 30))).await;
 }
 
-/// Idle sandboxes in the agent's pool.
-async fn pooled(agent: &Agent) -> u32 {
-    agent.client().await.unwrap().status(warren_proto::agent::StatusRequest {}).await.unwrap().into_inner().warm_sandboxes
-}
-
-/// The pool's full size once it stops growing (new shapes fill by demand).
-async fn settled(agent: &Agent) -> u32 {
-    let (mut last, mut same_since) = (pooled(agent).await, Instant::now());
-    while same_since.elapsed() < Duration::from_millis(300) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let now = pooled(agent).await;
-        if now != last {
-            (last, same_since) = (now, Instant::now());
-        }
-    }
-    last
-}
-
-/// Waits (bounded) until the pool holds `n` sandboxes again.
-async fn refilled(agent: &Agent, n: u32) {
-    for _ in 0..2000 {
-        if pooled(agent).await >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 async fn latency(gw: &Gateway, agent: &Agent, runs: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut conn = Conn::open(gw.addr).await.unwrap();
@@ -84,9 +56,9 @@ async fn latency(gw: &Gateway, agent: &Agent, runs: usize) {
         let mut full = 0;
         for i in 0..runs + 5 {
             if i == 5 {
-                full = settled(agent).await;
+                full = pool_settled(agent).await.0;
             }
-            refilled(agent, full).await;
+            pool_refilled(agent, full).await;
             let bd = bare(interp, &script);
             let t = Instant::now();
             let (status, resp) = conn.execute(&k, body.as_bytes()).await.unwrap();

@@ -15,9 +15,9 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{bare_output, ms, percentile};
+use warren_e2e::bench::{bare_output, ms, percentile, pool_refilled as refilled, pool_settled as settled, pool_status as status};
 use warren_e2e::{is_root, request, Agent};
-use warren_proto::agent::{ExecuteRequest, Language, StatusRequest};
+use warren_proto::agent::{ExecuteRequest, Language};
 
 struct Case {
     name: &'static str,
@@ -45,38 +45,6 @@ async fn call(agent: &Agent, r: ExecuteRequest) -> (Duration, String) {
     let run = agent.run_request(r).await.expect("call");
     assert_eq!(run.exited.exit_code, 0, "{}", run.stderr);
     (t.elapsed(), run.stdout)
-}
-
-async fn status(agent: &Agent) -> (u32, u64, u64) {
-    let s = agent.client().await.unwrap().status(StatusRequest {}).await.unwrap().into_inner();
-    (s.warm_sandboxes, s.warm_memory_bytes, s.warm_starts)
-}
-
-/// Waits until the pool holds `n` sandboxes again (bounded: false when
-/// it did not, e.g. an idle shape's target cooled meanwhile).
-async fn refilled(agent: &Agent, n: u32) -> bool {
-    for _ in 0..1000 {
-        if status(agent).await.0 >= n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    false
-}
-
-/// The pool's size once it stops changing for 300 ms, and its memory.
-async fn settled(agent: &Agent) -> (u32, u64) {
-    let (mut last, mut since) = (status(agent).await, Instant::now());
-    while since.elapsed() < Duration::from_millis(300) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let now = status(agent).await;
-        if now.0 != last.0 {
-            (last, since) = (now, Instant::now());
-        } else {
-            last = now;
-        }
-    }
-    (last.0, last.1)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

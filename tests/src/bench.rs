@@ -44,6 +44,40 @@ pub fn bare_output(interpreter: &str, script: &std::path::Path) -> (Duration, Ve
     (t.elapsed(), out.stdout)
 }
 
+/// The agent's pool as its status reports it: idle sandboxes, the memory
+/// they hold, and the calls warm interpreters ran.
+pub async fn pool_status(agent: &crate::Agent) -> (u32, u64, u64) {
+    let s = agent.client().await.unwrap().status(warren_proto::agent::StatusRequest {}).await.unwrap().into_inner();
+    (s.warm_sandboxes, s.warm_memory_bytes, s.warm_starts)
+}
+
+/// The pool's size once it stops changing for 300 ms (new shapes fill by
+/// demand), and its memory.
+pub async fn pool_settled(agent: &crate::Agent) -> (u32, u64) {
+    let (mut last, mut since) = (pool_status(agent).await, Instant::now());
+    while since.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = pool_status(agent).await;
+        if now.0 != last.0 {
+            since = Instant::now();
+        }
+        last = now;
+    }
+    (last.0, last.1)
+}
+
+/// Waits (bounded) until the pool holds `n` sandboxes again, as between an
+/// agent's tool calls; false when it did not (an idle shape cooled meanwhile).
+pub async fn pool_refilled(agent: &crate::Agent, n: u32) -> bool {
+    for _ in 0..1000 {
+        if pool_status(agent).await.0 >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    false
+}
+
 /// One keep-alive HTTP/1.1 connection to the gateway.
 pub struct Conn {
     sender: http1::SendRequest<Full<bytes::Bytes>>,

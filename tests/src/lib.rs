@@ -307,6 +307,13 @@ impl Agent {
         sandbox_processes(self.uid_base)
     }
 
+    /// Pids of this agent's warm interpreters waiting in pooled sandboxes
+    /// (an interpreter started on `/run/warren/main.py` or `main.js`).
+    pub fn waiting_interpreters(&self) -> Vec<u32> {
+        let held = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.py\0") || c.ends_with(b"/run/warren/main.js\0"));
+        self.sandbox_processes().into_iter().map(|(pid, _)| pid).filter(|pid| held(*pid)).collect()
+    }
+
     /// True while the agent process runs.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))

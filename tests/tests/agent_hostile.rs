@@ -347,7 +347,6 @@ fn host_mount_count(agent: &Agent) -> usize {
 /// change it.
 async fn settled(agent: &Agent, least: usize) -> Result<(), String> {
     let mut client = agent.client().await.map_err(|e| e.to_string())?;
-    let waiting = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.py\0") || c.ends_with(b"/run/warren/main.js\0"));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let pooled = client.status(warren_proto::agent::StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner().warm_sandboxes as usize;
@@ -355,7 +354,7 @@ async fn settled(agent: &Agent, least: usize) -> Result<(), String> {
         groups.sort();
         groups.dedup();
         let procs = agent.sandbox_processes();
-        let interpreters = procs.iter().filter(|(pid, _)| waiting(*pid)).count();
+        let interpreters = agent.waiting_interpreters().len();
         let inits = procs.len() - interpreters;
         if pooled >= least && groups.len() == pooled && inits == pooled && interpreters <= pooled {
             return Ok(());

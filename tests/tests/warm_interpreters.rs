@@ -209,12 +209,7 @@ async fn a_warm_interpreter_that_died_while_waiting_gives_a_cold_start() {
     let warm = Agent::start(&[]).await.unwrap();
     let before = warm_ready(&warm).await;
     // Every waiting interpreter of this agent dies (as if OOM-killed while idle).
-    let waiting: Vec<u32> = warm
-        .sandbox_processes()
-        .into_iter()
-        .map(|(pid, _)| pid)
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.py\0")))
-        .collect();
+    let waiting = warm.waiting_interpreters();
     assert_eq!(waiting.len(), 2, "two warm interpreters wait in the pool");
     for pid in &waiting {
         assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());

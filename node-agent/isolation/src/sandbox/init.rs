@@ -76,8 +76,11 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: O
             fail(ctrl, "home", &e);
         }
     }
-    if let Err(e) = warm::remove_hook() {
-        fail(ctrl, "script", &e);
+    // Only a sandbox built for a warm start has the hook's files.
+    if cfg.warm.is_some() {
+        if let Err(e) = warm::remove_hook() {
+            fail(ctrl, "script", &e);
+        }
     }
     if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
         fail(ctrl, "script", &e);
