@@ -111,7 +111,7 @@ async fn main() {
     app.push(&b_ref).await.expect("push");
     let mut total = 0;
     for r in [a_ref, b_ref] {
-        total += client.warm_image(pb::WarmImageRequest { image: r, image_pull: None }).await.expect("warm").into_inner().bytes;
+        total += client.warm_image(pb::WarmImageRequest { image: r, image_pull: None, warm: vec![] }).await.expect("warm").into_inner().bytes;
     }
     let used = du(&layers_dir) - before;
     println!(

@@ -30,6 +30,7 @@ fn mount(s3: &S3Server) -> pb::StorageMount {
     pb::StorageMount {
         mount_path: "/data/lake".into(),
         provider: "s3".into(),
+        provider_kind: pb::StorageProvider::S3 as i32,
         bucket: BUCKET.into(),
         prefix: "tenants/a".into(),
         mode: pb::MountMode::ReadWrite as i32,
