@@ -39,6 +39,8 @@ fi
 export WARREN_MDBOOK="$MDBOOK_DIR/bin/mdbook"
 # The e2e tests start the workspace's binaries; build them first.
 cargo build --workspace --bins --locked
+# The benchmarks run by hand (docs/src/benchmarks.md); they must still compile.
+cargo check -p warren-e2e --benches --locked
 # The real-node test installs Warren's images on a kube-envtest node: build
 # them (the `warren` image from the build above; ~2 min) and the node's
 # Kubernetes binaries (cached per machine; ~4 min once).
