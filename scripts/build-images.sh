@@ -41,7 +41,8 @@ RUNTIME_PACKAGES=(
   jq curl git sqlite3 postgresql-client mariadb-client redis-tools
   zip unzip xz-utils procps less file
 )
-# nftables and iproute2: the agent's sandbox networking (nft, ip, tc).
+# nftables: the agent's node table at start (sandboxes are set up over netlink);
+# iproute2 for whoever debugs a node.
 WARREN_PACKAGES=(libseccomp2 ca-certificates nftables iproute2)
 
 # rootfs NAME DIR PACKAGE... : a Debian root filesystem in DIR.

@@ -13,7 +13,7 @@ ensure_deps() {
   command -v unzip >/dev/null 2>&1 || missing+=(unzip)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
-  # Unrestricted sandboxes: the agent's nftables table (tc comes with iproute2).
+  # Unrestricted sandboxes: the agent's nftables table; ip and tc: the network lab in tests.
   command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
   # Connector tests: real servers and the clients inside the sandbox.
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)

@@ -284,7 +284,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         prepared.wait_ready().await?;
         if let Some(policy) = network {
             let net = env.net.as_ref().ok_or(SandboxError::NoNetwork)?;
-            prepared.net = Some(net.setup(prepared.slot.index(), prepared.init_pid, policy).await?);
+            prepared.net = Some(net.setup(prepared.init_pid, policy).await?);
         }
         Ok(())
     };

@@ -37,7 +37,7 @@ use tracing::debug;
 use warren_core::egress::Rule;
 
 use crate::nft::{self, SandboxNames};
-use crate::setelem::SetWriter;
+use crate::nftnl::Nft;
 use crate::policy::NetPolicy;
 
 /// Queries in flight per sandbox; more are dropped (the client retries).
@@ -244,7 +244,7 @@ pub struct Forwarding {
     /// Its chain and sets (answers feed the allow sets).
     pub names: SandboxNames,
     /// The agent's netlink writer of set elements.
-    pub sets: Arc<SetWriter>,
+    pub sets: Arc<Nft>,
 }
 
 impl Drop for DnsProxy {

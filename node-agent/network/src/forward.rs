@@ -79,9 +79,17 @@ fn bind_all(binds: &[(Ipv4Addr, u16)]) -> io::Result<Vec<std::net::TcpListener>>
     let mut added = Vec::new();
     for (ip, _) in binds {
         if !ip.is_loopback() && !added.contains(ip) {
-            link::command("ip", &["addr".into(), "add".into(), format!("{ip}/32"), "dev".into(), "lo".into()], None)?;
             added.push(*ip);
         }
+    }
+    if !added.is_empty() {
+        let mut sock = crate::netlink::Socket::open(crate::netlink::Family::Route)?;
+        let lo = crate::rtnl::index_of("lo")?;
+        let mut m = sock.msgs();
+        for ip in &added {
+            crate::rtnl::add_address(&mut m, lo, *ip, 32);
+        }
+        sock.transact(&m)?;
     }
     binds.iter().map(|(ip, port)| std::net::TcpListener::bind((*ip, *port))).collect()
 }

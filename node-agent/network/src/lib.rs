@@ -29,7 +29,9 @@ pub mod nflog;
 pub mod nft;
 pub mod node;
 pub mod policy;
-pub mod setelem;
+pub mod netlink;
+pub mod nftnl;
+pub mod rtnl;
 
 pub use node::{NodeNet, NodeNetConfig, SandboxNet};
 pub use policy::{Blocked, NetPolicy};

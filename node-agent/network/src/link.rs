@@ -1,15 +1,15 @@
-//! The veth pair of one sandbox, and running code inside its network
+//! Addressing sandboxes, and running code inside a sandbox's network
 //! namespace.
 //!
-//! Commands inside the namespace run from a fresh thread that entered it
-//! (`setns` is per thread and a child inherits it); the thread ends with its
-//! work, so no runtime thread ever changes namespace.
+//! Work inside the namespace runs on a fresh thread that entered it
+//! (`setns` is per thread, and a socket belongs to the namespace of the
+//! thread that opened it); the thread ends with its work, so no runtime
+//! thread ever changes namespace.
 
 use std::fs::File;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
-use std::process::{Command, Stdio};
 
 /// The /31 of sandbox `n` in `net`: (node end, sandbox end).
 pub fn addresses(net: (Ipv4Addr, u8), n: usize) -> Option<(Ipv4Addr, Ipv4Addr)> {
@@ -23,42 +23,68 @@ pub fn addresses(net: (Ipv4Addr, u8), n: usize) -> Option<(Ipv4Addr, Ipv4Addr)> 
     Some((Ipv4Addr::from(node), Ipv4Addr::from(node + 1)))
 }
 
-/// Token-bucket shaping at `rate_bits` (the burst is ~20 ms of traffic).
-pub fn tbf_args(dev: &str, rate_bits: u64) -> Vec<String> {
-    let burst = (rate_bits / 8 / 50).max(64 * 1024);
-    ["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &format!("{rate_bits}bit"), "burst", &burst.to_string(), "latency", "50ms"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+/// How many range addresses a node gives out: one /31 per sandbox network
+/// (not per execution slot: a finished sandbox's veth leaves with its
+/// namespace, whenever the kernel gets to it, and its number is taken again
+/// only once that link is gone).
+#[derive(Debug)]
+pub struct Indices {
+    used: Vec<bool>,
+    capacity: usize,
 }
 
-/// `ip -batch` lines creating the pair with its node end configured; the
-/// other end appears as `eth0` in the namespace of `pid`.
-pub fn node_side(ifname: &str, pid: i32, node: Ipv4Addr) -> String {
-    format!("link add {ifname} type veth peer name eth0 netns {pid}\naddr add {node}/31 dev {ifname}\nlink set {ifname} up\n")
-}
+/// Numbers whose link still exists are skipped at most this often per
+/// take; past that the lowest free number is taken and its link removed.
+const MAX_SKIPPED: usize = 64;
 
-/// `ip -batch` lines configuring `eth0` inside the sandbox.
-pub fn sandbox_side(node: Ipv4Addr, sandbox: Ipv4Addr) -> String {
-    format!("addr add {sandbox}/31 dev eth0\nlink set eth0 up\nroute add default via {node} dev eth0\n")
-}
-
-/// Runs `program args` with `stdin`, failing with its stderr.
-pub fn command(program: &str, args: &[String], stdin: Option<&str>) -> io::Result<()> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        io::Write::write_all(&mut pipe, text.as_bytes())?;
+impl Indices {
+    /// Numbers `0..capacity`.
+    pub fn new(capacity: usize) -> Indices {
+        Indices { used: Vec::new(), capacity }
     }
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())))
+
+    /// The lowest free number whose link is gone (`present(n)` says whether
+    /// it still exists), and whether its link must be removed first: true
+    /// only when every free number probed still had one.
+    pub fn take(&mut self, present: impl Fn(usize) -> bool) -> Option<(usize, bool)> {
+        let mut first_free = None;
+        let mut skipped = 0;
+        for n in 0..self.capacity {
+            if self.used.get(n).copied().unwrap_or(false) {
+                continue;
+            }
+            first_free.get_or_insert(n);
+            if !present(n) {
+                self.mark(n);
+                return Some((n, false));
+            }
+            skipped += 1;
+            if skipped == MAX_SKIPPED {
+                break;
+            }
+        }
+        let n = first_free?;
+        self.mark(n);
+        Some((n, true))
+    }
+
+    fn mark(&mut self, n: usize) {
+        if self.used.len() <= n {
+            self.used.resize(n + 1, false);
+        }
+        self.used[n] = true;
+    }
+
+    /// Gives `n` back.
+    pub fn put(&mut self, n: usize) {
+        if let Some(u) = self.used.get_mut(n) {
+            *u = false;
+        }
+    }
+
+    /// How many a range `(net, prefix)` holds (a /31 each), at most 65536.
+    pub fn capacity_of(net: (Ipv4Addr, u8)) -> usize {
+        ((1u64 << (32 - u32::from(net.1))) / 2).min(65_536) as usize
     }
 }
 
@@ -77,19 +103,6 @@ pub async fn in_netns<T: Send + 'static>(ns: &OwnedFd, f: impl FnOnce() -> io::R
         let _ = tx.send(result);
     })?;
     rx.await.map_err(|_| io::Error::other("a thread inside a sandbox's network namespace panicked"))?
-}
-
-/// Inside the namespace: turns IPv6 off (the sandbox has no IPv6 route
-/// anyway; this also drops its link-local address) and configures `eth0`
-/// and its shaping.
-pub fn configure_inside(proc_dir: &std::path::Path, node: Ipv4Addr, sandbox: Ipv4Addr, rate_bits: u64) -> io::Result<()> {
-    for knob in ["all", "default"] {
-        // /proc/sys/net shows the namespace of the thread opening it. Best
-        // effort: the node drops IPv6 from sandboxes anyway.
-        let _ = std::fs::write(proc_dir.join(format!("sys/net/ipv6/conf/{knob}/disable_ipv6")), "1");
-    }
-    command("ip", &["-batch".into(), "-".into()], Some(&sandbox_side(node, sandbox)))?;
-    command("tc", &tbf_args("eth0", rate_bits), None)
 }
 
 /// Names of the node's sandbox veths (to remove leftovers at start).
@@ -113,12 +126,18 @@ mod tests {
     }
 
     #[test]
-    fn shaping_and_link_commands() {
-        let a = tbf_args("wrn1", 200_000_000);
-        assert_eq!(a.join(" "), "qdisc replace dev wrn1 root tbf rate 200000000bit burst 500000 latency 50ms");
-        assert!(tbf_args("eth0", 1_000_000).contains(&"65536".to_string()), "burst never below 64 KiB");
-        let node = Ipv4Addr::new(100, 127, 0, 0);
-        assert!(node_side("wrn0", 42, node).starts_with("link add wrn0 type veth peer name eth0 netns 42\n"));
-        assert!(sandbox_side(node, Ipv4Addr::new(100, 127, 0, 1)).contains("route add default via 100.127.0.0 dev eth0"));
+    fn a_number_is_taken_again_only_once_its_link_is_gone() {
+        let mut ix = Indices::new(4);
+        assert_eq!(ix.take(|_| false), Some((0, false)));
+        assert_eq!(ix.take(|_| false), Some((1, false)));
+        ix.put(0);
+        // 0's veth still leaves with its namespace: 2 is taken meanwhile.
+        assert_eq!(ix.take(|n| n == 0), Some((2, false)));
+        assert_eq!(ix.take(|_| false), Some((0, false)), "the lowest free once gone");
+        assert_eq!(ix.take(|_| true), Some((3, true)), "every free one still linked: the lowest, whose link goes first");
+        assert_eq!(ix.take(|_| false), None, "all taken");
+        assert_eq!(Indices::capacity_of((Ipv4Addr::new(100, 127, 0, 0), 16)), 32_768);
+        assert_eq!(Indices::capacity_of((Ipv4Addr::new(10, 0, 0, 0), 8)), 65_536);
+        assert_eq!(Indices::capacity_of((Ipv4Addr::new(10, 0, 0, 0), 31)), 1);
     }
 }

@@ -1,19 +1,18 @@
-//! The nftables side (scripts are built purely; [`run`] hands one batch to
-//! `nft`, which applies it atomically).
+//! The nftables side: the node table (a script [`run`] hands to `nft` at
+//! agent start) and the names of each sandbox's chain and sets (built over
+//! netlink: [`crate::nftnl`]).
 //!
 //! The node table jumps from a sandbox's interface to its own chain through
 //! a verdict map, so an interface without a chain (being set up, or torn
 //! down) matches nothing and falls to the final drop: default-deny.
 
-use std::fmt::Write as _;
 use std::io;
 use std::net::Ipv4Addr;
 use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
-use warren_core::egress::{Rule, Target, FORBIDDEN_V4};
+use warren_core::egress::{Rule, FORBIDDEN_V4};
 
-use crate::policy::NetPolicy;
 
 /// Which table and interfaces belong to one agent: `inet warren_<prefix>`
 /// and veths named `<prefix><slot>` (one agent per node in production;
@@ -38,12 +37,6 @@ impl Scope {
         ok.then(|| Scope { table: format!("inet warren_{prefix}"), prefix: prefix.to_string(), group: crate::nflog::group_of(prefix) })
     }
 }
-/// Refused packets logged per sandbox and second, at most (a flood is
-/// refused all the same, just not all reported).
-const LOG_RATE: u32 = 200;
-/// How a refused packet is answered: "administratively prohibited", so a
-/// connect fails at once (EHOSTUNREACH) instead of timing out.
-const REJECT: &str = "reject with icmpx admin-prohibited";
 
 /// The node table, replacing any previous one (and with it anything a
 /// crashed agent left behind). `sandbox_net` is the range sandbox addresses
@@ -63,6 +56,7 @@ pub fn node_table(scope: &Scope, sandbox_net: (Ipv4Addr, u8)) -> String {
 delete table {table}
 table {table} {{
   set forbidden4 {{ type ipv4_addr; flags interval; elements = {{ {forbidden} }}; }}
+  set l4 {{ type inet_proto; elements = {{ tcp, udp }}; }}
   map sandboxes {{ type ifname : verdict; }}
   set flows {{ type ifname . mark; }}
   chain input {{
@@ -105,8 +99,8 @@ pub struct SandboxNames {
     pub ifname: String,
     /// The agent's table.
     pub table: String,
-    group: u16,
-    n: usize,
+    pub(crate) group: u16,
+    pub(crate) n: usize,
     /// Conntrack mark of this sandbox's connections: unique per sandbox
     /// (not per slot), so nothing of a slot's earlier occupant matches it.
     pub mark: u32,
@@ -124,120 +118,16 @@ impl SandboxNames {
     }
 }
 
-/// The chain, sets and map entry of one sandbox. Anything of the same slot
-/// that a setup interrupted half-way left behind is emptied first: a
-/// sandbox never inherits another's rules or allowed addresses.
-pub fn sandbox_rules(names: &SandboxNames, policy: &NetPolicy) -> String {
-    let (n, table) = (names.n, &names.table);
-    // What the chain lets through becomes this sandbox's connection.
-    let accept = format!("ct mark set {:#x} accept", names.mark);
-    let mut s = String::new();
-    let _ = writeln!(s, "add chain {table} sbx_{n}\nflush chain {table} sbx_{n}");
-    // queue-threshold 1: the kernel sends each refused packet at once (the
-    // instance setting alone is not honoured by nft's log), so a call's
-    // refusals are queued before its program even sees the error.
-    let count = format!("meta l4proto {{ tcp, udp }} limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {} snaplen {} queue-threshold 1", names.group, crate::nflog::SNAPLEN);
-    let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {count}");
-    let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @forbidden4 {REJECT}");
-    match &policy.allow {
-        None => {
-            let _ = writeln!(s, "add rule {table} sbx_{n} {accept}");
-        }
-        Some(rules) => {
-            let (any, ported) = static_elements(rules);
-            for (set, spec) in [
-                ("any", "type ipv4_addr; flags interval;"),
-                ("port", "type ipv4_addr . inet_service; flags interval;"),
-                ("dany", "type ipv4_addr; size 65536;"),
-                ("dport", "type ipv4_addr . inet_service; size 65536;"),
-            ] {
-                let _ = writeln!(s, "add set {table} {set}_{n} {{ {spec} }}\nflush set {table} {set}_{n}");
-            }
-            if !any.is_empty() {
-                let _ = writeln!(s, "add element {table} any_{n} {{ {} }}", any.join(", "));
-            }
-            if !ported.is_empty() {
-                let _ = writeln!(s, "add element {table} port_{n} {{ {} }}", ported.join(", "));
-            }
-            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @any_{n} {accept}");
-            let _ = writeln!(s, "add rule {table} sbx_{n} ip daddr @dany_{n} {accept}");
-            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @port_{n} {accept}");
-            let _ = writeln!(s, "add rule {table} sbx_{n} meta l4proto {{ tcp, udp }} ip daddr . th dport @dport_{n} {accept}");
-            let _ = writeln!(s, "add rule {table} sbx_{n} {count}");
-            let _ = writeln!(s, "add rule {table} sbx_{n} {REJECT}");
-        }
-    }
-    let _ = writeln!(s, "add element {table} flows {{ \"{}\" . {:#x} }}", names.ifname, names.mark);
-    let _ = writeln!(s, "add element {table} sandboxes {{ \"{}\" : goto sbx_{n} }}", names.ifname);
-    s
-}
-
 /// Where what the DNS proxy resolved for a name under `rule` goes: the
 /// set's name (in the bare table [`SandboxNames::bare_table`]) and its
 /// element keys (see [`crate::setelem`]).
 pub fn resolved_elements(names: &SandboxNames, rule: &Rule, ips: &[Ipv4Addr]) -> (String, Vec<Vec<u8>>) {
     let n = names.n;
     if rule.ports.is_empty() {
-        (format!("dany_{n}"), ips.iter().map(|ip| crate::setelem::key(*ip, None)).collect())
+        (format!("dany_{n}"), ips.iter().map(|ip| crate::nftnl::key(*ip, None)).collect())
     } else {
-        (format!("dport_{n}"), ips.iter().flat_map(|ip| rule.ports.iter().map(move |p| crate::setelem::key(*ip, Some(*p)))).collect())
+        (format!("dport_{n}"), ips.iter().flat_map(|ip| rule.ports.iter().map(move |p| crate::nftnl::key(*ip, Some(*p)))).collect())
     }
-}
-
-/// Removes everything of one sandbox (each command on its own, so a
-/// missing piece does not keep the rest).
-pub fn sandbox_teardown(names: &SandboxNames) -> Vec<String> {
-    let (n, table) = (names.n, &names.table);
-    let mut v = vec![
-        format!("delete element {table} sandboxes {{ \"{}\" }}\n", names.ifname),
-        format!("delete element {table} flows {{ \"{}\" . {:#x} }}\n", names.ifname, names.mark),
-        format!("flush chain {table} sbx_{n}\ndelete chain {table} sbx_{n}\n"),
-    ];
-    v.extend(["any", "port", "dany", "dport"].iter().map(|set| format!("delete set {table} {set}_{n}\n")));
-    v
-}
-
-/// CIDR rules as set elements: any-port networks, and network . port pairs.
-/// Nested networks are collapsed into the wider one (interval sets refuse
-/// overlapping elements).
-fn static_elements(rules: &[Rule]) -> (Vec<String>, Vec<String>) {
-    let cidrs = |with_port: Option<u16>| -> Vec<(Ipv4Addr, u8)> {
-        let nets: Vec<(Ipv4Addr, u8)> = rules
-            .iter()
-            .filter(|r| match with_port {
-                None => r.ports.is_empty(),
-                Some(p) => r.ports.contains(&p),
-            })
-            .filter_map(|r| match r.target {
-                Target::Cidr(a, p) => Some((a, p)),
-                _ => None,
-            })
-            .collect();
-        collapse(nets)
-    };
-    let any = cidrs(None).iter().map(|(a, p)| format!("{a}/{p}")).collect();
-    let mut ports: Vec<u16> = rules.iter().filter(|r| matches!(r.target, Target::Cidr(..))).flat_map(|r| r.ports.iter().copied()).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    let ported = ports.iter().flat_map(|port| cidrs(Some(*port)).into_iter().map(move |(a, p)| format!("{a}/{p} . {port}"))).collect();
-    (any, ported)
-}
-
-fn contains(outer: (Ipv4Addr, u8), inner: (Ipv4Addr, u8)) -> bool {
-    let bits = if outer.1 == 0 { 0 } else { u32::MAX << (32 - u32::from(outer.1)) };
-    inner.1 >= outer.1 && u32::from(inner.0) & bits == u32::from(outer.0)
-}
-
-fn collapse(mut nets: Vec<(Ipv4Addr, u8)>) -> Vec<(Ipv4Addr, u8)> {
-    nets.sort_by_key(|(a, p)| (*p, *a));
-    nets.dedup();
-    let mut kept: Vec<(Ipv4Addr, u8)> = Vec::new();
-    for net in nets {
-        if !kept.iter().any(|k| contains(*k, net)) {
-            kept.push(net);
-        }
-    }
-    kept
 }
 
 /// Applies one script with `nft -f -`; its stdout is returned.
@@ -288,35 +178,12 @@ mod tests {
     }
 
     #[test]
-    fn unrestricted_accepts_after_the_forbidden_check() {
-        let s = sandbox_rules(&SandboxNames::new(&scope(), 3, 0x2a), &NetPolicy::new(None, 1000));
-        let forbidden = s.find("@forbidden4 reject").unwrap();
-        assert!(s.find("sbx_3 ct mark set 0x2a accept").unwrap() > forbidden, "{s}");
-        assert!(s.contains("\"wrn3\" : goto sbx_3"));
-        assert!(s.starts_with("add chain inet warren_wrn sbx_3\nflush chain inet warren_wrn sbx_3\n"), "leftovers of the slot are emptied first");
-        assert!(!s.contains("any_3"));
-    }
-
-    #[test]
     fn established_traffic_must_carry_the_mark_of_the_sandbox_now_in_the_slot() {
         let t = node_table(&scope(), (Ipv4Addr::new(100, 127, 0, 0), 16));
         assert!(!t.contains("ct state established,related accept"), "no connection is accepted for its state alone: {t}");
         assert!(t.contains("oifname \"wrn*\" ct state established,related oifname . ct mark @flows accept"));
         assert!(t.contains("ct state established,related iifname . ct mark @flows accept"));
-        let names = SandboxNames::new(&scope(), 3, 0x2a);
-        let r = sandbox_rules(&names, &NetPolicy::new(Some(rules(&[("a.test", &[443]), ("198.51.100.0/24", &[])])), 1000));
-        assert!(r.contains("add element inet warren_wrn flows { \"wrn3\" . 0x2a }"));
-        assert!(r.lines().filter(|l| l.ends_with("accept")).all(|l| l.ends_with("ct mark set 0x2a accept")), "{r}");
-        assert!(sandbox_teardown(&names).concat().contains("delete element inet warren_wrn flows { \"wrn3\" . 0x2a }"));
-    }
-
-    #[test]
-    fn allowlists_become_collapsed_sets_and_a_final_reject() {
-        let r = rules(&[("198.51.100.0/24", &[]), ("198.51.100.128/25", &[]), ("203.0.113.0/24", &[443, 80]), ("203.0.113.7", &[443]), ("api.example.com", &[])]);
-        let s = sandbox_rules(&SandboxNames::new(&scope(), 0, 1), &NetPolicy::new(Some(r), 1000));
-        assert!(s.contains("add element inet warren_wrn any_0 { 198.51.100.0/24 }"), "{s}");
-        assert!(s.contains("add element inet warren_wrn port_0 { 203.0.113.0/24 . 80, 203.0.113.0/24 . 443 }"), "{s}");
-        assert!(s.trim_end().lines().rev().nth(2).unwrap().ends_with(REJECT), "{s}");
+        assert!(t.contains("set l4 { type inet_proto; elements = { tcp, udp }; }"), "the sandbox chains' transport check");
     }
 
     #[test]
@@ -329,7 +196,6 @@ mod tests {
         let ported = &rules(&[("a.test", &[443, 8443])])[0];
         let (set, keys) = resolved_elements(&names, ported, &ips[..1]);
         assert_eq!((set.as_str(), keys.len()), ("dport_7", 2));
-        assert_eq!(keys[1], crate::setelem::key(ips[0], Some(8443)));
+        assert_eq!(keys[1], crate::nftnl::key(ips[0], Some(8443)));
     }
-
 }

@@ -3,15 +3,18 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use tracing::warn;
 
 use crate::dns::DnsProxy;
+use crate::link::{self, Indices};
+use crate::netlink::{Family, Socket};
 use crate::nflog::Refusals;
-use crate::link;
 use crate::nft::{self, SandboxNames};
+use crate::nftnl::{self, Nft};
+use crate::rtnl;
 use crate::policy::{self, Blocked, NetPolicy};
 
 /// Where the DNS proxy listens inside every sandbox (see
@@ -36,8 +39,12 @@ pub struct NodeNetConfig {
 pub struct NodeNet {
     cfg: NodeNetConfig,
     refusals: Arc<Refusals>,
-    /// Adds resolved addresses to the sandboxes' allow sets.
-    sets: Arc<crate::setelem::SetWriter>,
+    /// Sandbox chains and sets, and the addresses the DNS proxies resolve.
+    nft: Arc<Nft>,
+    /// Links, addresses and shaping on the node's side.
+    rtnl: Arc<Mutex<Socket>>,
+    /// Which sandbox network numbers (address, interface, chain) are taken.
+    indices: Arc<Mutex<Indices>>,
     /// The next sandbox's conntrack mark. Seeded at random: connections an
     /// earlier agent's sandboxes left in conntrack carry other marks.
     next_mark: std::sync::atomic::AtomicU32,
@@ -57,32 +64,38 @@ fn at(step: &'static str) -> impl FnOnce(io::Error) -> NetError {
 }
 
 impl NodeNet {
-    /// Checks the tools, removes what an earlier agent left, installs the
+    /// Checks for `nft`, removes what an earlier agent left, installs the
     /// node table and turns on forwarding.
     pub async fn start(cfg: NodeNetConfig) -> Result<NodeNet, NetError> {
-        for tool in ["nft", "ip", "tc"] {
-            which(tool).map_err(at("looking for the networking tools"))?;
-        }
-        for ifname in link::leftover_links(&cfg.scope.prefix) {
-            let _ = link::command("ip", &["link".into(), "del".into(), ifname], None);
-        }
+        which("nft").map_err(at("looking for the networking tools"))?;
+        let mut rtnl = Socket::open(Family::Route).map_err(at("opening the rtnetlink socket"))?;
+        remove_links(&mut rtnl, &cfg.scope.prefix);
         let refusals = Refusals::start(cfg.scope.group).map_err(at("receiving refused packets (NFLOG)"))?;
         nft::run(&nft::node_table(&cfg.scope, cfg.sandbox_net), &["-f", "-"]).await.map_err(at("installing the node table"))?;
         std::fs::write(cfg.proc_dir.join("sys/net/ipv4/ip_forward"), "1").map_err(at("enabling IPv4 forwarding"))?;
-        let sets = Arc::new(crate::setelem::SetWriter::open().map_err(at("opening the nftables netlink socket"))?);
-        Ok(NodeNet { cfg, refusals, sets, next_mark: rand::random::<u32>().into() })
+        let nft = Arc::new(Nft::open().map_err(at("opening the nftables netlink socket"))?);
+        let indices = Arc::new(Mutex::new(Indices::new(Indices::capacity_of(cfg.sandbox_net))));
+        Ok(NodeNet { cfg, refusals, nft, rtnl: Arc::new(Mutex::new(rtnl)), indices, next_mark: rand::random::<u32>().into() })
     }
 
-    /// Removes the node table (sandboxes are gone by then).
+    /// Removes the node table, and the veths of sandboxes whose namespaces
+    /// the kernel has not yet removed (sandboxes are gone by then): a
+    /// stopped agent leaves nothing behind.
     pub async fn stop(&self) {
         if let Err(e) = nft::run(&nft::drop_node_table(&self.cfg.scope), &["-f", "-"]).await {
             warn!(error = %e, "removing the node's nftables table");
         }
+        let (rtnl, prefix) = (self.rtnl.clone(), self.cfg.scope.prefix.clone());
+        let _ = blocking(move || {
+            remove_links(&mut lock(&rtnl), &prefix);
+            Ok(())
+        })
+        .await;
     }
 
-    /// Gives the sandbox in slot `slot`, whose init is `pid`, its network.
-    /// Nothing is left behind when this fails.
-    pub async fn setup(&self, slot: usize, pid: i32, policy: Arc<NetPolicy>) -> Result<SandboxNet, NetError> {
+    /// Gives the sandbox whose init is `pid` its network. Nothing is left
+    /// behind when this fails.
+    pub async fn setup(&self, pid: i32, policy: Arc<NetPolicy>) -> Result<SandboxNet, NetError> {
         // 0 is the mark of connections nobody marked.
         let mark = loop {
             let m = self.next_mark.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -90,19 +103,48 @@ impl NodeNet {
                 break m;
             }
         };
-        let names = SandboxNames::new(&self.cfg.scope, slot, mark);
-        let (node, sandbox) = link::addresses(self.cfg.sandbox_net, slot)
-            .ok_or_else(|| at("addressing")(io::Error::other("the sandbox range has no address left for this slot")))?;
+        let prefix = self.cfg.scope.prefix.clone();
+        let taken = lock(&self.indices).take(|n| rtnl::exists(&format!("{prefix}{n}")));
+        let (n, stale) = taken.ok_or_else(|| at("addressing")(io::Error::other("the sandbox range has no address left")))?;
+        let lease = Lease { n, indices: self.indices.clone() };
+        let names = SandboxNames::new(&self.cfg.scope, n, mark);
+        let (node, sandbox) = link::addresses(self.cfg.sandbox_net, n).ok_or_else(|| at("addressing")(io::Error::other("the sandbox range has no address for this number")))?;
         let netns = link::open_netns(pid).map_err(at("opening the network namespace"))?;
         self.refusals.watch(sandbox);
-        let mut net = SandboxNet { names, netns, dns: None, address: sandbox, refusals: self.refusals.clone() };
-        match net.build(&self.cfg, pid, node, sandbox, policy, self.sets.clone()).await {
+        let allowlist = policy.allow.is_some();
+        let mut net = SandboxNet { names, netns, dns: None, address: sandbox, refusals: self.refusals.clone(), nft: self.nft.clone(), allowlist, _lease: lease };
+        match net.build(&self.cfg, self.rtnl.clone(), stale, node, sandbox, policy).await {
             Ok(()) => Ok(net),
             Err(e) => {
                 net.teardown().await;
                 Err(e)
             }
         }
+    }
+}
+
+/// Removes every sandbox veth of this agent's prefix.
+fn remove_links(rtnl: &mut Socket, prefix: &str) {
+    for ifname in link::leftover_links(prefix) {
+        let mut m = rtnl.msgs();
+        rtnl::del_link(&mut m, &ifname);
+        let _ = rtnl.transact(&m);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A taken sandbox network number, given back on drop.
+struct Lease {
+    n: usize,
+    indices: Arc<Mutex<Indices>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        lock(&self.indices).put(self.n);
     }
 }
 
@@ -114,38 +156,52 @@ pub struct SandboxNet {
     /// The sandbox end's address (what refused packets come from).
     address: Ipv4Addr,
     refusals: Arc<Refusals>,
+    nft: Arc<Nft>,
+    /// Whether it has an allowlist's sets.
+    allowlist: bool,
+    _lease: Lease,
 }
 
 impl SandboxNet {
-    async fn build(&mut self, cfg: &NodeNetConfig, pid: i32, node: Ipv4Addr, sandbox: Ipv4Addr, policy: Arc<NetPolicy>, sets: Arc<crate::setelem::SetWriter>) -> Result<(), NetError> {
+    async fn build(&mut self, cfg: &NodeNetConfig, rtnl: Arc<Mutex<Socket>>, stale: bool, node: Ipv4Addr, sandbox: Ipv4Addr, policy: Arc<NetPolicy>) -> Result<(), NetError> {
         let t0 = std::time::Instant::now();
         // The chain first: until it exists the interface matches nothing and
         // its traffic is dropped.
-        nft::run(&nft::sandbox_rules(&self.names, &policy), &["-f", "-"]).await.map_err(at("installing the sandbox chain"))?;
-        let ifname = self.names.ifname.clone();
-        let rate = policy.rate_bits;
+        let (nft, names, p) = (self.nft.clone(), self.names.clone(), policy.clone());
+        blocking(move || nft.apply(|m| nftnl::sandbox_batch(m, &names, &p))).await.map_err(at("installing the sandbox chain"))?;
+        let t_chain = t0.elapsed();
+        let (ifname, rate, ns) = (self.names.ifname.clone(), policy.rate_bits, self.netns.try_clone().map_err(at("opening the network namespace"))?);
         blocking(move || {
-            // A pair an interrupted teardown left under this slot's name.
-            if std::path::Path::new("/sys/class/net").join(&ifname).exists() {
-                let _ = link::command("ip", &["link".into(), "del".into(), ifname.clone()], None);
+            let mut sock = lock(&rtnl);
+            if stale {
+                // A pair whose namespace the kernel has not yet removed.
+                let mut m = sock.msgs();
+                rtnl::del_link(&mut m, &ifname);
+                let _ = sock.transact(&m);
             }
-            link::command("ip", &["-batch".into(), "-".into()], Some(&link::node_side(&ifname, pid, node)))?;
-            link::command("tc", &link::tbf_args(&ifname, rate), None)
+            let mut m = sock.msgs();
+            rtnl::add_veth(&mut m, &ifname, "eth0", ns.as_raw_fd());
+            sock.transact(&m)?;
+            let index = rtnl::index_of(&ifname)?;
+            let mut m = sock.msgs();
+            rtnl::add_address(&mut m, index, node, 31);
+            rtnl::shape(&mut m, index, rate);
+            sock.transact(&m)
         })
         .await
         .map_err(at("creating the veth pair"))?;
         let t_veth = t0.elapsed();
         let proc_dir = cfg.proc_dir.clone();
         let socket = link::in_netns(&self.netns, move || {
-            link::configure_inside(&proc_dir, node, sandbox, rate)?;
+            rtnl::configure_inside(&proc_dir, node, sandbox, rate)?;
             std::net::UdpSocket::bind(SANDBOX_RESOLVER)
         })
         .await
         .map_err(at("configuring inside the sandbox"))?;
-        let forwarding = crate::dns::Forwarding { upstream: cfg.upstream_dns, policy, names: self.names.clone(), sets };
+        let forwarding = crate::dns::Forwarding { upstream: cfg.upstream_dns, policy, names: self.names.clone(), sets: self.nft.clone() };
         self.dns = Some(DnsProxy::spawn(socket, Some(forwarding)).map_err(at("starting the DNS proxy"))?);
         let us = |d: std::time::Duration| d.as_micros() as u64;
-        tracing::debug!(veth_us = us(t_veth), total_us = us(t0.elapsed()), "sandbox network set up");
+        tracing::debug!(chain_us = us(t_chain), veth_us = us(t_veth - t_chain), total_us = us(t0.elapsed()), "sandbox network set up");
         Ok(())
     }
 
@@ -161,22 +217,25 @@ impl SandboxNet {
         policy::report(refused, &names, &dns_refused)
     }
 
-    /// Stops the proxy and removes the veth, chain and sets; call once the
-    /// sandbox's processes are gone.
+    /// Stops the proxy and removes the chain and sets; call once the
+    /// sandbox's processes are gone. The veth pair leaves with the
+    /// namespace (its last holder, this, lets go here): removing it now
+    /// would wait for the kernel's network lock and an RCU grace period,
+    /// and its number is taken again only once it is gone.
     pub async fn teardown(mut self) {
         self.dns = None;
-        // Deleted now, not whenever the kernel gets to the dead namespace:
-        // the slot (its interface name and addresses) is reused as soon as
-        // this returns.
-        let ifname = self.names.ifname.clone();
-        let _ = blocking(move || link::command("ip", &["link".into(), "del".into(), ifname], None)).await;
-        // One batch normally; piece by piece when something was never made.
-        let steps = nft::sandbox_teardown(&self.names);
-        if nft::run(&steps.concat(), &["-f", "-"]).await.is_err() {
-            for step in steps {
-                let _ = nft::run(&step, &["-f", "-"]).await;
+        let (nft, names) = (self.nft.clone(), self.names.clone());
+        let steps = nftnl::teardown_steps(&names, self.allowlist);
+        // One batch normally; step by step when something was never made.
+        let _ = blocking(move || {
+            if nft.apply(|m| nftnl::teardown_batch(m, &names, &steps)).is_err() {
+                for step in &steps {
+                    let _ = nft.apply(|m| nftnl::teardown_batch(m, &names, std::slice::from_ref(step)));
+                }
             }
-        }
+            Ok(())
+        })
+        .await;
         self.refusals.forget(self.address);
     }
 }
@@ -193,7 +252,6 @@ fn which(tool: &str) -> io::Result<()> {
         .then_some(())
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("`{tool}` is not installed")))
 }
-
 /// The first nameserver of a `resolv.conf`.
 pub fn first_nameserver(resolv_conf: &str) -> Option<SocketAddr> {
     resolv_conf.lines().find_map(|l| {
