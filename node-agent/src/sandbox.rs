@@ -423,8 +423,9 @@ impl Prepared {
 
     /// Runs `spec` in this sandbox, streaming events to `events`. Dropping the
     /// receiver of `events` kills the execution. Returns as soon as every
-    /// process of the sandbox is gone and its usage is read; the returned
-    /// [`Teardown`] (reaping the supervisor, removing the cgroup) can run
+    /// process of the program is gone (init alone is left, about to exit)
+    /// and its usage is read; the returned [`Teardown`] (reaping init and
+    /// the supervisor, removing the cgroup) can run
     /// after the caller has its answer.
     pub async fn run(mut self, spec: &ExecSpec, mut go: Go, received: Instant, events: &mpsc::Sender<Event>) -> (Outcome, Teardown) {
         let mut out = Outcome::default();
@@ -494,7 +495,11 @@ impl Prepared {
         // Read every source to its end: select! picks ready branches at random,
         // so init's final report can still be buffered when the supervisor has
         // already said init is gone (init's socket reaches EOF right after).
-        while out_open || err_open || sandbox_alive || init_open {
+        // Init reports only once every other process of the sandbox is
+        // reaped: with the report and both pipes at their end the execution
+        // is over, and init's own exit (the namespaces' teardown) is left to
+        // the teardown.
+        while (out_open || err_open || sandbox_alive || init_open) && !(reported && !out_open && !err_open) {
             // Once the kill is sent the pipes are read to their end whatever
             // the caller does (what does not fit is dropped), so a caller
             // that reads nothing cannot keep this loop from ending.

@@ -117,7 +117,7 @@ pub async fn admit_slot(permits: &Arc<Semaphore>, max: u32, wait: Duration) -> R
 
 /// Runs a planned execution. Errors are returned only when nothing ran.
 ///
-/// The outcome is returned once every process of the sandbox is gone and
+/// The outcome is returned once every process of the program is gone and
 /// every resource finished (a thread's save is durable); then the resources
 /// are released and the sandbox torn down in the background while `held`
 /// stays held, so the node counts an execution until nothing of it is left.

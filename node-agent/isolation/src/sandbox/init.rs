@@ -1,7 +1,7 @@
 //! Init: pid 1 of the sandbox. Builds the filesystem while the sandbox sits in
 //! the pool, then on `Go` writes the program, forks it, reaps every process
-//! until the main one ends, reports, and exits — which makes the kernel kill
-//! whatever is left in the pid namespace.
+//! until the main one ends, kills and reaps whatever is left in the pid
+//! namespace, reports, and exits.
 
 use std::io::{self, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -104,8 +104,25 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: O
     let _ = nix::unistd::close(wire::STDOUT_FD);
     let _ = nix::unistd::close(wire::STDERR_FD);
     let (code, signal) = reap_until(child);
+    // Everything the program left behind goes before the report, so the
+    // agent can answer on the report: every output pipe is closed and the
+    // cgroup's usage is final. Tearing down the namespaces (what init's own
+    // exit does: a mount namespace waits for an RCU grace period) is then
+    // off the caller's path.
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+    reap_all();
     let _ = wire::write_frame(ctrl, &InitEvent::Exited { code, signal, warm });
     sys::exit_now(0)
+}
+
+/// Reaps children until there are none (each was sent SIGKILL).
+fn reap_all() {
+    loop {
+        match waitpid(None, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return,
+        }
+    }
 }
 
 /// Forks the program and execs its interpreter; reports a failed exec.
