@@ -13,7 +13,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{bare, ms, percentile};
+use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled};
 use warren_e2e::{is_root, request, Agent};
 use warren_proto::agent::Language;
 
@@ -42,6 +42,7 @@ async fn main() {
             bare(interp, &script);
             agent.run(lang, code, Duration::from_secs(30)).await.unwrap();
         }
+        let (pooled, _) = pool_settled(&agent).await;
         for _ in 0..runs {
             b.push(bare(interp, &script));
             let t = Instant::now();
@@ -58,7 +59,9 @@ async fn main() {
             }
             w.push(t.elapsed());
             assert_eq!(out, b"1\n");
-            // Let the pool refill between calls, as between an agent's tool calls.
+            // Let the pool refill between calls, as between an agent's tool
+            // calls: the bare process runs on an idle machine too.
+            pool_refilled(&agent, pooled).await;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         b.sort();

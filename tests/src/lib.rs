@@ -314,6 +314,17 @@ impl Agent {
         self.sandbox_processes().into_iter().map(|(pid, _)| pid).filter(|pid| held(*pid)).collect()
     }
 
+    /// Pids of the cold-start stubs waiting in pooled sandboxes: the
+    /// sandbox binary, already under the program's uid (a slot's odd id),
+    /// not yet exec'd.
+    pub fn waiting_stubs(&self) -> Vec<u32> {
+        let stub = |pid: u32, uid: u32| {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            (uid - self.uid_base) % 2 == 1 && exe.file_name().is_some_and(|n| n == "warren-sandbox")
+        };
+        self.sandbox_processes().into_iter().filter(|(pid, uid)| stub(*pid, *uid)).map(|(pid, _)| pid).collect()
+    }
+
     /// True while the agent process runs.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))

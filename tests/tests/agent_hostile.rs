@@ -355,13 +355,16 @@ async fn settled(agent: &Agent, least: usize) -> Result<(), String> {
         groups.dedup();
         let procs = agent.sandbox_processes();
         let interpreters = agent.waiting_interpreters().len();
-        let inits = procs.len() - interpreters;
-        if pooled >= least && groups.len() == pooled && inits == pooled && interpreters <= pooled {
+        let stubs = agent.waiting_stubs().len();
+        let inits = procs.len().saturating_sub(interpreters + stubs);
+        // Each pooled sandbox: its init, and one process waiting for the
+        // call (a warm interpreter or a cold start's stub) at most.
+        if pooled >= least && groups.len() == pooled && inits == pooled && interpreters + stubs <= pooled {
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
             return Err(format!(
-                "{} sandbox cgroups, {inits} inits and {interpreters} waiting interpreters for {pooled} pooled sandboxes (at least {least}); processes: {procs:?}",
+                "{} sandbox cgroups, {inits} inits, {interpreters} waiting interpreters and {stubs} stubs for {pooled} pooled sandboxes (at least {least}); processes: {procs:?}",
                 groups.len()
             ));
         }
@@ -399,4 +402,40 @@ async fn nothing_left_behind(agent: &mut Agent, mounts_before: usize) -> Result<
         return Err(format!("{} entries left in {}", entries, mnt.display()));
     }
     Ok(())
+}
+
+/// A pooled sandbox's cold-start stub (its program's process, forked and
+/// locked down before the call) holds nothing a program would not: the
+/// program's uid, no capability in any set, `no_new_privs`, the seccomp
+/// filter. At the call it becomes the program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_stub_holds_no_privilege_and_becomes_the_program() {
+    if skip_unless_root("a_waiting_stub_holds_no_privilege_and_becomes_the_program") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "1", "--warm-interpreters", "false"]).await.expect("agent starts");
+    let ready = warren_e2e::gateway::wait_for(Duration::from_secs(10), || !agent.waiting_stubs().is_empty());
+    assert!(ready, "no stub waits in the pool: {:?}", agent.sandbox_processes());
+    let stub = agent.waiting_stubs()[0];
+    let status = std::fs::read_to_string(format!("/proc/{stub}/status")).expect("the stub's status");
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default().to_string();
+    for caps in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(caps), "0000000000000000", "{caps} of the stub:\n{status}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2", "the filter is loaded before the call");
+    let uid = agent.sandbox_processes().into_iter().find(|(p, _)| *p == stub).map(|(_, u)| u).expect("the stub's uid");
+    assert_eq!((uid - agent.uid_base) % 2, 1, "the program's uid, not init's");
+    // The call: its program is the stub's process.
+    let mut client = agent.client().await.expect("client");
+    let call = tokio::spawn(async move {
+        let req = warren_e2e::request(Language::Bash, "sleep 1; echo done", Duration::from_secs(20));
+        let mut stream = client.execute(req).await.expect("execute").into_inner();
+        while stream.message().await.expect("stream").is_some() {}
+    });
+    let became = warren_e2e::gateway::wait_for(Duration::from_secs(10), || {
+        std::fs::read(format!("/proc/{stub}/cmdline")).is_ok_and(|c| c.ends_with(b"/run/warren/main.sh\0"))
+    });
+    call.await.expect("the call");
+    assert!(became, "the stub did not become the program");
 }

@@ -17,6 +17,7 @@
 mod init;
 mod program;
 pub mod rootfs;
+mod stub;
 mod supervisor;
 pub mod sys;
 mod warm;

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use super::{program, rootfs, sys, warm};
+use super::{program, rootfs, stub, sys, warm};
 use crate::wire::{self, Go, Home, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
@@ -41,6 +41,9 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         Some((z, failed)) => (Some(z), failed),
         None => (None, Vec::new()),
     };
+    // Without a warm interpreter the program's process is forked and
+    // locked down now, off the call's path.
+    let stub = if zygote.is_none() { stub::start(&cfg.seccomp_bpf) } else { None };
     if wire::write_frame(&mut ctrl, &InitEvent::Ready { warm: zygote.is_some(), failed }).is_err() {
         sys::exit_now(1);
     }
@@ -49,7 +52,13 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         // The agent discarded this sandbox.
         _ => sys::exit_now(0),
     };
-    run_program(&mut ctrl, &go, cfg, zygote)
+    run_program(&mut ctrl, &go, cfg, Waiting { zygote, stub })
+}
+
+/// What waits for the call: a warm interpreter, or the cold start's stub.
+struct Waiting {
+    zygote: Option<warm::Zygote>,
+    stub: Option<stub::Stub>,
 }
 
 fn fail(ctrl: &mut UnixStream, stage: &str, e: &dyn std::fmt::Display) -> ! {
@@ -70,7 +79,7 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
     rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))
 }
 
-fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: Option<warm::Zygote>) -> ! {
+fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: Waiting) -> ! {
     if let Home::Tmpfs { bytes } = go.home {
         if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
             fail(ctrl, "home", &e);
@@ -85,7 +94,7 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: O
     if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
         fail(ctrl, "script", &e);
     }
-    let warm = match zygote {
+    let warm = match waiting.zygote {
         Some(z) if go.warm => z.deliver(go).ok(),
         Some(z) => {
             z.stop();
@@ -93,10 +102,16 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, zygote: O
         }
         None => None,
     };
-    let child = match warm {
-        Some(pid) => pid,
-        // No warm interpreter (or it died waiting): the program starts cold.
-        None => start_cold(ctrl, go, &cfg.seccomp_bpf),
+    let child = match (warm, waiting.stub) {
+        (Some(pid), _) => pid,
+        (None, Some(stub)) => match stub.go(go) {
+            Ok(pid) => pid,
+            Err(stub::Handoff::Exec(e)) => fail(ctrl, "exec", &e),
+            Err(stub::Handoff::Lost) => start_cold(ctrl, go, &cfg.seccomp_bpf),
+        },
+        // No warm interpreter (or it died waiting) and no stub: the
+        // program starts cold.
+        (None, None) => start_cold(ctrl, go, &cfg.seccomp_bpf),
     };
     let warm = warm.is_some();
     // Only the program (and what it starts) may hold the output pipes, so the

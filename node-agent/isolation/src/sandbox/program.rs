@@ -91,31 +91,42 @@ fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
 /// `RLIMIT_MEMLOCK` of every program.
 const MEMLOCK_BYTES: u64 = 64 * 1024;
 
-// Long: the privilege drop in its one safe order (see the module comment); a warm interpreter differs only in where its output goes and which limits wait for Go.
 fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
-    use nix::unistd::{dup2_stdin, dup2_stdout, dup2_stderr};
-    let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
-    dup2_stdin(&devnull)?;
+    use nix::unistd::{dup2_stderr, dup2_stdout};
     match l.warm {
         // What Python prints while it starts is nobody's output; it takes
         // the call's pipes at Go. (Node cannot move descriptors: it holds
         // them from the start, and its startup prints nothing.)
         Some((WarmKind::Python, _)) => {
+            let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+            nix::unistd::dup2_stdin(&devnull)?;
             dup2_stdout(&devnull)?;
             dup2_stderr(&devnull)?;
         }
-        Some((WarmKind::Node, _)) | None => {
-            dup2_stdout(unsafe_borrow(wire::STDOUT_FD))?;
-            dup2_stderr(unsafe_borrow(wire::STDERR_FD))?;
-        }
+        Some((WarmKind::Node, _)) | None => call_stdio()?,
     }
-    drop(devnull);
     std::env::set_current_dir(HOME)?;
     match l.warm {
         None => super::warm::set_call_limits(0, l.open_files, l.file_size, l.max_processes)?,
         // Room for the hooks' descriptors; the call's limit comes at Go.
         Some(_) => sys::set_rlimit_of(0, libc::RLIMIT_NOFILE, super::warm::WARM_OPEN_FILES)?,
     }
+    lock_down(bpf, l.warm.map(|(_, ctrl)| ctrl))
+}
+
+/// stdin from /dev/null, stdout and stderr the call's pipes.
+fn call_stdio() -> io::Result<()> {
+    let devnull = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    nix::unistd::dup2_stdin(&devnull)?;
+    nix::unistd::dup2_stdout(unsafe_borrow(wire::STDOUT_FD))?;
+    nix::unistd::dup2_stderr(unsafe_borrow(wire::STDERR_FD))?;
+    Ok(())
+}
+
+/// The privilege drop in its one safe order (see the module comment), after
+/// stdio, working directory and the call's limits; `keep` stays open past
+/// exec (a warm interpreter's channel to init).
+fn lock_down(bpf: &[u8], keep: Option<RawFd>) -> io::Result<()> {
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     // No real-time scheduling and no raised priority, whatever the host's
     // defaults: a sandbox must not starve its neighbours' CPU.
@@ -137,10 +148,34 @@ fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
     sys::clear_capabilities()?;
     sys::set_no_new_privs()?;
     sys::cloexec_from(3)?;
-    if let Some((_, ctrl)) = l.warm {
+    if let Some(ctrl) = keep {
         super::warm::keep_fds(ctrl)?;
     }
     sys::load_seccomp(bpf)
+}
+
+/// The cold start's stub (see [`super::stub`]): locks itself down exactly as
+/// a cold program does, waits for the call on `go`, then takes its working
+/// directory (the call's home is mounted by then) and execs. A failure
+/// before the call ends the stub (init then starts the program the usual
+/// way); one after it is reported on `status` like a failed exec.
+pub fn stub(bpf: &[u8], go: OwnedFd, status: OwnedFd) -> ! {
+    if call_stdio().and_then(|()| lock_down(bpf, None)).is_err() {
+        sys::exit_now(127);
+    }
+    let call: Go = match wire::read_frame(&mut std::fs::File::from(go)) {
+        Ok(Some(call)) => call,
+        _ => sys::exit_now(0),
+    };
+    let err = match Launch::new(&call).and_then(|l| std::env::set_current_dir(HOME).map(|()| l)) {
+        Err(e) => e,
+        Ok(l) => match nix::unistd::execve(&l.interpreter, &l.argv, &l.env) {
+            Err(e) => e.into(),
+        },
+    };
+    let errno = err.raw_os_error().unwrap_or(libc::EIO);
+    let _ = nix::unistd::write(&status, &errno.to_ne_bytes());
+    sys::exit_now(127)
 }
 
 fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
