@@ -217,9 +217,30 @@ fn socket_pair() -> Result<(Channel, OwnedFd), SandboxError> {
     Ok((Channel::new(ours), OwnedFd::from(theirs)))
 }
 
-/// Builds a sandbox up to "init waits for Go".
-// Long: the steps of building a sandbox in order (home, cgroup, supervisor, its config), each failure undoing the steps before it.
-pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
+/// What [`start`] made: the sandbox's slot, directories, cgroup, and its
+/// supervisor running with its channels.
+struct Started {
+    slot: Slot,
+    id: String,
+    home_dir: PathBuf,
+    cgroup: Cgroup,
+    child: tokio::process::Child,
+    supervisor: Channel,
+    init: Channel,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+}
+
+/// The blocking part of building a sandbox — directories, the cgroup's
+/// mkdirs and writes, fork/exec of the supervisor (~1–2 ms of one core) —
+/// on a blocking thread: never on a runtime worker, where it would hold
+/// up the answers of calls in flight (a refill starts as a call ends).
+async fn start(env: &Arc<SandboxEnv>) -> Result<Started, SandboxError> {
+    let env = env.clone();
+    tokio::task::spawn_blocking(move || start_blocking(&env)).await.map_err(|e| SandboxError::Io { step: "start", source: std::io::Error::other(e) })?
+}
+
+fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
     let slot = env.slots.acquire().ok_or(SandboxError::NoSlot)?;
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
     let home_dir = env.homes_dir.join(&id);
@@ -237,24 +258,36 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
             return Err(e.into());
         }
     };
-    let (supervisor, sup_fd) = socket_pair()?;
-    let (init, init_fd) = socket_pair()?;
-    let (stdout, out_w) = pipe_pair()?;
-    let (stderr, err_w) = pipe_pair()?;
+    let undo = |cgroup: &Cgroup| {
+        let _ = cgroup.remove();
+        remove_home_dir(&home_dir);
+    };
+    let channels = (|| Ok::<_, SandboxError>((socket_pair()?, socket_pair()?, pipe_pair()?, pipe_pair()?)))();
+    let ((supervisor, sup_fd), (init, init_fd), (stdout, out_w), (stderr, err_w)) = match channels {
+        Ok(c) => c,
+        Err(e) => {
+            undo(&cgroup);
+            return Err(e);
+        }
+    };
     let fds = SupervisorFds { supervisor: sup_fd, init: init_fd, stdout: out_w, stderr: err_w };
     let mut cmd = tokio::process::Command::from(supervisor_command(&env.supervisor_binary, &fds));
     cmd.kill_on_drop(true);
     let spawned = with_fds_inherited(&fds, || cmd.spawn()).and_then(|r| r);
     // Our copies of the child's ends must close now, or EOF never comes.
     drop(fds);
-    let child = match spawned {
-        Ok(c) => c,
+    match spawned {
+        Ok(child) => Ok(Started { slot, id, home_dir, cgroup, child, supervisor, init, stdout, stderr }),
         Err(e) => {
-            let _ = cgroup.remove();
-            remove_home_dir(&home_dir);
-            return Err(SandboxError::Io { step: "spawn warren-sandbox", source: e });
+            undo(&cgroup);
+            Err(SandboxError::Io { step: "spawn warren-sandbox", source: e })
         }
-    };
+    }
+}
+
+/// Builds a sandbox up to "init waits for Go".
+pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
+    let Started { slot, id, home_dir, cgroup, child, supervisor, init, stdout, stderr } = start(env).await?;
     let config = SupervisorConfig {
         id: id.clone(),
         cgroup_procs: cgroup.procs_files(),
@@ -286,6 +319,11 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
             let net = env.net.as_ref().ok_or(SandboxError::NoNetwork)?;
             prepared.net = Some(net.setup(prepared.init_pid, policy).await?);
         }
+        // Accounting starts here, not at the call: from now on the sandbox
+        // only waits (init and whatever waits for the call are blocked), so
+        // what the call reports is its program's, and the reset is off the
+        // call's path.
+        prepared.cgroup.reset_usage()?;
         Ok(())
     };
     let ready = tokio::time::timeout(PREPARE_TIMEOUT, ready).await.unwrap_or(Err(SandboxError::Timeout));
@@ -435,7 +473,7 @@ impl Prepared {
         // it started with exactly the call's.
         go.warm = self.warm.as_ref().is_some_and(|w| w.interpreter == go.interpreter && w.env == warren_isolation::spec::startup_env(w.kind, &go.env));
 
-        let applied = self.cgroup.set_limits(&spec.limits).and_then(|()| self.cgroup.reset_usage());
+        let applied = self.cgroup.set_limits(&spec.limits);
         let sent = match applied {
             Ok(()) => self.init.send(&go).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),

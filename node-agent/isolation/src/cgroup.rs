@@ -318,7 +318,7 @@ impl CgroupLayout {
     /// Creates the group for sandbox `id` with `limits` applied.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup> {
         let name = format!("{GROUP_PREFIX}{id}");
-        let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0 };
+        let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None };
         for dir in group.dirs() {
             match fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -380,7 +380,7 @@ impl CgroupLayout {
         }
         let mut removed = 0;
         for name in names {
-            let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0 };
+            let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None };
             group.kill_all();
             if group.remove().is_ok() {
                 removed += 1;
@@ -403,6 +403,36 @@ pub struct Cgroup {
     applied: Option<Limits>,
     /// v2: CPU microseconds used before the execution started.
     cpu_base: u64,
+    /// The files [`Cgroup::usage`] reads, opened when accounting starts
+    /// (off the call's path) and read again from their start.
+    usage_files: Option<UsageFiles>,
+}
+
+/// Open usage files: CPU, peak memory (where the kernel keeps one), OOM kills.
+#[derive(Debug)]
+struct UsageFiles {
+    cpu: fs::File,
+    peak: Option<fs::File>,
+    oom: fs::File,
+}
+
+/// A cgroup file's whole content, read from its start.
+fn reread(f: &fs::File) -> std::io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(2 * len, 0);
+        }
+        let n = f.read_at(&mut buf[len..], len as u64)?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 impl Cgroup {
@@ -461,7 +491,19 @@ impl Cgroup {
                 self.cpu_base = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
             }
         }
+        let (cpu, peak, oom) = self.usage_paths();
+        let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
+        self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
         Ok(())
+    }
+
+    /// Where CPU use, peak memory and OOM kills are read.
+    fn usage_paths(&self) -> (PathBuf, Option<PathBuf>, PathBuf) {
+        let at = |c: Controller, f: &str| self.layout.dir_for(c, &self.name).join(f);
+        match self.layout {
+            CgroupLayout::V1 { .. } => (at(Controller::CpuAcct, "cpuacct.usage"), Some(at(Controller::Memory, "memory.max_usage_in_bytes")), at(Controller::Memory, "memory.oom_control")),
+            CgroupLayout::V2 { has_peak, .. } => (at(Controller::Cpu, "cpu.stat"), has_peak.then(|| at(Controller::Memory, "memory.peak")), at(Controller::Memory, "memory.events")),
+        }
     }
 
     /// The file that says how much memory the group holds now (its
@@ -476,21 +518,28 @@ impl Cgroup {
 
     /// Reads what the group used.
     pub fn usage(&self) -> Result<Usage> {
-        match self.layout {
+        let (cpu_path, peak_path, oom_path) = self.usage_paths();
+        let (cpu, peak, oom) = match &self.usage_files {
+            Some(f) => {
+                let get = |file: &fs::File, path: &PathBuf| reread(file).map_err(io_err(path));
+                (get(&f.cpu, &cpu_path)?, f.peak.as_ref().zip(peak_path.as_ref()).map(|(file, path)| get(file, path)).transpose()?, get(&f.oom, &oom_path)?)
+            }
+            None => (read(&cpu_path)?, peak_path.as_deref().map(read).transpose()?, read(&oom_path)?),
+        };
+        let peak_memory_bytes = peak.and_then(|p| p.trim().parse().ok());
+        Ok(match self.layout {
             CgroupLayout::V1 { .. } => {
-                let ns: u64 = self.read(Controller::CpuAcct, "cpuacct.usage")?.trim().parse().unwrap_or(0);
-                let peak = self.read(Controller::Memory, "memory.max_usage_in_bytes")?.trim().parse().ok();
-                let oom = keyed_value(&self.read(Controller::Memory, "memory.oom_control")?, "oom_kill").unwrap_or(0);
-                Ok(Usage { cpu_micros: ns / 1000, peak_memory_bytes: peak, oom_kills: oom })
+                let ns: u64 = cpu.trim().parse().unwrap_or(0);
+                Usage { cpu_micros: ns / 1000, peak_memory_bytes, oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0) }
             }
-            CgroupLayout::V2 { has_peak, .. } => {
-                let cpu = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base);
-                // memory.current after the program exited is not its peak.
-                let peak = if has_peak { self.read(Controller::Memory, "memory.peak")?.trim().parse().ok() } else { None };
-                let oom = keyed_value(&self.read(Controller::Memory, "memory.events")?, "oom_kill").unwrap_or(0);
-                Ok(Usage { cpu_micros: cpu, peak_memory_bytes: peak, oom_kills: oom })
-            }
-        }
+            // memory.current after the program exited is not its peak: no
+            // memory.peak, no figure.
+            CgroupLayout::V2 { .. } => Usage {
+                cpu_micros: keyed_value(&cpu, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base),
+                peak_memory_bytes,
+                oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0),
+            },
+        })
     }
 
     /// Pids currently in the group (from the pids hierarchy, which sees every task).

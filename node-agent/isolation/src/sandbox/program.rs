@@ -163,13 +163,13 @@ pub fn stub(bpf: &[u8], go: OwnedFd, status: OwnedFd) -> ! {
     if call_stdio().and_then(|()| lock_down(bpf, None)).is_err() {
         sys::exit_now(127);
     }
-    let call: Go = match wire::read_frame(&mut std::fs::File::from(go)) {
-        Ok(Some(call)) => call,
-        _ => sys::exit_now(0),
-    };
-    let err = match Launch::new(&call).and_then(|l| std::env::set_current_dir(HOME).map(|()| l)) {
+    let mut call = Vec::new();
+    if std::io::Read::read_to_end(&mut std::fs::File::from(go), &mut call).is_err() || call.is_empty() {
+        sys::exit_now(0);
+    }
+    let err = match stub_launch(&call).and_then(|l| std::env::set_current_dir(HOME).map(|()| l)) {
         Err(e) => e,
-        Ok(l) => match nix::unistd::execve(&l.interpreter, &l.argv, &l.env) {
+        Ok((interpreter, argv, env)) => match nix::unistd::execve(&interpreter, &argv, &env) {
             Err(e) => e.into(),
         },
     };
@@ -178,8 +178,79 @@ pub fn stub(bpf: &[u8], go: OwnedFd, status: OwnedFd) -> ! {
     sys::exit_now(127)
 }
 
+/// What a stub is handed: the interpreter, the script's path, then the
+/// environment's `name=value` entries, each ended by a NUL.
+pub fn stub_call(go: &Go) -> io::Result<Vec<u8>> {
+    let script = Path::new(SCRIPT_DIR).join(&go.script_name);
+    let script = script.to_str().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut msg = Vec::with_capacity(256);
+    let mut field = |parts: &[&str]| -> io::Result<()> {
+        for p in parts {
+            if p.contains('\0') {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
+            }
+            msg.extend_from_slice(p.as_bytes());
+        }
+        msg.push(0);
+        Ok(())
+    };
+    field(&[&go.interpreter])?;
+    field(&[script])?;
+    for (k, v) in &go.env {
+        field(&[k, "=", v])?;
+    }
+    Ok(msg)
+}
+
+type Exec = (CString, Vec<CString>, Vec<CString>);
+
+fn stub_launch(call: &[u8]) -> io::Result<Exec> {
+    let mut fields = call.strip_suffix(&[0]).unwrap_or(call).split(|b| *b == 0).map(|f| CString::new(f).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput)));
+    let interpreter = fields.next().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))??;
+    let script = fields.next().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))??;
+    let env = fields.collect::<io::Result<Vec<CString>>>()?;
+    Ok((interpreter.clone(), vec![interpreter, script], env))
+}
+
 fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: fds 5 and 6 were installed by the agent for exactly this process
     // tree and stay open until exec (they are then replaced by 1 and 2).
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn go(env: Vec<(String, String)>) -> Go {
+        Go {
+            interpreter: "/bin/bash".into(),
+            script_name: "main.sh".into(),
+            code: "echo 1".into(),
+            env,
+            open_files: 1024,
+            file_size_bytes: 1 << 20,
+            max_processes: 64,
+            home: wire::Home::Mounted,
+            warm: false,
+        }
+    }
+
+    #[test]
+    fn a_stub_gets_the_exec_a_cold_start_would_make() {
+        let g = go(vec![("HOME".into(), "/home/sandbox".into()), ("X".into(), "a=b c".into())]);
+        let (interpreter, argv, env) = stub_launch(&stub_call(&g).unwrap()).unwrap();
+        let cold = Launch::new(&g).unwrap();
+        assert_eq!((interpreter, argv, env), (cold.interpreter, cold.argv, cold.env));
+        assert!(stub_call(&go(vec![])).is_ok_and(|c| !c.is_empty()), "no environment is still a call");
+    }
+
+    #[test]
+    fn a_nul_byte_fails_as_the_cold_start_does() {
+        for env in [vec![("X".to_string(), "a\0b".to_string())], vec![("X\0Y".to_string(), "v".to_string())]] {
+            let g = go(env);
+            assert_eq!(stub_call(&g).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+            assert!(Launch::new(&g).is_err());
+        }
+    }
 }

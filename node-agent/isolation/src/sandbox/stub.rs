@@ -6,14 +6,14 @@
 //! seccomp filter's load (~0.5 ms together) leave the caller's path; what a
 //! program sees is the same process it would have been.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{ForkResult, Pid};
 
 use super::program;
-use crate::wire::{self, Go};
+use crate::wire::Go;
 
 /// A locked-down process waiting for its call.
 pub struct Stub {
@@ -49,8 +49,15 @@ impl Stub {
     /// Gives the stub its call: the call's limits, then the call itself.
     /// Returns its pid (the program's now) once it exec'd.
     pub fn go(mut self, go: &Go) -> Result<Pid, Handoff> {
+        let call = match program::stub_call(go) {
+            Ok(call) => call,
+            Err(e) => {
+                self.stop();
+                return Err(Handoff::Exec(e));
+            }
+        };
         let limits = super::warm::set_call_limits(self.pid.as_raw(), go.open_files, go.file_size_bytes, go.max_processes);
-        if limits.and_then(|()| wire::write_frame(&mut self.go, go)).is_err() {
+        if limits.and_then(|()| self.go.write_all(&call)).is_err() {
             self.stop();
             return Err(Handoff::Lost);
         }
