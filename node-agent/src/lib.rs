@@ -667,7 +667,7 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     }
-    warren_isolation::home::make_shared_mount(&homes).with_context(|| format!("making {} a shared mount", homes.display()))?;
+    warren_isolation::home::make_shared_tmpfs(&homes).with_context(|| format!("mounting a shared tmpfs on {}", homes.display()))?;
     Ok(StateDirs { mnt, etc, homes, work })
 }
 
