@@ -315,6 +315,15 @@ fn flows_key(names: &SandboxNames) -> Vec<u8> {
     k
 }
 
+/// A message naming only its table and one object: (table, the object's
+/// attribute, its name).
+fn named(m: &mut Msgs, kind: u16, flags: u16, (table, attr, name): (&str, u16, &str), what: &'static str) {
+    let at = m.begin(kind, flags | NLM_F_ACK, &INET_HEADER, what);
+    m.str(TABLE, table);
+    m.str(attr, name);
+    m.end(at);
+}
+
 fn begin_batch(m: &mut Msgs) {
     m.bare(NFNL_MSG_BATCH_BEGIN, 0, &BATCH_HEADER, "batch");
 }
@@ -342,14 +351,8 @@ pub fn sandbox_batch(m: &mut Msgs, names: &SandboxNames, policy: &NetPolicy) {
     let log = Expr::Log { group: names.group, snaplen: crate::nflog::SNAPLEN };
     let accept = Expr::MarkAccept(names.mark);
     begin_batch(m);
-    let at = m.begin(NEWCHAIN, NLM_F_CREATE | NLM_F_ACK, &INET_HEADER, "adding the sandbox chain");
-    m.str(TABLE, table);
-    m.str(CHAIN_NAME, &chain);
-    m.end(at);
-    let at = m.begin(DELRULE, NLM_F_ACK, &INET_HEADER, "flushing the sandbox chain");
-    m.str(TABLE, table);
-    m.str(RULE_CHAIN, &chain);
-    m.end(at);
+    named(m, NEWCHAIN, NLM_F_CREATE, (table, CHAIN_NAME, &chain), "adding the sandbox chain");
+    named(m, DELRULE, 0, (table, RULE_CHAIN, &chain), "flushing the sandbox chain");
     rule(m, names, &chain, &[Expr::Ipv4, Expr::Daddr, Expr::Lookup("forbidden4"), Expr::TcpOrUdp, log]);
     rule(m, names, &chain, &[Expr::Ipv4, Expr::Daddr, Expr::Lookup("forbidden4"), Expr::Reject]);
     match &policy.allow {
@@ -415,21 +418,10 @@ pub fn teardown_batch(m: &mut Msgs, names: &SandboxNames, steps: &[Step]) {
             Step::MapEntry => elements(m, DELSETELEM, table, "sandboxes", &[Elem::of(ifname_key(&names.ifname))], "removing the map entry"),
             Step::Flows => elements(m, DELSETELEM, table, "flows", &[Elem::of(flows_key(names))], "removing the flows entry"),
             Step::Chain => {
-                let at = m.begin(DELRULE, NLM_F_ACK, &INET_HEADER, "flushing the sandbox chain");
-                m.str(TABLE, table);
-                m.str(RULE_CHAIN, &chain);
-                m.end(at);
-                let at = m.begin(DELCHAIN, NLM_F_ACK, &INET_HEADER, "removing the sandbox chain");
-                m.str(TABLE, table);
-                m.str(CHAIN_NAME, &chain);
-                m.end(at);
+                named(m, DELRULE, 0, (table, RULE_CHAIN, &chain), "flushing the sandbox chain");
+                named(m, DELCHAIN, 0, (table, CHAIN_NAME, &chain), "removing the sandbox chain");
             }
-            Step::Set(name) => {
-                let at = m.begin(DELSET, NLM_F_ACK, &INET_HEADER, "removing a set");
-                m.str(TABLE, table);
-                m.str(SET_NAME, name);
-                m.end(at);
-            }
+            Step::Set(name) => named(m, DELSET, 0, (table, SET_NAME, name), "removing a set"),
         }
     }
     end_batch(m);
