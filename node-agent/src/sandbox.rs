@@ -376,6 +376,17 @@ impl Prepared {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Whether its warm interpreter (if any) charges at most half of
+    /// `memory_limit`: a heavier one (warm imports under a small limit)
+    /// would leave the program too little, or fail the limit's write.
+    pub fn warm_fits(&self, memory_limit: u64) -> bool {
+        if self.warm.is_none() {
+            return true;
+        }
+        let used = std::fs::read_to_string(self.cgroup.memory_now_file()).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        used.is_none_or(|used| used <= memory_limit / 2)
+    }
+
     /// Where a thread's home must be mounted (host side) to appear at
     /// `/home/sandbox` inside.
     pub fn home_target(&self) -> PathBuf {

@@ -41,6 +41,12 @@ pub trait ClaimedSandbox: Send + 'static {
     fn run(self, spec: &ExecSpec, go: Go, received: Instant, events: &mpsc::Sender<Event>) -> impl Future<Output = (Outcome, Self::Teardown)> + Send;
     /// Throws the sandbox away unused (its state may be tainted).
     fn discard(self) -> impl Future<Output = ()> + Send;
+    /// Whether what waits in it for the call (a warm interpreter, its
+    /// imports) fits under the call's memory limit; one that does not
+    /// would fail the call (or crowd its program), which then starts cold.
+    fn fits(&self, _spec: &ExecSpec) -> bool {
+        true
+    }
 }
 
 /// The end of a sandbox.
@@ -84,6 +90,10 @@ impl ClaimedSandbox for Prepared {
 
     fn discard(self) -> impl Future<Output = ()> + Send {
         Prepared::discard(self)
+    }
+
+    fn fits(&self, spec: &ExecSpec) -> bool {
+        self.warm_fits(spec.limits.memory_bytes)
     }
 }
 
@@ -134,7 +144,15 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
         return Ok(Outcome::never_ran(failure));
     }
     let t_acquired = t0.elapsed();
-    let sandbox = match sandboxes.claim(shape.clone()).await {
+    let claimed = match sandboxes.claim(shape.clone()).await {
+        Ok(sandbox) if !sandbox.fits(&spec) => {
+            // Its warm interpreter holds more than the call may use.
+            tokio::spawn(sandbox.discard());
+            sandboxes.claim(Shape { warm: None, ..shape.clone() }).await
+        }
+        other => other,
+    };
+    let sandbox = match claimed {
         Ok(sandbox) => sandbox,
         Err(e) => {
             tokio::spawn(async move {

@@ -47,11 +47,13 @@ struct Double {
     started: Arc<Notify>,
     /// Teardowns wait for this when set.
     teardown_gate: Option<Arc<Notify>>,
+    /// Warm sandboxes hold more than any call's memory limit allows.
+    warm_too_big: bool,
 }
 
 impl Double {
     fn new(log: &Log, program: Program) -> Double {
-        Double { log: log.clone(), claim_fails: false, program, started: Arc::new(Notify::new()), teardown_gate: None }
+        Double { log: log.clone(), claim_fails: false, program, started: Arc::new(Notify::new()), teardown_gate: None, warm_too_big: false }
     }
 }
 
@@ -62,6 +64,8 @@ struct FakeSandbox {
     teardown_gate: Option<Arc<Notify>>,
     /// Not yet run or discarded: dropping it is abandoning it.
     live: bool,
+    /// Its warm interpreter does not fit the call.
+    too_big: bool,
 }
 
 struct FakeTeardown {
@@ -72,13 +76,14 @@ struct FakeTeardown {
 impl Sandboxes for Double {
     type Claimed = FakeSandbox;
 
-    async fn claim(&self, _shape: Shape) -> Result<FakeSandbox, SandboxError> {
+    async fn claim(&self, shape: Shape) -> Result<FakeSandbox, SandboxError> {
         if self.claim_fails {
             self.log.note("claim failed");
             return Err(SandboxError::NoSlot);
         }
-        self.log.note("claim");
-        Ok(FakeSandbox { log: self.log.clone(), program: self.program, started: self.started.clone(), teardown_gate: self.teardown_gate.clone(), live: true })
+        self.log.note(if shape.warm.is_some() { "claim warm" } else { "claim" });
+        let too_big = self.warm_too_big && shape.warm.is_some();
+        Ok(FakeSandbox { log: self.log.clone(), program: self.program, started: self.started.clone(), teardown_gate: self.teardown_gate.clone(), live: true, too_big })
     }
 }
 
@@ -121,6 +126,10 @@ impl ClaimedSandbox for FakeSandbox {
     async fn discard(mut self) {
         self.live = false;
         self.log.note("discard");
+    }
+
+    fn fits(&self, _spec: &ExecSpec) -> bool {
+        !self.too_big
     }
 }
 
@@ -250,6 +259,25 @@ async fn a_run_finishes_before_the_answer_and_releases_after_it() {
     assert_eq!(at_answer[8], "finish home", "finish runs last to first, before the answer");
     let_go(gone).await;
     assert_eq!(log.entries()[9..], ["release mounts", "release home", "teardown", "held dropped"].map(String::from), "released, torn down, then the slot");
+}
+
+/// A warm sandbox whose interpreter holds more than the call may use is
+/// thrown away and the call starts cold (it would fail at the limit).
+#[tokio::test]
+async fn a_warm_sandbox_that_does_not_fit_the_call_gives_a_cold_start() {
+    let log = Log::default();
+    let double = Double { warm_too_big: true, ..Double::new(&log, Program::Exits(0)) };
+    let (mut plan, gone) = plan(&log);
+    plan.shape = plan.shape.warmed(warren_isolation::spec::warm_start(Language::Python, "/usr/bin/python3", &[], &[]));
+    assert!(plan.shape.warm.is_some(), "the plan asks for a warm interpreter");
+    let (tx, _rx) = mpsc::channel(16);
+    let outcome = seam::run(&double, Resources::default(), plan, Instant::now(), tx).await.unwrap();
+    assert_eq!(outcome.exit_code, 0);
+    let_go(gone).await;
+    let entries = log.entries();
+    assert_eq!(entries[..3], ["claim warm", "claim", "run false"].map(String::from), "a cold claim runs the program: {entries:?}");
+    // The discard is a task spawned before the teardown's: done by now.
+    assert!(entries.contains(&"discard".to_string()), "the warm sandbox is thrown away: {entries:?}");
 }
 
 #[tokio::test]
