@@ -125,6 +125,18 @@ pub async fn admit_slot(permits: &Arc<Semaphore>, max: u32, wait: Duration) -> R
     }
 }
 
+/// Claims a sandbox of `shape`; one whose warm interpreter holds more than
+/// the call may use is thrown away for a cold one.
+async fn claim_fitting<S: Sandboxes>(sandboxes: &S, shape: &Shape, spec: &ExecSpec) -> Result<S::Claimed, SandboxError> {
+    match sandboxes.claim(shape.clone()).await {
+        Ok(sandbox) if !sandbox.fits(spec) => {
+            tokio::spawn(sandbox.discard());
+            sandboxes.claim(Shape { warm: None, ..shape.clone() }).await
+        }
+        other => other,
+    }
+}
+
 /// Runs a planned execution. Errors are returned only when nothing ran.
 ///
 /// The outcome is returned once every process of the program is gone and
@@ -144,15 +156,7 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
         return Ok(Outcome::never_ran(failure));
     }
     let t_acquired = t0.elapsed();
-    let claimed = match sandboxes.claim(shape.clone()).await {
-        Ok(sandbox) if !sandbox.fits(&spec) => {
-            // Its warm interpreter holds more than the call may use.
-            tokio::spawn(sandbox.discard());
-            sandboxes.claim(Shape { warm: None, ..shape.clone() }).await
-        }
-        other => other,
-    };
-    let sandbox = match claimed {
+    let sandbox = match claim_fitting(sandboxes, &shape, &spec).await {
         Ok(sandbox) => sandbox,
         Err(e) => {
             tokio::spawn(async move {
