@@ -70,8 +70,7 @@ impl Stub {
         }
     }
 
-    /// Kills and reaps the stub (the call went to a warm interpreter, or
-    /// the stub could not take it).
+    /// Kills and reaps the stub (it could not take the call).
     pub fn stop(self) {
         let _ = kill(self.pid, Signal::SIGKILL);
         let _ = waitpid(self.pid, None);
