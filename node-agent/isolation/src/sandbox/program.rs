@@ -35,8 +35,8 @@ impl Launch {
     /// Prepares the argument and environment vectors.
     pub fn new(go: &Go) -> io::Result<Launch> {
         let c = |s: &str| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
-        let script = Path::new(SCRIPT_DIR).join(&go.script_name);
-        let script = script.to_str().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let script = script_path(go)?;
+        let script = script.as_str();
         Ok(Launch {
             interpreter: c(&go.interpreter)?,
             argv: vec![c(&go.interpreter)?, c(script)?],
@@ -178,11 +178,16 @@ pub fn stub(bpf: &[u8], go: OwnedFd, status: OwnedFd) -> ! {
     sys::exit_now(127)
 }
 
+/// Where the call's program file is, as the interpreter's argument.
+fn script_path(go: &Go) -> io::Result<String> {
+    Path::new(SCRIPT_DIR).join(&go.script_name).into_os_string().into_string().map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
 /// What a stub is handed: the interpreter, the script's path, then the
 /// environment's `name=value` entries, each ended by a NUL.
 pub fn stub_call(go: &Go) -> io::Result<Vec<u8>> {
-    let script = Path::new(SCRIPT_DIR).join(&go.script_name);
-    let script = script.to_str().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let script = script_path(go)?;
+    let script = script.as_str();
     let mut msg = Vec::with_capacity(256);
     let mut field = |parts: &[&str]| -> io::Result<()> {
         for p in parts {
