@@ -33,6 +33,7 @@ if [ ! -s "$SECRETS/files-key.yaml" ]; then
   (umask 077; printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: files-key\nstringData:\n  key: %s\n' "$FKEY" >"$SECRETS/files-key.yaml")
 fi
 FILES_KEY=$(sed -n 's/^  key: //p' "$SECRETS/files-key.yaml")
+E2B_KEY=$("$BIN/warren-gateway" e2b-key <<<"$KEY")
 DATA=/var/lib/warren-demo-data
 mkdir -p "$DATA"
 [ -e "$DATA/customers.csv" ] || printf 'id,name\n1,ada\n2,bob\n' >"$DATA/customers.csv"
@@ -63,6 +64,7 @@ cat <<MSG
 Warren is running.
   URL:      $URL
   API key:  $KEY
+  E2B key:  $E2B_KEY (its alias for the E2B SDKs: warren-gateway e2b-key <<< \$KEY)
   Storage key (examples/local/storage.yaml, /data/files): $FILES_KEY
   Console:  $(cat "$STATE/gateway/console-link")
             (one-time sign-in link for the local admin; the next one: sudo cat $STATE/gateway/console-link)
@@ -102,6 +104,10 @@ Try it:
 
   # the Baponi Python SDK (pip install baponi)
   python3 -c 'from baponi import Baponi; print(Baponi(api_key="$KEY", base_url="$URL").execute("print(6*7)").stdout)'
+
+  # the E2B SDKs, unmodified (pip install e2b e2b-code-interpreter; docs/src/e2b.md)
+  export E2B_API_URL=$URL E2B_SANDBOX_URL=$URL E2B_API_KEY=$E2B_KEY
+  python3 -c 'from e2b import Sandbox; s = Sandbox.create(); print(s.commands.run("echo hi from e2b").stdout); s.kill()'
 
 Edit examples/local/*.yaml and the gateway reloads them. API: $URL/openapi.json, metrics: $URL/metrics.
 Press Ctrl-C to stop.

@@ -29,6 +29,9 @@ npm_tool azurite 3.35.0 "Azure Blob emulator for the storage tests"
 # The console's sign-in is tested against node-oidc-provider, an OpenID
 # Certified provider, from npm (~10 s once).
 npm_tool oidc-provider 9.5.2 "identity provider for the console tests"
+# The E2B JS SDK, unmodified, in the E2B conformance suite (~10 s once; the
+# Python SDKs come from PyPI into a virtualenv the test makes).
+npm_tool e2b 2.51.0 "E2B JS SDK for the E2B conformance suite"
 # The documentation book (docs/) is built by mdBook from crates.io (~2 min once).
 MDBOOK_VERSION=0.5.4
 MDBOOK_DIR="$HOME/.cache/warren-tools/mdbook-$MDBOOK_VERSION"

@@ -71,11 +71,20 @@ impl KeyStore {
     /// Every stored hash is compared, in constant time and without stopping at
     /// a match, so response time says nothing about which keys exist.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, ExecError> {
-        let presented = bearer(headers)?;
-        let hash = KeyHash::of(presented);
+        self.find(&KeyHash::of(bearer(headers)?), false)
+    }
+
+    /// Finds the key in the E2B SDKs' `X-API-KEY` header: its `e2b_…` alias
+    /// or the key itself, compared like [`KeyStore::authenticate`].
+    pub fn authenticate_e2b(&self, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, ExecError> {
+        self.find(&KeyHash::of(e2b_header(headers)?), true)
+    }
+
+    fn find(&self, hash: &KeyHash, alias: bool) -> Result<Arc<EffectiveKey>, ExecError> {
         let mut found = None;
         for k in &self.keys {
-            if k.hash.ct_eq(&hash) {
+            let alias_match = alias && k.e2b_hash.is_some_and(|h| h.ct_eq(hash));
+            if k.hash.ct_eq(hash) | alias_match {
                 found = Some(k);
             }
         }
@@ -84,6 +93,20 @@ impl KeyStore {
             return Err(ExecError::KeyDisabled);
         }
         Ok(k.clone())
+    }
+}
+
+/// The E2B control plane's `X-API-KEY`: a key's `e2b_…` alias or the key itself.
+fn e2b_header(headers: &HeaderMap) -> Result<&str, ExecError> {
+    let mut values = headers.get_all("x-api-key").iter();
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return Err(ExecError::MissingKey);
+    };
+    let v = v.to_str().map_err(|_| ExecError::InvalidKey("the API key is not valid"))?;
+    if key::is_e2b_alias(v) || key::is_well_formed(v) {
+        Ok(v)
+    } else {
+        Err(ExecError::InvalidKey("X-API-KEY must hold a Warren API key's e2b_ alias (or the key itself)"))
     }
 }
 
@@ -140,5 +163,23 @@ mod tests {
         assert_eq!(auth(&s, Some(&format!("Bearer {GOOD}x"))), Err((401, "invalid_api_key".into())));
         assert_eq!(auth(&s, Some("Bearer sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB")), Err((401, "invalid_api_key".into())));
         assert_eq!(auth(&store(true), Some(&format!("Bearer {GOOD}"))), Err((403, "api_key_disabled".into())));
+        // The E2B alias is no bearer key.
+        assert_eq!(auth(&s, Some(&format!("Bearer {}", key::e2b_alias(GOOD)))), Err((401, "invalid_api_key".into())));
+    }
+
+    fn auth_e2b(s: &KeyStore, value: &str) -> Result<String, u16> {
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_str(value).unwrap());
+        s.authenticate_e2b(&h).map(|k| k.name.clone()).map_err(|e| crate::error::ApiError::from(e).status.as_u16())
+    }
+
+    #[test]
+    fn e2b_keys() {
+        let s = store(false);
+        assert_eq!(auth_e2b(&s, &key::e2b_alias(GOOD)), Ok("k".into()));
+        assert_eq!(auth_e2b(&s, GOOD), Ok("k".into()));
+        assert_eq!(auth_e2b(&s, &key::e2b_alias("sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB")), Err(401));
+        assert_eq!(auth_e2b(&s, "e2b_nothex"), Err(401));
+        assert_eq!(auth_e2b(&store(true), &key::e2b_alias(GOOD)), Err(403));
     }
 }

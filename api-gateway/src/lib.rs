@@ -12,6 +12,7 @@ pub mod budget;
 pub mod cluster_config;
 pub mod console;
 pub mod discovery;
+pub mod e2b;
 pub mod error;
 pub mod exec;
 pub mod exec_error;

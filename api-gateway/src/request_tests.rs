@@ -13,6 +13,7 @@ fn key() -> EffectiveKey {
         name: "k".into(),
         sandbox: "sb".into(),
         hash: KeyHash::of("x"),
+        e2b_hash: None,
         display_prefix: "sk-wrn-xxxx…".into(),
         disabled: false,
         max_timeout_seconds: 30,

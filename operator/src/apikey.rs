@@ -210,9 +210,13 @@ pub(crate) fn secret_body(s: &Secret) -> SecretBody {
     SecretBody { data, string_data: s.string_data.clone().unwrap_or_default() }
 }
 
+/// Entry of a generated Secret holding the key's E2B alias (`e2b_…`, what
+/// the E2B SDKs send); derived from the key, so any key has one.
+const E2B_KEY_ENTRY: &str = "e2b-key";
+
 /// The key's Secret; generated (and owned by the ApiKey) when the spec names
 /// none and it does not exist yet, with a webhook signing secret beside the
-/// key (entry `webhook-secret`). An existing Secret is never rewritten:
+/// key (entry `webhook-secret`) and its E2B alias (entry `e2b-key`). An existing Secret is never rewritten:
 /// without that entry, its key's webhooks are refused until one is added.
 async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Result<Option<Secret>, String>, Error> {
     let (secret_name, entry) = warren_config::secret_ref(&key.name_any(), &key.spec);
@@ -237,7 +241,11 @@ async fn ensure_secret(key: &ApiKey, ns: &str, ctx: &Context) -> Result<Result<O
             ])),
             ..Default::default()
         },
-        data: Some(BTreeMap::from([(entry, ByteString(value.into_bytes())), (warren_config::WEBHOOK_SECRET_ENTRY.to_string(), ByteString(generate_webhook_secret().into_bytes()))])),
+        data: Some(BTreeMap::from([
+            (E2B_KEY_ENTRY.to_string(), ByteString(key::e2b_alias(&value).into_bytes())),
+            (entry, ByteString(value.into_bytes())),
+            (warren_config::WEBHOOK_SECRET_ENTRY.to_string(), ByteString(generate_webhook_secret().into_bytes())),
+        ])),
         type_: Some("Opaque".into()),
         ..Default::default()
     };

@@ -28,7 +28,7 @@
 pub mod access;
 pub mod app;
 mod files;
-mod multipart;
+pub(crate) mod multipart;
 pub mod html;
 pub mod link;
 pub mod objects;

@@ -96,6 +96,7 @@ pub fn app(state: AppState) -> Router {
     let (router, _) = build();
     router
         .merge(crate::mcp::router(state.clone()))
+        .merge(crate::e2b::router())
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn(unread::close_when_unread))

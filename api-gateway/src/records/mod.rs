@@ -12,12 +12,14 @@
 //! never waits for the database.
 
 mod model;
+mod sandboxes;
 mod store;
 mod sweep;
 mod view;
 mod writer;
 
 pub use model::{cut, Action, Filter, Finished, Mode, NewRecord, Row, Stats, Status};
+pub use sandboxes::E2bSandbox;
 pub use store::{Store, StoreError};
 pub use sweep::{sweep_loop, Redeliver, Retention};
 pub use view::ExecutionStatus;

@@ -35,7 +35,7 @@ enum Kind {
 /// The record database.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: AnyPool,
+    pub(super) pool: AnyPool,
     kind: Kind,
 }
 
@@ -113,6 +113,20 @@ const MIGRATIONS: &[&[&str]] = &[&[
     // The destinations the sandbox's network refused, as the result's JSON
     // array (bounded by the agent's report), for later readers.
     "ALTER TABLE warren_executions ADD COLUMN blocked_egress TEXT",
+], &[
+    // The E2B API's sandboxes (issue #31): each names a thread of one key.
+    "CREATE TABLE IF NOT EXISTS warren_e2b_sandboxes (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        key_name TEXT NOT NULL,
+        template TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        env TEXT NOT NULL,
+        state TEXT NOT NULL,
+        started_ms BIGINT NOT NULL,
+        end_ms BIGINT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_e2b_sandboxes_by_key ON warren_e2b_sandboxes (namespace, key_name, started_ms)",
 ]];
 
 /// Columns read back into a [`Row`].

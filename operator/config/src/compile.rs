@@ -517,6 +517,7 @@ pub fn effective_key(
         name: name.to_string(),
         sandbox: k.sandbox_ref.name.clone(),
         hash: KeyHash::of(&secret),
+        e2b_hash: Some(KeyHash::of(&key::e2b_alias(&secret))),
         display_prefix: key::display_prefix(&secret),
         disabled: k.disabled,
         max_timeout_seconds,

@@ -20,6 +20,10 @@ pub struct EffectiveKey {
     pub sandbox: String,
     /// SHA-256 of the key.
     pub hash: KeyHash,
+    /// SHA-256 of the key's E2B alias (`key::e2b_alias`); absent in keys
+    /// published by an operator older than the E2B API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b_hash: Option<KeyHash>,
     /// Non-secret prefix for logs and status.
     pub display_prefix: String,
     /// Refused with 403 when set.

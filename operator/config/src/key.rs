@@ -73,6 +73,27 @@ pub fn display_prefix(key: &str) -> String {
     format!("{visible}…")
 }
 
+/// Every E2B alias starts with this (the E2B SDKs expect `e2b_<hex>`).
+pub const E2B_PREFIX: &str = "e2b_";
+
+/// The key's E2B alias: `e2b_` + 40 hex digits of HMAC-SHA256 keyed by the
+/// key. Derived, not stored: whoever holds the key can make its alias, the
+/// alias does not give the key back, and only the alias's SHA-256 is kept
+/// outside the key's Secret, like the key's own.
+pub fn e2b_alias(key: &str) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(b"warren e2b alias v1");
+    let tag = mac.finalize().into_bytes();
+    let hex: String = tag.iter().take(20).map(|b| format!("{b:02x}")).collect();
+    format!("{E2B_PREFIX}{hex}")
+}
+
+/// True when `alias` has the shape of an E2B alias.
+pub fn is_e2b_alias(alias: &str) -> bool {
+    alias.strip_prefix(E2B_PREFIX).is_some_and(|h| h.len() == 40 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
 /// Builds a key from caller-supplied random bytes (one base62 char per byte,
 /// rejection-sampled so every character is uniform). `None` when `random`
 /// did not hold enough usable bytes.
@@ -102,6 +123,15 @@ mod tests {
         assert!(is_well_formed(&a) && is_well_formed(&b));
         assert_ne!(a, b);
         assert_eq!(from_random_bytes(&[250; 64]), None);
+    }
+
+    #[test]
+    fn e2b_aliases_are_derived_and_well_formed() {
+        let a = e2b_alias("sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+        assert!(is_e2b_alias(&a), "{a}");
+        assert_eq!(a, e2b_alias("sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"));
+        assert_ne!(a, e2b_alias("sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"));
+        assert!(!is_e2b_alias("e2b_XYZ") && !is_e2b_alias(&format!("{a}0")) && !is_e2b_alias("sk-wrn-AAAA"));
     }
 
     #[test]

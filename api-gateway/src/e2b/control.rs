@@ -1,0 +1,417 @@
+//! The E2B control plane (`E2B_API_URL`, `X-API-KEY`): sandboxes are
+//! records naming a thread of the caller's key. Creating one starts
+//! nothing (the first command does, in a fresh sandbox, as every call);
+//! its timeout is when its thread is deleted; pause and resume only mark
+//! it, because nothing runs between calls anyway.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use warren_config::EffectiveKey;
+
+use super::E2bError;
+use crate::records::{now_ms, rfc3339, E2bSandbox};
+use crate::state::AppState;
+
+/// The E2B SDKs' default templates: both name the key's own Sandbox.
+const DEFAULT_TEMPLATES: &[&str] = &["base", "code-interpreter-v1"];
+/// A sandbox's timeout when `create` names none (E2B's default), seconds.
+const DEFAULT_TIMEOUT: i64 = 300;
+/// The longest timeout, seconds (a day).
+const MAX_TIMEOUT: i64 = 86_400;
+/// Live sandboxes of a key whose ApiKey sets no `maxThreads`.
+const DEFAULT_MAX_SANDBOXES: u64 = 1000;
+/// Rows one listing reads at most.
+const LIST_SCAN: u32 = 10_000;
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError> {
+    Ok(st.keys().authenticate_e2b(headers)?)
+}
+
+/// A small JSON body (64 KiB at most, bounded in time); empty is `{}`.
+async fn body(st: &AppState, b: Body) -> Result<Value, E2bError> {
+    const LIMIT: usize = 64 << 10;
+    let bytes = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, LIMIT))
+        .await
+        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time"))?
+        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body exceeds {LIMIT} bytes")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| E2bError::invalid("the body is not JSON"))?;
+    if !v.is_object() {
+        return Err(E2bError::invalid("the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// `timeout` in seconds from a body, within 0..=a day.
+fn timeout_of(v: &Value, default: i64) -> Result<i64, E2bError> {
+    match v.get("timeout") {
+        None | Some(Value::Null) => Ok(default),
+        Some(t) => t.as_i64().filter(|t| (0..=MAX_TIMEOUT).contains(t)).ok_or_else(|| E2bError::invalid(format!("timeout: whole seconds from 0 to {MAX_TIMEOUT}"))),
+    }
+}
+
+fn strings(v: &Value, field: &str) -> Result<BTreeMap<String, String>, E2bError> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())).ok_or_else(|| E2bError::invalid(format!("{field}.{k}: a string"))))
+            .collect(),
+        Some(_) => Err(E2bError::invalid(format!("{field}: an object of strings"))),
+    }
+}
+
+/// Refuses what `create` asks that Warren cannot give: a network other than
+/// the Sandbox's (a key's policy is only narrowed by its manifests), MCP
+/// servers, volume mounts and IAM inside the sandbox.
+fn refuse_unsupported(v: &Value, key: &EffectiveKey) -> Result<(), E2bError> {
+    let present = |f: &str| v.get(f).is_some_and(|x| !x.is_null() && x != &json!({}) && x != &json!([]));
+    for (field, what) in [("mcp", "MCP servers inside a sandbox"), ("volumeMounts", "volume mounts chosen at create (declare storage on the Sandbox)"), ("iam", "IAM workload tokens")] {
+        if present(field) {
+            return Err(E2bError::unsupported(&format!("{field}: {what} are not offered by Warren")));
+        }
+    }
+    if present("network") {
+        return Err(E2bError::unsupported("network: the network policy is the Sandbox's (spec.network, spec.egress), not chosen per sandbox"));
+    }
+    let blocked = key.network == warren_core::network::Network::Blocked;
+    match v.get("allow_internet_access").and_then(Value::as_bool) {
+        Some(false) if !blocked => Err(E2bError::invalid("allow_internet_access=false: this key's Sandbox has network Unrestricted; use a key whose Sandbox is Blocked")),
+        Some(true) if blocked => Err(E2bError::invalid("allow_internet_access=true: this key's Sandbox has network Blocked")),
+        _ => Ok(()),
+    }
+}
+
+/// A new sandbox id: 20 lowercase letters and digits, like E2B's.
+fn new_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut out = String::with_capacity(20);
+    while out.len() < 20 {
+        let mut b = [0u8; 32];
+        rand::fill(&mut b);
+        // 252 = 7 × 36: rejection keeps every character uniform.
+        out.extend(b.iter().filter(|&&x| x < 252).map(|&x| ALPHABET[usize::from(x % 36)] as char).take(20 - out.len()));
+    }
+    out
+}
+
+/// `Sandbox` (create, connect, resume).
+fn created(st: &AppState, s: &E2bSandbox) -> Value {
+    let token = super::token::sign(&st.files.signing_key.current(), &s.namespace, &s.key_name, &s.id);
+    json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "warren",
+        "envdVersion": super::ENVD_VERSION,
+        "envdAccessToken": token,
+        "alias": s.template,
+    })
+}
+
+/// `ListedSandbox` (and, with the token, `SandboxDetail`).
+fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
+    json!({
+        "templateID": s.template,
+        "sandboxID": s.id,
+        "clientID": "warren",
+        "alias": s.template,
+        "startedAt": rfc3339(s.started_ms),
+        "endAt": rfc3339(s.end_ms),
+        "cpuCount": key.limits.cpu_millis.div_ceil(1000).max(1),
+        "memoryMB": key.limits.memory_bytes >> 20,
+        "diskSizeMB": key.limits.home_bytes.max(key.thread_max_bytes) >> 20,
+        "state": s.state,
+        "envdVersion": super::ENVD_VERSION,
+        "metadata": s.metadata,
+    })
+}
+
+/// `POST /sandboxes` (SDK ≤ 2.50) and `POST /v2/sandboxes`.
+pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
+    let run = async {
+        let key = key(&st, &headers)?;
+        let v = body(&st, b).await?;
+        let template = v.get("templateID").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("templateID is required"))?;
+        if template != key.sandbox && !DEFAULT_TEMPLATES.contains(&template) {
+            return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
+        }
+        refuse_unsupported(&v, &key)?;
+        let (metadata, env) = (strings(&v, "metadata")?, strings(&v, "envVars")?);
+        // The execute request's own rules (names, sizes, reserved variables).
+        let probe = json!({"code": "true", "env_vars": env, "metadata": metadata});
+        crate::request::parse(&serde_json::to_vec(&probe).unwrap_or_default())?;
+        let timeout = timeout_of(&v, DEFAULT_TIMEOUT)?;
+        let store = st.service.records.store();
+        let now = now_ms();
+        let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
+        if store.live_sandboxes(&key.namespace, &key.name, now).await? >= most {
+            return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} live sandboxes, its most (maxThreads); kill one first")));
+        }
+        let s = E2bSandbox {
+            id: new_id(),
+            namespace: key.namespace.clone(),
+            key_name: key.name.clone(),
+            template: template.to_string(),
+            metadata,
+            env,
+            state: "running".into(),
+            started_ms: now,
+            end_ms: now + timeout * 1000,
+        };
+        store.insert_sandbox(&s).await?;
+        tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox created");
+        Ok((StatusCode::CREATED, axum::Json(created(&st, &s))))
+    };
+    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// The caller's sandbox `id` while it lives; an ended one is deleted now.
+async fn owned(st: &AppState, key: &Arc<EffectiveKey>, id: &str) -> Result<E2bSandbox, E2bError> {
+    let missing = || E2bError::not_found(format!("sandbox {id} not found"));
+    if !warren_core::ids::is_thread_id(id) {
+        return Err(missing());
+    }
+    let s = st.service.records.store().sandbox(id).await?.filter(|s| s.namespace == key.namespace && s.key_name == key.name).ok_or_else(missing)?;
+    if s.end_ms <= now_ms() {
+        expire(st, key, &s);
+        return Err(missing());
+    }
+    Ok(s)
+}
+
+/// `GET /sandboxes/{id}`.
+pub async fn get_info(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let run = async {
+        let key = key(&st, &headers)?;
+        let s = owned(&st, &key, &id).await?;
+        let mut v = listed(&key, &s);
+        v["envdAccessToken"] = created(&st, &s)["envdAccessToken"].clone();
+        Ok::<_, E2bError>(axum::Json(v))
+    };
+    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `GET /v2/sandboxes` query.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    metadata: Option<String>,
+    limit: Option<u32>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+}
+
+/// `GET /v2/sandboxes`: the key's live sandboxes, oldest first, paged
+/// (`limit` ≤ 100, `X-Next-Token`), filtered by state and metadata.
+pub async fn list(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    match page(&st, &headers, q).await {
+        Ok((items, next)) => {
+            let mut r = axum::Json(items).into_response();
+            if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+                r.headers_mut().insert("x-next-token", v);
+            }
+            r
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /sandboxes` (older SDKs): the first page, without paging.
+pub async fn list_v1(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    page(&st, &headers, q).await.map_or_else(IntoResponse::into_response, |(items, _)| axum::Json(items).into_response())
+}
+
+async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<Value>, Option<String>), E2bError> {
+    let key = key(st, headers)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 100) as usize;
+    let states: Vec<&str> = q.state.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
+    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).into_owned().collect()).unwrap_or_default();
+    let after = match q.next_token.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(cursor(t).ok_or_else(|| E2bError::invalid("nextToken is not one this gateway gave"))?),
+    };
+    let now = now_ms();
+    let rows = st.service.records.store().sandboxes(&key.namespace, &key.name, after, LIST_SCAN).await?;
+    let mut out = Vec::new();
+    let mut next = None;
+    for s in rows {
+        if s.end_ms <= now {
+            expire(st, &key, &s);
+            continue;
+        }
+        if (!states.is_empty() && !states.contains(&s.state.as_str())) || !wanted.iter().all(|(k, v)| s.metadata.get(k) == Some(v)) {
+            continue;
+        }
+        if out.len() == limit {
+            break;
+        }
+        if out.len() + 1 == limit {
+            next = Some(B64.encode(format!("{}:{}", s.started_ms, s.id)));
+        }
+        out.push(listed(&key, &s));
+    }
+    // A full page says there may be more; the last page of exactly `limit`
+    // then gives one empty page, as E2B's own paging does.
+    Ok((out.clone(), if out.len() == limit { next } else { None }))
+}
+
+fn cursor(token: &str) -> Option<(i64, String)> {
+    let raw = String::from_utf8(B64.decode(token).ok()?).ok()?;
+    let (t, id) = raw.split_once(':')?;
+    warren_core::ids::is_thread_id(id).then(|| Some((t.parse().ok()?, id.to_string())))?
+}
+
+/// `DELETE /sandboxes/{id}`: its thread (home) is deleted.
+pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let run = async {
+        let key = key(&st, &headers)?;
+        let s = owned(&st, &key, &id).await?;
+        st.service.records.store().delete_sandbox(&s.id).await?;
+        delete_thread(&st, &key, &s.id, crate::request_id::of(&headers)).await;
+        tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
+        Ok::<_, E2bError>(StatusCode::NO_CONTENT)
+    };
+    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// Deletes the thread of a forgotten sandbox. A command still running holds
+/// the thread: then the deletion is retried (once a second, a few minutes
+/// at most) in the background, so the home never outlives its sandbox for long.
+async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str) {
+    use crate::exec_error::ExecError;
+    match st.service.delete_thread(key, id, trace).await {
+        Ok(()) | Err(ExecError::ThreadNotFound(_)) => {}
+        Err(_) => {
+            let (st, key, id) = (st.clone(), key.clone(), id.to_string());
+            st.tasks.clone().spawn(async move {
+                for _ in 0..300 {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    if matches!(st.service.delete_thread(&key, &id, "e2b-kill").await, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
+                        return;
+                    }
+                }
+                tracing::warn!(sandbox = %id, "a killed sandbox's thread could not be deleted; its retention removes it");
+            });
+        }
+    }
+}
+
+/// Forgets an ended sandbox and deletes its thread, in the background.
+pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
+    let (st, key, id) = (st.clone(), key.clone(), s.id.clone());
+    st.tasks.clone().spawn(async move {
+        if let Ok(true) = st.service.records.store().delete_sandbox(&id).await {
+            tracing::info!(sandbox = %id, "e2b sandbox reached its timeout");
+            delete_thread(&st, &key, &id, "e2b-timeout").await;
+        }
+    });
+}
+
+/// `POST /sandboxes/{id}/timeout` `{timeout}`: it ends that many seconds from now.
+pub async fn set_timeout(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>, b: Body) -> Response {
+    let run = async {
+        let key = key(&st, &headers)?;
+        let s = owned(&st, &key, &id).await?;
+        let t = timeout_of(&body(&st, b).await?, DEFAULT_TIMEOUT)?;
+        st.service.records.store().update_sandbox(&s.id, now_ms() + t * 1000, &s.state).await?;
+        Ok::<_, E2bError>(StatusCode::NO_CONTENT)
+    };
+    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `POST /sandboxes/{id}/refreshes` `{duration}`: at least that many more seconds.
+pub async fn refresh(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>, b: Body) -> Response {
+    let run = async {
+        let key = key(&st, &headers)?;
+        let s = owned(&st, &key, &id).await?;
+        let v = body(&st, b).await?;
+        let d = v.get("duration").and_then(Value::as_i64).unwrap_or(60).clamp(0, MAX_TIMEOUT);
+        st.service.records.store().update_sandbox(&s.id, s.end_ms.max(now_ms() + d * 1000), &s.state).await?;
+        Ok::<_, E2bError>(StatusCode::NO_CONTENT)
+    };
+    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// Marks the sandbox `state`; with a body timeout, it ends that far from now.
+async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Option<Body>) -> Result<(Arc<EffectiveKey>, E2bSandbox), E2bError> {
+    let key = key(st, headers)?;
+    let mut s = owned(st, &key, id).await?;
+    if let Some(b) = b {
+        let t = timeout_of(&body(st, b).await?, -1)?;
+        if t >= 0 {
+            s.end_ms = now_ms() + t * 1000;
+        }
+    }
+    s.state = state.to_string();
+    st.service.records.store().update_sandbox(&s.id, s.end_ms, state).await?;
+    Ok((key, s))
+}
+
+/// `POST /sandboxes/{id}/connect` and `/v2/…/connect`: resumes it when
+/// paused; answers as `create`.
+pub async fn connect(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>, b: Body) -> Response {
+    match mark(&st, &headers, &id, "running", Some(b)).await {
+        Ok((_, s)) => (StatusCode::OK, axum::Json(created(&st, &s))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /sandboxes/{id}/resume`.
+pub async fn resume(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>, b: Body) -> Response {
+    match mark(&st, &headers, &id, "running", Some(b)).await {
+        Ok((_, s)) => (StatusCode::CREATED, axum::Json(created(&st, &s))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /sandboxes/{id}/pause`: its home is already saved; the data plane
+/// refuses it until it is resumed (or connected to).
+pub async fn pause(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    match mark(&st, &headers, &id, "paused", None).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_lowercase_thread_ids() {
+        let a = new_id();
+        assert_eq!(a.len(), 20);
+        assert!(a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+        assert!(warren_core::ids::is_thread_id(&a));
+        assert_ne!(a, new_id());
+    }
+
+    #[test]
+    fn cursors_round_trip_and_bad_ones_are_refused() {
+        let t = B64.encode("1700000000000:abc");
+        assert_eq!(cursor(&t), Some((1_700_000_000_000, "abc".into())));
+        assert_eq!(cursor("!!"), None);
+        assert_eq!(cursor(&B64.encode("x:abc")), None);
+        assert_eq!(cursor(&B64.encode("1:../x")), None);
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert_eq!(timeout_of(&json!({}), 300).unwrap(), 300);
+        assert_eq!(timeout_of(&json!({"timeout": 60}), 300).unwrap(), 60);
+        assert!(timeout_of(&json!({"timeout": -1}), 300).is_err());
+        assert!(timeout_of(&json!({"timeout": MAX_TIMEOUT + 1}), 300).is_err());
+        assert!(timeout_of(&json!({"timeout": "1"}), 300).is_err());
+    }
+}

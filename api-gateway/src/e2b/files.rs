@@ -1,0 +1,96 @@
+//! envd's `GET|POST /files`: a file of the sandbox's home, through the same
+//! node calls as Warren's Files API (the thread's size limit, 409 while a
+//! command holds the thread). Uploads are `application/octet-stream` (one
+//! file, `?path=`) or `multipart/form-data` (each part's filename is its
+//! path); both answer `[{name, type, path}]`.
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::paths::{relative, reported};
+use super::sandbox::{open, Opened};
+use super::E2bError;
+use crate::files::FileAccess;
+use crate::state::AppState;
+
+/// `?path=&username=`.
+#[derive(Debug, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+}
+
+fn access<'a>(st: &'a AppState, o: &'a Opened) -> Result<FileAccess<'a>, E2bError> {
+    Ok(FileAccess::new(st, &o.key, "thread", &o.sandbox.id)?)
+}
+
+/// The file path a query names (a file, not the home itself).
+fn file_path(p: Option<&str>) -> Result<String, E2bError> {
+    let rel = relative(p.unwrap_or_default())?;
+    if rel.is_empty() {
+        return Err(E2bError::invalid("path: a file in the home is required"));
+    }
+    Ok(rel)
+}
+
+/// A refusal of the Files API as envd's error (404 stays 404).
+fn refused(e: crate::error::ApiError) -> E2bError {
+    E2bError::from(e)
+}
+
+/// `GET /files?path=`: the file's bytes.
+pub async fn download(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<FileQuery>) -> Response {
+    let run = async {
+        let o = open(&st, &headers).await?;
+        let rel = file_path(q.path.as_deref())?;
+        let stream = access(&st, &o)?.read(&rel, crate::request_id::of(&headers)).await.map_err(refused)?;
+        let body = Body::from_stream(stream.map(|c| c.map_err(|s| std::io::Error::other(s.message().to_string()))));
+        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /files`: stores one file (octet-stream) or each part (multipart).
+pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<FileQuery>, b: Body) -> Response {
+    let run = async {
+        let o = open(&st, &headers).await?;
+        let files = access(&st, &o)?;
+        let trace = crate::request_id::of(&headers);
+        if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
+            return Err(E2bError::invalid("compressed uploads are not accepted (write without gzip)"));
+        }
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let max = files.max_upload().min(usize::MAX as u64) as usize;
+        let bytes = tokio::time::timeout(st.settings.body_timeout.max(std::time::Duration::from_secs(60)), axum::body::to_bytes(b, max.saturating_add(64 << 10)))
+            .await
+            .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the upload did not arrive in time"))?
+            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the upload exceeds the largest file this sandbox stores ({max} bytes)")))?;
+        let mut written = Vec::new();
+        if let Some(boundary) = crate::console::multipart::boundary(ct) {
+            let parts = crate::console::multipart::parse(&bytes, &boundary).map_err(|why| E2bError::invalid(format!("the multipart body: {why}")))?;
+            for part in parts.into_iter().filter(|p| p.filename.is_some() || q.path.is_some()) {
+                let rel = match (&q.path, &part.filename) {
+                    (Some(p), _) if written.is_empty() => file_path(Some(p))?,
+                    (_, Some(f)) => file_path(Some(f))?,
+                    _ => return Err(E2bError::invalid("each file part needs a filename (its path)")),
+                };
+                files.write(&rel, part.data, trace).await.map_err(refused)?;
+                written.push(rel);
+            }
+        } else {
+            let rel = file_path(q.path.as_deref())?;
+            files.write(&rel, bytes, trace).await.map_err(refused)?;
+            written.push(rel);
+        }
+        if written.is_empty() {
+            return Err(E2bError::invalid("no file in the upload"));
+        }
+        let info: Vec<_> = written.iter().map(|r| json!({"name": r.rsplit('/').next().unwrap_or(r), "type": "file", "path": reported(r)})).collect();
+        Ok(axum::Json(info).into_response())
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}

@@ -1,0 +1,82 @@
+//! envd's filesystem service (`/filesystem.Filesystem/*`). Only the home
+//! persists, so every call works on the thread's home: `Stat`, `ListDir`,
+//! `MakeDir`, `Move` and `Remove` run `fs.py` (beside this file) in the
+//! sandbox — one short execution, exactly the filesystem a command sees.
+//! Watching a directory needs a process that outlives the call: refused.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::connect;
+use super::paths::{in_sandbox, relative};
+use super::sandbox::{open, Program};
+use super::E2bError;
+use crate::exec::Delivery;
+use crate::state::AppState;
+
+/// The program the calls run (Python, in the sandbox).
+const FS_PY: &str = include_str!("fs.py");
+/// What precedes its answer on stdout.
+const MARK: &str = "\u{1e}warren-e2b-fs ";
+/// Seconds one call may take.
+const TIMEOUT: u64 = 30;
+
+/// `POST /filesystem.Filesystem/{method}` (unary, JSON).
+pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): Path<String>, b: Body) -> Response {
+    if matches!(method.as_str(), "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher") {
+        return connect::unary_error(&E2bError::unsupported("watching a directory needs a process between calls, which Warren does not keep"));
+    }
+    match unary(&st, &headers, &method, b).await {
+        Ok(v) => connect::unary_ok(&v),
+        Err(e) => connect::unary_error(&e),
+    }
+}
+
+async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Result<Value, E2bError> {
+    let raw = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, 64 << 10))
+        .await
+        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request did not arrive in time"))?
+        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request exceeds 64 KiB"))?;
+    let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the request is not JSON"))?;
+    let path = |field: &str| -> Result<String, E2bError> { Ok(in_sandbox(&relative(req.get(field).and_then(Value::as_str).unwrap_or_default())?)) };
+    let args = match method {
+        "Stat" => json!({"op": "stat", "path": path("path")?}),
+        "ListDir" => json!({"op": "list", "path": path("path")?, "depth": req.get("depth").and_then(Value::as_u64).unwrap_or(1).clamp(1, 32)}),
+        "MakeDir" => json!({"op": "mkdir", "path": path("path")?}),
+        "Move" => json!({"op": "move", "path": path("source")?, "to": path("destination")?}),
+        "Remove" => json!({"op": "remove", "path": path("path")?}),
+        _ => return Err(E2bError::not_found(format!("filesystem.Filesystem/{method} does not exist")).with_code("unimplemented")),
+    };
+    let opened = open(st, headers).await?;
+    let answer = run(st, &opened, &args).await?;
+    Ok(match method {
+        "MakeDir" if answer.get("exists").is_some() => return Err(E2bError::new(StatusCode::CONFLICT, "the path already exists").with_code("already_exists")),
+        "Remove" => json!({}),
+        _ => answer,
+    })
+}
+
+/// Runs `fs.py` with `args` in the sandbox; its answer, or its error.
+async fn run(st: &AppState, opened: &super::sandbox::Opened, args: &Value) -> Result<Value, E2bError> {
+    if !opened.offers(warren_core::language::Language::Python) {
+        return Err(E2bError::unsupported("the filesystem calls run Python in the sandbox, and this key's Sandbox does not offer python"));
+    }
+    let literal = serde_json::to_string(&args.to_string()).unwrap_or_default();
+    let program = Program { code: format!("{FS_PY}\nmain({literal})\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(TIMEOUT) };
+    let mut exec = opened.start(st, program, Delivery::Collected).await?;
+    let r = exec.collect().await?;
+    let answer = r.stdout.rsplit_once(MARK).and_then(|(_, a)| serde_json::from_str::<Value>(a.trim_end()).ok());
+    let Some(answer) = answer else {
+        tracing::warn!(trace_id = %r.trace_id, exit_code = r.exit_code, error = ?r.error, "an E2B filesystem call gave no answer");
+        return Err(E2bError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the filesystem call failed in the sandbox ({})", r.error.as_deref().unwrap_or("no answer"))));
+    };
+    if let Some(code) = answer.get("err").and_then(Value::as_str) {
+        let message = answer.get("message").and_then(Value::as_str).unwrap_or_default().to_string();
+        let status = if code == "not_found" { StatusCode::NOT_FOUND } else { StatusCode::BAD_REQUEST };
+        return Err(E2bError::new(status, message));
+    }
+    Ok(answer.get("ok").cloned().unwrap_or_else(|| json!({})))
+}

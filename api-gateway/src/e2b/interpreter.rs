@@ -1,0 +1,200 @@
+//! The code interpreter's `POST /execute` (`run_code`): the code runs as
+//! Python in a fresh interpreter in the sandbox's thread, wrapped by
+//! `cell.py` (beside this file) so that, as in a Jupyter cell, the value of
+//! a last expression is a `text` result and an uncaught exception an
+//! `error` with name, value and traceback. Output streams as NDJSON as it
+//! comes. Contexts (interpreter state kept between calls) are refused.
+
+use std::collections::BTreeMap;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::sandbox::{open, Program};
+use super::E2bError;
+use crate::exec::{Delivery, Lost, Run, RunEvent};
+use crate::result::{ExecuteResult, Outcome};
+use crate::state::AppState;
+
+const CELL_PY: &str = include_str!("cell.py");
+
+/// Contexts: refused with the reason.
+pub async fn contexts() -> Response {
+    E2bError::unsupported("code contexts keep interpreter state between calls, which Warren does not (each run_code is a fresh interpreter; files in the home persist)").into_response()
+}
+
+/// `POST /execute` `{code, context_id, language, env_vars}`.
+pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
+    let run = async {
+        let opened = open(&st, &headers).await?;
+        let raw = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, 2 << 20))
+            .await
+            .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request did not arrive in time"))?
+            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request exceeds 2 MiB"))?;
+        let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the body is not JSON"))?;
+        if req.get("context_id").is_some_and(|c| !c.is_null()) {
+            return Err(E2bError::unsupported("code contexts are not offered by Warren: each run_code is a fresh interpreter"));
+        }
+        match req.get("language").and_then(Value::as_str) {
+            None | Some("python" | "python3") => {}
+            Some(other) => return Err(E2bError::unsupported(&format!("language {other:?}: Warren's run_code runs python (use commands.run for other programs)"))),
+        }
+        let code = req.get("code").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("code is required"))?;
+        let env: BTreeMap<String, String> = req.get("env_vars").and_then(Value::as_object).map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default();
+        let mark = format!("\u{1e}warren-cell-{} ", warren_core::ids::random_id("", 16, &mut |b: &mut [u8]| rand::fill(b)));
+        let program = Program {
+            code: format!("{CELL_PY}\n__warren_cell({}, {})\n", py_str(code), py_str(&mark)),
+            language: warren_core::language::Language::Python,
+            env,
+            timeout: None,
+        };
+        let run = opened.start(&st, program, Delivery::Streamed).await?;
+        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines(run, mark))).into_response())
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A Python string literal (JSON's escapes are Python's).
+fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+fn line(v: Value) -> Bytes {
+    let mut b = serde_json::to_vec(&v).unwrap_or_default();
+    b.push(b'\n');
+    b.into()
+}
+
+fn now_micros() -> i64 {
+    crate::records::now_ms() * 1000
+}
+
+/// Splits stdout into what to show now and what may be the start of the
+/// report (held until more arrives); after the mark, everything is report.
+#[derive(Default)]
+struct Stdout {
+    pending: Vec<u8>,
+    report: Option<Vec<u8>>,
+}
+
+impl Stdout {
+    fn push(&mut self, chunk: &[u8], mark: &[u8]) -> Vec<u8> {
+        if let Some(r) = self.report.as_mut() {
+            r.extend_from_slice(chunk);
+            return Vec::new();
+        }
+        self.pending.extend_from_slice(chunk);
+        if let Some(at) = memchr::memmem::find(&self.pending, mark) {
+            let rest = self.pending.split_off(at);
+            self.report = Some(rest[mark.len()..].to_vec());
+            return std::mem::take(&mut self.pending);
+        }
+        // Keep the longest tail that could begin the mark.
+        let keep = (1..mark.len().min(self.pending.len() + 1)).rev().find(|&n| self.pending.ends_with(&mark[..n])).unwrap_or(0);
+        let shown = self.pending.len() - keep;
+        let rest = self.pending.split_off(shown);
+        std::mem::replace(&mut self.pending, rest)
+    }
+}
+
+fn text_line(kind: &str, bytes: &[u8]) -> Option<Bytes> {
+    (!bytes.is_empty()).then(|| line(json!({"type": kind, "text": String::from_utf8_lossy(bytes), "timestamp": now_micros()})))
+}
+
+/// The NDJSON lines of one run.
+fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    async_stream::stream! {
+        let mut stdout = Stdout::default();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        loop {
+            match run.next().await {
+                Ok(RunEvent::Started) => {}
+                Ok(RunEvent::Stdout(c)) => {
+                    let shown = stdout.push(&c, mark.as_bytes());
+                    out.extend_from_slice(&shown);
+                    if let Some(l) = text_line("stdout", &shown) { yield Ok(l); }
+                }
+                Ok(RunEvent::Stderr(c)) => {
+                    err.extend_from_slice(&c);
+                    if let Some(l) = text_line("stderr", &c) { yield Ok(l); }
+                }
+                Ok(RunEvent::Exited(x)) => {
+                    let outcome = Outcome::of(&x);
+                    let report = stdout.report.take();
+                    if report.is_none() {
+                        let rest = std::mem::take(&mut stdout.pending);
+                        out.extend_from_slice(&rest);
+                        if let Some(l) = text_line("stdout", &rest) { yield Ok(l); }
+                    }
+                    let text = |raw: &[u8]| String::from_utf8_lossy(raw).into_owned();
+                    let result = ExecuteResult::new(&run.id, &x, text(&out), text(&err)).held_within(run.max_output_bytes);
+                    run.finish(outcome, &result);
+                    for l in ending(report.as_deref(), &result, outcome) { yield Ok(l); }
+                    return;
+                }
+                Err(Lost) => {
+                    let e: E2bError = crate::error::ApiError::from(run.lost()).into();
+                    yield Ok(line(json!({"type": "error", "name": "WarrenNodeLost", "value": e.message, "traceback": ""})));
+                    yield Ok(line(json!({"type": "unexpected_end_of_execution"})));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The closing lines: the cell's result or error (or, when the program
+/// never reported, what ended it), then the end of the execution.
+fn ending(report: Option<&[u8]>, r: &ExecuteResult, outcome: Outcome) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let parsed: Value = report.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
+    if let Some(text) = parsed.get("result").and_then(Value::as_str) {
+        out.push(line(json!({"type": "result", "text": text, "is_main_result": true})));
+    }
+    if let Some(e) = parsed.get("error") {
+        out.push(line(json!({"type": "error", "name": e["name"], "value": e["value"], "traceback": e["traceback"]})));
+    } else if parsed.is_null() {
+        // The program ended before its report: killed, out of memory, or it exited itself.
+        let (name, value) = match outcome.error_code() {
+            Some("timeout") => ("TimeoutError".to_string(), "the code ran past its timeout and was killed".to_string()),
+            Some(code) => ("WarrenError".to_string(), code.to_string()),
+            None if r.exit_code != 0 => ("SystemExit".to_string(), r.exit_code.to_string()),
+            None => (String::new(), String::new()),
+        };
+        if !name.is_empty() {
+            out.push(line(json!({"type": "error", "name": name, "value": value, "traceback": ""})));
+        }
+    }
+    out.push(line(json!({"type": "number_of_executions", "execution_count": 1})));
+    out.push(line(json!({"type": "end_of_execution"})));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_is_cut_from_stdout_wherever_chunks_split_it() {
+        let mark = b"\x1eMARK ";
+        let full = b"hello\nworld\x1eMARK {\"result\": \"1\"}\n";
+        for split in 0..full.len() {
+            let mut s = Stdout::default();
+            let mut shown = s.push(&full[..split], mark);
+            shown.extend(s.push(&full[split..], mark));
+            assert_eq!(shown, b"hello\nworld", "split at {split}");
+            assert_eq!(s.report.as_deref(), Some(&b"{\"result\": \"1\"}\n"[..]), "split at {split}");
+        }
+        let mut s = Stdout::default();
+        assert_eq!(s.push(b"no mark here\x1e", mark), b"no mark here");
+        assert_eq!(s.pending, b"\x1e");
+    }
+
+    #[test]
+    fn python_literals_hold_any_text() {
+        assert_eq!(py_str("a\"b\\c\n\u{1e}"), "\"a\\\"b\\\\c\\n\\u001e\"");
+    }
+}

@@ -1,0 +1,135 @@
+//! The E2B API: the unmodified E2B SDKs (`e2b`, `e2b-code-interpreter`)
+//! against Warren.
+//!
+//! ```text
+//! control plane (E2B_API_URL, X-API-KEY: e2b_…)   data plane (E2B_SANDBOX_URL, E2b-Sandbox-Id + X-Access-Token)
+//! POST /sandboxes, /v2/sandboxes                  GET /health
+//! GET|DELETE /sandboxes/{id}, GET /v2/sandboxes    /process.Process/*        (Connect RPC, JSON)
+//! POST /sandboxes/{id}/{timeout,connect,...}       /filesystem.Filesystem/*  (Connect RPC, JSON)
+//!                                                  GET|POST /files, POST /execute, /contexts
+//! ```
+//!
+//! An E2B sandbox is a thread of the caller's key: nothing runs between
+//! calls, the home (`/home/sandbox`, also spelled `/home/user`) is what
+//! persists, a command is one execution in the thread, a file is a file of
+//! the thread's saved home. The sandbox's record (template, metadata,
+//! environment, end) is in the record database so every replica answers.
+//! What cannot hold in that model — processes that outlive a command,
+//! terminals, exposed ports, interpreter state between `run_code` calls —
+//! answers an error that names the limit (docs/src/e2b.md).
+
+mod connect;
+mod control;
+mod files;
+mod filesystem;
+mod interpreter;
+mod paths;
+mod process;
+mod sandbox;
+mod token;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::state::AppState;
+
+/// The envd version Warren's data plane answers like: octet-stream and
+/// multipart uploads (≥ 0.5.7), no file metadata or watch entries (0.6.x).
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// The E2B routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes", post(control::create).get(control::list_v1))
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes/{id}", get(control::get_info).delete(control::kill))
+        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/connect", post(control::connect))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/resume", post(control::resume))
+        .route("/sandboxes/{id}/refreshes", post(control::refresh))
+        .route("/health", get(sandbox::health))
+        .route("/files", get(files::download).post(files::upload))
+        .route("/process.Process/{method}", post(process::call))
+        .route("/filesystem.Filesystem/{method}", post(filesystem::call))
+        .route("/execute", post(interpreter::execute))
+        .route("/contexts", post(interpreter::contexts).get(interpreter::contexts))
+        .route("/contexts/{id}", axum::routing::delete(interpreter::contexts))
+        .route("/contexts/{id}/restart", post(interpreter::contexts))
+}
+
+/// An E2B error: `{"code": status, "message": …}`, which the SDKs turn into
+/// their exceptions by status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What the caller reads.
+    pub message: String,
+    /// The Connect code, when the status alone does not say it.
+    pub connect_code: Option<&'static str>,
+}
+
+impl E2bError {
+    /// An error with this status and message.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        E2bError { status, message: message.into(), connect_code: None }
+    }
+
+    /// An error with its own Connect code.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.connect_code = Some(code);
+        self
+    }
+
+    /// 400.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// A Warren limit the E2B call runs into: a 400 (bad input, not a
+    /// server failure) whose Connect code is `unimplemented`.
+    pub fn unsupported(what: &str) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, format!("{what} — see the E2B page of Warren's documentation")).with_code("unimplemented")
+    }
+
+    /// The sandbox is gone (killed or past its timeout): the data plane's
+    /// 502, which the SDKs read as "not running".
+    pub fn gone(id: &str) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found"))
+    }
+}
+
+impl From<crate::error::ApiError> for E2bError {
+    fn from(e: crate::error::ApiError) -> Self {
+        E2bError::new(e.status, e.body.message)
+    }
+}
+
+impl From<crate::exec_error::ExecError> for E2bError {
+    fn from(e: crate::exec_error::ExecError) -> Self {
+        crate::error::ApiError::from(e).into()
+    }
+}
+
+impl From<crate::records::StoreError> for E2bError {
+    fn from(e: crate::records::StoreError) -> Self {
+        tracing::warn!(error = %e, "the record database failed an E2B call");
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "the sandbox registry is unavailable; retry shortly")
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        (self.status, axum::Json(body)).into_response()
+    }
+}

@@ -1,0 +1,51 @@
+//! The data plane's access token (`envdAccessToken`, sent back as
+//! `X-Access-Token`): an HMAC-SHA256 under the file-URL signing key over the
+//! sandbox id and its key, so it opens that one sandbox only, every replica
+//! checks it without a lookup of its own, and rotating the signing key ends
+//! every token. Pure; unit-tested.
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+fn mac(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
+    for part in ["warren e2b envd v1", namespace, key, id] {
+        m.update(part.as_bytes());
+        m.update(&[0]);
+    }
+    m
+}
+
+/// The token of sandbox `id` of ApiKey `namespace/key`.
+pub fn sign(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
+    format!("wet1_{}", B64.encode(mac(signing_key, namespace, key, id).finalize().into_bytes()))
+}
+
+/// True when `token` is the token of that sandbox (constant time).
+pub fn verify(signing_key: &[u8], namespace: &str, key: &str, id: &str, token: &str) -> bool {
+    let Some(raw) = token.strip_prefix("wet1_").and_then(|t| B64.decode(t).ok()) else { return false };
+    mac(signing_key, namespace, key, id).verify_slice(&raw).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_opens_its_own_sandbox_only() {
+        let k = b"0123456789abcdef0123456789abcdef";
+        let t = sign(k, "ns", "key", "sbx1");
+        assert!(verify(k, "ns", "key", "sbx1", &t));
+        assert!(!verify(k, "ns", "key", "sbx2", &t));
+        assert!(!verify(k, "ns", "other", "sbx1", &t));
+        assert!(!verify(k, "ns2", "key", "sbx1", &t));
+        assert!(!verify(b"another signing key of 32 bytes!", "ns", "key", "sbx1", &t));
+        assert!(!verify(k, "ns", "key", "sbx1", "wet1_"));
+        assert!(!verify(k, "ns", "key", "sbx1", &t[..t.len() - 1]));
+        // The separator keeps fields apart: ("a", "bc") is not ("ab", "c").
+        assert_ne!(sign(k, "a", "bc", "x"), sign(k, "ab", "c", "x"));
+    }
+}

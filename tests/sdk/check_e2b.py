@@ -1,0 +1,187 @@
+"""Drives Warren with the unmodified E2B Python SDKs (`e2b`,
+`e2b-code-interpreter` from PyPI).
+
+Run by tests/tests/e2b_sdk.rs inside a virtualenv it makes. The SDKs are
+configured only by their own environment variables: E2B_API_URL and
+E2B_SANDBOX_URL (the gateway), E2B_API_KEY (an ApiKey's e2b_ alias).
+WARREN_E2B_OTHER_KEY is another key's alias. Any failed check raises, and
+the test fails with this script's output; each check prints "ok NAME".
+"""
+
+import os
+
+import httpx
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    TimeoutException,
+)
+from e2b_code_interpreter import Sandbox as CodeSandbox
+
+OTHER = os.environ["WARREN_E2B_OTHER_KEY"]
+
+
+def raises(exc, fn, *args, contains=None, **kw):
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        if contains is not None:
+            assert contains in str(e), f"{exc.__name__} without {contains!r}: {e}"
+        return e
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def check_create_run(sbx):
+    r = sbx.commands.run("echo $GREETING from $(basename $PWD); echo err >&2")
+    assert (r.stdout, r.stderr, r.exit_code) == ("hi from sandbox\n", "err\n", 0), r
+    seen = []
+    r = sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append, envs={"X": "y"})
+    assert "".join(seen) == "1\n2\n3\n" and r.stdout == "1\n2\n3\n", (seen, r)
+    assert sbx.commands.run("echo $X", envs={"X": "per-call"}).stdout == "per-call\n"
+    e = raises(CommandExitException, sbx.commands.run, "echo out; exit 3")
+    assert (e.exit_code, e.stdout) == (3, "out\n"), e
+    r = sbx.commands.run("pwd", cwd="/home/user")
+    assert r.stdout == "/home/sandbox\n", r
+
+
+def check_files(sbx):
+    info = sbx.files.write("/home/user/a.txt", "hello")
+    assert info.path == "/home/user/a.txt" and info.name == "a.txt", info
+    assert sbx.files.read("/home/user/a.txt") == "hello"
+    assert sbx.files.read("a.txt", format="bytes") == bytearray(b"hello")
+    sbx.files.write("data/blob.bin", bytes(range(256)) * 64)
+    assert bytes(sbx.files.read("/home/user/data/blob.bin", format="bytes")) == bytes(range(256)) * 64
+    # What a command writes, the files API reads, and the other way round.
+    sbx.commands.run("mkdir -p out && printf made > out/by-command.txt")
+    assert sbx.files.read("out/by-command.txt") == "made"
+    assert sbx.commands.run("cat a.txt").stdout == "hello"
+    names = sorted(e.name for e in sbx.files.list("/home/user"))
+    assert {"a.txt", "data", "out"} <= set(names), names
+    deep = sorted(e.path for e in sbx.files.list("/home/user", depth=2))
+    assert "/home/user/data/blob.bin" in deep, deep
+    assert sbx.files.exists("a.txt") and not sbx.files.exists("nope.txt")
+    i = sbx.files.get_info("/home/user/data")
+    assert i.type.value == "dir" and i.name == "data", i
+    assert sbx.files.get_info("a.txt").size == 5
+    assert sbx.files.make_dir("/home/user/new/dir") is True
+    assert sbx.files.make_dir("/home/user/new/dir") is False
+    moved = sbx.files.rename("a.txt", "/home/user/new/b.txt")
+    assert moved.path == "/home/user/new/b.txt", moved
+    assert not sbx.files.exists("a.txt") and sbx.files.read("new/b.txt") == "hello"
+    sbx.files.remove("/home/user/new")
+    assert not sbx.files.exists("new")
+    raises(NotFoundException, sbx.files.read, "/home/user/missing.txt")
+    raises(InvalidArgumentException, sbx.files.write, "/etc/x", "no", contains="only the home")
+
+
+def check_connect_from_a_second_client(sbx):
+    other = Sandbox.connect(sbx.sandbox_id)
+    assert other.commands.run("cat data/blob.bin | wc -c").stdout.strip() == str(256 * 64)
+    assert other.is_running()
+
+
+def check_info_list_timeout(sbx):
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id and info.metadata == {"case": "conformance"}, info
+    assert info.state.value == "running", info
+    found = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"case": "conformance"})).next_items()]
+    assert sbx.sandbox_id in found, found
+    none = Sandbox.list(query=SandboxQuery(metadata={"case": "no-such"})).next_items()
+    assert none == [], none
+    before = sbx.get_info().end_at
+    sbx.set_timeout(3600)
+    assert sbx.get_info().end_at > before
+    # Paging: one sandbox a page.
+    extra = Sandbox.create(timeout=60, metadata={"case": "conformance"})
+    pages = Sandbox.list(query=SandboxQuery(metadata={"case": "conformance"}), limit=1)
+    ids = []
+    while pages.has_next:
+        ids += [s.sandbox_id for s in pages.next_items()]
+    assert sorted(ids) == sorted([sbx.sandbox_id, extra.sandbox_id]), ids
+    extra.kill()
+
+
+def check_pause_resume(sbx):
+    sbx.pause()
+    assert sbx.get_info().state.value == "paused"
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert resumed.get_info().state.value == "running"
+    assert resumed.commands.run("cat out/by-command.txt").stdout == "made"
+
+
+def check_timeouts_and_limits(sbx):
+    raises(TimeoutException, sbx.commands.run, "sleep 20", timeout=1)
+    # What Warren cannot do answers a clear error naming the limit.
+    raises(SandboxException, sbx.commands.connect, 1, contains="Warren")
+    raises(SandboxException, sbx.files.watch_dir, "/home/user", contains="Warren")
+    assert sbx.commands.list() == []
+
+
+def check_isolation(sbx):
+    # Another key cannot see, use or kill this sandbox.
+    raises(NotFoundException, Sandbox.get_info, sbx.sandbox_id, api_key=OTHER)
+    assert Sandbox.kill(sbx.sandbox_id, api_key=OTHER) is False
+    raises(NotFoundException, Sandbox.connect, sbx.sandbox_id, api_key=OTHER)
+    theirs = Sandbox.create(api_key=OTHER)
+    mine = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert theirs.sandbox_id not in mine, mine
+    # This sandbox's access token does not open theirs (envd's health, raw).
+    url = os.environ["E2B_SANDBOX_URL"] + "/health"
+    mine_token = {"X-Access-Token": sbx._envd_access_token}
+    assert httpx.get(url, headers={"E2b-Sandbox-Id": theirs.sandbox_id, **mine_token}).status_code == 502
+    assert httpx.get(url, headers={"E2b-Sandbox-Id": sbx.sandbox_id, **mine_token}).status_code == 204
+    assert httpx.get(url, headers={"E2b-Sandbox-Id": sbx.sandbox_id}).status_code == 502
+    assert theirs.is_running()
+    theirs.kill()
+
+
+def check_errors():
+    raises(AuthenticationException, Sandbox.create, api_key="e2b_" + "0" * 40)
+    raises(SandboxException, Sandbox.create, template="no-such-template", contains="template")
+    raises(SandboxException, Sandbox.create, network={"deny_out": ["0.0.0.0/0"]}, contains="network")
+
+
+def check_kill(sbx):
+    assert sbx.kill() is True
+    raises(NotFoundException, Sandbox.connect, sbx.sandbox_id)
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    assert not sbx.is_running()
+
+
+def check_code_interpreter():
+    ci = CodeSandbox.create()
+    ex = ci.run_code("import sys\nx = 20 + 22\nprint('hi')\nprint('oops', file=sys.stderr)\nx")
+    assert ex.error is None, ex.error
+    assert (ex.logs.stdout, ex.logs.stderr, ex.text) == (["hi\n"], ["oops\n"], "42"), ex
+    ex = ci.run_code("def f():\n    return 1 / 0\nf()")
+    assert ex.error.name == "ZeroDivisionError" and "f()" in ex.error.traceback, ex.error
+    ex = ci.run_code("x")
+    assert ex.error.name == "NameError" and "fresh interpreter" in ex.error.value, ex.error
+    ci.files.write("state.txt", "kept")
+    assert ci.run_code("open('state.txt').read()").text == "'kept'"
+    raises(SandboxException, ci.create_code_context, contains="Warren")
+    ci.kill()
+
+
+def main():
+    sbx = Sandbox.create(timeout=600, metadata={"case": "conformance"}, envs={"GREETING": "hi"})
+    for check in (check_create_run, check_files, check_connect_from_a_second_client, check_info_list_timeout,
+                  check_pause_resume, check_timeouts_and_limits, check_isolation):
+        check(sbx)
+        print("ok", check.__name__, flush=True)
+    check_errors()
+    print("ok check_errors", flush=True)
+    check_kill(sbx)
+    print("ok check_kill", flush=True)
+    check_code_interpreter()
+    print("ok check_code_interpreter", flush=True)
+
+
+if __name__ == "__main__":
+    main()
