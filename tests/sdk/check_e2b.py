@@ -8,6 +8,7 @@ WARREN_E2B_OTHER_KEY is another key's alias. Any failed check raises, and
 the test fails with this script's output; each check prints "ok NAME".
 """
 
+import io
 import os
 
 import httpx
@@ -57,6 +58,13 @@ def check_files(sbx):
     assert sbx.files.read("a.txt", format="bytes") == bytearray(b"hello")
     sbx.files.write("data/blob.bin", bytes(range(256)) * 64)
     assert bytes(sbx.files.read("/home/user/data/blob.bin", format="bytes")) == bytes(range(256)) * 64
+    # A binary file object streams through the gateway (33 MiB: more than it
+    # ever holds of one upload); a body of unknown length larger than that is
+    # refused with the reason.
+    big = 33 << 20
+    sbx.files.write("big.bin", io.BytesIO(b"w" * big))
+    assert sbx.commands.run("wc -c < big.bin && rm big.bin").stdout.strip() == str(big)
+    raises(SandboxException, sbx.files.write, "chunks.bin", iter([b"c" * (1 << 20)] * 33), contains="at most")
     # What a command writes, the files API reads, and the other way round.
     sbx.commands.run("mkdir -p out && printf made > out/by-command.txt")
     assert sbx.files.read("out/by-command.txt") == "made"

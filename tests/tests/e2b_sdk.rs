@@ -86,3 +86,73 @@ async fn the_e2b_js_sdk_works_against_warren() {
     assert!(out.status.success(), "E2B JS SDK checks failed:\n{stdout}\n{}\ngateway logs: {:#?}", String::from_utf8_lossy(&out.stderr), gw.logs());
     assert!(stdout.contains("ok js core calls\n"), "{stdout}");
 }
+
+/// A request with these headers (Content-Length set, connection closed).
+fn request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> warren_e2e::http::Response {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len()).into_bytes();
+    for (n, v) in headers {
+        req.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    warren_e2e::http::raw(addr, &req).expect("HTTP request")
+}
+
+/// The JSON messages of a Connect stream (flags, length, JSON).
+fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        out.push((body[0], serde_json::from_slice(&body[5..5 + len]).unwrap()));
+        body = &body[5 + len..];
+    }
+    out
+}
+
+/// Two gateways sharing a PostgreSQL record database and a signing key:
+/// a sandbox created through one is seen, used and killed through the
+/// other (the records are the registry; the access token verifies on both),
+/// and another key gets "not found" for it on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
+    use warren_e2e::services::{Postgres, PG_PASSWORD};
+    if skip_unless_root("e2b_sandboxes_live_in_postgresql_for_every_replica") {
+        return;
+    }
+    let pg = Postgres::start().unwrap();
+    let url = format!("postgres://agent:{PG_PASSWORD}@127.0.0.1:{}/app", pg.port);
+    let dir = tempfile::tempdir().unwrap();
+    let signing = dir.path().join("signing.key");
+    std::fs::write(&signing, "k".repeat(64)).unwrap();
+    let agent = Agent::start(&[]).await.unwrap();
+    let (agents, args) = ([agent.address()], ["--records", url.as_str(), "--files-signing-key-file", signing.to_str().unwrap()]);
+    let (a, b) = tokio::join!(Gateway::start(&agents, &args, true), Gateway::start(&agents, &args, true));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let (mine, theirs) = (alias("thr"), alias("thr2"));
+    let created = request(a.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"templateID": "threads", "metadata": {"suite": "pg"}}"#);
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v = created.json();
+    let (id, token) = (v["sandboxID"].as_str().unwrap().to_string(), v["envdAccessToken"].as_str().unwrap().to_string());
+    let info = request(b.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"");
+    assert_eq!((info.status, info.json()["metadata"]["suite"].as_str()), (200, Some("pg")), "{}", info.text());
+    let listed = request(b.addr, "GET", "/v2/sandboxes?metadata=suite%3Dpg", &[("X-API-KEY", &mine)], b"").json();
+    assert_eq!(listed.as_array().map(|l| l.iter().map(|s| s["sandboxID"].as_str().unwrap()).collect::<Vec<_>>()), Some(vec![id.as_str()]), "{listed}");
+    let start = serde_json::to_vec(&serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo from-b; exit 2"]}, "stdin": false})).unwrap();
+    let mut framed = vec![0, 0, 0, 0, 0];
+    framed[1..5].copy_from_slice(&(start.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&start);
+    let data_plane = [("Content-Type", "application/connect+json"), ("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())];
+    let run = request(b.addr, "POST", "/process.Process/Start", &data_plane, &framed);
+    let events = envelopes(&run.body);
+    assert_eq!(events.first().map(|e| e.1["event"]["start"]["pid"].is_u64()), Some(true), "{events:?}");
+    assert!(events.iter().any(|(_, e)| e["event"]["data"]["stdout"] == "ZnJvbS1iCg=="), "{events:?}"); // "from-b\n"
+    assert!(events.iter().any(|(_, e)| e["event"]["end"]["exitCode"] == 2), "{events:?}");
+    assert_eq!(events.last().map(|e| (e.0, e.1.clone())), Some((2, serde_json::json!({}))), "{events:?}");
+    for gw in [&a, &b] {
+        assert_eq!(request(gw.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &theirs)], b"").status, 404);
+        assert_eq!(request(gw.addr, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-KEY", &theirs)], b"").status, 404);
+    }
+    assert_eq!(request(b.addr, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 204);
+    assert_eq!(request(a.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 404);
+    assert_eq!(request(a.addr, "GET", "/health", &[("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())], b"").status, 502);
+}

@@ -2,7 +2,9 @@
 //! node calls as Warren's Files API (the thread's size limit, 409 while a
 //! command holds the thread). Uploads are `application/octet-stream` (one
 //! file, `?path=`) or `multipart/form-data` (each part's filename is its
-//! path); both answer `[{name, type, path}]`.
+//! path); both answer `[{name, type, path}]`. An octet-stream upload of
+//! known length streams to the node; a multipart form or a body without
+//! `Content-Length` is held in memory, up to [`BUFFERED`] bytes.
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -37,6 +39,15 @@ fn file_path(p: Option<&str>) -> Result<String, E2bError> {
     Ok(rel)
 }
 
+/// Most bytes of an upload held in the gateway's memory (multipart forms,
+/// bodies without Content-Length); octet-stream uploads of known size stream.
+const BUFFERED: u64 = 32 << 20;
+
+/// envd's `WriteInfo` of a stored file.
+fn written_info(rel: &str) -> serde_json::Value {
+    json!({"name": rel.rsplit('/').next().unwrap_or(rel), "type": "file", "path": reported(rel)})
+}
+
 /// A refusal of the Files API as envd's error (404 stays 404).
 fn refused(e: crate::error::ApiError) -> E2bError {
     E2bError::from(e)
@@ -64,13 +75,27 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
             return Err(E2bError::invalid("compressed uploads are not accepted (write without gzip)"));
         }
         let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let max = files.max_upload().min(usize::MAX as u64) as usize;
-        let bytes = tokio::time::timeout(st.settings.body_timeout.max(std::time::Duration::from_secs(60)), axum::body::to_bytes(b, max.saturating_add(64 << 10)))
+        let max = files.max_upload();
+        let too_large = || E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the upload exceeds the largest file this sandbox stores ({max} bytes)"));
+        let boundary = crate::console::multipart::boundary(ct);
+        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if let (None, Some(len)) = (&boundary, declared) {
+            // One file of known size: streamed to the node, never held here.
+            if len > max {
+                return Err(too_large());
+            }
+            let rel = file_path(q.path.as_deref())?;
+            files.write_stream(&rel, len, crate::files::upload_body(b, st.settings.body_timeout), trace).await.map_err(refused)?;
+            return Ok(axum::Json(vec![written_info(&rel)]).into_response());
+        }
+        // Multipart, or a body of unknown length: held, up to BUFFERED bytes.
+        let limit = max.min(BUFFERED) as usize;
+        let bytes = tokio::time::timeout(std::time::Duration::from_secs(120), axum::body::to_bytes(b, limit.saturating_add(64 << 10)))
             .await
             .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the upload did not arrive in time"))?
-            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the upload exceeds the largest file this sandbox stores ({max} bytes)")))?;
+            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an upload without Content-Length, or in a multipart form, holds at most {limit} bytes; send larger files as application/octet-stream with a Content-Length (a binary file object)")))?;
         let mut written = Vec::new();
-        if let Some(boundary) = crate::console::multipart::boundary(ct) {
+        if let Some(boundary) = boundary {
             let parts = crate::console::multipart::parse(&bytes, &boundary).map_err(|why| E2bError::invalid(format!("the multipart body: {why}")))?;
             for part in parts.into_iter().filter(|p| p.filename.is_some() || q.path.is_some()) {
                 let rel = match (&q.path, &part.filename) {
@@ -78,6 +103,9 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
                     (_, Some(f)) => file_path(Some(f))?,
                     _ => return Err(E2bError::invalid("each file part needs a filename (its path)")),
                 };
+                if part.data.len() as u64 > max {
+                    return Err(too_large());
+                }
                 files.write(&rel, part.data, trace).await.map_err(refused)?;
                 written.push(rel);
             }
@@ -89,8 +117,7 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
         if written.is_empty() {
             return Err(E2bError::invalid("no file in the upload"));
         }
-        let info: Vec<_> = written.iter().map(|r| json!({"name": r.rsplit('/').next().unwrap_or(r), "type": "file", "path": reported(r)})).collect();
-        Ok(axum::Json(info).into_response())
+        Ok(axum::Json(written.iter().map(|r| written_info(r)).collect::<Vec<_>>()).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }

@@ -238,7 +238,7 @@ pub async fn get_content(State(st): State<AppState>, headers: HeaderMap, Path(to
 }
 
 /// An upload's chunks, ending at the first error or after `idle` without one.
-fn upload_body(b: Body, idle: Duration) -> futures_util::stream::BoxStream<'static, bytes::Bytes> {
+pub(crate) fn upload_body(b: Body, idle: Duration) -> futures_util::stream::BoxStream<'static, bytes::Bytes> {
     let mut chunks = b.into_data_stream();
     async_stream::stream! {
         while let Ok(Some(Ok(chunk))) = tokio::time::timeout(idle, chunks.next()).await {
