@@ -85,6 +85,18 @@ def check_files(sbx):
     sbx.files.remove("/home/user/new")
     assert not sbx.files.exists("new")
     raises(NotFoundException, sbx.files.read, "/home/user/missing.txt")
+    # Attack: a symlink the sandbox leaves in its home, read by the node's
+    # file calls (as root, outside any sandbox) — never followed.
+    sbx.commands.run("ln -s /etc/shadow shadow-link && ln -s / root-link")
+    for p in ("shadow-link", "root-link/etc/shadow", "/home/user/root-link/etc/hostname"):
+        raises(SandboxException, sbx.files.read, p)
+    # A file written "through" the link is stored in the thread's own layer;
+    # restoring the home never writes outside it on the node.
+    sbx.files.write("root-link/tmp/planted-by-e2b", "x")
+    seen = sbx.commands.run("test -d root-link && ! test -L root-link && cat root-link/tmp/planted-by-e2b").stdout
+    assert seen == "x", seen
+    assert not os.path.exists("/tmp/planted-by-e2b")
+    sbx.commands.run("rm -rf shadow-link root-link")
     raises(InvalidArgumentException, sbx.files.write, "/etc/x", "no", contains="only the home")
 
 

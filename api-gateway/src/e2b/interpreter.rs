@@ -100,6 +100,26 @@ impl Stdout {
     }
 }
 
+/// Whole lines, as a Jupyter kernel sends its streams: a partial line waits
+/// for its end (or the end of the run), unless it grows past `MAX_PARTIAL`.
+#[derive(Default)]
+struct WholeLines(Vec<u8>);
+
+const MAX_PARTIAL: usize = 64 << 10;
+
+impl WholeLines {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.0.extend_from_slice(chunk);
+        let cut = if self.0.len() > MAX_PARTIAL { self.0.len() } else { self.0.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) };
+        let rest = self.0.split_off(cut);
+        std::mem::replace(&mut self.0, rest)
+    }
+
+    fn rest(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
+    }
+}
+
 fn text_line(kind: &str, bytes: &[u8]) -> Option<Bytes> {
     (!bytes.is_empty()).then(|| line(json!({"type": kind, "text": String::from_utf8_lossy(bytes), "timestamp": now_micros()})))
 }
@@ -108,27 +128,32 @@ fn text_line(kind: &str, bytes: &[u8]) -> Option<Bytes> {
 fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     async_stream::stream! {
         let mut stdout = Stdout::default();
+        let (mut out_lines, mut err_lines) = (WholeLines::default(), WholeLines::default());
         let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
             match run.next().await {
                 Ok(RunEvent::Started) => {}
                 Ok(RunEvent::Stdout(c)) => {
-                    let shown = stdout.push(&c, mark.as_bytes());
+                    let shown = out_lines.push(&stdout.push(&c, mark.as_bytes()));
                     out.extend_from_slice(&shown);
                     if let Some(l) = text_line("stdout", &shown) { yield Ok(l); }
                 }
                 Ok(RunEvent::Stderr(c)) => {
-                    err.extend_from_slice(&c);
-                    if let Some(l) = text_line("stderr", &c) { yield Ok(l); }
+                    let shown = err_lines.push(&c);
+                    err.extend_from_slice(&shown);
+                    if let Some(l) = text_line("stderr", &shown) { yield Ok(l); }
                 }
                 Ok(RunEvent::Exited(x)) => {
                     let outcome = Outcome::of(&x);
                     let report = stdout.report.take();
-                    if report.is_none() {
-                        let rest = std::mem::take(&mut stdout.pending);
-                        out.extend_from_slice(&rest);
-                        if let Some(l) = text_line("stdout", &rest) { yield Ok(l); }
-                    }
+                    // Without a report, what was held as its possible start is output.
+                    let mut rest = out_lines.push(&std::mem::take(&mut stdout.pending));
+                    rest.extend(out_lines.rest());
+                    out.extend_from_slice(&rest);
+                    if let Some(l) = text_line("stdout", &rest) { yield Ok(l); }
+                    let rest = err_lines.rest();
+                    err.extend_from_slice(&rest);
+                    if let Some(l) = text_line("stderr", &rest) { yield Ok(l); }
                     let text = |raw: &[u8]| String::from_utf8_lossy(raw).into_owned();
                     let result = ExecuteResult::new(&run.id, &x, text(&out), text(&err)).held_within(run.max_output_bytes);
                     run.finish(outcome, &result);
@@ -191,6 +216,15 @@ mod tests {
         let mut s = Stdout::default();
         assert_eq!(s.push(b"no mark here\x1e", mark), b"no mark here");
         assert_eq!(s.pending, b"\x1e");
+    }
+
+    #[test]
+    fn streams_go_out_in_whole_lines() {
+        let mut l = WholeLines::default();
+        assert_eq!(l.push(b"hi"), b"");
+        assert_eq!(l.push(b"\nthere"), b"hi\n");
+        assert_eq!(l.rest(), b"there");
+        assert_eq!(l.push(&vec![b'x'; MAX_PARTIAL + 1]).len(), MAX_PARTIAL + 1);
     }
 
     #[test]

@@ -1,0 +1,61 @@
+"""The E2B SDK's sandbox round trip next to the Baponi SDK's execute, same
+gateway, same key, same run (tests/benches/e2b_sdk.rs starts them).
+
+Each iteration, interleaved: (1) E2B `Sandbox.create()` +
+`commands.run("echo 1")` + `kill()`; (2) E2B `commands.run("echo 1")` on a
+sandbox created once; (3) Baponi `execute("echo 1", language="bash")`.
+Prints p50/p99 of each, ms, and the ratios to Baponi's.
+"""
+
+import os
+import statistics
+import time
+
+from baponi import Baponi
+from e2b import Sandbox
+
+RUNS = int(os.environ.get("WARREN_BENCH_RUNS", "100"))
+baponi = Baponi(api_key=os.environ["WARREN_BENCH_KEY"], base_url=os.environ["E2B_API_URL"])
+
+
+def e2b_round_trip():
+    s = Sandbox.create()
+    r = s.commands.run("echo 1")
+    assert r.stdout == "1\n", r
+    s.kill()
+
+
+kept = Sandbox.create(timeout=3600)
+
+
+def e2b_command():
+    assert kept.commands.run("echo 1").stdout == "1\n"
+
+
+def baponi_execute():
+    r = baponi.execute("echo 1", language="bash")
+    assert r.stdout == "1\n", r
+
+
+cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute)]
+times = {name: [] for name, _ in cases}
+for i in range(RUNS + 5):
+    for name, fn in cases:
+        t = time.perf_counter()
+        fn()
+        if i >= 5:
+            times[name].append((time.perf_counter() - t) * 1000)
+kept.kill()
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[round((len(xs) - 1) * p)]
+
+
+base = (pct(times["baponi execute"], 0.5), pct(times["baponi execute"], 0.99))
+print(f"{RUNS} iterations, interleaved; ms")
+print(f"{'case':<22} {'p50':>8} {'p99':>8} {'p50/baponi':>11} {'p99/baponi':>11}")
+for name, xs in times.items():
+    p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
+    print(f"{name:<22} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>10.2f}x {p99 / base[1]:>10.2f}x")
