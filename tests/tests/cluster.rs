@@ -106,6 +106,12 @@ async fn operator_gateway_and_agents_on_a_real_api_server() {
     let hooked = json!({"code": "print(1)", "webhook_url": "https://127.0.0.1:1/hook"}).to_string();
     let r = warren_e2e::http::post(gw.addr, "/v1/sandbox/execute", &[("Authorization", &format!("Bearer {key}")), ("Content-Type", "application/json"), ("Prefer", "respond-async")], hooked.as_bytes());
     assert_eq!(r.status, 202, "{}", r.text());
+    // And the key's E2B alias, which the gateway accepts from the E2B SDKs
+    // (through the hash the operator published, never the alias itself).
+    let alias = secret_entry(&k, "agent-key", "e2b-key").unwrap_or_default();
+    assert_eq!(alias, warren_config::key::e2b_alias(&key));
+    let r = warren_e2e::http::post(gw.addr, "/v2/sandboxes", &[("X-API-KEY", &alias), ("Content-Type", "application/json")], br#"{"templateID": "base"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
     let r = gw.execute(&key, &json!({"code": "import os; print(os.environ['APP_ENV'])"}));
     assert_eq!(r.json()["stdout"], "production\n");
     assert_eq!(ready(&k, "apikey", "agent"), ("True".into(), "Published".into()));

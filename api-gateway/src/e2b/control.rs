@@ -39,10 +39,7 @@ fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError
 /// A small JSON body (64 KiB at most, bounded in time); empty is `{}`.
 async fn body(st: &AppState, b: Body) -> Result<Value, E2bError> {
     const LIMIT: usize = 64 << 10;
-    let bytes = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, LIMIT))
-        .await
-        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time"))?
-        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body exceeds {LIMIT} bytes")))?;
+    let bytes = super::read_body(st, b, LIMIT).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }

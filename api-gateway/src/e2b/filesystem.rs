@@ -36,10 +36,7 @@ pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): 
 }
 
 async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Result<Value, E2bError> {
-    let raw = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, 64 << 10))
-        .await
-        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request did not arrive in time"))?
-        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request exceeds 64 KiB"))?;
+    let raw = super::read_body(st, b, 64 << 10).await?;
     let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the request is not JSON"))?;
     let path = |field: &str| -> Result<String, E2bError> { Ok(in_sandbox(&relative(req.get(field).and_then(Value::as_str).unwrap_or_default())?)) };
     let args = match method {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
@@ -30,10 +30,7 @@ pub async fn contexts() -> Response {
 pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
         let opened = open(&st, &headers).await?;
-        let raw = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, 2 << 20))
-            .await
-            .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request did not arrive in time"))?
-            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request exceeds 2 MiB"))?;
+        let raw = super::read_body(&st, b, 2 << 20).await?;
         let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the body is not JSON"))?;
         if req.get("context_id").is_some_and(|c| !c.is_null()) {
             return Err(E2bError::unsupported("code contexts are not offered by Warren: each run_code is a fresh interpreter"));

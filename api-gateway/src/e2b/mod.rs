@@ -108,6 +108,14 @@ impl E2bError {
     }
 }
 
+/// A request body of at most `limit` bytes, arriving within the gateway's body timeout.
+pub async fn read_body(st: &AppState, b: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, E2bError> {
+    tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, limit))
+        .await
+        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time"))?
+        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body exceeds {limit} bytes")))
+}
+
 impl From<crate::error::ApiError> for E2bError {
     fn from(e: crate::error::ApiError) -> Self {
         E2bError::new(e.status, e.body.message)

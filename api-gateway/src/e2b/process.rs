@@ -87,10 +87,7 @@ fn keepalive_of(headers: &HeaderMap) -> Duration {
 
 async fn start(st: AppState, headers: HeaderMap, b: Body) -> Result<Response, E2bError> {
     let opened = open(&st, &headers).await?;
-    let raw = tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, MAX_REQUEST))
-        .await
-        .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the request did not arrive in time"))?
-        .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, "the request exceeds 2 MiB"))?;
+    let raw = super::read_body(&st, b, MAX_REQUEST).await?;
     let req: Value = serde_json::from_slice(connect::single_message(&raw)?).map_err(|_| E2bError::invalid("the StartRequest is not JSON"))?;
     if req.get("pty").is_some_and(|p| !p.is_null()) {
         return Err(E2bError::unsupported("terminals (PTY) are not offered by Warren"));
