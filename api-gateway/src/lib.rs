@@ -306,9 +306,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
     let console = console_server(&args, limits, &state, client).await?;
+    let e2b_sweep = tokio::spawn(e2b::sweep_loop(state.clone()));
     http::serve::serve(listener, http::app(state), limits, stop, drain).await;
     finish(webhook_stop, tasks, drain, recorder).await;
-    for task in [Some(sweep), Some(health), Some(reload), discovery, console].into_iter().flatten() {
+    for task in [Some(sweep), Some(e2b_sweep), Some(health), Some(reload), discovery, console].into_iter().flatten() {
         task.abort();
     }
     info!("gateway stopped");

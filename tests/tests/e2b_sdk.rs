@@ -156,3 +156,31 @@ async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
     assert_eq!(request(a.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 404);
     assert_eq!(request(a.addr, "GET", "/health", &[("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())], b"").status, 502);
 }
+
+/// A sandbox past its timeout that nobody touches again is ended by the
+/// gateway's sweep: its thread (home) is deleted and its record forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_past_its_timeout_is_swept_with_its_home() {
+    if skip_unless_root("a_sandbox_past_its_timeout_is_swept_with_its_home") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    let mine = alias("thr");
+    let created = request(gw.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"templateID": "threads", "timeout": 2}"#);
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v = created.json();
+    let (id, token) = (v["sandboxID"].as_str().unwrap().to_string(), v["envdAccessToken"].as_str().unwrap().to_string());
+    let data_plane = [("Content-Type", "application/octet-stream"), ("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())];
+    let up = request(gw.addr, "POST", "/files?path=/home/user/kept.txt", &data_plane, b"home");
+    assert_eq!(up.status, 200, "{}", up.text());
+    // The thread exists (Warren's own Files API lists it)...
+    let list = serde_json::json!({"source": "thread", "id": id}).to_string();
+    let bearer = format!("Bearer {}", key("thr"));
+    let listed = || warren_e2e::http::post(gw.addr, "/v1/files/list", &[("Authorization", bearer.as_str()), ("Content-Type", "application/json")], list.as_bytes());
+    assert_eq!(listed().status, 200);
+    // ...until the sweep ends the sandbox, with no E2B call to trigger it.
+    let swept = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(60), || listed().status == 404);
+    assert!(swept, "the thread outlived its sandbox: {}\n{:#?}", listed().text(), gw.logs());
+    assert_eq!(request(gw.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 404);
+}

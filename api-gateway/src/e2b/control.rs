@@ -291,7 +291,7 @@ async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str)
         Ok(()) | Err(ExecError::ThreadNotFound(_)) => {}
         Err(_) => {
             let (st, key, id) = (st.clone(), key.clone(), id.to_string());
-            st.tasks.clone().spawn(async move {
+            tokio::spawn(async move {
                 for _ in 0..300 {
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     if matches!(st.service.delete_thread(&key, &id, "e2b-kill").await, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
@@ -304,15 +304,45 @@ async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str)
     }
 }
 
-/// Forgets an ended sandbox and deletes its thread, in the background.
+/// Forgets an ended sandbox and deletes its thread, in the background (not
+/// a task shutdown waits for: what is left, the next sweep or the thread's
+/// retention finishes).
 pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
     let (st, key, id) = (st.clone(), key.clone(), s.id.clone());
-    st.tasks.clone().spawn(async move {
+    tokio::spawn(async move {
         if let Ok(true) = st.service.records.store().delete_sandbox(&id).await {
             tracing::info!(sandbox = %id, "e2b sandbox reached its timeout");
             delete_thread(&st, &key, &id, "e2b-timeout").await;
         }
     });
+}
+
+/// How often each gateway looks for sandboxes past their timeout.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Ends sandboxes past their timeout that no call touched (a call ends
+/// them itself): their records and threads are deleted, whichever replica
+/// gets there first. A sandbox whose key is gone loses its record; the
+/// key's threads are the agents' to collect.
+pub async fn sweep_loop(st: AppState) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
+            Ok(ended) => ended,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for ended e2b sandboxes failed");
+                continue;
+            }
+        };
+        for s in ended {
+            match st.keys().named(&s.namespace, &s.key_name) {
+                Some(key) => expire(&st, &key, &s),
+                None => {
+                    let _ = st.service.records.store().delete_sandbox(&s.id).await;
+                }
+            }
+        }
+    }
 }
 
 /// `POST /sandboxes/{id}/timeout` `{timeout}`: it ends that many seconds from now.

@@ -35,6 +35,8 @@ use axum::Router;
 
 use crate::state::AppState;
 
+pub use control::sweep_loop;
+
 /// The envd version Warren's data plane answers like: octet-stream and
 /// multipart uploads (≥ 0.5.7), no file metadata or watch entries (0.6.x).
 pub const ENVD_VERSION: &str = "0.5.7";

@@ -121,6 +121,13 @@ impl Store {
         Ok(())
     }
 
+    /// Sandboxes that ended at or before `now`, at most `limit`.
+    pub async fn ended_sandboxes(&self, now: i64, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE end_ms <= $1 ORDER BY end_ms LIMIT $2");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r).map_err(StoreError::from)).collect()
+    }
+
     /// Forgets a sandbox; false when there was none.
     pub async fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
         let done = sqlx::query("DELETE FROM warren_e2b_sandboxes WHERE id = $1").bind(id.to_string()).execute(&self.pool).await?;
