@@ -8,12 +8,14 @@ WARREN_E2B_OTHER_KEY is another key's alias. Any failed check raises, and
 the test fails with this script's output; each check prints "ok NAME".
 """
 
+import asyncio
 import io
 import os
 
 import httpx
 
 from e2b import (
+    AsyncSandbox,
     AuthenticationException,
     CommandExitException,
     InvalidArgumentException,
@@ -174,6 +176,18 @@ def check_kill(sbx):
     assert not sbx.is_running()
 
 
+def check_async():
+    async def run():
+        sbx = await AsyncSandbox.create(envs={"WHO": "async"})
+        r = await sbx.commands.run("echo $WHO")
+        assert r.stdout == "async\n", r
+        await sbx.files.write("a.txt", "from async")
+        assert await sbx.files.read("/home/user/a.txt") == "from async"
+        assert await sbx.kill() is True
+
+    asyncio.run(run())
+
+
 def check_code_interpreter():
     ci = CodeSandbox.create()
     ex = ci.run_code("import sys\nx = 20 + 22\nprint('hi')\nprint('oops', file=sys.stderr)\nx")
@@ -199,6 +213,8 @@ def main():
     print("ok check_errors", flush=True)
     check_kill(sbx)
     print("ok check_kill", flush=True)
+    check_async()
+    print("ok check_async", flush=True)
     check_code_interpreter()
     print("ok check_code_interpreter", flush=True)
 
