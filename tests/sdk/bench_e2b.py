@@ -3,7 +3,8 @@ gateway, same key, same run (tests/benches/e2b_sdk.rs starts them).
 
 Each iteration, interleaved: (1) E2B `Sandbox.create()` +
 `commands.run("echo 1")` + `kill()`; (2) E2B `commands.run("echo 1")` on a
-sandbox created once; (3) Baponi `execute("echo 1", language="bash")`.
+sandbox created once; (3) Baponi `execute("echo 1", language="bash")`; (4) the same with a new
+`thread_id` each call (what an E2B sandbox's first command is).
 Prints p50/p99 of each, ms, and the ratios to Baponi's.
 """
 
@@ -18,11 +19,20 @@ RUNS = int(os.environ.get("WARREN_BENCH_RUNS", "100"))
 baponi = Baponi(api_key=os.environ["WARREN_BENCH_KEY"], base_url=os.environ["E2B_API_URL"])
 
 
+phases = {"create": [], "run": [], "kill": []}
+
+
 def e2b_round_trip():
+    t0 = time.perf_counter()
     s = Sandbox.create()
+    t1 = time.perf_counter()
     r = s.commands.run("echo 1")
+    t2 = time.perf_counter()
     assert r.stdout == "1\n", r
     s.kill()
+    t3 = time.perf_counter()
+    for name, d in (("create", t1 - t0), ("run", t2 - t1), ("kill", t3 - t2)):
+        phases[name].append(d * 1000)
 
 
 kept = Sandbox.create(timeout=3600)
@@ -37,7 +47,16 @@ def baponi_execute():
     assert r.stdout == "1\n", r
 
 
-cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute)]
+fresh = iter(range(10**9))
+
+
+def baponi_new_thread():
+    r = baponi.execute("echo 1", language="bash", thread_id=f"bench-{os.getpid()}-{next(fresh)}")
+    assert r.stdout == "1\n", r
+
+
+cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute),
+         ("baponi, new thread", baponi_new_thread)]
 times = {name: [] for name, _ in cases}
 for i in range(RUNS + 5):
     for name, fn in cases:
@@ -59,3 +78,4 @@ print(f"{'case':<22} {'p50':>8} {'p99':>8} {'p50/baponi':>11} {'p99/baponi':>11}
 for name, xs in times.items():
     p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
     print(f"{name:<22} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>10.2f}x {p99 / base[1]:>10.2f}x")
+print("the round trip's phases (p50, ms): " + ", ".join(f"{n} {pct(xs[5:], 0.5):.2f}" for n, xs in phases.items()))

@@ -269,13 +269,17 @@ fn cursor(token: &str) -> Option<(i64, String)> {
     warren_core::ids::is_thread_id(id).then(|| Some((t.parse().ok()?, id.to_string())))?
 }
 
-/// `DELETE /sandboxes/{id}`: its thread (home) is deleted.
+/// `DELETE /sandboxes/{id}`: forgotten at once; its thread (home) is deleted
+/// right after, in the background.
 pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let run = async {
         let key = key(&st, &headers)?;
         let s = owned(&st, &key, &id).await?;
         st.service.records.store().delete_sandbox(&s.id).await?;
-        delete_thread(&st, &key, &s.id, crate::request_id::of(&headers)).await;
+        // The id is unusable from here on; the home goes in the background
+        // (the caller does not wait for the node).
+        let (st2, key2, id, trace) = (st.clone(), key.clone(), s.id.clone(), crate::request_id::of(&headers).to_string());
+        tokio::spawn(async move { delete_thread(&st2, &key2, &id, &trace).await });
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
