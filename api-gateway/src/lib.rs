@@ -305,8 +305,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         info!("shutting down: draining in-flight requests");
     };
     let drain = Duration::from_secs(args.shutdown_timeout_secs);
-    let console = console_server(&args, limits, &state, client).await?;
-    let e2b_sweep = tokio::spawn(e2b::sweep_loop(state.clone()));
+    let (console, e2b_sweep) = (console_server(&args, limits, &state, client).await?, tokio::spawn(e2b::sweep_loop(state.clone())));
     http::serve::serve(listener, http::app(state), limits, stop, drain).await;
     finish(webhook_stop, tasks, drain, recorder).await;
     for task in [Some(sweep), Some(e2b_sweep), Some(health), Some(reload), discovery, console].into_iter().flatten() {

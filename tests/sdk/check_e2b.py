@@ -143,6 +143,9 @@ def check_timeouts_and_limits(sbx):
     raises(SandboxException, sbx.commands.connect, 1, contains="Warren")
     raises(SandboxException, sbx.files.watch_dir, "/home/user", contains="Warren")
     assert sbx.commands.list() == []
+    raises(SandboxException, sbx.commands.run, "id", user="root", contains="unprivileged user")
+    raises(SandboxException, sbx.files.read, "a.txt", user="root", contains="unprivileged user")
+    assert sbx.commands.run("id -un", user="user").exit_code == 0
 
 
 def check_isolation(sbx):

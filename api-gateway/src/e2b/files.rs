@@ -24,6 +24,7 @@ use crate::state::AppState;
 #[derive(Debug, Deserialize)]
 pub struct FileQuery {
     path: Option<String>,
+    username: Option<String>,
 }
 
 fn access<'a>(st: &'a AppState, o: &'a Opened) -> Result<FileAccess<'a>, E2bError> {
@@ -57,6 +58,7 @@ fn refused(e: crate::error::ApiError) -> E2bError {
 pub async fn download(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<FileQuery>) -> Response {
     let run = async {
         let o = open(&st, &headers).await?;
+        super::sandbox::user_is_default(q.username.as_deref())?;
         let rel = file_path(q.path.as_deref())?;
         let stream = access(&st, &o)?.read(&rel, crate::request_id::of(&headers)).await.map_err(refused)?;
         let body = Body::from_stream(stream.map(|c| c.map_err(|s| std::io::Error::other(s.message().to_string()))));
@@ -69,6 +71,7 @@ pub async fn download(State(st): State<AppState>, headers: HeaderMap, Query(q): 
 pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<FileQuery>, b: Body) -> Response {
     let run = async {
         let o = open(&st, &headers).await?;
+        super::sandbox::user_is_default(q.username.as_deref())?;
         let files = access(&st, &o)?;
         let trace = crate::request_id::of(&headers);
         if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {

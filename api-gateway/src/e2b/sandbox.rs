@@ -50,10 +50,29 @@ pub async fn open(st: &AppState, headers: &HeaderMap) -> Result<Opened, E2bError
         super::control::expire(st, &key, &sandbox);
         return Err(E2bError::gone(id));
     }
+    user_is_default(basic_user(headers).as_deref())?;
     if sandbox.state == "paused" {
         return Err(E2bError::new(StatusCode::BAD_GATEWAY, format!("The sandbox {id} is paused; Sandbox.connect() resumes it")));
     }
     Ok(Opened { key, sandbox })
+}
+
+/// The user envd's `Authorization: Basic base64("<user>:")` names.
+fn basic_user(headers: &HeaderMap) -> Option<String> {
+    use base64::Engine;
+    let v = header(headers, "authorization")?.strip_prefix("Basic ")?;
+    let raw = base64::engine::general_purpose::STANDARD.decode(v.trim()).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    Some(text.split(':').next().unwrap_or_default().to_string())
+}
+
+/// Commands and files act as the sandbox's one unprivileged user; asking
+/// for another (`user="root"`) is refused rather than silently ignored.
+pub fn user_is_default(user: Option<&str>) -> Result<(), E2bError> {
+    match user {
+        None | Some("" | "user" | "sandbox") => Ok(()),
+        Some(other) => Err(E2bError::unsupported(&format!("user {other:?}: everything in a Warren sandbox runs as its one unprivileged user (\"user\")"))),
+    }
 }
 
 /// envd's `GET /health`: 204 while the sandbox runs, 502 otherwise.
