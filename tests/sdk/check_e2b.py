@@ -110,7 +110,9 @@ def check_connect_from_a_second_client(sbx):
 
 def check_info_list_timeout(sbx):
     info = sbx.get_info()
-    assert info.sandbox_id == sbx.sandbox_id and info.metadata == {"case": "conformance"}, info
+    assert info.sandbox_id == sbx.sandbox_id and info.metadata == {"case": "conformance", "owner": "a b/c&d=e"}, info
+    odd = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"owner": "a b/c&d=e"})).next_items()]
+    assert odd == [sbx.sandbox_id], odd
     assert info.state.value == "running", info
     found = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"case": "conformance"})).next_items()]
     assert sbx.sandbox_id in found, found
@@ -207,7 +209,7 @@ def check_code_interpreter():
 
 
 def main():
-    sbx = Sandbox.create(timeout=600, metadata={"case": "conformance"}, envs={"GREETING": "hi"})
+    sbx = Sandbox.create(timeout=600, metadata={"case": "conformance", "owner": "a b/c&d=e"}, envs={"GREETING": "hi"})
     for check in (check_create_run, check_files, check_connect_from_a_second_client, check_info_list_timeout,
                   check_pause_resume, check_timeouts_and_limits, check_isolation):
         check(sbx)

@@ -233,7 +233,8 @@ async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<V
     let key = key(st, headers)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 100) as usize;
     let states: Vec<&str> = q.state.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
-    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).into_owned().collect()).unwrap_or_default();
+    // The SDKs quote each key and value, then form-encode the pairs.
+    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).map(|(k, v)| (unquote(&k), unquote(&v))).collect()).unwrap_or_default();
     let after = match q.next_token.as_deref() {
         None | Some("") => None,
         Some(t) => Some(cursor(t).ok_or_else(|| E2bError::invalid("nextToken is not one this gateway gave"))?),
@@ -260,7 +261,29 @@ async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<V
     }
     // A full page says there may be more; the last page of exactly `limit`
     // then gives one empty page, as E2B's own paging does.
-    Ok((out.clone(), if out.len() == limit { next } else { None }))
+    let full = out.len() == limit;
+    Ok((out, next.filter(|_| full)))
+}
+
+/// Percent-decoding (`urllib.parse.quote`'s inverse); bad escapes stay as they are.
+fn unquote(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn cursor(token: &str) -> Option<(i64, String)> {
@@ -435,6 +458,14 @@ mod tests {
         assert_eq!(cursor("!!"), None);
         assert_eq!(cursor(&B64.encode("x:abc")), None);
         assert_eq!(cursor(&B64.encode("1:../x")), None);
+    }
+
+    #[test]
+    fn metadata_filters_are_unquoted() {
+        assert_eq!(unquote("a%20b%2Fc"), "a b/c");
+        assert_eq!(unquote("100%"), "100%");
+        assert_eq!(unquote("%zz"), "%zz");
+        assert_eq!(unquote("%C3%A9"), "é");
     }
 
     #[test]
