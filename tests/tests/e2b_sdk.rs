@@ -184,3 +184,31 @@ async fn a_sandbox_past_its_timeout_is_swept_with_its_home() {
     assert!(swept, "the thread outlived its sandbox: {}\n{:#?}", listed().text(), gw.logs());
     assert_eq!(request(gw.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 404);
 }
+
+/// A sandbox created with `autoPause` is paused at its timeout, not
+/// deleted: its home stays, and connecting resumes it with the home intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_with_auto_pause_is_paused_at_its_timeout_and_keeps_its_home() {
+    if skip_unless_root("a_sandbox_with_auto_pause_is_paused_at_its_timeout_and_keeps_its_home") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    let mine = alias("thr");
+    let created = request(gw.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"templateID": "threads", "timeout": 2, "autoPause": true}"#);
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v = created.json();
+    let (id, token) = (v["sandboxID"].as_str().unwrap().to_string(), v["envdAccessToken"].as_str().unwrap().to_string());
+    let data_plane = [("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())];
+    let up = request(gw.addr, "POST", "/files?path=kept.txt", &[data_plane[0], data_plane[1], ("Content-Type", "application/octet-stream")], b"home");
+    assert_eq!(up.status, 200, "{}", up.text());
+    let info = || request(gw.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"");
+    let paused = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(60), || info().json()["state"] == "paused");
+    assert!(paused, "never paused: {}", info().text());
+    // Paused: the data plane refuses until it is resumed.
+    assert_eq!(request(gw.addr, "GET", "/files?path=kept.txt", &data_plane, b"").status, 502);
+    let resumed = request(gw.addr, "POST", &format!("/v2/sandboxes/{id}/connect"), &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"timeout": 60}"#);
+    assert_eq!((resumed.status, info().json()["state"].as_str().map(str::to_string)), (200, Some("running".into())), "{}", resumed.text());
+    let back = request(gw.addr, "GET", "/files?path=kept.txt", &data_plane, b"");
+    assert_eq!((back.status, back.text()), (200, "home".to_string()));
+}

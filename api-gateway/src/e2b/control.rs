@@ -165,6 +165,7 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
             state: "running".into(),
             started_ms: now,
             end_ms: now + timeout * 1000,
+            auto_pause: v.get("autoPause").and_then(Value::as_bool).unwrap_or(false),
         };
         store.insert_sandbox(&s).await?;
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox created");
@@ -331,15 +332,29 @@ async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str)
     }
 }
 
-/// Forgets an ended sandbox and deletes its thread, in the background (not
-/// a task shutdown waits for: what is left, the next sweep or the thread's
-/// retention finishes).
+/// How long a sandbox paused at its timeout (`autoPause`) is kept when its
+/// Sandbox sets no thread retention (E2B keeps paused sandboxes too).
+const PAUSED_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// Ends a sandbox past its timeout, in the background (not a task shutdown
+/// waits for: what is left, the next sweep or the thread's retention
+/// finishes): one created with `autoPause` that was running is paused and
+/// kept (for the Sandbox's thread retention, 30 days without); any other is
+/// forgotten and its thread deleted.
 pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
-    let (st, key, id) = (st.clone(), key.clone(), s.id.clone());
+    let (st, key, s) = (st.clone(), key.clone(), s.clone());
     tokio::spawn(async move {
-        if let Ok(true) = st.service.records.store().delete_sandbox(&id).await {
-            tracing::info!(sandbox = %id, "e2b sandbox reached its timeout");
-            delete_thread(&st, &key, &id, "e2b-timeout").await;
+        let store = st.service.records.store();
+        if s.auto_pause && s.state == "running" {
+            let kept = key.thread_retention.duration().unwrap_or(PAUSED_KEPT).min(PAUSED_KEPT);
+            if let Ok(true) = store.auto_pause(&s, now_ms() + kept.as_millis() as i64).await {
+                tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
+            }
+            return;
+        }
+        if let Ok(true) = store.delete_sandbox(&s.id).await {
+            tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
+            delete_thread(&st, &key, &s.id, "e2b-timeout").await;
         }
     });
 }
@@ -397,16 +412,24 @@ pub async fn refresh(State(st): State<AppState>, headers: HeaderMap, Path(id): P
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-/// Marks the sandbox `state`; with a body timeout, it ends that far from now.
+/// Marks the sandbox `state`. Paused, it is kept like a sandbox paused at
+/// its timeout; resumed from a pause, it runs for the body's timeout (E2B's
+/// default without one); connected while running, a longer timeout
+/// extends it and a shorter one changes nothing.
 async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Option<Body>) -> Result<(Arc<EffectiveKey>, E2bSandbox), E2bError> {
     let key = key(st, headers)?;
     let mut s = owned(st, &key, id).await?;
-    if let Some(b) = b {
-        let t = timeout_of(&body(st, b).await?, -1)?;
-        if t >= 0 {
-            s.end_ms = now_ms() + t * 1000;
-        }
-    }
+    let asked = match b {
+        Some(b) => Some(timeout_of(&body(st, b).await?, -1)?).filter(|t| *t >= 0),
+        None => None,
+    };
+    let now = now_ms();
+    s.end_ms = match (state, s.state.as_str(), asked) {
+        ("paused", _, _) => now + key.thread_retention.duration().unwrap_or(PAUSED_KEPT).min(PAUSED_KEPT).as_millis() as i64,
+        (_, "paused", t) => now + t.unwrap_or(DEFAULT_TIMEOUT) * 1000,
+        (_, _, Some(t)) => s.end_ms.max(now + t * 1000),
+        (_, _, None) => s.end_ms,
+    };
     s.state = state.to_string();
     st.service.records.store().update_sandbox(&s.id, s.end_ms, state).await?;
     Ok((key, s))

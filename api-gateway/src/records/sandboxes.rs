@@ -30,9 +30,11 @@ pub struct E2bSandbox {
     pub started_ms: i64,
     /// Ends (and its thread is deleted) at, Unix milliseconds.
     pub end_ms: i64,
+    /// At its end a running sandbox is paused (kept) instead of deleted.
+    pub auto_pause: bool,
 }
 
-const COLUMNS: &str = "id, namespace, key_name, template, metadata, env, state, started_ms, end_ms";
+const COLUMNS: &str = "id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause";
 
 fn decode(r: &AnyRow) -> Result<E2bSandbox, sqlx::Error> {
     let map = |c: &str| -> Result<BTreeMap<String, String>, sqlx::Error> {
@@ -49,6 +51,7 @@ fn decode(r: &AnyRow) -> Result<E2bSandbox, sqlx::Error> {
         state: r.try_get("state")?,
         started_ms: r.try_get("started_ms")?,
         end_ms: r.try_get("end_ms")?,
+        auto_pause: r.try_get::<i64, _>("auto_pause")? != 0,
     })
 }
 
@@ -59,7 +62,7 @@ fn json(m: &BTreeMap<String, String>) -> String {
 impl Store {
     /// Stores a new sandbox.
     pub async fn insert_sandbox(&self, s: &E2bSandbox) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .bind(s.id.clone())
             .bind(s.namespace.clone())
             .bind(s.key_name.clone())
@@ -69,6 +72,7 @@ impl Store {
             .bind(s.state.clone())
             .bind(s.started_ms)
             .bind(s.end_ms)
+            .bind(i64::from(s.auto_pause))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -119,6 +123,18 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Pauses a sandbox that reached its end while running, until `end_ms`;
+    /// false when another replica (or a call) changed it first.
+    pub async fn auto_pause(&self, s: &E2bSandbox, end_ms: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE warren_e2b_sandboxes SET end_ms = $1, state = 'paused' WHERE id = $2 AND end_ms = $3 AND state = 'running'")
+            .bind(end_ms)
+            .bind(s.id.clone())
+            .bind(s.end_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Sandboxes that ended at or before `now`, at most `limit`.

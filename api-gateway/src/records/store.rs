@@ -124,7 +124,8 @@ const MIGRATIONS: &[&[&str]] = &[&[
         env TEXT NOT NULL,
         state TEXT NOT NULL,
         started_ms BIGINT NOT NULL,
-        end_ms BIGINT NOT NULL
+        end_ms BIGINT NOT NULL,
+        auto_pause BIGINT NOT NULL DEFAULT 0
     )",
     "CREATE INDEX IF NOT EXISTS warren_e2b_sandboxes_by_key ON warren_e2b_sandboxes (namespace, key_name, started_ms)",
 ]];
