@@ -49,6 +49,10 @@ def check_create_run(sbx):
     assert sbx.commands.run("echo $X", envs={"X": "per-call"}).stdout == "per-call\n"
     e = raises(CommandExitException, sbx.commands.run, "echo out; exit 3")
     assert (e.exit_code, e.stdout) == (3, "out\n"), e
+    # background=True: the handle streams the command to its end.
+    h = sbx.commands.run("echo bg; echo bg-err >&2", background=True)
+    done = h.wait()
+    assert (done.stdout, done.stderr, done.exit_code) == ("bg\n", "bg-err\n", 0), done
     r = sbx.commands.run("pwd", cwd="/home/user")
     assert r.stdout == "/home/sandbox\n", r
 
