@@ -8,11 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_config::EffectiveKey;
 
@@ -23,16 +21,12 @@ use crate::state::AppState;
 /// The E2B SDKs' default templates: both name the key's own Sandbox.
 const DEFAULT_TEMPLATES: &[&str] = &["base", "code-interpreter-v1"];
 /// A sandbox's timeout when `create` names none (E2B's default), seconds.
-const DEFAULT_TIMEOUT: i64 = 300;
+pub(super) const DEFAULT_TIMEOUT: i64 = 300;
 /// The longest timeout, seconds (a day).
 const MAX_TIMEOUT: i64 = 86_400;
 /// Live sandboxes of a key whose ApiKey sets no `maxThreads`.
 const DEFAULT_MAX_SANDBOXES: u64 = 1000;
-/// Rows one listing reads at most.
-const LIST_SCAN: u32 = 10_000;
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
-fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError> {
+pub(super) fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError> {
     Ok(st.keys().authenticate_e2b(headers)?)
 }
 
@@ -117,7 +111,7 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
 }
 
 /// `ListedSandbox` (and, with the token, `SandboxDetail`).
-fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
+pub(super) fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
     json!({
         "templateID": s.template,
         "sandboxID": s.id,
@@ -175,14 +169,14 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
 }
 
 /// The caller's sandbox `id` while it lives; an ended one is deleted now.
-async fn owned(st: &AppState, key: &Arc<EffectiveKey>, id: &str) -> Result<E2bSandbox, E2bError> {
+pub(super) async fn owned(st: &AppState, key: &Arc<EffectiveKey>, id: &str) -> Result<E2bSandbox, E2bError> {
     let missing = || E2bError::not_found(format!("sandbox {id} not found"));
     if !warren_core::ids::is_thread_id(id) {
         return Err(missing());
     }
     let s = st.service.records.store().sandbox(id).await?.filter(|s| s.namespace == key.namespace && s.key_name == key.name).ok_or_else(missing)?;
     if s.end_ms <= now_ms() {
-        expire(st, key, &s);
+        super::lifecycle::expire(st, key, &s);
         return Err(missing());
     }
     Ok(s)
@@ -200,99 +194,6 @@ pub async fn get_info(State(st): State<AppState>, headers: HeaderMap, Path(id): 
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-/// `GET /v2/sandboxes` query.
-#[derive(Debug, Deserialize)]
-pub struct ListQuery {
-    state: Option<String>,
-    metadata: Option<String>,
-    limit: Option<u32>,
-    #[serde(rename = "nextToken")]
-    next_token: Option<String>,
-}
-
-/// `GET /v2/sandboxes`: the key's live sandboxes, oldest first, paged
-/// (`limit` ≤ 100, `X-Next-Token`), filtered by state and metadata.
-pub async fn list(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    match page(&st, &headers, q).await {
-        Ok((items, next)) => {
-            let mut r = axum::Json(items).into_response();
-            if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-                r.headers_mut().insert("x-next-token", v);
-            }
-            r
-        }
-        Err(e) => e.into_response(),
-    }
-}
-
-/// `GET /sandboxes` (older SDKs): the first page, without paging.
-pub async fn list_v1(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    page(&st, &headers, q).await.map_or_else(IntoResponse::into_response, |(items, _)| axum::Json(items).into_response())
-}
-
-async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<Value>, Option<String>), E2bError> {
-    let key = key(st, headers)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, 100) as usize;
-    let states: Vec<&str> = q.state.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
-    // The SDKs quote each key and value, then form-encode the pairs.
-    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).map(|(k, v)| (unquote(&k), unquote(&v))).collect()).unwrap_or_default();
-    let after = match q.next_token.as_deref() {
-        None | Some("") => None,
-        Some(t) => Some(cursor(t).ok_or_else(|| E2bError::invalid("nextToken is not one this gateway gave"))?),
-    };
-    let now = now_ms();
-    let rows = st.service.records.store().sandboxes(&key.namespace, &key.name, after, LIST_SCAN).await?;
-    let mut out = Vec::new();
-    let mut next = None;
-    for s in rows {
-        if s.end_ms <= now {
-            expire(st, &key, &s);
-            continue;
-        }
-        if (!states.is_empty() && !states.contains(&s.state.as_str())) || !wanted.iter().all(|(k, v)| s.metadata.get(k) == Some(v)) {
-            continue;
-        }
-        if out.len() == limit {
-            break;
-        }
-        if out.len() + 1 == limit {
-            next = Some(B64.encode(format!("{}:{}", s.started_ms, s.id)));
-        }
-        out.push(listed(&key, &s));
-    }
-    // A full page says there may be more; the last page of exactly `limit`
-    // then gives one empty page, as E2B's own paging does.
-    let full = out.len() == limit;
-    Ok((out, next.filter(|_| full)))
-}
-
-/// Percent-decoding (`urllib.parse.quote`'s inverse); bad escapes stay as they are.
-fn unquote(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn cursor(token: &str) -> Option<(i64, String)> {
-    let raw = String::from_utf8(B64.decode(token).ok()?).ok()?;
-    let (t, id) = raw.split_once(':')?;
-    warren_core::ids::is_thread_id(id).then(|| Some((t.parse().ok()?, id.to_string())))?
-}
-
 /// `DELETE /sandboxes/{id}`: forgotten at once; its thread (home) is deleted
 /// right after, in the background.
 pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
@@ -303,88 +204,11 @@ pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path
         // The id is unusable from here on; the home goes in the background
         // (the caller does not wait for the node).
         let (st2, key2, id, trace) = (st.clone(), key.clone(), s.id.clone(), crate::request_id::of(&headers).to_string());
-        tokio::spawn(async move { delete_thread(&st2, &key2, &id, &trace).await });
+        tokio::spawn(async move { super::lifecycle::delete_thread(&st2, &key2, &id, &trace).await });
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
-}
-
-/// Deletes the thread of a forgotten sandbox. A command still running holds
-/// the thread: then the deletion is retried (once a second, a few minutes
-/// at most) in the background, so the home never outlives its sandbox for long.
-async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str) {
-    use crate::exec_error::ExecError;
-    match st.service.delete_thread(key, id, trace).await {
-        Ok(()) | Err(ExecError::ThreadNotFound(_)) => {}
-        Err(_) => {
-            let (st, key, id) = (st.clone(), key.clone(), id.to_string());
-            tokio::spawn(async move {
-                for _ in 0..300 {
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    if matches!(st.service.delete_thread(&key, &id, "e2b-kill").await, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
-                        return;
-                    }
-                }
-                tracing::warn!(sandbox = %id, "a killed sandbox's thread could not be deleted; its retention removes it");
-            });
-        }
-    }
-}
-
-/// How long a sandbox paused at its timeout (`autoPause`) is kept when its
-/// Sandbox sets no thread retention (E2B keeps paused sandboxes too).
-const PAUSED_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
-
-/// Ends a sandbox past its timeout, in the background (not a task shutdown
-/// waits for: what is left, the next sweep or the thread's retention
-/// finishes): one created with `autoPause` that was running is paused and
-/// kept (for the Sandbox's thread retention, 30 days without); any other is
-/// forgotten and its thread deleted.
-pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
-    let (st, key, s) = (st.clone(), key.clone(), s.clone());
-    tokio::spawn(async move {
-        let store = st.service.records.store();
-        if s.auto_pause && s.state == "running" {
-            let kept = key.thread_retention.duration().unwrap_or(PAUSED_KEPT).min(PAUSED_KEPT);
-            if let Ok(true) = store.auto_pause(&s, now_ms() + kept.as_millis() as i64).await {
-                tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
-            }
-            return;
-        }
-        if let Ok(true) = store.delete_sandbox(&s.id).await {
-            tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
-            delete_thread(&st, &key, &s.id, "e2b-timeout").await;
-        }
-    });
-}
-
-/// How often each gateway looks for sandboxes past their timeout.
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Ends sandboxes past their timeout that no call touched (a call ends
-/// them itself): their records and threads are deleted, whichever replica
-/// gets there first. A sandbox whose key is gone loses its record; the
-/// key's threads are the agents' to collect.
-pub async fn sweep_loop(st: AppState) {
-    loop {
-        tokio::time::sleep(SWEEP_EVERY).await;
-        let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
-            Ok(ended) => ended,
-            Err(e) => {
-                tracing::warn!(error = %e, "looking for ended e2b sandboxes failed");
-                continue;
-            }
-        };
-        for s in ended {
-            match st.keys().named(&s.namespace, &s.key_name) {
-                Some(key) => expire(&st, &key, &s),
-                None => {
-                    let _ = st.service.records.store().delete_sandbox(&s.id).await;
-                }
-            }
-        }
-    }
 }
 
 /// `POST /sandboxes/{id}/timeout` `{timeout}`: it ends that many seconds from now.
@@ -425,7 +249,7 @@ async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Opti
     };
     let now = now_ms();
     s.end_ms = match (state, s.state.as_str(), asked) {
-        ("paused", _, _) => now + key.thread_retention.duration().unwrap_or(PAUSED_KEPT).min(PAUSED_KEPT).as_millis() as i64,
+        ("paused", _, _) => now + super::lifecycle::paused_kept(&key).as_millis() as i64,
         (_, "paused", t) => now + t.unwrap_or(DEFAULT_TIMEOUT) * 1000,
         (_, _, Some(t)) => s.end_ms.max(now + t * 1000),
         (_, _, None) => s.end_ms,
@@ -472,23 +296,6 @@ mod tests {
         assert!(a.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
         assert!(warren_core::ids::is_thread_id(&a));
         assert_ne!(a, new_id());
-    }
-
-    #[test]
-    fn cursors_round_trip_and_bad_ones_are_refused() {
-        let t = B64.encode("1700000000000:abc");
-        assert_eq!(cursor(&t), Some((1_700_000_000_000, "abc".into())));
-        assert_eq!(cursor("!!"), None);
-        assert_eq!(cursor(&B64.encode("x:abc")), None);
-        assert_eq!(cursor(&B64.encode("1:../x")), None);
-    }
-
-    #[test]
-    fn metadata_filters_are_unquoted() {
-        assert_eq!(unquote("a%20b%2Fc"), "a b/c");
-        assert_eq!(unquote("100%"), "100%");
-        assert_eq!(unquote("%zz"), "%zz");
-        assert_eq!(unquote("%C3%A9"), "é");
     }
 
     #[test]

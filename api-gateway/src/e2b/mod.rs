@@ -23,6 +23,8 @@ mod control;
 mod files;
 mod filesystem;
 mod interpreter;
+mod lifecycle;
+mod list;
 mod paths;
 mod process;
 mod sandbox;
@@ -35,7 +37,7 @@ use axum::Router;
 
 use crate::state::AppState;
 
-pub use control::sweep_loop;
+pub use lifecycle::sweep_loop;
 
 /// The envd version Warren's data plane answers like: octet-stream and
 /// multipart uploads (≥ 0.5.7), no file metadata or watch entries (0.6.x).
@@ -44,8 +46,8 @@ pub const ENVD_VERSION: &str = "0.5.7";
 /// The E2B routes.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/sandboxes", post(control::create).get(control::list_v1))
-        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes", post(control::create).get(list::list_v1))
+        .route("/v2/sandboxes", post(control::create).get(list::list))
         .route("/sandboxes/{id}", get(control::get_info).delete(control::kill))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/connect", post(control::connect))

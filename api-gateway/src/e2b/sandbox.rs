@@ -47,7 +47,7 @@ pub async fn open(st: &AppState, headers: &HeaderMap) -> Result<Opened, E2bError
         return Err(E2bError::new(StatusCode::FORBIDDEN, "the sandbox's API key is disabled"));
     }
     if sandbox.end_ms <= crate::records::now_ms() {
-        super::control::expire(st, &key, &sandbox);
+        super::lifecycle::expire(st, &key, &sandbox);
         return Err(E2bError::gone(id));
     }
     user_is_default(basic_user(headers).as_deref())?;

@@ -1,0 +1,93 @@
+//! How sandboxes end: past their timeout (a call that finds one, or each
+//! gateway's sweep) a sandbox is forgotten and its thread deleted — or,
+//! created with `autoPause`, paused and kept — and a killed sandbox's thread
+//! is deleted in the background.
+
+use std::sync::Arc;
+
+use warren_config::EffectiveKey;
+
+use crate::records::{now_ms, E2bSandbox};
+use crate::state::AppState;
+
+/// Deletes the thread of a forgotten sandbox. A command still running holds
+/// the thread: then the deletion is retried (once a second, a few minutes
+/// at most) in the background, so the home never outlives its sandbox for long.
+pub(super) async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, trace: &str) {
+    use crate::exec_error::ExecError;
+    match st.service.delete_thread(key, id, trace).await {
+        Ok(()) | Err(ExecError::ThreadNotFound(_)) => {}
+        Err(_) => {
+            let (st, key, id) = (st.clone(), key.clone(), id.to_string());
+            tokio::spawn(async move {
+                for _ in 0..300 {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    if matches!(st.service.delete_thread(&key, &id, "e2b-kill").await, Ok(()) | Err(ExecError::ThreadNotFound(_))) {
+                        return;
+                    }
+                }
+                tracing::warn!(sandbox = %id, "a killed sandbox's thread could not be deleted; its retention removes it");
+            });
+        }
+    }
+}
+
+/// How long a sandbox paused at its timeout (`autoPause`) is kept when its
+/// Sandbox sets no thread retention (E2B keeps paused sandboxes too).
+const PAUSED_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// How long a paused sandbox is kept: its Sandbox's thread retention, at most (and without one) [`PAUSED_KEPT`].
+pub(super) fn paused_kept(key: &EffectiveKey) -> std::time::Duration {
+    key.thread_retention.duration().unwrap_or(PAUSED_KEPT).min(PAUSED_KEPT)
+}
+
+/// Ends a sandbox past its timeout, in the background (not a task shutdown
+/// waits for: what is left, the next sweep or the thread's retention
+/// finishes): one created with `autoPause` that was running is paused and
+/// kept (for the Sandbox's thread retention, 30 days without); any other is
+/// forgotten and its thread deleted.
+pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
+    let (st, key, s) = (st.clone(), key.clone(), s.clone());
+    tokio::spawn(async move {
+        let store = st.service.records.store();
+        if s.auto_pause && s.state == "running" {
+            let kept = paused_kept(&key);
+            if let Ok(true) = store.auto_pause(&s, now_ms() + kept.as_millis() as i64).await {
+                tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
+            }
+            return;
+        }
+        if let Ok(true) = store.delete_sandbox(&s.id).await {
+            tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
+            delete_thread(&st, &key, &s.id, "e2b-timeout").await;
+        }
+    });
+}
+
+/// How often each gateway looks for sandboxes past their timeout.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Ends sandboxes past their timeout that no call touched (a call ends
+/// them itself): their records and threads are deleted, whichever replica
+/// gets there first. A sandbox whose key is gone loses its record; the
+/// key's threads are the agents' to collect.
+pub async fn sweep_loop(st: AppState) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
+            Ok(ended) => ended,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for ended e2b sandboxes failed");
+                continue;
+            }
+        };
+        for s in ended {
+            match st.keys().named(&s.namespace, &s.key_name) {
+                Some(key) => expire(&st, &key, &s),
+                None => {
+                    let _ = st.service.records.store().delete_sandbox(&s.id).await;
+                }
+            }
+        }
+    }
+}
