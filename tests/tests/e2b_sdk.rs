@@ -153,6 +153,12 @@ async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
         assert_eq!(request(gw.addr, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-KEY", &theirs)], b"").status, 404);
     }
     assert_eq!(request(b.addr, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 204);
+    // SDKs before 2.51 create with `POST /sandboxes` and list with `GET /sandboxes`.
+    let old = request(b.addr, "POST", "/sandboxes", &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"templateID": "base", "metadata": {"suite": "pg-v1"}}"#);
+    assert_eq!(old.status, 201, "{}", old.text());
+    let old_id = old.json()["sandboxID"].as_str().unwrap().to_string();
+    let listed = request(a.addr, "GET", "/sandboxes?metadata=suite%3Dpg-v1", &[("X-API-KEY", &mine)], b"").json();
+    assert_eq!(listed[0]["sandboxID"].as_str(), Some(old_id.as_str()), "{listed}");
     assert_eq!(request(a.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &mine)], b"").status, 404);
     assert_eq!(request(a.addr, "GET", "/health", &[("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())], b"").status, 502);
 }
