@@ -2,8 +2,8 @@
 //! and `e2b-code-interpreter` from PyPI (tests/sdk/check_e2b.py: create,
 //! commands, files, connect from a second client, list, pause/resume,
 //! timeouts, the limits that answer errors, isolation between keys, kill,
-//! run_code) and the JS `e2b` from npm for the core calls
-//! (tests/sdk/check_e2b.mjs). The versions are pinned; with
+//! run_code), also as of the release before 2.51.0, and the JS `e2b` from
+//! npm for the core calls (tests/sdk/check_e2b.mjs). The versions are pinned; with
 //! `WARREN_E2B_SDK=newest` the Python check runs against the newest releases
 //! instead (`.ci/run` does that as a separate, non-blocking step).
 
@@ -15,6 +15,8 @@ use warren_e2e::{skip_unless_root, Agent};
 
 /// The pinned Python SDKs.
 const PINNED: &str = "e2b==2.63.0 e2b-code-interpreter==2.11.5";
+/// The Python SDKs of the last release before 2.51.0.
+const BEFORE_V2: &str = "e2b==2.50.0 e2b-code-interpreter==2.10.0";
 /// The pinned JS SDK (installed by scripts/test.sh).
 pub const JS_VERSION: &str = "2.51.0";
 
@@ -47,7 +49,23 @@ async fn the_e2b_python_sdks_work_against_warren() {
     if skip_unless_root("the_e2b_python_sdks_work_against_warren") {
         return;
     }
-    let venv = python_sdks();
+    python_check(&python_sdks()).await;
+}
+
+/// The last release before `create` moved to `POST /v2/sandboxes` (2.51.0,
+/// the change that broke other servers within days), with the code
+/// interpreter pip pairs with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_python_sdks_before_2_51_work_against_warren() {
+    if skip_unless_root("the_e2b_python_sdks_before_2_51_work_against_warren") {
+        return;
+    }
+    python_check(&warren_e2e::python::venv("e2b-2.50-venv", BEFORE_V2)).await;
+}
+
+/// Runs tests/sdk/check_e2b.py with the SDKs of `venv` against a fresh
+/// gateway and agent; every check must pass.
+async fn python_check(venv: &Path) {
     let agent = Agent::start(&[]).await.unwrap();
     let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
     let versions = Command::new(venv.join("bin/python")).args(["-c", "import importlib.metadata as m; print(m.version('e2b'), m.version('e2b-code-interpreter'))"]).output().unwrap();
@@ -57,6 +75,7 @@ async fn the_e2b_python_sdks_work_against_warren() {
     sdk_env(&mut cmd, &gw);
     let out = output(cmd).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
     let warnings: Vec<String> = gw.logs().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
     assert!(out.status.success(), "E2B SDK checks failed:\n{stdout}\n{}\ngateway warnings: {warnings:#?}", String::from_utf8_lossy(&out.stderr));
     for check in [

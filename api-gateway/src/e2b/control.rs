@@ -76,10 +76,12 @@ fn refuse_unsupported(v: &Value, key: &EffectiveKey) -> Result<(), E2bError> {
     if present("network") {
         return Err(E2bError::unsupported("network: the network policy is the Sandbox's (spec.network, spec.egress), not chosen per sandbox"));
     }
+    // Asking for no internet where the Sandbox allows it must not be ignored;
+    // `true` is E2B's default (older SDKs always send it): the Sandbox's
+    // policy stands, Blocked or not.
     let blocked = key.network == warren_core::network::Network::Blocked;
     match v.get("allow_internet_access").and_then(Value::as_bool) {
         Some(false) if !blocked => Err(E2bError::invalid("allow_internet_access=false: this key's Sandbox has network Unrestricted; use a key whose Sandbox is Blocked")),
-        Some(true) if blocked => Err(E2bError::invalid("allow_internet_access=true: this key's Sandbox has network Blocked")),
         _ => Ok(()),
     }
 }
