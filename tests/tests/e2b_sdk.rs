@@ -4,8 +4,8 @@
 //! timeouts, the limits that answer errors, isolation between keys, kill,
 //! run_code), also as of the release before 2.51.0, and the JS `e2b` from
 //! npm for the core calls (tests/sdk/check_e2b.mjs). The versions are pinned; with
-//! `WARREN_E2B_SDK=newest` the Python check runs against the newest releases
-//! instead (`.ci/run` does that as a separate, non-blocking step).
+//! `WARREN_E2B_SDK=newest` the Python and JS checks run against the newest
+//! releases instead (`.ci/run` does that as a separate, non-blocking step).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,9 +24,34 @@ fn alias(name: &str) -> String {
     warren_config::key::e2b_alias(&key(name))
 }
 
+fn newest() -> bool {
+    std::env::var("WARREN_E2B_SDK").as_deref() == Ok("newest")
+}
+
+/// The JS SDK package: the pinned one scripts/test.sh installed, or the
+/// newest on npm installed anew.
+fn js_sdk() -> PathBuf {
+    let sdk = if newest() {
+        let dir = warren_e2e::bin_dir().parent().unwrap().join("e2b-js-newest");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        warren_e2e::python::run(Command::new("npm").args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"]).arg(&dir).arg("e2b@latest"));
+        dir.join("node_modules/e2b")
+    } else {
+        let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+        let sdk = home.join(".cache/warren-tools/e2b/node_modules/e2b");
+        let installed = std::fs::read_to_string(sdk.join("package.json")).unwrap_or_default();
+        assert!(installed.contains(&format!("\"version\": \"{JS_VERSION}\"")), "the JS e2b {JS_VERSION} is not installed in {} (scripts/test.sh installs it)", sdk.display());
+        sdk
+    };
+    let package: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sdk.join("package.json")).unwrap()).unwrap();
+    println!("E2B JS SDK: {}", package["version"].as_str().unwrap_or("?"));
+    sdk
+}
+
 /// The Python SDKs' virtualenv: pinned, or the newest releases made anew.
 fn python_sdks() -> PathBuf {
-    if std::env::var("WARREN_E2B_SDK").as_deref() == Ok("newest") {
+    if newest() {
         let spec = "--upgrade e2b e2b-code-interpreter";
         let dir = warren_e2e::bin_dir().parent().unwrap().join("e2b-newest-venv");
         let _ = std::fs::remove_dir_all(&dir);
@@ -91,10 +116,7 @@ async fn the_e2b_js_sdk_works_against_warren() {
     if skip_unless_root("the_e2b_js_sdk_works_against_warren") {
         return;
     }
-    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
-    let sdk = home.join(".cache/warren-tools/e2b/node_modules/e2b");
-    let installed = std::fs::read_to_string(sdk.join("package.json")).unwrap_or_default();
-    assert!(installed.contains(&format!("\"version\": \"{JS_VERSION}\"")), "the JS e2b {JS_VERSION} is not installed in {} (scripts/test.sh installs it)", sdk.display());
+    let sdk = js_sdk();
     let agent = Agent::start(&[]).await.unwrap();
     let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
     let mut cmd = Command::new("node");
