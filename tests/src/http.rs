@@ -75,15 +75,20 @@ pub fn raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Response> {
     Ok(Response { status, headers, body })
 }
 
-/// A POST with the given headers and body (Content-Length set, connection closed).
-pub fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-    let mut req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len()).into_bytes();
+/// A `method` request with the given headers and body (Content-Length set, connection closed).
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len()).into_bytes();
     for (n, v) in headers {
         req.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
     }
     req.extend_from_slice(b"\r\n");
     req.extend_from_slice(body);
     raw(addr, &req).expect("HTTP request")
+}
+
+/// A POST with the given headers and body (Content-Length set, connection closed).
+pub fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    request(addr, "POST", path, headers, body)
 }
 
 /// A GET.

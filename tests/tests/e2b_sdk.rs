@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use warren_e2e::gateway::{key, Gateway};
+use warren_e2e::http::request;
 use warren_e2e::{skip_unless_root, Agent};
 
 /// The pinned Python SDKs.
@@ -126,17 +127,6 @@ async fn the_e2b_js_sdk_works_against_warren() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "E2B JS SDK checks failed:\n{stdout}\n{}\ngateway logs: {:#?}", String::from_utf8_lossy(&out.stderr), gw.logs());
     assert!(stdout.contains("ok js core calls\n"), "{stdout}");
-}
-
-/// A request with these headers (Content-Length set, connection closed).
-fn request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> warren_e2e::http::Response {
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len()).into_bytes();
-    for (n, v) in headers {
-        req.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
-    }
-    req.extend_from_slice(b"\r\n");
-    req.extend_from_slice(body);
-    warren_e2e::http::raw(addr, &req).expect("HTTP request")
 }
 
 /// The JSON messages of a Connect stream (flags, length, JSON).

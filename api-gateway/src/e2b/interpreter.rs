@@ -5,8 +5,6 @@
 //! `error` with name, value and traceback. Output streams as NDJSON as it
 //! comes. Contexts (interpreter state kept between calls) are refused.
 
-use std::collections::BTreeMap;
-
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
@@ -40,7 +38,7 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) ->
             Some(other) => return Err(E2bError::unsupported(&format!("language {other:?}: Warren's run_code runs python (use commands.run for other programs)"))),
         }
         let code = req.get("code").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("code is required"))?;
-        let env: BTreeMap<String, String> = req.get("env_vars").and_then(Value::as_object).map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default();
+        let env = super::string_entries(req.get("env_vars"));
         let mark = format!("\u{1e}warren-cell-{} ", warren_core::ids::random_id("", 16, &mut |b: &mut [u8]| rand::fill(b)));
         let program = Program {
             code: format!("{CELL_PY}\n__warren_cell({}, {})\n", py_str(code), py_str(&mark)),

@@ -112,6 +112,12 @@ impl E2bError {
     }
 }
 
+/// The string entries of a JSON object (envd's `envs`, the interpreter's
+/// `env_vars`); anything else is not a variable and is left out.
+pub fn string_entries(v: Option<&serde_json::Value>) -> std::collections::BTreeMap<String, String> {
+    v.and_then(serde_json::Value::as_object).map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default()
+}
+
 /// A request body of at most `limit` bytes, arriving within the gateway's body timeout.
 pub async fn read_body(st: &AppState, b: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, E2bError> {
     tokio::time::timeout(st.settings.body_timeout, axum::body::to_bytes(b, limit))

@@ -69,10 +69,6 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-fn envs(process: &Value) -> std::collections::BTreeMap<String, String> {
-    process.get("envs").and_then(Value::as_object).map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect()).unwrap_or_default()
-}
-
 /// `Connect-Timeout-Ms` as whole seconds (rounded up); none or 0: the key's default.
 fn timeout_of(headers: &HeaderMap) -> Option<u64> {
     let ms: u64 = headers.get("connect-timeout-ms")?.to_str().ok()?.parse().ok()?;
@@ -96,7 +92,7 @@ async fn start(st: AppState, headers: HeaderMap, b: Body) -> Result<Response, E2
         return Err(nothing_running("stdin for a running command (pass stdin=False)"));
     }
     let process = req.get("process").cloned().unwrap_or(Value::Null);
-    let program = Program { code: program_of(&process)?, language: warren_core::language::Language::Bash, env: envs(&process), timeout: timeout_of(&headers) };
+    let program = Program { code: program_of(&process)?, language: warren_core::language::Language::Bash, env: super::string_entries(process.get("envs")), timeout: timeout_of(&headers) };
     let run = opened.start(&st, program, Delivery::Streamed).await?;
     let events = stream(run, keepalive_of(&headers));
     Ok(([(header::CONTENT_TYPE, connect::STREAM_CONTENT_TYPE)], Body::from_stream(events)).into_response())
