@@ -24,6 +24,7 @@ const PROGRAMS: &[&str] = &[
     "import os; print(os.getcwd(), sorted(os.listdir('.')), sorted(os.listdir('/run/warren')))",
     "import sys; print(repr(sys.stdin.read()), sys.stdin.isatty(), sys.stdout.fileno(), sys.stderr.fileno())",
     "import os; print(sorted(os.environ.items()))",
+    "print(sorted(open('/proc/self/environ', 'rb').read().split(b'\\0')), open('/proc/self/cmdline', 'rb').read())",
     "import subprocess; print(subprocess.run(['env'], capture_output=True, text=True).stdout)",
     "import subprocess, sys\nr = subprocess.run(['bash', '-c', 'echo $HOME $PWD; echo err >&2; exit 4'])\nprint(r.returncode)",
     "import os; print(sorted(os.listdir('/proc/self/fd')))",
