@@ -312,6 +312,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let (stores, fuse_pool) = storage(&store_spec, s3_pool_max_idle, local_roots, endpoints, state_reserve, &state_dir, storage_cache, storage_fuse_pool, &fuse_pool_dir)?;
     let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, insecure_registries, Duration::from_secs(image_pull_wait_secs))?;
+    // A warm start the kernel cannot make indistinguishable from a cold one
+    // is not offered.
+    let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    let warm_interpreters = warm_interpreters
+        && warren_isolation::sandbox::warm_environ_available(yama.as_deref()).map_err(|why| tracing::warn!(%why, "warm interpreters are off")).is_ok();
     let config = ExecutorConfig { policy, max_executions, pool_size, warm_interpreters, warm_pool_memory, node_name: node_name.clone(), stores, images: images.clone() };
     let exec = Arc::new(Executor::new(env, features, threads.clone(), config));
     tokio::spawn(collect_threads(threads, Duration::from_secs(thread_gc_interval_secs.max(1)), Duration::from_secs(thread_warm_idle_secs)));

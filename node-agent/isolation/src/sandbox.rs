@@ -14,6 +14,7 @@
 //! exec. Killing init kills the whole pid namespace, which is how timeouts,
 //! cancellation and "processes that outlive the main one" are handled.
 
+mod environ;
 mod init;
 mod program;
 pub mod rootfs;
@@ -22,4 +23,5 @@ mod supervisor;
 pub mod sys;
 mod warm;
 
+pub use environ::available as warm_environ_available;
 pub use supervisor::supervisor_main;

@@ -19,7 +19,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::{ForkResult, Pid};
 
 use super::rootfs::HOME;
-use super::{program, sys};
+use super::{environ, program, sys};
 use crate::wire::{Go, WarmKind, WarmStart};
 
 /// The interpreter's channel to init, and the call's stdout and stderr
@@ -107,13 +107,14 @@ impl Zygote {
         parse_ready(&line)
     }
 
-    /// Gives the interpreter its call: the call's limits, then its working
-    /// directory and environment. Returns its pid (the program's now), or
+    /// Gives the interpreter its call: the call's limits and the kernel's view
+    /// of its environment, then its working directory and environment. Returns its pid (the program's now), or
     /// `Err` when it died while waiting — stopped and reaped, so the caller
     /// can start the program cold.
     pub fn deliver(mut self, go: &Go) -> Result<Pid, ()> {
         let limits = set_call_limits(self.pid.as_raw(), go.open_files, go.file_size_bytes, go.max_processes);
-        let sent = limits.and_then(|()| self.ctrl.write_all(&message(go))).and_then(|()| self.ctrl.shutdown(std::net::Shutdown::Write));
+        let environ = limits.and_then(|()| environ::show(self.pid, &environ::block(&go.env)));
+        let sent = environ.and_then(|()| self.ctrl.write_all(&message(go))).and_then(|()| self.ctrl.shutdown(std::net::Shutdown::Write));
         // With modules loaded, it says whether the call's home (mounted
         // now) shadows one of them: 'G' runs warm, anything else cold.
         let go_on = sent.is_ok() && (!self.asks || self.answer() == Some(b'G'));

@@ -10,9 +10,7 @@
 #
 # Only modules already loaded at startup are used (os, sys, site), so
 # sys.modules is the same as in a cold start -- apart from the Sandbox's
-# warm imports (`spec.warm.python.imports`), loaded before "ready", and
-# ctypes, which is loaded while warm and then forgotten (a later `import
-# ctypes` loads it afresh).
+# warm imports (`spec.warm.python.imports`), loaded before "ready".
 
 
 def _arm():
@@ -49,46 +47,6 @@ def _arm():
             gc.freeze()
         return names, failed
 
-    def environ_setter():
-        # The kernel shows the environment a process was exec'd with in
-        # /proc/self/environ; a cold start was exec'd with the call's. At Go
-        # the hook points the kernel at the call's environment instead, as
-        # checkpoint/restore tools do (prctl PR_SET_MM_MAP: a process may
-        # do it to itself, unprivileged; exe_fd -1 leaves /proc/self/exe).
-        modules, finders = set(sys.modules), set(sys.path_importer_cache)
-        import ctypes
-        for name in set(sys.modules) - modules:
-            del sys.modules[name]
-        for path in set(sys.path_importer_cache) - finders:
-            del sys.path_importer_cache[path]
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.sbrk.restype = ctypes.c_void_p
-        libc.malloc.restype = ctypes.c_void_p
-        names = "start_code end_code start_data end_data start_brk brk start_stack arg_start arg_end env_start env_end auxv"
-        fields = [(n, ctypes.c_uint64) for n in names.split()] + [("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
-        mm_map = type("mm_map", (ctypes.Structure,), {"_fields_": fields})
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read().rsplit(b")", 1)[1].split()
-        field = lambda n: int(stat[n - 3])  # proc(5) numbers from 1; stat[0] is field 3
-        m = mm_map(start_code=field(26), end_code=field(27), start_stack=field(28), start_data=field(45),
-                   end_data=field(46), start_brk=field(47), arg_start=field(48), arg_end=field(49), exe_fd=0xFFFFFFFF)
-
-        def set_environ(block):
-            # Never freed: the kernel reads it for as long as the process lives.
-            at = libc.malloc(max(len(block), 1))
-            if not at:
-                return False
-            ctypes.memmove(at, block, len(block))
-            m.brk = libc.sbrk(0)
-            m.env_start, m.env_end = at, at + len(block)
-            return libc.prctl(35, 14, ctypes.byref(m), ctypes.sizeof(m), 0) == 0  # PR_SET_MM, PR_SET_MM_MAP
-
-        # Checked while warm (see go()).
-        with open("/proc/self/environ", "rb") as f:
-            if not set_environ(f.read()):
-                raise OSError(ctypes.get_errno(), "prctl(PR_SET_MM_MAP) failed")
-        return set_environ
-
     def shadowed(added):
         # A module of the call's home (a thread's user site) would have been
         # imported cold instead of the image's one loaded here.
@@ -119,12 +77,6 @@ def _arm():
         return added
 
     def go():
-        try:
-            set_environ = environ_setter()
-        except Exception:
-            # No ctypes in the image, or a kernel without PR_SET_MM_MAP:
-            # exiting before "ready" makes this sandbox's call start cold.
-            os._exit(0)
         names, failed = warm_imports()
         os.write(ctrl, ("R" + "".join("\0" + f for f in failed) + "\n").encode())
         msg = read_all(ctrl)
@@ -136,8 +88,6 @@ def _arm():
         for entry in parts[1:]:
             name, _, value = entry.partition(b"=")
             os.environb[name] = value
-        if not set_environ(b"".join(entry + b"\0" for entry in parts[1:])):
-            raise OSError("prctl(PR_SET_MM_MAP) failed")
         at = None
         for i, p in enumerate(list(sys.path)):
             if warm_base and p.startswith(warm_base):
