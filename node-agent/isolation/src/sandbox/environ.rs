@@ -57,10 +57,34 @@ pub fn show(pid: Pid, block: &[u8]) -> io::Result<()> {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "only on x86_64"));
     }
     ptrace::seize(pid, ptrace::Options::PTRACE_O_EXITKILL)?;
-    let r = ptrace::interrupt(pid).map_err(io::Error::from).and_then(|()| stopped(pid)).and_then(|()| inject(pid, block));
+    let r = attached(pid, block);
     // Detaching resumes it; on failure the caller kills it.
     let _ = ptrace::detach(pid, None);
     r
+}
+
+/// How often init looks for the interpreter blocked in its read (it says
+/// "ready" just before it reads), and how long it lets it run in between.
+const ATTEMPTS: u32 = 50;
+const BETWEEN: std::time::Duration = std::time::Duration::from_micros(200);
+
+fn attached(pid: Pid, block: &[u8]) -> io::Result<()> {
+    let mem = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem"))?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        ptrace::interrupt(pid)?;
+        stopped(pid)?;
+        let saved = arch::getregs(pid)?;
+        match arch::gadget(&saved, &mem) {
+            Ok(gadget) => return inject(pid, &mem, saved, gadget, block),
+            Err(e) if attempt >= ATTEMPTS => return Err(e),
+            Err(_) => {
+                ptrace::cont(pid, None)?;
+                std::thread::sleep(BETWEEN);
+            }
+        }
+    }
 }
 
 /// Waits for `pid`'s next ptrace stop.
@@ -75,10 +99,8 @@ fn stopped(pid: Pid) -> io::Result<()> {
     }
 }
 
-fn inject(pid: Pid, block: &[u8]) -> io::Result<()> {
-    let saved = arch::getregs(pid)?;
-    let mem = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem"))?;
-    let r = arch::gadget(&saved, &mem).and_then(|gadget| set_environ(pid, &mem, &saved, gadget, block));
+fn inject(pid: Pid, mem: &File, saved: arch::Regs, gadget: u64, block: &[u8]) -> io::Result<()> {
+    let r = set_environ(pid, mem, &saved, gadget, block);
     // Its registers as they were: the interrupted read restarts on resume.
     arch::setregs(pid, saved)?;
     r
@@ -184,8 +206,10 @@ mod arch {
     pub const SUPPORTED: bool = true;
     pub use ptrace::{getregs, setregs};
 
-    /// The `syscall` instruction the interpreter is blocked behind (its
-    /// instruction pointer is just past it).
+    /// The `syscall` instruction just before the instruction pointer: the
+    /// interpreter stopped on a syscall's way out (blocked in its read,
+    /// normally). Its registers then say whether that syscall restarts, and
+    /// restoring them keeps that so.
     pub fn gadget(regs: &Regs, mem: &File) -> io::Result<u64> {
         let at = regs.rip.checked_sub(2).ok_or_else(|| io::Error::other("no syscall"))?;
         let mut insn = [0u8; 2];
@@ -256,6 +280,95 @@ mod tests {
         assert!(super::available(None).is_ok() || !super::arch::SUPPORTED);
         assert!(super::available(Some("1\n")).is_ok() || !super::arch::SUPPORTED);
         assert!(super::available(Some("3\n")).is_err());
+    }
+
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, ForkResult, Pid};
+
+    /// A child of this test in `body`, killed and reaped whatever happens.
+    struct Child(Pid);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
+            let _ = waitpid(self.0, None);
+        }
+    }
+
+    fn child(body: impl FnOnce()) -> Child {
+        // SAFETY: the child runs only `body` (raw syscalls, no allocation) and _exit.
+        match unsafe { fork() }.unwrap() {
+            ForkResult::Child => {
+                body();
+                // SAFETY: leaves the forked child without running the test harness's exit.
+                unsafe { libc::_exit(0) }
+            }
+            ForkResult::Parent { child } => Child(child),
+        }
+    }
+
+    /// Waits until `pid` is blocked in syscall `nr` (a state, not a delay).
+    fn wait_in_syscall(pid: Pid, nr: i64) {
+        let prefix = format!("{nr} ");
+        while !std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default().starts_with(&prefix) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_child_blocked_in_read_shows_the_new_environment_and_its_read_goes_on() {
+        if !super::arch::SUPPORTED {
+            eprintln!("skipped: the hand-over is implemented for x86_64 only");
+            return;
+        }
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let (rfd, wfd) = (std::os::fd::AsRawFd::as_raw_fd(&r), std::os::fd::AsRawFd::as_raw_fd(&w));
+        let kid = child(|| {
+            let mut byte = [0u8; 1];
+            // SAFETY: a read into a local buffer; the exit status reports what arrived.
+            let n = unsafe { libc::read(rfd, byte.as_mut_ptr().cast(), 1) };
+            // SAFETY: as above.
+            unsafe { libc::_exit(if n == 1 && byte[0] == b'x' { 7 } else { 1 }) }
+        });
+        drop(r);
+        wait_in_syscall(kid.0, libc::SYS_read);
+        super::show(kid.0, b"A=1\0B=two words\0").unwrap();
+        assert_eq!(std::fs::read(format!("/proc/{}/environ", kid.0)).unwrap(), b"A=1\0B=two words\0");
+        let status = std::fs::read_to_string(format!("/proc/{}/status", kid.0)).unwrap();
+        assert!(status.lines().any(|l| l.split_whitespace().eq(["TracerPid:", "0"])), "detached");
+        // SAFETY: a write of one byte from a local buffer.
+        assert_eq!(unsafe { libc::write(wfd, b"x".as_ptr().cast(), 1) }, 1);
+        assert_eq!(waitpid(kid.0, None).unwrap(), WaitStatus::Exited(kid.0, 7), "the interrupted read restarted and got the byte");
+    }
+
+    #[test]
+    fn a_child_that_never_reaches_a_syscall_is_refused_and_left_running() {
+        if !super::arch::SUPPORTED {
+            eprintln!("skipped: the hand-over is implemented for x86_64 only");
+            return;
+        }
+        // A flag the spinning child keeps raising, in memory both share:
+        // once it is up, the child is in its loop, which makes no syscall.
+        // SAFETY: a fresh shared anonymous page, unmapped below.
+        let page = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(page, libc::MAP_FAILED);
+        // SAFETY: the page is mapped, aligned and lives until the munmap below.
+        let flag = unsafe { &*(page as *const std::sync::atomic::AtomicU32) };
+        let kid = child(|| loop {
+            flag.store(1, std::sync::atomic::Ordering::SeqCst);
+            std::hint::spin_loop();
+        });
+        while flag.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(super::show(kid.0, b"A=1\0").is_err());
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", kid.0)).unwrap();
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+        assert!(state == "R" || state == "S", "running again after the refusal, not stopped: {state}");
+        assert_ne!(std::fs::read(format!("/proc/{}/environ", kid.0)).unwrap(), b"A=1\0");
+        drop(kid);
+        // SAFETY: the child is gone; nothing else refers to the page.
+        unsafe { libc::munmap(page, 4096) };
     }
 
     #[test]
