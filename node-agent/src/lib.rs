@@ -21,6 +21,7 @@ pub mod sandbox;
 pub mod service;
 pub mod slots;
 pub mod threads;
+pub mod warm_counts;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

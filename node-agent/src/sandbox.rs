@@ -94,8 +94,8 @@ pub struct SandboxEnv {
     pub output_stall: Duration,
     /// Sandbox networking (`Unrestricted`); `None` when the node has none.
     pub net: Option<Arc<warren_network::NodeNet>>,
-    /// Calls a warm interpreter served so far.
-    pub warm_starts: Arc<std::sync::atomic::AtomicU64>,
+    /// Calls warm interpreters served, and whether they keep failing to.
+    pub warm_starts: Arc<crate::warm_counts::WarmCounts>,
     /// Warm modules already logged as failing (once each per agent).
     pub warm_failures_logged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -195,7 +195,9 @@ pub struct Prepared {
     /// Modules the warm interpreter could not load: (module, why).
     warm_failed: Vec<(String, String)>,
     /// Counts the calls a warm interpreter served (the node's status).
-    warm_starts: Arc<std::sync::atomic::AtomicU64>,
+    warm_starts: Arc<crate::warm_counts::WarmCounts>,
+    /// The call asked for the waiting interpreter (set at Go).
+    warm_asked: bool,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
 }
@@ -310,7 +312,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let network = shape.network;
     let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
     let mut prepared = Prepared {
-        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, _rootfs: shape.rootfs,
+        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, _rootfs: shape.rootfs,
     };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
@@ -497,6 +499,7 @@ impl Prepared {
             return (out, Teardown(self));
         }
         let go_warm = go.warm;
+        self.warm_asked = go_warm;
         let started = Instant::now();
         let mut queue = Queue::new(self.output_stall);
         queue.push(events, Event::Started { setup: started - received });
@@ -584,8 +587,11 @@ impl Prepared {
                 ev = self.init.recv::<InitEvent>(), if init_open => {
                     match ev {
                         Ok(Some(InitEvent::Exited { code, signal, warm })) => {
-                            if warm {
-                                self.warm_starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if self.warm_starts.record(self.warm_asked, warm) {
+                                warn!(
+                                    "warm interpreters keep starting their calls cold: the calls are served, without the warm start; \
+                                     does this node forbid a process to attach to its child (an AppArmor or SELinux ptrace rule)?"
+                                );
                             }
                             out.exit_code = code;
                             out.signal = signal;

@@ -337,7 +337,7 @@ impl Executor {
 
     /// Calls warm interpreters ran since the agent started.
     pub fn warm_starts(&self) -> u64 {
-        self.env.warm_starts.load(std::sync::atomic::Ordering::Relaxed)
+        self.env.warm_starts.served()
     }
 
     /// Executions running now.
