@@ -107,10 +107,11 @@ impl Zygote {
         parse_ready(&line)
     }
 
-    /// Gives the interpreter its call: the call's limits and the kernel's view
-    /// of its environment, then its working directory and environment. Returns its pid (the program's now), or
-    /// `Err` when it died while waiting — stopped and reaped, so the caller
-    /// can start the program cold.
+    /// Gives the interpreter its call: the call's limits and the kernel's
+    /// view of its environment, then its working directory and environment.
+    /// Returns its pid (the program's now), or `Err` when it died while
+    /// waiting or could not be handed the environment — stopped and reaped,
+    /// so the caller can start the program cold.
     pub fn deliver(mut self, go: &Go) -> Result<Pid, ()> {
         let limits = set_call_limits(self.pid.as_raw(), go.open_files, go.file_size_bytes, go.max_processes);
         let environ = limits.and_then(|()| environ::show(self.pid, &environ::block(&go.env)));
