@@ -33,6 +33,7 @@ pub mod request;
 pub mod result;
 pub mod state;
 pub mod threads;
+mod unread;
 pub mod webhook;
 
 use std::net::SocketAddr;
