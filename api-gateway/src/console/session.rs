@@ -346,7 +346,8 @@ mod tests {
         let victim = s.begin(&from("192.0.2.1", BINDING), "/", [r(1), r(1), r(1)], t0);
         for i in 0..(MAX_SIGN_INS as u32 * 2) {
             let client = format!("203.0.{}.{}", i % 64, i % 64);
-            s.begin(&from(&client, "flood"), "/", [numbered(i + 1 << 16), numbered(i + 1 << 16), numbered(i + 1 << 16)], t0 + Duration::from_millis(u64::from(i)));
+            let n = numbered((i + 1) << 16);
+            s.begin(&from(&client, "flood"), "/", [n, n, n], t0 + Duration::from_millis(u64::from(i)));
         }
         assert!(s.finish(&victim.state, Some(BINDING), t0).is_some(), "a client with one sign-in is the last to be evicted");
     }
