@@ -30,6 +30,8 @@ pub struct Metrics {
     healthy_nodes: Gauge,
     warm_sandboxes: Gauge,
     warm_memory: Gauge,
+    idle_cpu: Gauge<f64, std::sync::atomic::AtomicU64>,
+    idle_discards: Gauge,
 }
 
 /// What the healthy node-agents last said of themselves, summed.
@@ -41,6 +43,10 @@ pub struct NodeTotals {
     pub warm_sandboxes: u64,
     /// Memory those sandboxes hold, bytes.
     pub warm_memory_bytes: u64,
+    /// CPU their pools used before calls since each agent started, ms.
+    pub idle_cpu_ms: u64,
+    /// Idle sandboxes discarded for using CPU.
+    pub idle_discards: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,7 +73,11 @@ impl Default for Metrics {
         registry.register("warm_sandboxes", "Sandboxes waiting in the healthy nodes' warm pools", warm_sandboxes.clone());
         let warm_memory = Gauge::default();
         registry.register("warm_sandbox_memory_bytes", "Memory the healthy nodes' idle warm sandboxes hold", warm_memory.clone());
-        Metrics { registry, requests, durations, in_flight, healthy_nodes, warm_sandboxes, warm_memory }
+        let idle_cpu = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register("warm_pool_cpu_seconds", "CPU the healthy nodes' warm pools used before calls (setup, warm imports; charged to no key), since each agent started", idle_cpu.clone());
+        let idle_discards = Gauge::default();
+        registry.register("warm_pool_idle_discards", "Pooled sandboxes the healthy nodes discarded for using CPU while idle, since each agent started", idle_discards.clone());
+        Metrics { registry, requests, durations, in_flight, healthy_nodes, warm_sandboxes, warm_memory, idle_cpu, idle_discards }
     }
 }
 
@@ -103,6 +113,8 @@ impl Metrics {
         self.healthy_nodes.set(nodes.healthy as i64);
         self.warm_sandboxes.set(nodes.warm_sandboxes as i64);
         self.warm_memory.set(nodes.warm_memory_bytes.min(i64::MAX as u64) as i64);
+        self.idle_cpu.set(nodes.idle_cpu_ms as f64 / 1000.0);
+        self.idle_discards.set(nodes.idle_discards.min(i64::MAX as u64) as i64);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

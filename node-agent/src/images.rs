@@ -76,18 +76,24 @@ impl Images {
     }
 
     /// A warm image serves a caller only once the registry has served its
-    /// manifest to the caller's credentials (kubelet's "ensure secret
-    /// pulled images"): naming a digest another tenant pulled — through a
-    /// registry that does not exist, a repository that does not hold it,
-    /// or without the credentials — runs nothing.
-    async fn ensure_may_pull(&self, pinned: &str, digest: &str, auth: &PullAuth) -> Result<(), ExecError> {
+    /// manifest and every layer to the caller's credentials (kubelet's
+    /// "ensure secret pulled images", with layers, since manifest bytes are
+    /// easy to copy): naming a digest another tenant pulled — through a
+    /// registry that does not exist, a repository that does not hold it, a
+    /// registry serving only the manifest, or without the credentials —
+    /// runs nothing. A call waits at most the pull wait (`wait`: `None`
+    /// waits as long as the check takes, as warming does).
+    async fn ensure_may_pull(&self, pinned: &str, digest: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<(), ExecError> {
         let (registry, repository) = warren_image::repository(pinned).map_err(pull_error)?;
         let verdict = (format!("{registry}/{repository}"), digest.to_string(), fingerprint(auth));
         if self.verified().get(&verdict).is_some_and(|at| at.elapsed() < VERIFIED_FOR) {
             return Ok(());
         }
         let check = self.check(&verdict, registry, repository, auth);
-        let outcome = tokio::time::timeout(self.pull_wait.max(Duration::from_secs(1)), check).await;
+        let outcome = match wait {
+            Some(wait) => tokio::time::timeout(wait.max(Duration::from_secs(1)), check).await,
+            None => Ok(check.await),
+        };
         if outcome.is_ok() {
             self.checking.lock().unwrap_or_else(|p| p.into_inner()).remove(&verdict);
         }
@@ -135,19 +141,17 @@ impl Images {
             }),
         };
         if let Some((d, image)) = known.and_then(|d| self.store.get(&d).map(|i| (d, i))) {
-            self.ensure_may_pull(&pinned, &d, auth).await?;
+            self.ensure_may_pull(&pinned, &d, auth, Some(self.pull_wait)).await?;
             image.touch();
             return Ok(image);
         }
-        let image = self.pull(&pinned, auth, Some(self.pull_wait)).await?;
-        // The store may have had it already (a digest reference skips the
-        // registry): the caller proves access like any other.
-        self.ensure_may_pull(&pinned, &image.digest(), auth).await?;
-        Ok(image)
+        self.pull(&pinned, auth, Some(self.pull_wait)).await
     }
 
     /// Pulls (unless warm) and waits for it, at most `wait` when given; the
-    /// pull goes on in the background past the wait.
+    /// pull goes on in the background past the wait. The image is handed
+    /// out only to credentials its registry proved it serves: by this pull
+    /// (a verdict is recorded only then), or by a check of the warm copy.
     pub async fn pull(&self, reference: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<Arc<Image>, ExecError> {
         let store = self.store.clone();
         let (r, a) = (reference.to_string(), auth.clone());
@@ -156,13 +160,20 @@ impl Images {
             None => task.await,
             Some(wait) => tokio::time::timeout(wait, task).await.map_err(|_| ExecError::ImagePulling(reference.to_string()))?,
         };
-        let image = joined.map_err(|e| ExecError::Image(format!("pull task failed: {e}")))?.map_err(pull_error)?;
-        if !reference.contains('@') {
-            // A tag was resolved with these credentials: they pulled it.
-            self.tags().insert((reference.to_string(), fingerprint(auth)), (image.digest(), Instant::now()));
-            if let Ok((registry, repository)) = warren_image::repository(reference) {
-                self.record((format!("{registry}/{repository}"), image.digest(), fingerprint(auth)));
+        let pulled = joined.map_err(|e| ExecError::Image(format!("pull task failed: {e}")))?.map_err(pull_error)?;
+        let image = pulled.image;
+        match pulled.proven {
+            true => {
+                if let Ok((registry, repository)) = warren_image::repository(reference) {
+                    self.record((format!("{registry}/{repository}"), image.digest(), fingerprint(auth)));
+                }
+                if !reference.contains('@') {
+                    self.tags().insert((reference.to_string(), fingerprint(auth)), (image.digest(), Instant::now()));
+                }
             }
+            // A warm digest taken without the network: the caller proves
+            // access like any other.
+            false => self.ensure_may_pull(reference, &image.digest(), auth, wait).await?,
         }
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.collect(0));
@@ -205,6 +216,7 @@ fn pin(reference: &str, digest: &str) -> Result<String, ExecError> {
 fn pull_error(e: PullError) -> ExecError {
     match e {
         PullError::Reference(..) => ExecError::ImageReference(e.to_string()),
+        PullError::Endpoint(_) => ExecError::ImageRefused(e.to_string()),
         other => ExecError::Image(other.to_string()),
     }
 }

@@ -172,7 +172,8 @@ pub struct Args {
     pub local_storage_roots: Vec<PathBuf>,
     /// Destinations (addresses or CIDRs; repeat or comma-separate) that
     /// tenant-named endpoints — Connector hosts, StorageConnection
-    /// endpoints — may reach although they are the node itself: loopback,
+    /// endpoints, image registries, their token realms and redirects — may
+    /// reach although they are the node itself: loopback,
     /// link-local (the metadata service), the agent's and the node's own
     /// addresses. None by default.
     #[arg(long = "allow-endpoint", env = "WARREN_ALLOW_ENDPOINTS", value_delimiter = ',')]
@@ -311,8 +312,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         warm_failures_logged: Default::default(),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
+    let endpoints = Arc::new(endpoints);
+    let registries = warren_image::Registries { insecure: insecure_registries, endpoints: endpoints.clone() };
     let (stores, fuse_pool) = storage(&store_spec, s3_pool_max_idle, local_roots, endpoints, state_reserve, &state_dir, storage_cache, storage_fuse_pool, &fuse_pool_dir)?;
-    let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, insecure_registries, Duration::from_secs(image_pull_wait_secs))?;
+    let images = open_images(image_store.unwrap_or_else(|| state_dir.join("images")), image_disk, registries, Duration::from_secs(image_pull_wait_secs))?;
     // A warm start the kernel cannot make indistinguishable from a cold one
     // is not offered.
     let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
@@ -390,7 +393,7 @@ fn storage(
     store_spec: &str,
     s3_pool_max_idle: Option<usize>,
     local_roots: warren_storage::local::LocalRoots,
-    endpoints: warren_core::reach::EndpointPolicy,
+    endpoints: Arc<warren_core::reach::EndpointPolicy>,
     state_reserve: u64,
     state_dir: &Path,
     cache_bytes: u64,
@@ -402,7 +405,7 @@ fn storage(
     let mut stores = warren_storage::stores::Stores::new(s3_pool_max_idle)
         .with_local_roots(local_roots)
         .with_platform_bucket(platform_bucket)
-        .with_endpoint_policy(Arc::new(endpoints))
+        .with_endpoint_policy(endpoints)
         .with_disk_reserve(state_reserve);
     if cache_bytes > 0 {
         let cache = warren_storage::cache::BodyCache::open(state_dir.join("storage-cache"), cache_bytes).context("preparing the storage cache")?;
@@ -493,12 +496,12 @@ fn parse_range(range: &str) -> anyhow::Result<(std::net::Ipv4Addr, u8)> {
 
 /// Opens the image store (remounting what an earlier run left), or `None`
 /// with OCI images turned off.
-fn open_images(dir: PathBuf, disk: u64, insecure: Vec<String>, pull_wait: Duration) -> anyhow::Result<Option<Arc<images::Images>>> {
+fn open_images(dir: PathBuf, disk: u64, registries: warren_image::Registries, pull_wait: Duration) -> anyhow::Result<Option<Arc<images::Images>>> {
     if disk == 0 {
         info!("OCI images turned off (--image-disk 0): sandboxes run the host image only");
         return Ok(None);
     }
-    let store = warren_image::Store::open(&dir, warren_image::Limits::default(), disk, insecure).with_context(|| format!("opening the image store {}", dir.display()))?;
+    let store = warren_image::Store::open(&dir, warren_image::Limits::default(), disk, registries).with_context(|| format!("opening the image store {}", dir.display()))?;
     info!(dir = %dir.display(), images = store.images().len(), bytes = store.bytes(), budget_bytes = disk, "image store ready");
     Ok(Some(Arc::new(images::Images::new(Arc::new(store), pull_wait))))
 }

@@ -15,6 +15,17 @@
 //! interpreters included) stays under `--warm-pool-memory`: a filler over it
 //! first takes an idle sandbox of the least recently claimed other shape,
 //! else stops. A miss never waits for the pool: it prepares a cold sandbox.
+//!
+//! Idle means idle: a pooled sandbox runs image code before any call (its
+//! warm interpreter's imports, within the sandbox's setup time limit),
+//! charged to no key. What pooled sandboxes use before their calls is
+//! counted as the pool's (and left out of the call's accounting); a ready
+//! sandbox that uses more than [`IDLE_CPU_PER_CHECK`] between two sweeps
+//! ([`SWEEP`] apart) is discarded and counted, and its shape is not kept
+//! warm for [`QUIET`]: its calls start cold, where whatever the image's
+//! modules do is the call's own.
+//!
+//! [`IDLE_CPU_PER_CHECK`]: crate::sandbox::IDLE_CPU_PER_CHECK
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -33,6 +44,10 @@ const COOL_DOWN: Duration = Duration::from_secs(60);
 const FORGET: Duration = Duration::from_secs(600);
 /// How long a shutdown waits for fillers that are preparing a sandbox.
 const FILLER_WAIT: Duration = Duration::from_secs(5);
+/// How often ready sandboxes are checked for staying idle.
+pub const SWEEP: Duration = Duration::from_secs(5);
+/// How long a shape whose sandbox did not stay idle is not kept warm.
+const QUIET: Duration = Duration::from_secs(600);
 
 /// The pool.
 #[derive(Clone)]
@@ -60,6 +75,14 @@ struct ShapeState {
     cooled: Instant,
     /// Warmed at start: never forgotten, never below one.
     pinned: bool,
+    /// Not refilled before this: one of its sandboxes did not stay idle.
+    quiet_until: Option<Instant>,
+}
+
+impl ShapeState {
+    fn quiet(&self) -> bool {
+        self.quiet_until.is_some_and(|t| Instant::now() < t)
+    }
 }
 
 impl Pool {
@@ -104,6 +127,7 @@ impl Pool {
                 state.last_claim = Instant::now();
                 while let Some(mut p) = state.ready.pop_front() {
                     if p.is_alive() {
+                        p.claim();
                         found = Some(p);
                         break;
                     }
@@ -156,7 +180,7 @@ impl Pool {
                     }
                 });
             }
-            let state = ShapeState { ready: VecDeque::new(), filling: false, target: 1, last_claim: Instant::now(), cooled: Instant::now(), pinned: false };
+            let state = ShapeState { ready: VecDeque::new(), filling: false, target: 1, last_claim: Instant::now(), cooled: Instant::now(), pinned: false, quiet_until: None };
             inner.shapes.insert(shape.clone(), state);
         }
         inner.shapes.get_mut(shape)
@@ -180,7 +204,7 @@ impl Pool {
                 let closed = inner.closed;
                 let Some(state) = inner.shapes.get_mut(&shape) else { return };
                 cool_down(state);
-                if closed || state.ready.len() >= state.target {
+                if closed || state.ready.len() >= state.target || state.quiet() {
                     state.filling = false;
                     return;
                 }
@@ -263,6 +287,35 @@ impl Pool {
             dropped
         };
         for p in dropped {
+            p.discard().await;
+        }
+    }
+
+    /// Discards the ready sandboxes that did not stay idle since the last
+    /// sweep (counted as the pool's), and keeps their shapes cold for a while.
+    pub async fn sweep(&self) {
+        let busy: Vec<Prepared> = {
+            let mut inner = self.lock();
+            let mut busy = Vec::new();
+            for state in inner.shapes.values_mut() {
+                let (kept, gone): (VecDeque<Prepared>, Vec<Prepared>) = state.ready.drain(..).fold((VecDeque::new(), Vec::new()), |(mut kept, mut gone), mut p| {
+                    match p.stayed_idle() {
+                        true => kept.push_back(p),
+                        false => gone.push(p),
+                    }
+                    (kept, gone)
+                });
+                state.ready = kept;
+                if !gone.is_empty() {
+                    state.quiet_until = Some(Instant::now() + QUIET);
+                    busy.extend(gone);
+                }
+            }
+            busy
+        };
+        for p in busy {
+            warn!(sandbox = %p.id(), "a pooled sandbox used CPU while idle (a warm module left work running?); discarding it, its shape starts cold for a while");
+            self.env.warm_starts.add_idle_discard();
             p.discard().await;
         }
     }

@@ -80,6 +80,8 @@ impl Refuses for ExecError {
             ExecError::ImageReference(_) => Class::new(Code::InvalidArgument, Reason::InvalidField, "image"),
             ExecError::ImagePulling(_) => Class::new(Code::Unavailable, Reason::ImagePulling, "image"),
             ExecError::Image(_) => Class::new(Code::FailedPrecondition, Reason::Image, "image"),
+            // A tenant's image named the node itself: refused, naming the field.
+            ExecError::ImageRefused(_) => Class::new(Code::PermissionDenied, Reason::InvalidField, "image"),
             ExecError::ImagesDisabled => Class::new(Code::FailedPrecondition, Reason::Unsupported, "image"),
             ExecError::NetworkUnavailable => Class::new(Code::FailedPrecondition, Reason::Unsupported, "network"),
             // A tenant's manifest asked for a host path: refused, naming it.

@@ -23,7 +23,12 @@ use crate::output::Queue;
 use crate::slots::{Slot, Slots};
 
 /// How long preparing a sandbox may take before it is abandoned.
+/// Bounds a sandbox's setup, its warm interpreter's start and warm imports
+/// included (image code the pool runs, charged to no key).
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Most CPU an idle sandbox may use between two of the pool's checks
+/// before it is discarded as not idle.
+pub const IDLE_CPU_PER_CHECK: Duration = Duration::from_millis(50);
 /// Size of one output read.
 const CHUNK: usize = 64 * 1024;
 
@@ -198,6 +203,8 @@ pub struct Prepared {
     warm_starts: Arc<crate::warm_counts::WarmCounts>,
     /// The call asked for the waiting interpreter (set at Go).
     warm_asked: bool,
+    /// CPU (µs) it had used while idle at its last check, once checked.
+    idle_checked: Option<u64>,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
 }
@@ -312,7 +319,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let network = shape.network;
     let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
     let mut prepared = Prepared {
-        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, _rootfs: shape.rootfs,
+        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, idle_checked: None, _rootfs: shape.rootfs,
     };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
@@ -324,7 +331,8 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         // Accounting starts here, not at the call: from now on the sandbox
         // only waits (init and whatever waits for the call are blocked), so
         // what the call reports is its program's, and the reset is off the
-        // call's path.
+        // call's path. What setup and warm imports cost is the pool's.
+        prepared.warm_starts.add_idle_cpu(prepared.cgroup.usage().map_or(0, |u| u.cpu_micros));
         prepared.cgroup.reset_usage()?;
         Ok(())
     };
@@ -371,6 +379,30 @@ impl Prepared {
     /// Sandbox id (`<slot>-<random>`), also its cgroup name suffix.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether it stayed idle since its last check: at most
+    /// [`IDLE_CPU_PER_CHECK`] of CPU since then (a waiting interpreter is
+    /// blocked on its control socket and uses none; one whose image's warm
+    /// module left a thread running does). The first check only starts the
+    /// count (an interpreter's runtime may still settle just after it said
+    /// ready). What it used is counted as the pool's. One read of an open
+    /// file.
+    pub fn stayed_idle(&mut self) -> bool {
+        let Ok(used) = self.cgroup.cpu_micros() else { return false };
+        let since = used.saturating_sub(self.idle_checked.unwrap_or(0));
+        let judged = self.idle_checked.replace(used).is_some();
+        self.warm_starts.add_idle_cpu(since);
+        !judged || since <= IDLE_CPU_PER_CHECK.as_micros() as u64
+    }
+
+    /// Claims it for a call: what it used while idle is counted as the
+    /// pool's and left out of the call's accounting.
+    pub fn claim(&mut self) {
+        if let Ok(used) = self.cgroup.cpu_micros() {
+            self.warm_starts.add_idle_cpu(used.saturating_sub(self.idle_checked.unwrap_or(0)));
+            self.cgroup.exclude_cpu(used);
+        }
     }
 
     /// False when the supervisor has exited (the sandbox is unusable).

@@ -50,6 +50,9 @@ pub struct NodeReport {
     pub warm_memory_bytes: u64,
     /// Calls warm interpreters ran.
     pub warm_starts: u64,
+    /// CPU (µs) pooled sandboxes used before their calls, and idle ones
+    /// discarded for it.
+    pub idle: (u64, u64),
 }
 
 /// What the gRPC service needs from the node: the seam between the wire and
@@ -115,6 +118,7 @@ impl Backend for Executor {
             warm_sandboxes: warm.0 as u32,
             warm_memory_bytes: warm.1,
             warm_starts: self.warm_starts(),
+            idle: self.idle_cost(),
         }
     }
 
@@ -326,6 +330,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             warm_sandboxes: r.warm_sandboxes,
             warm_memory_bytes: r.warm_memory_bytes,
             warm_starts: r.warm_starts,
+            idle_cpu_ms: r.idle.0 / 1000,
+            idle_discards: r.idle.1,
         }))
     }
 

@@ -1,6 +1,9 @@
 //! How warm interpreters fare at their calls: how many served one, and
 //! whether they keep failing to (then the node likely forbids what a warm
-//! start needs, e.g. an LSM rule against attaching to a child process).
+//! start needs, e.g. an LSM rule against attaching to a child process);
+//! and what the pool costs that no key pays for: the CPU its sandboxes use
+//! before their calls (setup, warm imports, anything left running), and the
+//! idle sandboxes discarded for using too much of it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -14,12 +17,30 @@ pub struct WarmCounts {
     served: AtomicU64,
     cold_in_a_row: AtomicU32,
     warned: AtomicBool,
+    idle_cpu_micros: AtomicU64,
+    idle_discards: AtomicU64,
 }
 
 impl WarmCounts {
     /// Calls warm interpreters served since the agent started.
     pub fn served(&self) -> u64 {
         self.served.load(Ordering::Relaxed)
+    }
+
+    /// Adds CPU a sandbox used before a call.
+    pub fn add_idle_cpu(&self, micros: u64) {
+        self.idle_cpu_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Counts an idle sandbox discarded for the CPU it used.
+    pub fn add_idle_discard(&self) {
+        self.idle_discards.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// CPU (µs) pooled sandboxes used before their calls, and idle ones
+    /// discarded for it, since the agent started.
+    pub fn idle(&self) -> (u64, u64) {
+        (self.idle_cpu_micros.load(Ordering::Relaxed), self.idle_discards.load(Ordering::Relaxed))
     }
 
     /// Records one call's start: `asked` when its sandbox held a matching

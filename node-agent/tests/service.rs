@@ -124,6 +124,7 @@ impl Backend for Double {
             network: false,
             warm_sandboxes: 2,
             warm_starts: 5,
+            idle: (2500, 1),
             warm_memory_bytes: 3 << 20,
         }
     }
@@ -182,6 +183,7 @@ async fn status_reports_the_backend() {
     let status = AgentService::new(double).status(full(pb::StatusRequest {})).await.unwrap().into_inner();
     assert_eq!((status.node_name.as_str(), status.running_executions, status.max_executions, status.warm_sandboxes, status.warm_memory_bytes), ("node-7", 3, 32, 2, 3 << 20));
     assert_eq!(status.warm_starts, 5);
+    assert_eq!((status.idle_cpu_ms, status.idle_discards), (2, 1), "the pool's idle cost, in milliseconds");
     assert_eq!(status.languages, [pb::Language::Python as i32, pb::Language::Bash as i32]);
     let f = status.features.unwrap();
     assert!(f.user_namespaces && f.seccomp && !f.overlayfs);

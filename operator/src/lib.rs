@@ -95,6 +95,30 @@ pub struct Args {
     pub secrets_cluster_wide: bool,
 }
 
+/// Where the operator may read Secrets. Never Warren's own namespace (its
+/// Secrets hold the CA keys and agent tokens) nor the one the keys are
+/// published in (the gateways' effective configurations): a tenant with
+/// Secrets rights there could read or forge every key.
+pub fn secret_scope(args: &Args) -> anyhow::Result<SecretScope> {
+    let scope = match (args.secrets_cluster_wide, args.tenant_namespaces.is_empty()) {
+        (true, true) => SecretScope::Cluster,
+        (true, false) => anyhow::bail!("--secrets-cluster-wide and --tenant-namespace exclude each other"),
+        (false, _) => SecretScope::Namespaces(args.tenant_namespaces.iter().cloned().collect()),
+    };
+    if let SecretScope::Namespaces(list) = &scope {
+        if list.is_empty() {
+            tracing::warn!("no --tenant-namespace: the operator reads no Secret, so no ApiKey, credentials or pull secret can be used");
+        }
+        if list.contains(&args.namespace) {
+            anyhow::bail!("Warren's own namespace {} cannot be a tenant namespace (its Secrets hold the CA keys and agent tokens)", args.namespace);
+        }
+        if let Some(keys) = args.publish_namespace.as_ref().filter(|keys| list.contains(*keys)) {
+            anyhow::bail!("the keys namespace {keys} (--publish-namespace) cannot be a tenant namespace (it holds every key's published configuration)");
+        }
+    }
+    Ok(scope)
+}
+
 /// Per-object retry delays: 1 s doubling to 5 min, reset by a success; and
 /// the reconcile metrics, recorded where every reconcile passes.
 #[derive(Default)]
@@ -145,6 +169,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         check.context("Warren's CRDs are not queryable; install them with `kubectl apply -f crds/`")?;
     }
     let publish = args.publish_namespace.clone().unwrap_or_else(|| args.namespace.clone());
+    let scope = secret_scope(&args)?;
     let agents = warm::AgentAccess::from_files(
         args.agent_port,
         args.agent_token_file.clone(),
@@ -154,19 +179,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )
     .context("loading the node-agent client credentials")?;
     let endpoints = warren_core::reach::EndpointPolicy::new(&args.allow_endpoints, Vec::new()).map_err(anyhow::Error::msg)?;
-    let scope = match (args.secrets_cluster_wide, args.tenant_namespaces.is_empty()) {
-        (true, true) => SecretScope::Cluster,
-        (true, false) => anyhow::bail!("--secrets-cluster-wide and --tenant-namespace exclude each other"),
-        (false, _) => SecretScope::Namespaces(args.tenant_namespaces.iter().cloned().collect()),
-    };
-    if let SecretScope::Namespaces(list) = &scope {
-        if list.is_empty() {
-            tracing::warn!("no --tenant-namespace: the operator reads no Secret, so no ApiKey, credentials or pull secret can be used");
-        }
-        if list.contains(&args.namespace) {
-            anyhow::bail!("Warren's own namespace {} cannot be a tenant namespace (its Secrets hold the CA keys and agent tokens)", args.namespace);
-        }
-    }
     let ctx = Arc::new(Context::new(client.clone(), publish, args.namespace.clone(), args.agent_selector.clone(), agents).with_endpoints(Arc::new(endpoints)).with_secret_scope(scope.clone()));
     let backoff = Arc::new(Backoff { ops: ops.clone(), ..Backoff::default() });
     ops.set_ready();
@@ -328,4 +340,28 @@ where
         .run(tracked(backoff.clone(), reconcile), move |o, e, _| retry(&backoff, o.as_ref(), e), ctx)
         .for_each(|_| async {})
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from(["warren-operator", "--namespace", "warren-system", "--publish-namespace", "warren-keys"].iter().chain(extra))
+    }
+
+    /// The attack: an admin lists the keys namespace among the tenants'
+    /// (a typo, or a values file copied between clusters); the operator
+    /// would then read, and a tenant with Secrets rights there could
+    /// write, every key's published configuration. Refused at start, as
+    /// Warren's own namespace is.
+    #[test]
+    fn the_keys_namespace_and_warrens_own_are_never_tenant_namespaces() {
+        let keys = secret_scope(&args(&["--tenant-namespace", "team-a,warren-keys"])).unwrap_err().to_string();
+        assert!(keys.contains("keys namespace warren-keys"), "{keys}");
+        let own = secret_scope(&args(&["--tenant-namespace", "warren-system"])).unwrap_err().to_string();
+        assert!(own.contains("Warren's own namespace"), "{own}");
+        assert_eq!(secret_scope(&args(&["--tenant-namespace", "team-a"])).unwrap(), SecretScope::Namespaces(["team-a".to_string()].into()));
+        assert!(secret_scope(&args(&["--secrets-cluster-wide", "--tenant-namespace", "team-a"])).is_err());
+    }
 }

@@ -247,30 +247,165 @@ async fn endless_manifests_and_configs_are_cut_while_streaming() {
 /// A registry serving exactly `routes` (path → content type, body) over
 /// plain HTTP/1.1 on loopback, 404 for everything else.
 async fn fixed_registry(routes: std::collections::HashMap<String, (String, Vec<u8>)>) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let (addr, _, task) = logged_registry(routes).await;
+    (addr, task)
+}
+
+/// Paths a test registry was asked for, in order.
+type RequestLog = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// [`fixed_registry`], also logging every path it is asked for.
+async fn logged_registry(routes: std::collections::HashMap<String, (String, Vec<u8>)>) -> (std::net::SocketAddr, RequestLog, tokio::task::JoinHandle<()>) {
+    scripted_server("127.0.0.1:0", move |path| match routes.get(path) {
+        Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),
+        None if path == "/v2/" => b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
+        None => b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
+    })
+    .await
+}
+
+/// An HTTP/1.1 server on `bind` answering each request with what `answer`
+/// says for its path, logging every path.
+async fn scripted_server(bind: &str, answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> (std::net::SocketAddr, RequestLog, tokio::task::JoinHandle<()>) {
     use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let routes = std::sync::Arc::new(routes);
+    let answer = std::sync::Arc::new(answer);
+    let log = RequestLog::default();
+    let seen = log.clone();
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let routes = routes.clone();
+            let (answer, seen) = (answer.clone(), seen.clone());
             tokio::spawn(async move {
                 loop {
                     let Some(line) = request_line(&mut s).await else { return };
                     let path = line.split(' ').nth(1).unwrap_or_default().to_string();
-                    let answer = match routes.get(&path) {
-                        Some((kind, body)) => [format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(), body.clone()].concat(),
-                        None if path == "/v2/" => b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
-                        None => b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec(),
-                    };
-                    if s.write_all(&answer).await.is_err() {
+                    seen.lock().unwrap().push(path.clone());
+                    if s.write_all(&answer(&path)).await.is_err() {
                         return;
                     }
                 }
             });
         }
     });
-    (addr, task)
+    (addr, log, task)
+}
+
+/// The attack: a tenant's image names the node itself — the agent's or
+/// another service's loopback port, by address or by name — or a registry
+/// of the tenant's whose token realm or redirect points there, and reads
+/// the HTTP status back from the refusal. Registries are held to the same
+/// endpoint policy as storage and connectors: nothing is sent to a refused
+/// destination unless an admin allowed it (`--allow-endpoint`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registries_never_reach_the_node_itself() {
+    if skip_unless_root("registries_never_reach_the_node_itself") {
+        return;
+    }
+    let ok = |_: &str| b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".to_vec();
+    let (victim, victim_log, victim_task) = scripted_server("127.0.0.2:0", ok).await;
+    async fn run(agent: &Agent, image: String) -> anyhow::Result<warren_e2e::Run> {
+        let mut req = request(pb::Language::Bash, "echo ran", Duration::from_secs(20));
+        req.image = image;
+        agent.run_request(req).await
+    }
+    // An agent whose admin allowed no loopback address.
+    let strict = Agent::start(&["--allow-endpoint", "192.0.2.1/32"]).await.unwrap();
+    for image in [format!("{victim}/agent/port:1"), format!("localhost:{}/agent/port:1", victim.port()), "169.254.169.254/meta/data:1".to_string()] {
+        let err = run(&strict, image.clone()).await.expect_err("a registry on the node was reached");
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert!(matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::FailedPrecondition), "{image}: {status:?}");
+        assert!(status.message().contains("--allow-endpoint"), "{image}: the refusal names the grant: {}", status.message());
+        assert!(!status.message().contains("200"), "{image}: no status of the node's service comes back: {}", status.message());
+    }
+    // A registry the admin allowed (127.0.0.1 only) pointing its token
+    // realm, or a redirect, at the node's other loopback address.
+    let allowed = Agent::start(&["--allow-endpoint", "127.0.0.1/32"]).await.unwrap();
+    let realm = format!("HTTP/1.1 401 Unauthorized\r\nconnection: close\r\nwww-authenticate: Bearer realm=\"http://{victim}/token\",service=\"x\"\r\ncontent-length: 0\r\n\r\n").into_bytes();
+    let redirect = format!("HTTP/1.1 307 Temporary Redirect\r\nconnection: close\r\nlocation: http://{victim}/v2/x\r\ncontent-length: 0\r\n\r\n").into_bytes();
+    for (what, answer) in [("token realm", realm), ("redirect", redirect)] {
+        let (addr, _, task) = scripted_server("127.0.0.1:0", move |_| answer.clone()).await;
+        let err = run(&allowed, format!("{addr}/tenant/image:1")).await.expect_err(what);
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        assert!(matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::FailedPrecondition), "{what}: {status:?}");
+        task.abort();
+    }
+    assert_eq!(victim_log.lock().unwrap().len(), 0, "the node's service saw no request: {:?}", victim_log.lock().unwrap());
+    victim_task.abort();
+}
+
+/// What tenant B can hold of tenant A's image `private` without its
+/// layers (a leaked pull log, a CI artefact): the exact manifest bytes and
+/// the config, with the config's digest.
+async fn manifest_and_config(private: &str) -> (Vec<u8>, String, Vec<u8>) {
+    let client = oci_client::Client::new(oci_client::client::ClientConfig { protocol: oci_client::client::ClientProtocol::Http, ..Default::default() });
+    let reference: oci_client::Reference = private.parse().unwrap();
+    let auth = oci_client::secrets::RegistryAuth::Anonymous;
+    let (manifest, _) = client.pull_manifest_raw(&reference, &auth, &["application/vnd.oci.image.manifest.v1+json"]).await.unwrap();
+    let parsed: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    let config_desc: oci_client::manifest::OciDescriptor = serde_json::from_value(parsed["config"].clone()).unwrap();
+    let mut config = Vec::new();
+    client.pull_blob(&reference, &config_desc, &mut config).await.unwrap();
+    (manifest.to_vec(), config_desc.digest, config)
+}
+
+/// The attack: tenant A's private image is warm on the node (A ran it,
+/// and the operator warmed it by tag). Tenant B serves A's exact manifest
+/// bytes under a tag of B's own registry — no layers, no credentials — and
+/// names that tag (alone, or pinned `tag@digest`) in a call and in the
+/// operator's `WarmImage`. The tag path used to return the warm digest
+/// without the layer proof and record a verdict for B that later
+/// digest-pinned calls accepted too: B read A's `/secret.txt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_warm_image_is_not_served_through_a_tag() {
+    if skip_unless_root("another_tenants_warm_image_is_not_served_through_a_tag") {
+        return;
+    }
+    let registry = Registry::start().unwrap();
+    let private = registry.reference("team-a/private:1");
+    let mut image = bash_python_image();
+    image.layers.push(warren_e2e::registry::tar_of(&[("secret.txt", b"team-a-secret")]));
+    let digest = image.push(&private).await.unwrap();
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut client = agent.client().await.unwrap();
+    let run = |image: String| {
+        let mut req = request(pb::Language::Bash, "cat /secret.txt", Duration::from_secs(30));
+        req.image = image;
+        agent.run_request(req)
+    };
+    // A's image warm both ways: the operator's warm-up by tag, and a call.
+    let warmed = client.warm_image(pb::WarmImageRequest { image: private.clone(), image_pull: None, warm: vec![] }).await.unwrap().into_inner();
+    assert_eq!(warmed.digest, digest);
+    assert_eq!(run(private.clone()).await.unwrap().stdout, "team-a-secret");
+
+    let (manifest, config_digest, config) = manifest_and_config(&private).await;
+    let kind = "application/vnd.oci.image.manifest.v1+json".to_string();
+    let routes = [
+        ("/v2/team-b/copy/manifests/1".to_string(), (kind.clone(), manifest.clone())),
+        (format!("/v2/team-b/copy/manifests/{digest}"), (kind, manifest)),
+        (format!("/v2/team-b/copy/blobs/{config_digest}"), ("application/octet-stream".to_string(), config)),
+    ];
+    let (addr, log, server) = logged_registry(routes.into_iter().collect()).await;
+    let refused = |what: &str, status: &tonic::Status| {
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{what}: {status:?}");
+        assert!(status.message().contains("does not serve layer"), "{what}: {}", status.message());
+    };
+    for image in [format!("{addr}/team-b/copy:1"), format!("{addr}/team-b/copy:1@{digest}")] {
+        let err = run(image.clone()).await.expect_err("B ran A's image through a tag");
+        let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+        refused(&format!("call {image}"), status);
+        assert_eq!(refusal_of(status).0, Reason::Image);
+        let warm = client.warm_image(pb::WarmImageRequest { image: image.clone(), image_pull: None, warm: vec![] }).await;
+        refused(&format!("WarmImage {image}"), &warm.expect_err("B's tag warmed A's image"));
+    }
+    // Nothing above left B a verdict that a digest-pinned call could use.
+    let err = run(format!("{addr}/team-b/copy@{digest}")).await.expect_err("a verdict was recorded for B");
+    refused("the digest after the tags", err.downcast_ref::<tonic::Status>().expect("a gRPC status"));
+    let asked = log.lock().unwrap().clone();
+    assert!(asked.iter().any(|p| p.starts_with("/v2/team-b/copy/blobs/") && !p.ends_with(&config_digest)), "B's registry was asked for the layers: {asked:?}");
+    // The owner is unaffected.
+    assert_eq!(run(format!("{private}@{digest}")).await.unwrap().stdout, "team-a-secret");
+    server.abort();
 }
 
 /// The attack: tenant A's private image holds a secret layer; tenant B has
@@ -298,21 +433,14 @@ async fn warm_layers_serve_only_who_proves_the_registry_serves_them() {
     assert_eq!(run(format!("{private}@{digest}")).await.unwrap().stdout, "team-a-secret");
 
     // What tenant B holds: A's manifest and config bytes.
-    let client = oci_client::Client::new(oci_client::client::ClientConfig { protocol: oci_client::client::ClientProtocol::Http, ..Default::default() });
-    let reference: oci_client::Reference = private.parse().unwrap();
-    let auth = oci_client::secrets::RegistryAuth::Anonymous;
-    let (manifest, _) = client.pull_manifest_raw(&reference, &auth, &["application/vnd.oci.image.manifest.v1+json"]).await.unwrap();
+    let (manifest, config_digest, config) = manifest_and_config(&private).await;
     let parsed: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
-    let config_digest = parsed["config"]["digest"].as_str().unwrap().to_string();
-    let mut config = Vec::new();
-    let config_desc: oci_client::manifest::OciDescriptor = serde_json::from_value(parsed["config"].clone()).unwrap();
-    client.pull_blob(&reference, &config_desc, &mut config).await.unwrap();
     let mut altered = parsed.clone();
     altered["annotations"] = serde_json::json!({"org.example": "b"});
     let altered = serde_json::to_vec(&altered).unwrap();
     let kind = "application/vnd.oci.image.manifest.v1+json".to_string();
     let routes = [
-        (format!("/v2/team-b/copy/manifests/{digest}"), (kind.clone(), manifest.to_vec())),
+        (format!("/v2/team-b/copy/manifests/{digest}"), (kind.clone(), manifest.clone())),
         ("/v2/team-b/altered/manifests/1".to_string(), (kind.clone(), altered)),
         (format!("/v2/team-b/altered/blobs/{config_digest}"), ("application/octet-stream".to_string(), config.clone())),
         (format!("/v2/team-b/copy/blobs/{config_digest}"), ("application/octet-stream".to_string(), config)),

@@ -381,3 +381,167 @@ for label, host, port in [("byip", "127.0.0.1", {port}), ("byname", "node.localh
     assert_ne!(run.exited.exit_code, 0, "listed the node's own store by a name: {}", run.stdout);
     Ok(())
 }
+
+/// A PostgreSQL "server" that answers every login with SCRAM-SHA-256 asking
+/// for `iterations` PBKDF2 rounds, and counts the client-final messages it
+/// receives: each one is a hash the forwarder computed.
+struct ScramCost {
+    port: u16,
+    hashed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScramCost {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScramCost {
+    async fn start(iterations: u32) -> anyhow::Result<ScramCost> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let hashed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = hashed.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(ScramCost::login(s, iterations, count.clone()));
+            }
+        });
+        Ok(ScramCost { port, hashed, task })
+    }
+
+    async fn login(mut s: tokio::net::TcpStream, iterations: u32, hashed: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> std::io::Result<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let len = s.read_u32().await? as usize;
+        s.read_exact(&mut vec![0; len.saturating_sub(4)]).await?;
+        let sasl = [&[b'R', 0, 0, 0, 23, 0, 0, 0, 10][..], b"SCRAM-SHA-256\0\0"].concat();
+        s.write_all(&sasl).await?;
+        let first = read_message(&mut s).await?;
+        let text = String::from_utf8_lossy(&first);
+        let nonce = text.split("r=").nth(1).unwrap_or_default().split(',').next().unwrap_or_default().to_string();
+        let server_first = format!("r={nonce}server,s=c2FsdHNhbHQ=,i={iterations}");
+        let mut cont = vec![b'R'];
+        cont.extend_from_slice(&(8 + server_first.len() as u32).to_be_bytes());
+        cont.extend_from_slice(&11u32.to_be_bytes());
+        cont.extend_from_slice(server_first.as_bytes());
+        s.write_all(&cont).await?;
+        read_message(&mut s).await?;
+        hashed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// One frontend message's body (type byte and length read).
+async fn read_message(s: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let _kind = s.read_u8().await?;
+    let len = s.read_u32().await? as usize;
+    let mut body = vec![0; len.saturating_sub(4).min(1 << 16)];
+    s.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+/// CPU seconds process `pid` has used (user + system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// The sandbox program: one login through the forwarder at `port`, then
+/// logins `parallel` at a time for `seconds`, printing how many it made and
+/// whether an answer named the iteration ceiling.
+fn login_storm(port: u16, parallel: usize, seconds: u32) -> String {
+    format!(
+        r#"
+import socket, struct, threading, time
+body = struct.pack("!I", 196608) + b"user\0sandbox\0\0"
+packet = struct.pack("!I", len(body) + 4) + body
+made, answers = [0], []
+def one():
+    s = socket.create_connection(("hostile.localhost", {port}), timeout=30)
+    s.sendall(packet)
+    got = b""
+    try:
+        while True:
+            d = s.recv(4096)
+            if not d: break
+            got += d
+    except OSError:
+        pass
+    s.close()
+    made[0] += 1
+    answers.append(got)
+def loop():
+    while time.time() < end:
+        one()
+one()
+end = time.time() + {seconds}
+threads = [threading.Thread(target=loop) for _ in range({parallel})]
+for t in threads: t.start()
+for t in threads: t.join()
+print("made", made[0])
+print("ceiling", any(b"computes at most" in a for a in answers))
+"#
+    )
+}
+
+/// The attack: a custody connector's "server" asks for an absurd PBKDF2
+/// iteration count, and the sandbox opens login after login. The agent
+/// used to compute each hash on its async runtime: ~40 ms of the sandbox's
+/// CPU made it burn ~12 s in 10 s and another tenant's `echo` took seconds.
+/// Now a count above the ceiling is refused unhashed, a sandbox's logins
+/// cost the agent at most its own rate, and hashing never runs on the
+/// runtime serving other calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_scram_server_cannot_starve_the_agent() -> anyhow::Result<()> {
+    if skip_unless_root("a_hostile_scram_server_cannot_starve_the_agent") {
+        return Ok(());
+    }
+    use warren_network::hashing::{ITERATIONS_PER_SECOND, MAX_ITERATIONS};
+    let (absurd, costly) = (ScramCost::start(1_000_000).await?, ScramCost::start(MAX_ITERATIONS).await?);
+    let agent = Agent::start(&[]).await?;
+    let custody = |port: u16| vec![ConnectorGrant { custody: true, tls_disabled: true, username: "agent".into(), ..grant("hostile", "postgresql", "hostile.localhost", port, &[("password", "pw")]) }];
+    // Above the ceiling: refused, nothing hashed.
+    let run = agent.run_request(python(&login_storm(absurd.port, 1, 0), custody(absurd.port))).await?;
+    assert_eq!((run.line("made"), run.line("ceiling")), ("1", "True"), "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(absurd.hashed.load(std::sync::atomic::Ordering::SeqCst), 0, "a hash was computed for a million iterations");
+
+    // At the ceiling, as fast as 16 threads can: the sandbox's own rate.
+    let echo = || async {
+        let t0 = std::time::Instant::now();
+        let r = agent.run(Language::Bash, "echo 1", Duration::from_secs(30)).await.unwrap();
+        assert_eq!(r.stdout, "1\n");
+        t0.elapsed()
+    };
+    let mut quiet = Vec::new();
+    for _ in 0..9 {
+        quiet.push(echo().await);
+    }
+    let (seconds, cpu_before) = (6u32, cpu_seconds(agent.pid()));
+    let storm = agent.run_request(python(&login_storm(costly.port, 16, seconds), custody(costly.port)));
+    let during = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut during = Vec::new();
+        for _ in 0..9 {
+            during.push(echo().await);
+        }
+        during
+    };
+    let (storm, mut during) = tokio::join!(storm, during);
+    let storm = storm?;
+    let cpu = cpu_seconds(agent.pid()) - cpu_before;
+    let hashed = costly.hashed.load(std::sync::atomic::Ordering::SeqCst);
+    let allowed = 1 + (seconds as usize + 2) * ITERATIONS_PER_SECOND as usize / MAX_ITERATIONS as usize;
+    assert!(storm.line("made").parse::<usize>()? >= hashed, "{}", storm.stdout);
+    assert!((1..=allowed).contains(&hashed), "{hashed} hashes in {seconds} s: more than the sandbox's rate allows ({allowed})");
+    assert!(cpu < 0.5 * f64::from(seconds), "the agent burned {cpu:.2} CPU seconds in {seconds} s");
+    quiet.sort();
+    during.sort();
+    let (before, after) = (quiet[4], during[4]);
+    assert!(after < before * 4 + Duration::from_millis(150), "another tenant's echo: p50 {before:?} before, {after:?} during the storm");
+    eprintln!("custody storm: {hashed} hashes, agent CPU {cpu:.2} s in {seconds} s, echo p50 {before:?} → {after:?}");
+    Ok(())
+}

@@ -9,6 +9,13 @@ use warren_e2e::registry::{tar_entries, tar_of, Registry, TestImage};
 use warren_e2e::skip_unless_root;
 use warren_image::{LayerError, Limits, PullAuth, PullError, Store};
 
+/// The test registry listens on loopback: these stores allow it, as an
+/// admin would for a registry on the node (`--allow-endpoint`).
+fn loopback() -> warren_image::Registries {
+    let policy = warren_core::reach::EndpointPolicy::new(&["127.0.0.0/8".into()], vec![]).unwrap();
+    warren_image::Registries { insecure: vec![], endpoints: Arc::new(policy) }
+}
+
 /// A store in a temp dir whose image roots are unmounted even when a test fails.
 struct TestStore {
     store: Arc<Store>,
@@ -18,7 +25,7 @@ struct TestStore {
 impl TestStore {
     fn open(limits: Limits, budget: u64) -> TestStore {
         let dir = tempfile::Builder::new().prefix("warren-images-").tempdir().unwrap();
-        let store = Arc::new(Store::open(dir.path(), limits, budget, vec![]).unwrap());
+        let store = Arc::new(Store::open(dir.path(), limits, budget, loopback()).unwrap());
         TestStore { store, dir }
     }
 
@@ -75,7 +82,7 @@ fn pulled_images_are_layered_read_only_roots_sharing_their_base() {
     let a_digest = rt.block_on(image_a().push(&a_ref)).unwrap();
     rt.block_on(image_b().push(&b_ref)).unwrap();
 
-    let a = rt.block_on(t.store.pull(&a_ref, &PullAuth::Anonymous)).unwrap();
+    let a = rt.block_on(t.store.pull(&a_ref, &PullAuth::Anonymous)).map(|p| p.image).unwrap();
     assert_eq!(a.digest(), a_digest);
     let root = a.root();
     assert_eq!(std::fs::read(root.join("usr/bin/x")).unwrap(), b"x", "base layer visible");
@@ -91,7 +98,7 @@ fn pulled_images_are_layered_read_only_roots_sharing_their_base() {
     assert_eq!(write.raw_os_error(), Some(libc::EROFS), "the root is read-only");
     assert_eq!(a.env(), [("PATH".to_string(), "/opt/bin:/usr/bin".to_string())], "image env filtered (no LD_PRELOAD)");
 
-    let b = rt.block_on(t.store.pull(&b_ref, &PullAuth::Anonymous)).unwrap();
+    let b = rt.block_on(t.store.pull(&b_ref, &PullAuth::Anonymous)).map(|p| p.image).unwrap();
     assert_eq!(std::fs::read(b.root().join("usr/bin/z")).unwrap(), b"z");
     assert!(!b.root().join("usr/bin/y").exists(), "images do not see each other's layers");
     assert_eq!(t.layer_dirs().len(), 3, "two images of two layers sharing a base keep three layers");
@@ -101,11 +108,12 @@ fn pulled_images_are_layered_read_only_roots_sharing_their_base() {
     let pinned = format!("{}/team/a@{a_digest}", registry.addr);
     drop(registry);
     let again = rt.block_on(t.store.pull(&pinned, &PullAuth::Anonymous)).unwrap();
-    assert!(Arc::ptr_eq(&a, &again), "warm image returned without a pull");
+    assert!(Arc::ptr_eq(&a, &again.image), "warm image returned without a pull");
+    assert!(!again.proven, "a warm digest taken without the registry proves nothing about the caller");
 
     // A restart remounts what is on disk.
     t.store.unmount_all();
-    let reopened = TestStore { store: Arc::new(Store::open(t.dir.path(), Limits::default(), 1 << 30, vec![]).unwrap()), dir: tempfile::tempdir().unwrap() };
+    let reopened = TestStore { store: Arc::new(Store::open(t.dir.path(), Limits::default(), 1 << 30, loopback()).unwrap()), dir: tempfile::tempdir().unwrap() };
     let a2 = reopened.store.get(&a_digest).expect("image survives a restart");
     assert_eq!(std::fs::read(a2.root().join("usr/bin/y")).unwrap(), b"y");
 }
@@ -129,7 +137,7 @@ fn lying_hostile_and_oversized_images_are_refused_and_leave_nothing() {
     let pull = |name: &str, image: TestImage| {
         let reference = registry.reference(name);
         rt.block_on(image.push(&reference)).unwrap();
-        rt.block_on(t.store.pull(&reference, &PullAuth::Anonymous))
+        rt.block_on(t.store.pull(&reference, &PullAuth::Anonymous)).map(|p| p.image)
     };
 
     let lying = TestImage { layers: vec![base_layer()], diff_ids: Some(vec![warren_e2e::registry::sha256(b"other")]), ..TestImage::default() };
@@ -147,9 +155,9 @@ fn lying_hostile_and_oversized_images_are_refused_and_leave_nothing() {
     let tall = TestImage { layers: (0..4).map(|i| tar_of(&[(&format!("f{i}"), b"x")])).collect(), ..TestImage::default() };
     assert!(matches!(refusal(pull("tall:1", tall)), LayerError::TooLarge(w) if w.contains("layers")));
 
-    let missing = rt.block_on(t.store.pull(&registry.reference("nothing:here"), &PullAuth::Anonymous));
+    let missing = rt.block_on(t.store.pull(&registry.reference("nothing:here"), &PullAuth::Anonymous)).map(|p| p.image);
     assert!(matches!(missing, Err(PullError::Registry(_))), "{missing:?}");
-    let invalid = rt.block_on(t.store.pull("UPPER/case::bad", &PullAuth::Anonymous));
+    let invalid = rt.block_on(t.store.pull("UPPER/case::bad", &PullAuth::Anonymous)).map(|p| p.image);
     assert!(matches!(invalid, Err(PullError::Reference(..))), "{invalid:?}");
 
     assert!(t.layer_dirs().is_empty(), "no layer (or unpack leftover) kept: {:?}", t.layer_dirs());
@@ -168,8 +176,8 @@ fn collector_removes_least_recently_used_images_never_those_in_use() {
     let (a_ref, b_ref) = (registry.reference("team/a:v1"), registry.reference("team/b:v1"));
     rt.block_on(image_a().push(&a_ref)).unwrap();
     rt.block_on(image_b().push(&b_ref)).unwrap();
-    let a = rt.block_on(t.store.pull(&a_ref, &PullAuth::Anonymous)).unwrap();
-    let b_digest = rt.block_on(t.store.pull(&b_ref, &PullAuth::Anonymous)).unwrap().digest();
+    let a = rt.block_on(t.store.pull(&a_ref, &PullAuth::Anonymous)).map(|p| p.image).unwrap();
+    let b_digest = rt.block_on(t.store.pull(&b_ref, &PullAuth::Anonymous)).map(|p| p.image).unwrap().digest();
 
     let report = t.store.collect(1 << 30);
     assert_eq!((report.images, report.layers), (1, 1), "b and its own layer go; a is in use");

@@ -157,6 +157,9 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
         // One gateway: it serves on the host network here (below), one port.
         "--set", "gateway.replicas=1",
         "--set", &format!("nodeAgent.images.insecureRegistries={{{registry_addr}}}"),
+        // The registry is on the node itself (the bridge's address): an
+        // admin's grant, as registries are tenant endpoints.
+        "--set", &format!("nodeAgent.allowEndpoints={{{BRIDGE_IP}/32}}"),
         // The quickstart's namespace: the operator may read its Secrets.
         "--set", "tenantNamespaces={default}",
     ];

@@ -301,3 +301,50 @@ async fn the_pool_stays_within_its_memory_budget_and_calls_still_run() {
     }
     assert!(most <= 2, "the pool held {most} idle sandboxes over its budget");
 }
+
+/// The attack: a Sandbox's warm module is image code the pool runs before
+/// any call, charged to no key. This one leaves a thread spinning, so the
+/// idle sandbox burns CPU for as long as it waits. A pooled sandbox that
+/// does not stay idle is now discarded and counted, its shape starts cold
+/// for a while (its modules then run inside the calls, on their keys), and
+/// the node reports what its pool used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_import_that_keeps_running_loses_its_pool_and_is_counted() {
+    if skip_unless_root("a_warm_import_that_keeps_running_loses_its_pool_and_is_counted") {
+        return;
+    }
+    let registry = warren_e2e::registry::Registry::start().unwrap();
+    let reference = registry.reference("tenant/spinning:1");
+    let mut image = warren_e2e::registry::bash_python_image();
+    let spin = b"import threading\ndef _spin():\n    while True:\n        pass\nthreading.Thread(target=_spin, daemon=True).start()\n";
+    image.layers.push(warren_e2e::registry::tar_of(&[("usr/lib/python3.11/warren_spin.py", spin)]));
+    let digest = image.push(&reference).await.unwrap();
+    let agent = Agent::start(&[]).await.unwrap();
+    let call = || {
+        let mut req = request(Language::Python, "import sys; print('warren_spin' in sys.modules)", T);
+        (req.image, req.image_digest) = (reference.clone(), digest.clone());
+        req.warm_modules = vec!["warren_spin".into()];
+        req
+    };
+    let mut client = agent.client().await.unwrap();
+    let status = |mut c: warren_proto::agent::node_agent_client::NodeAgentClient<tonic::transport::Channel>| async move { c.status(StatusRequest {}).await.unwrap().into_inner() };
+    // The first call misses the pool (cold); its demand warms an
+    // interpreter that imports the module, which starts spinning.
+    assert_eq!(agent.run_request(call()).await.unwrap().stdout, "False\n");
+    let mut discarded = status(client.clone()).await;
+    for _ in 0..600 {
+        if discarded.idle_discards > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        discarded = status(client.clone()).await;
+    }
+    assert_eq!(discarded.idle_discards, 1, "the spinning sandbox was discarded, once");
+    assert!(discarded.idle_cpu_ms >= 50, "what it burned is counted as the pool's: {} ms", discarded.idle_cpu_ms);
+    // Its shape is not kept warm any more: the call starts cold and the
+    // module runs inside it, on the caller's key.
+    let before = client.status(StatusRequest {}).await.unwrap().into_inner().warm_starts;
+    assert_eq!(agent.run_request(call()).await.unwrap().stdout, "False\n", "a cold start: the module is not preloaded");
+    let after = status(client.clone()).await;
+    assert_eq!((after.warm_starts, after.idle_discards), (before, 1), "no warm interpreter served it, none was refilled");
+}

@@ -178,6 +178,8 @@ impl Nodes {
             if let Some(s) = n.last_status() {
                 t.warm_sandboxes += u64::from(s.warm_sandboxes);
                 t.warm_memory_bytes = t.warm_memory_bytes.saturating_add(s.warm_memory_bytes);
+                t.idle_cpu_ms = t.idle_cpu_ms.saturating_add(s.idle_cpu_ms);
+                t.idle_discards = t.idle_discards.saturating_add(s.idle_discards);
             }
         }
         t

@@ -17,5 +17,5 @@ pub mod rootfs;
 pub mod store;
 
 pub use layer::{Budget, LayerError, LayerStats};
-pub use pull::{repository, PullAuth, PullError};
-pub use store::{CollectReport, Image, Interpreter, Limits, Store};
+pub use pull::{repository, PullAuth, PullError, Pulled};
+pub use store::{CollectReport, Image, Interpreter, Limits, Registries, Store};

@@ -88,6 +88,18 @@ impl std::fmt::Debug for PullAuth {
     }
 }
 
+/// What a pull hands back.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The warm image.
+    pub image: Arc<Image>,
+    /// Whether this pull fetched the manifest from the caller's registry
+    /// with the caller's credentials and fetched or proved every layer: only
+    /// then has the caller shown that it may use the image. A warm digest
+    /// taken without the network is `false`.
+    pub proven: bool,
+}
+
 /// Why a pull failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
@@ -97,6 +109,10 @@ pub enum PullError {
     /// The registry refused or failed (not found, unauthorized, unreachable).
     #[error("registry: {0}")]
     Registry(String),
+    /// The registry, its token realm or a redirect is an endpoint the
+    /// agent's policy refuses (the node itself); nothing was sent to it.
+    #[error("registry endpoint refused: {0}")]
+    Endpoint(String),
     /// The image is malformed, hostile, too large, or uses what Warren does not unpack.
     #[error("image {reference}: {source}")]
     Image {
@@ -146,7 +162,7 @@ fn is_loopback(registry: &str) -> bool {
 fn registry_for(store: &Store, reference: &Reference, auth: &PullAuth) -> Result<Registry, PullError> {
     let registry = reference.resolve_registry().to_string();
     let plain = is_loopback(&registry) || store.insecure.iter().any(|r| *r == registry);
-    Registry::new(reference, plain, auth)
+    Registry::new(reference, plain, auth, &store.endpoints)
 }
 
 /// The registry and repository `reference` names (`docker.io` and
@@ -166,22 +182,29 @@ impl Store {
         // Fetched by digest: the body must hash to it, and is read bounded.
         let client = registry_for(self, &reference, auth)?;
         let served = client.image_manifest(digest).await?;
-        // Manifest bytes are easy to copy; layers must be had. Each warm
-        // layer is proven served to these credentials once.
-        let manifest: OciImageManifest = serde_json::from_slice(&served.body).map_err(|e| refused(&reference, format!("malformed image manifest: {e}")))?;
+        self.prove_layers(&client, &reference, &served.body, auth).await
+    }
+
+    /// Manifest bytes are easy to copy; layers must be had. Every layer of
+    /// the manifest `body` must be streamed to these credentials by their
+    /// registry (each proven once, see [`Store::prove_possession`]).
+    async fn prove_layers(&self, client: &Registry, reference: &Reference, body: &[u8], auth: &PullAuth) -> Result<(), PullError> {
+        let manifest: OciImageManifest = serde_json::from_slice(body).map_err(|e| refused(reference, format!("malformed image manifest: {e}")))?;
+        self.check_manifest(reference, &manifest)?;
         for blob in &manifest.layers {
-            self.prove_possession(&client, &reference, blob, auth).await?;
+            self.prove_possession(client, reference, blob, auth).await?;
         }
         Ok(())
     }
 
     /// The image `reference` names, pulled and mounted unless already warm.
-    /// A reference with a digest that is warm needs no network at all.
-    pub async fn pull(self: &Arc<Self>, reference: &str, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
+    /// A reference with a digest that is warm needs no network at all, and
+    /// so proves nothing about the caller (see [`Pulled::proven`]).
+    pub async fn pull(self: &Arc<Self>, reference: &str, auth: &PullAuth) -> Result<Pulled, PullError> {
         let parsed = Reference::try_from(reference).map_err(|e| PullError::Reference(reference.to_string(), e.to_string()))?;
         if let Some(image) = parsed.digest().and_then(|d| self.get(d)) {
             image.touch();
-            return Ok(image);
+            return Ok(Pulled { image, proven: false });
         }
         let gate = {
             let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,15 +222,20 @@ impl Store {
         }
         let image = result?;
         image.touch();
-        Ok(image)
+        Ok(Pulled { image, proven: true })
     }
 
+    /// Pulls through the registry: its manifest for `reference` fetched with
+    /// these credentials, and every layer fetched or (already on the node)
+    /// proven served to them. A tag or digest that resolves to a warm image
+    /// is no shortcut: its layers are proven like any shared layer.
     async fn pull_locked(self: &Arc<Self>, reference: &Reference, auth: &PullAuth) -> Result<Arc<Image>, PullError> {
         let client = registry_for(self, reference, auth)?;
         let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
         let served = client.image_manifest(wanted).await?;
         let digest = served.digest;
         if let Some(image) = self.get(&digest) {
+            self.prove_layers(&client, reference, &served.body, auth).await?;
             return Ok(image);
         }
         let manifest: OciImageManifest = serde_json::from_slice(&served.body).map_err(|e| refused(reference, format!("malformed image manifest: {e}")))?;

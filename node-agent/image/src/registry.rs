@@ -11,14 +11,22 @@
 //! a `Basic` challenge with the credentials themselves; then the request is
 //! sent once more. Redirects (blobs on a CDN) are followed by reqwest, which
 //! drops the `Authorization` header when the host changes.
+//!
+//! A registry is a tenant-named endpoint like a storage endpoint or a
+//! connector host: the registry, its token realm and every redirect are held
+//! to the agent's endpoint policy ([`warren_objects::guard`]), so an image
+//! reference cannot aim the agent at the node itself (its loopback ports,
+//! the metadata service) unless an admin allowed that destination.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use oci_client::Reference;
 use sha2::{Digest, Sha256};
+use warren_core::reach::EndpointPolicy;
+use warren_objects::guard;
 
 use crate::pull::{PullAuth, PullError};
 
@@ -45,6 +53,7 @@ pub struct Manifest {
 /// One repository of one registry, with one caller's credentials.
 pub struct Registry {
     http: reqwest::Client,
+    policy: Arc<EndpointPolicy>,
     base: String,
     repository: String,
     auth: PullAuth,
@@ -52,21 +61,28 @@ pub struct Registry {
     authorization: Mutex<Option<String>>,
 }
 
-fn registry_error(e: impl std::fmt::Display) -> PullError {
-    PullError::Registry(e.to_string())
+/// The error with its causes (reqwest's own text omits them, and a
+/// refusal by the endpoint policy is one of them).
+fn registry_error(e: impl std::error::Error) -> PullError {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    PullError::Registry(text)
 }
 
 impl Registry {
-    /// The repository `reference` names, over HTTP when `plain`.
-    pub fn new(reference: &Reference, plain: bool, auth: &PullAuth) -> Result<Registry, PullError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::limited(5))
-            .build()
-            .map_err(registry_error)?;
+    /// The repository `reference` names, over HTTP when `plain`, reached
+    /// only where `policy` allows.
+    pub fn new(reference: &Reference, plain: bool, auth: &PullAuth, policy: &Arc<EndpointPolicy>) -> Result<Registry, PullError> {
+        let http = guard::client_builder(policy, true).connect_timeout(Duration::from_secs(10)).read_timeout(Duration::from_secs(60)).build().map_err(registry_error)?;
         let scheme = if plain { "http" } else { "https" };
-        Ok(Registry { http, base: format!("{scheme}://{}", reference.resolve_registry()), repository: reference.repository().to_string(), auth: auth.clone(), authorization: Mutex::new(None) })
+        let base = format!("{scheme}://{}", reference.resolve_registry());
+        refuse_literal(policy, &base)?;
+        Ok(Registry { http, policy: policy.clone(), base, repository: reference.repository().to_string(), auth: auth.clone(), authorization: Mutex::new(None) })
     }
 
     /// The image manifest `reference` (a tag or a digest) names for this
@@ -157,6 +173,10 @@ impl Registry {
         if let Some((_, service)) = params.iter().find(|(k, _)| k == "service") {
             query.push(("service".into(), service.clone()));
         }
+        if !realm.starts_with("https://") && !realm.starts_with("http://") {
+            return Err(PullError::Registry("the token realm is not an http(s) URL".into()));
+        }
+        refuse_literal(&self.policy, &realm)?;
         let mut req = self.http.get(&realm).query(&query);
         if let Some((user, password)) = basic {
             req = req.header(reqwest::header::AUTHORIZATION, basic_header(&user, &password));
@@ -174,6 +194,15 @@ impl Registry {
         let t: Token = serde_json::from_slice(&body).map_err(|e| PullError::Registry(format!("the token answer is not JSON: {e}")))?;
         let token = t.token.or(t.access_token).filter(|t| !t.is_empty() && t.len() < MAX_TOKEN_BYTES).ok_or_else(|| PullError::Registry("the token answer holds no token".into()))?;
         Ok(format!("Bearer {token}"))
+    }
+}
+
+/// A URL whose host is an address literal the policy refuses never gets a
+/// connection (names are checked by the client's resolver).
+fn refuse_literal(policy: &EndpointPolicy, url: &str) -> Result<(), PullError> {
+    match guard::literal_refusal(policy, url) {
+        Some(why) => Err(PullError::Endpoint(why)),
+        None => Ok(()),
     }
 }
 

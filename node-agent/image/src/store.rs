@@ -154,12 +154,25 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<T> {
     serde_json::from_slice(&fs::read(path)?).map_err(io::Error::other)
 }
 
+/// How registries are reached.
+#[derive(Debug, Clone, Default)]
+pub struct Registries {
+    /// `host:port` registries reached over plain HTTP (loopback registries
+    /// always are, where the policy lets them be reached at all).
+    pub insecure: Vec<String>,
+    /// The agent's endpoint policy, applied to every registry, token realm
+    /// and redirect: by default not the node itself (loopback included).
+    pub endpoints: Arc<warren_core::reach::EndpointPolicy>,
+}
+
 /// The store.
 pub struct Store {
     dir: PathBuf,
     pub(crate) limits: Limits,
     budget: u64,
     pub(crate) insecure: Vec<String>,
+    /// Where registries may be (the agent's endpoint policy).
+    pub(crate) endpoints: Arc<warren_core::reach::EndpointPolicy>,
     images: Mutex<HashMap<String, Arc<Image>>>,
     /// One pull per reference at a time; the others wait and find it warm.
     pub(crate) pulls: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -185,14 +198,15 @@ pub struct CollectReport {
 impl Store {
     /// Opens (creating) the store at `dir`: clears unfinished pulls and
     /// remounts every complete image. `budget` is the disk the collector
-    /// keeps the store within; `insecure` lists `host:port` registries
-    /// reached over plain HTTP (loopback registries always are).
-    pub fn open(dir: &Path, limits: Limits, budget: u64, insecure: Vec<String>) -> io::Result<Store> {
+    /// keeps the store within; `registries` says which are reached over
+    /// plain HTTP and which addresses any may have.
+    pub fn open(dir: &Path, limits: Limits, budget: u64, registries: Registries) -> io::Result<Store> {
+        let Registries { insecure, endpoints } = registries;
         for sub in ["layers", "images"] {
             fs::create_dir_all(dir.join(sub))?;
         }
         fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, images: Mutex::default(), pulls: Mutex::default(), proofs: Mutex::default(), used: AtomicU64::new(0) };
+        let store = Store { dir: dir.to_path_buf(), limits, budget, insecure, endpoints, images: Mutex::default(), pulls: Mutex::default(), proofs: Mutex::default(), used: AtomicU64::new(0) };
         store.clear_unfinished()?;
         store.used.store(store.bytes(), Ordering::Relaxed);
         for entry in fs::read_dir(dir.join("images"))? {

@@ -401,7 +401,8 @@ pub struct Cgroup {
     name: String,
     /// Limits written last: rewriting the same values is skipped.
     applied: Option<Limits>,
-    /// v2: CPU microseconds used before the execution started.
+    /// CPU microseconds used before the execution started (v2: since the
+    /// group was made; both: what the idle sandbox used before its call).
     cpu_base: u64,
     /// The files [`Cgroup::usage`] reads, opened when accounting starts
     /// (off the call's path) and read again from their start.
@@ -486,6 +487,7 @@ impl Cgroup {
             CgroupLayout::V1 { .. } => {
                 self.write(Controller::CpuAcct, "cpuacct.usage", "0")?;
                 self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
+                self.cpu_base = 0;
             }
             CgroupLayout::V2 { .. } => {
                 self.cpu_base = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
@@ -495,6 +497,27 @@ impl Cgroup {
         let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
         self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
         Ok(())
+    }
+
+    /// CPU the group used since accounting started (one read of one file,
+    /// opened at [`Cgroup::reset_usage`]).
+    pub fn cpu_micros(&self) -> Result<u64> {
+        let (path, _, _) = self.usage_paths();
+        let text = match &self.usage_files {
+            Some(f) => reread(&f.cpu).map_err(io_err(&path))?,
+            None => read(&path)?,
+        };
+        Ok(match self.layout {
+            CgroupLayout::V1 { .. } => (text.trim().parse::<u64>().unwrap_or(0) / 1000).saturating_sub(self.cpu_base),
+            CgroupLayout::V2 { .. } => keyed_value(&text, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base),
+        })
+    }
+
+    /// Leaves `micros` of CPU already used out of what [`Cgroup::usage`]
+    /// reports from now on (what an idle sandbox used before its call is
+    /// not the call's).
+    pub fn exclude_cpu(&mut self, micros: u64) {
+        self.cpu_base = self.cpu_base.saturating_add(micros);
     }
 
     /// Where CPU use, peak memory and OOM kills are read.
@@ -530,7 +553,7 @@ impl Cgroup {
         Ok(match self.layout {
             CgroupLayout::V1 { .. } => {
                 let ns: u64 = cpu.trim().parse().unwrap_or(0);
-                Usage { cpu_micros: ns / 1000, peak_memory_bytes, oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0) }
+                Usage { cpu_micros: (ns / 1000).saturating_sub(self.cpu_base), peak_memory_bytes, oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0) }
             }
             // memory.current after the program exited is not its peak: no
             // memory.peak, no figure.

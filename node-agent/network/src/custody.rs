@@ -30,12 +30,12 @@ use sha2::{Digest, Sha256, Sha384, Sha512};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::rustls::{self, pki_types::ServerName};
 
+use crate::hashing::{salted_password, HashBudget};
+
 /// The whole login may take this long.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest startup packet or authentication message accepted.
 const MAX_MESSAGE: usize = 16 * 1024;
-/// Most PBKDF2 iterations a server may ask for (PostgreSQL uses 4096).
-const MAX_ITERATIONS: u32 = 1_000_000;
 const PROTOCOL_3: u32 = 196_608;
 const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
@@ -115,6 +115,8 @@ pub struct PgLogin {
     pub weak: WeakMethods,
     /// TLS toward the server (`None`: plain TCP, as the connector chose).
     pub tls: Option<PgTls>,
+    /// What SCRAM hashing this sandbox may still cost the agent.
+    pub hashing: Arc<HashBudget>,
 }
 
 impl std::fmt::Debug for PgLogin {
@@ -246,7 +248,12 @@ where
                     11 => {
                         let s = scram.as_mut().ok_or_else(|| protocol("SASL continue before SASL start"))?;
                         let server_first = std::str::from_utf8(rest).map_err(|_| protocol("server-first-message is not UTF-8"))?;
-                        let fin = s.client_final(server_first, &login.password).map_err(protocol)?;
+                        let challenge = s.challenge(server_first).map_err(protocol)?;
+                        let salted = match salted_password(&login.password, &challenge.salt, challenge.iterations, &login.hashing).await {
+                            Ok(salted) => salted,
+                            Err(why) => return refuse(client, &why).await,
+                        };
+                        let fin = s.client_final(server_first, &challenge, &salted);
                         server.write_all(&message(b'p', fin.as_bytes())).await?;
                     }
                     12 => {
@@ -382,6 +389,14 @@ fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     m.finalize().into_bytes().into()
 }
 
+/// What the server-first-message asks: the combined nonce, the salt, the
+/// PBKDF2 iteration count.
+struct Challenge {
+    nonce: String,
+    salt: Vec<u8>,
+    iterations: u32,
+}
+
 /// The client side of SCRAM-SHA-256 (RFC 5802/7677), with channel binding
 /// (RFC 5929 tls-server-end-point, as PostgreSQL speaks it) when on TLS.
 struct Scram {
@@ -416,7 +431,8 @@ impl Scram {
         format!("{}n=,r={}", self.gs2, self.nonce)
     }
 
-    fn client_final(&mut self, server_first: &str, password: &str) -> Result<String, String> {
+    /// The server-first-message read: its nonce must extend ours.
+    fn challenge(&self, server_first: &str) -> Result<Challenge, String> {
         let attr = |k: &str| server_first.split(',').find_map(|p| p.strip_prefix(k)).ok_or(format!("server-first-message lacks {k}"));
         let nonce = attr("r=")?;
         if !nonce.starts_with(&self.nonce) || nonce.len() == self.nonce.len() {
@@ -424,12 +440,13 @@ impl Scram {
         }
         let salt = base64::engine::general_purpose::STANDARD.decode(attr("s=")?).map_err(|_| "salt is not base64".to_string())?;
         let iterations: u32 = attr("i=")?.parse().map_err(|_| "iteration count is not a number".to_string())?;
-        if iterations == 0 || iterations > MAX_ITERATIONS {
-            return Err(format!("iteration count {iterations} is out of range"));
-        }
-        let mut salted = [0u8; 32];
-        pbkdf2::pbkdf2_hmac::<Sha256>(password.as_bytes(), &salt, iterations, &mut salted);
-        let client_key = hmac(&salted, b"Client Key");
+        Ok(Challenge { nonce: nonce.to_string(), salt, iterations })
+    }
+
+    /// The client-final-message, from the password salted as `challenge` asked.
+    fn client_final(&mut self, server_first: &str, challenge: &Challenge, salted: &[u8; 32]) -> String {
+        let nonce = &challenge.nonce;
+        let client_key = hmac(salted, b"Client Key");
         let stored_key: [u8; 32] = Sha256::digest(client_key).into();
         let mut cbind = self.gs2.as_bytes().to_vec();
         cbind.extend_from_slice(&self.binding);
@@ -437,8 +454,8 @@ impl Scram {
         self.auth_message = format!("n=,r={},{server_first},{without_proof}", self.nonce);
         let signature = hmac(&stored_key, self.auth_message.as_bytes());
         let proof: Vec<u8> = client_key.iter().zip(signature.iter()).map(|(a, b)| a ^ b).collect();
-        self.server_signature = hmac(&hmac(&salted, b"Server Key"), self.auth_message.as_bytes());
-        Ok(format!("{without_proof},p={}", base64::engine::general_purpose::STANDARD.encode(proof)))
+        self.server_signature = hmac(&hmac(salted, b"Server Key"), self.auth_message.as_bytes());
+        format!("{without_proof},p={}", base64::engine::general_purpose::STANDARD.encode(proof))
     }
 
     fn verify_server(&self, server_final: &str) -> bool {
@@ -506,15 +523,16 @@ mod tests {
         // empty n=, so the auth message differs only in that attribute.
         let mut s = Scram::with_nonce("rOprNGfwEbeRWgbNEkqO".into(), "n,,", Vec::new());
         let server_first = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
-        let fin = s.client_final(server_first, "pencil").unwrap();
+        let challenge = s.challenge(server_first).unwrap();
+        assert_eq!(challenge.iterations, 4096);
+        let mut salted = [0u8; 32];
+        pbkdf2::pbkdf2_hmac::<Sha256>(b"pencil", &challenge.salt, 4096, &mut salted);
+        let fin = s.client_final(server_first, &challenge, &salted);
         assert!(fin.starts_with("c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p="), "{fin}");
         // Recompute the RFC's own auth message (n=user) to check the maths.
         let mut rfc = Scram::with_nonce("rOprNGfwEbeRWgbNEkqO".into(), "n,,", Vec::new());
-        let _ = rfc.client_final(server_first, "pencil");
+        let _ = rfc.client_final(server_first, &challenge, &salted);
         rfc.auth_message = rfc.auth_message.replacen("n=,", "n=user,", 1);
-        let salt = base64::engine::general_purpose::STANDARD.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
-        let mut salted = [0u8; 32];
-        pbkdf2::pbkdf2_hmac::<Sha256>(b"pencil", &salt, 4096, &mut salted);
         let client_key = hmac(&salted, b"Client Key");
         let stored: [u8; 32] = Sha256::digest(client_key).into();
         let sig = hmac(&stored, rfc.auth_message.as_bytes());
@@ -526,11 +544,12 @@ mod tests {
     }
 
     #[test]
-    fn scram_refuses_a_nonce_it_did_not_start_and_absurd_iterations() {
-        let mut s = Scram::with_nonce("abc".into(), "n,,", Vec::new());
-        assert!(s.client_final("r=xyz123,s=AAAA,i=4096", "p").is_err());
-        assert!(s.client_final("r=abc,s=AAAA,i=4096", "p").is_err(), "the server must add to the nonce");
-        assert!(s.client_final("r=abcdef,s=AAAA,i=99999999", "p").is_err());
+    fn scram_refuses_a_nonce_it_did_not_start() {
+        let s = Scram::with_nonce("abc".into(), "n,,", Vec::new());
+        assert!(s.challenge("r=xyz123,s=AAAA,i=4096").is_err());
+        assert!(s.challenge("r=abc,s=AAAA,i=4096").is_err(), "the server must add to the nonce");
+        assert!(s.challenge("r=abcdef,s=AAAA,i=x").is_err());
+        assert_eq!(s.challenge("r=abcdef,s=AAAA,i=4096").unwrap().iterations, 4096);
     }
 
     #[test]
@@ -541,7 +560,7 @@ mod tests {
 
     #[test]
     fn the_upstream_startup_carries_the_connectors_role() {
-        let login = PgLogin { user: "agent".into(), password: "x".into(), database: Some("app".into()), weak: WeakMethods::default(), tls: None };
+        let login = PgLogin { user: "agent".into(), password: "x".into(), database: Some("app".into()), weak: WeakMethods::default(), tls: None, hashing: Arc::default() };
         let params = vec![("user".to_string(), "sandbox".to_string()), ("application_name".to_string(), "psql".to_string())];
         let packet = startup(&params, &login);
         let body = &packet[8..];
@@ -561,7 +580,7 @@ mod tests {
     }
 
     fn login(weak: WeakMethods) -> PgLogin {
-        PgLogin { user: "agent".into(), password: "hunter2".into(), database: None, weak, tls: None }
+        PgLogin { user: "agent".into(), password: "hunter2".into(), database: None, weak, tls: None, hashing: Arc::default() }
     }
 
     /// Runs the forwarder's side against `server`, a script of the server.
@@ -643,7 +662,9 @@ mod tests {
         assert_eq!((m, s.gs2), ("SCRAM-SHA-256-PLUS", "p=tls-server-end-point,,"));
         assert!(s.client_first().starts_with("p=tls-server-end-point,,n=,r="));
         let mut s = s;
-        let fin = s.client_final(&format!("r={}x,s=AAAA,i=4096", s.nonce), "p").unwrap();
+        let first = format!("r={}x,s=AAAA,i=4096", s.nonce);
+        let challenge = s.challenge(&first).unwrap();
+        let fin = s.client_final(&first, &challenge, &[0; 32]);
         let c = base64::engine::general_purpose::STANDARD.encode(b"p=tls-server-end-point,,hash");
         assert!(fin.starts_with(&format!("c={c},")), "{fin}");
         let only: [&[u8]; 1] = [b"SCRAM-SHA-256"];

@@ -24,6 +24,7 @@
 pub mod custody;
 pub mod dns;
 pub mod forward;
+pub mod hashing;
 pub mod link;
 pub mod nflog;
 pub mod nft;

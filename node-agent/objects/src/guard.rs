@@ -1,4 +1,4 @@
-//! The HTTP client of storage mounts, held to the agent's endpoint policy
+//! The HTTP client of storage mounts (and of image registries), held to the agent's endpoint policy
 //! ([`warren_core::reach`]): every name is resolved by a resolver that keeps
 //! only permitted addresses (on every new connection, so a rebinding name
 //! gains nothing), an address literal is checked before a client is built,
@@ -60,24 +60,33 @@ pub struct GuardedConnector {
     pub timeout: Duration,
 }
 
-impl HttpConnector for GuardedConnector {
-    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
-        let policy = self.policy.clone();
-        let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+/// A reqwest client builder held to `policy`: names resolve to permitted
+/// addresses only (on every new connection), a redirect to a refused
+/// literal or past [`MAX_REDIRECTS`] is not followed, and only HTTPS
+/// unless `allow_http`. Address literals in the first URL never reach the
+/// resolver: callers check them with [`literal_refusal`] first.
+pub fn client_builder(policy: &Arc<EndpointPolicy>, allow_http: bool) -> reqwest::ClientBuilder {
+    let redirects = {
+        let policy = policy.clone();
+        reqwest::redirect::Policy::custom(move |attempt| {
             let refused = attempt.url().host_str().and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok()).and_then(|ip| policy.refusal(ip));
             if attempt.previous().len() >= MAX_REDIRECTS || refused.is_some() {
                 attempt.stop()
             } else {
                 attempt.follow()
             }
-        });
-        let mut b = reqwest::ClientBuilder::new()
-            .user_agent(concat!("warren-node-agent/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(self.connect_timeout)
-            .timeout(self.timeout)
-            .dns_resolver(Arc::new(Resolver(self.policy.clone())))
-            .redirect(redirects)
-            .https_only(!self.allow_http);
+        })
+    };
+    reqwest::ClientBuilder::new()
+        .user_agent(concat!("warren-node-agent/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(Arc::new(Resolver(policy.clone())))
+        .redirect(redirects)
+        .https_only(!allow_http)
+}
+
+impl HttpConnector for GuardedConnector {
+    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let mut b = client_builder(&self.policy, self.allow_http).connect_timeout(self.connect_timeout).timeout(self.timeout);
         if let Some(n) = self.pool_max_idle {
             b = b.pool_max_idle_per_host(n);
         }

@@ -14,6 +14,7 @@ use tonic::async_trait;
 use tracing::{debug, warn};
 use warren_isolation::wire::Go;
 use warren_network::custody::PgLogin;
+use warren_network::hashing::HashBudget;
 use warren_network::dns::{DnsProxy, Statics};
 use warren_core::reach::EndpointPolicy;
 use warren_network::forward::{Endpoint, Forwarders};
@@ -36,6 +37,8 @@ pub struct ConnectorResource {
     dns: Option<DnsProxy>,
     /// An `Unrestricted` sandbox's resolver, and the names added to it.
     added: Option<(Statics, Vec<String>)>,
+    /// The SCRAM hashing this sandbox's custody logins may cost the agent.
+    hashing: Arc<HashBudget>,
 }
 
 impl ConnectorResource {
@@ -43,7 +46,7 @@ impl ConnectorResource {
     /// `policy` permits.
     pub fn new(grants: Vec<Grant>, policy: Arc<EndpointPolicy>) -> ConnectorResource {
         let rendered = render(&grants);
-        ConnectorResource { grants, rendered, policy, mounted: None, forwarders: None, dns: None, added: None }
+        ConnectorResource { grants, rendered, policy, mounted: None, forwarders: None, dns: None, added: None, hashing: Arc::default() }
     }
 
     fn failure(&self, sandbox: &SandboxView<'_>, step: &str, e: impl std::fmt::Display) -> Failure {
@@ -89,6 +92,7 @@ impl ConnectorResource {
                         database: g.database.clone(),
                         weak: g.weak,
                         tls: g.tls.clone(),
+                        hashing: self.hashing.clone(),
                     })
                 });
                 Endpoint { listen: f.listen, port: f.port, target_host: f.host.clone(), target_port: f.port, custody, policy: self.policy.clone() }

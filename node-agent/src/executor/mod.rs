@@ -63,6 +63,10 @@ pub enum ExecError {
     /// The image could not be pulled or was refused.
     #[error("image: {0}")]
     Image(String),
+    /// The image's registry (or its token realm, or a redirect) is an
+    /// endpoint this node refuses: the node itself, unless an admin allowed it.
+    #[error("image: {0}")]
+    ImageRefused(String),
     /// This agent runs no OCI images (no image store).
     #[error("this node-agent runs only the host image")]
     ImagesDisabled,
@@ -176,11 +180,17 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
     }
 }
 
-/// Cools the pool's shapes now and then (see [`Pool::cool`]).
+/// Checks that the pool's sandboxes stay idle, and cools its shapes now
+/// and then (see [`Pool::sweep`], [`Pool::cool`]).
 async fn cool_now_and_then(pool: Pool) {
+    let mut sweeps = 0u32;
     loop {
-        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-        pool.cool().await;
+        tokio::time::sleep(crate::pool::SWEEP).await;
+        pool.sweep().await;
+        sweeps = sweeps.wrapping_add(1);
+        if sweeps % 6 == 0 {
+            pool.cool().await;
+        }
     }
 }
 
@@ -338,6 +348,12 @@ impl Executor {
     /// Calls warm interpreters ran since the agent started.
     pub fn warm_starts(&self) -> u64 {
         self.env.warm_starts.served()
+    }
+
+    /// CPU (µs) pooled sandboxes used before their calls, and idle ones
+    /// discarded for it.
+    pub fn idle_cost(&self) -> (u64, u64) {
+        self.env.warm_starts.idle()
     }
 
     /// Executions running now.

@@ -549,6 +549,14 @@ pub struct StatusResponse {
     /// since the agent started.
     #[prost(uint64, tag = "10")]
     pub warm_starts: u64,
+    /// CPU the warm pool's sandboxes used before their calls since the agent
+    /// started (setup, warm interpreters' imports, anything they left
+    /// running), milliseconds: what the node spends that no key pays for.
+    #[prost(uint64, tag = "11")]
+    pub idle_cpu_ms: u64,
+    /// Ready sandboxes discarded for using CPU while they should have waited.
+    #[prost(uint64, tag = "12")]
+    pub idle_discards: u64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {
