@@ -426,3 +426,6 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod start_tests;

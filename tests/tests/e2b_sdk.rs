@@ -155,6 +155,8 @@ async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
     let dir = tempfile::tempdir().unwrap();
     let signing = dir.path().join("signing.key");
     std::fs::write(&signing, "k".repeat(64)).unwrap();
+    // The gateway's user's only, as the chart's Secret is: a looser file is refused.
+    std::fs::set_permissions(&signing, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let agent = Agent::start(&[]).await.unwrap();
     let (agents, args) = ([agent.address()], ["--records", url.as_str(), "--files-signing-key-file", signing.to_str().unwrap()]);
     let (a, b) = tokio::join!(Gateway::start(&agents, &args, true), Gateway::start(&agents, &args, true));
