@@ -251,3 +251,78 @@ async fn a_sandbox_with_auto_pause_is_paused_at_its_timeout_and_keeps_its_home()
     let back = request(gw.addr, "GET", "/files?path=kept.txt", &data_plane, b"");
     assert_eq!((back.status, back.text()), (200, "home".to_string()));
 }
+
+/// A sandbox of key `name` created through `gw` with `body`: (id, access token).
+fn create(gw: &Gateway, name: &str, body: &serde_json::Value) -> (String, String) {
+    let created = request(gw.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &alias(name)), ("Content-Type", "application/json")], body.to_string().as_bytes());
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v = created.json();
+    (v["sandboxID"].as_str().unwrap().to_string(), v["envdAccessToken"].as_str().unwrap().to_string())
+}
+
+const MIB: usize = 1 << 20;
+
+/// An upload the gateway holds whole (chunked: no Content-Length) of `mib`
+/// MiB to sandbox `id`: ended when `finish`, else left stalled, the
+/// connection open. The gateway's answer.
+fn held_upload(addr: std::net::SocketAddr, id: &str, token: &str, mib: usize, finish: bool) -> warren_e2e::http::Response {
+    use std::io::Write as _;
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /files?path=held.bin HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n\
+         Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let mut w = s.try_clone().unwrap();
+    // Written on its own thread: a refusal comes while it still sends.
+    let writer = std::thread::spawn(move || {
+        let chunk = [format!("{MIB:x}\r\n").into_bytes(), vec![b'u'; MIB], b"\r\n".to_vec()].concat();
+        let sent = w.write_all(head.as_bytes()).is_ok() && (0..mib).all(|_| w.write_all(&chunk).is_ok());
+        if sent && finish {
+            let _ = w.write_all(b"0\r\n\r\n");
+        }
+    });
+    let answer = warren_e2e::http::read_response(s).expect("the gateway answers");
+    let _ = writer.join();
+    answer
+}
+
+/// The attack: many uploads the gateway must hold whole (here 32 of 12 MiB,
+/// through two keys), each stalling once sent — 384 MiB held before. The
+/// gateway holds them within its upload budget (64 MiB, each byte counted
+/// twice, a key at most half): the excess are refused with 429 and a retry,
+/// the stalled ones are cut (408) once silent for the body timeout, their
+/// memory returned — a full upload goes through after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_held_uploads_stay_within_the_gateways_budget_and_are_cut() {
+    if skip_unless_root("stalled_held_uploads_stay_within_the_gateways_budget_and_are_cut") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &["--upload-budget-mib", "64", "--body-timeout-ms", "2000"], true).await.unwrap();
+    let sandboxes = [create(&gw, "thr", &serde_json::json!({"templateID": "threads"})), create(&gw, "thr2", &serde_json::json!({"templateID": "threads"}))];
+    let addr = gw.addr;
+    let uploads: Vec<_> = (0..32)
+        .map(|i| {
+            let (id, token) = sandboxes[i % 2].clone();
+            std::thread::spawn(move || held_upload(addr, &id, &token, 12, false))
+        })
+        .collect();
+    let answers: Vec<_> = uploads.into_iter().map(|t| t.join().unwrap()).collect();
+    let peak = gw.peak_rss();
+    eprintln!("gateway peak RSS with 32 stalled 12 MiB uploads and a 64 MiB budget: {} MiB", peak >> 20);
+    let (refused, cut): (Vec<_>, Vec<_>) = answers.iter().partition(|a| a.status == 429);
+    for a in &refused {
+        assert_eq!(a.header("retry-after"), Some("1"), "{}", a.text());
+        assert!(a.text().contains("upload memory"), "{}", a.text());
+    }
+    assert!(!refused.is_empty() && !cut.is_empty(), "some held, the excess refused");
+    for a in &cut {
+        assert_eq!(a.status, 408, "{}", a.text());
+        assert!(a.text().contains("stopped arriving"), "{}", a.text());
+    }
+    assert!(peak < 200 * MIB as u64, "the gateway's memory stayed near its budget: peak {} MiB", peak >> 20);
+    let (id, token) = &sandboxes[0];
+    let whole = held_upload(addr, id, token, 8, true);
+    assert_eq!(whole.status, 200, "the memory came back: {}", whole.text());
+}

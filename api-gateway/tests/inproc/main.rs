@@ -4,6 +4,7 @@
 //! suites in `tests/` prove the same paths against real node-agents.
 
 mod fake;
+mod e2b;
 mod errors;
 mod executions;
 mod execute;
@@ -136,6 +137,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             keepalive: Duration::from_secs(3600),
             stream_stall: Duration::from_secs(3600),
             body_timeout: Duration::from_secs(5),
+            upload_min_rate: 64 << 10,
             record_lease: Duration::from_secs(30),
         },
         webhooks: warren_api_gateway::webhook::Webhooks::new(&warren_api_gateway::webhook::Settings {
@@ -147,6 +149,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
         })
         .unwrap(),
         files: Arc::new(warren_api_gateway::file_urls::Settings { signing_key: Arc::new(warren_api_gateway::file_urls::key::SigningKey::fixed(b"test")), public_url: None, ttl: Duration::from_secs(60), max_upload: 1 << 20 }),
+        uploads: warren_api_gateway::uploads::UploadBudget::new(64 << 20),
         tasks: Default::default(),
     };
     let agent = agents.remove(0);
@@ -195,6 +198,13 @@ impl Gateway {
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("body").to_bytes().to_vec();
         Answer { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// The same gateway with an upload budget of `bytes`.
+    pub fn with_upload_budget(mut self, bytes: u64) -> Gateway {
+        self.state.uploads = warren_api_gateway::uploads::UploadBudget::new(bytes);
+        self.app = http::app(self.state.clone());
+        self
     }
 
     /// `GET path` with `key`.
