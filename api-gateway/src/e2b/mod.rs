@@ -13,7 +13,8 @@
 //! calls, the home (`/home/sandbox`, also spelled `/home/user`) is what
 //! persists, a command is one execution in the thread, a file is a file of
 //! the thread's saved home. The sandbox's record (template, metadata,
-//! environment, end) is in the record database so every replica answers.
+//! environment — sealed, `sealed.rs` —, end) is in the record database so
+//! every replica answers.
 //! What cannot hold in that model — processes that outlive a command,
 //! terminals, exposed ports, interpreter state between `run_code` calls —
 //! answers an error that names the limit (docs/src/e2b.md).
@@ -28,6 +29,7 @@ mod list;
 mod paths;
 mod process;
 mod sandbox;
+mod sealed;
 mod token;
 
 use axum::http::StatusCode;

@@ -4,8 +4,9 @@
 //! single-machine mode — re-read whenever the file changes, so a rotated
 //! key ends every URL signed with the old one. Without a file, one random
 //! key for this process (URLs end with it and are not shared by replicas).
-//! The key also signs the E2B access tokens, so a file others may read or
-//! change is refused, at start and on every re-read ([`private_enough`]).
+//! The key also signs the E2B access tokens and seals E2B environments, so
+//! a file others may read or change is refused, at start and on every
+//! re-read ([`private_enough`]).
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,5 @@
-//! The E2B API in process: uploads held within the gateway's budget.
+//! The E2B API in process: creates racing the key's limit, environments
+//! sealed in the records, uploads held within the gateway's budget.
 
 use axum::body::{Body, Bytes};
 use axum::http::Request;
@@ -36,6 +37,52 @@ fn held_upload(id: &str, token: &str) -> (Request<Body>, tokio::sync::mpsc::Send
 }
 
 const MIB: usize = 1 << 20;
+
+/// The attack: creates fired at once against a key allowed 2 sandboxes,
+/// each counting the live ones before any is stored. Exactly 2 are made;
+/// the rest are told the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_never_pass_the_keys_max_threads() {
+    let g = gateway().await;
+    // Every connection of the pool open first, so the creates really run at once.
+    let list = || Request::get("/v2/sandboxes").header("x-api-key", alias(FEW)).body(Body::empty()).unwrap();
+    futures_util::future::join_all((0..8).map(|_| g.send(list()))).await;
+    let sends = (0..16).map(|_| g.send(create_request(FEW, &json!({"templateID": "base"}))));
+    let answers = futures_util::future::join_all(sends).await;
+    let created = answers.iter().filter(|a| a.status.as_u16() == 201).count();
+    assert_eq!(created, 2, "{:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
+    for a in answers.iter().filter(|a| a.status.as_u16() != 201) {
+        assert_eq!(a.status.as_u16(), 429);
+        assert!(a.json()["message"].as_str().unwrap().contains("maxThreads"), "{}", a.json());
+    }
+}
+
+/// The attack: the records file read for a sandbox's variables (often
+/// credentials). The database holds them sealed; the sandbox's commands
+/// still get them.
+#[tokio::test]
+async fn environment_variables_are_sealed_in_the_records_and_still_reach_commands() {
+    const CANARY: &str = "canary-secret-0d5e1f";
+    let g = gateway().await;
+    let (id, token) = create(&g, GOOD, json!({"templateID": "base", "envVars": {"API_TOKEN": CANARY}})).await;
+    let start = serde_json::to_vec(&json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo $API_TOKEN"]}})).unwrap();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(start.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&start);
+    let run = Request::post("/process.Process/Start")
+        .header("content-type", "application/connect+json")
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .body(Body::from(framed))
+        .unwrap();
+    assert_eq!(g.send(run).await.status.as_u16(), 200);
+    assert_eq!(g.last_execute().env.get("API_TOKEN").map(String::as_str), Some(CANARY), "the command gets the variable");
+    // Every file of the database (the WAL too) is free of it.
+    for entry in std::fs::read_dir(g._records.path()).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        assert!(!bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()), "the records hold the variable in plaintext");
+    }
+}
 
 /// The attack: uploads held whole (no Content-Length) that send a little
 /// and stall, to pile up in the gateway's memory. Past the budget (here one

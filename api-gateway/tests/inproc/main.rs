@@ -31,6 +31,7 @@ pub const SOLO: &str = "sk-wrn-SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS";
 pub const OFF: &str = "sk-wrn-DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD";
 pub const BIG: &str = "sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
 pub const IMG: &str = "sk-wrn-IIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII";
+pub const FEW: &str = "sk-wrn-FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF";
 /// The OCI image of Sandbox `img`.
 pub const IMAGE: &str = "127.0.0.1:5000/warren/runtime:1";
 
@@ -84,10 +85,15 @@ apiVersion: warren.dev/v1alpha1
 kind: ApiKey
 metadata: {name: img}
 spec: {sandboxRef: {name: img}, secretRef: {name: img}}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: few}
+spec: {sandboxRef: {name: sb}, secretRef: {name: few}, maxThreads: 2}
 "#;
 
 fn secrets() -> String {
-    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG), ("img", IMG)]
+    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG), ("img", IMG), ("few", FEW)]
         .iter()
         .map(|(n, k)| format!("---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {n}}}\nstringData: {{key: {k}}}\n"))
         .collect()
