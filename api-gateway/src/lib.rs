@@ -34,6 +34,7 @@ pub mod result;
 pub mod state;
 pub mod threads;
 mod unread;
+pub mod uploads;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -119,6 +120,16 @@ pub struct Args {
     /// gateway's memory limit.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
     pub output_budget_mib: u64,
+    /// Gateway memory for uploads held whole (E2B multipart forms and bodies
+    /// without Content-Length), MiB: each reserves twice its bytes as they
+    /// arrive; one key may hold half; past it an upload is refused (429).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    pub upload_budget_mib: u64,
+    /// Least average rate of an upload held whole, KiB per second, after
+    /// `--body-timeout-ms` of grace; slower ones (and ones silent for the
+    /// body timeout) are cut and their memory returned.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub upload_min_kib_per_sec: u64,
     /// Most HTTP connections open at once; more clients wait to be accepted.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -335,8 +346,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             keepalive: Duration::from_millis(args.keepalive_ms),
             stream_stall: Duration::from_millis(args.stream_stall_ms),
             body_timeout: Duration::from_millis(args.body_timeout_ms),
+            upload_min_rate: args.upload_min_kib_per_sec << 10,
             record_lease: retention.lease,
         },
+        uploads: uploads::UploadBudget::new(args.upload_budget_mib << 20),
         webhooks,
         files,
         tasks: tasks.clone(),
@@ -470,3 +483,6 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod start_tests;
