@@ -33,6 +33,8 @@ pub mod request;
 pub mod result;
 pub mod state;
 pub mod threads;
+mod unread;
+pub mod uploads;
 pub mod webhook;
 
 use std::net::SocketAddr;
@@ -118,6 +120,16 @@ pub struct Args {
     /// gateway's memory limit.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
     pub output_budget_mib: u64,
+    /// Gateway memory for uploads held whole (E2B multipart forms and bodies
+    /// without Content-Length), MiB: each reserves twice its bytes as they
+    /// arrive; one key may hold half; past it an upload is refused (429).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    pub upload_budget_mib: u64,
+    /// Least average rate of an upload held whole, KiB per second, after
+    /// `--body-timeout-ms` of grace; slower ones (and ones silent for the
+    /// body timeout) are cut and their memory returned.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub upload_min_kib_per_sec: u64,
     /// Most HTTP connections open at once; more clients wait to be accepted.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -197,10 +209,38 @@ pub struct Args {
     /// File holding the console's client secret at the provider.
     #[arg(long, env = "WARREN_CONSOLE_OIDC_CLIENT_SECRET_FILE")]
     pub console_oidc_client_secret_file: Option<PathBuf>,
-    /// Only members of these groups (the ID token's `groups`) may sign in
-    /// to the console (comma-separated; none: anyone the provider signs in).
+    /// Only members of these groups (as the console names them: the groups
+    /// claim with its prefix) may sign in to the console (comma-separated;
+    /// none: anyone the provider signs in).
     #[arg(long, env = "WARREN_CONSOLE_ALLOWED_GROUPS", value_delimiter = ',')]
     pub console_allowed_groups: Vec<String>,
+    /// The ID token claim naming the console's user, as the API server's
+    /// `--oidc-username-claim`; `email` counts only with `email_verified: true`.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_USERNAME_CLAIM", default_value = "email")]
+    pub console_oidc_username_claim: String,
+    /// Put before the username, as `--oidc-username-prefix`: unset, the
+    /// issuer URL and `#` for a claim other than `email`; `-`, nothing.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_USERNAME_PREFIX")]
+    pub console_oidc_username_prefix: Option<String>,
+    /// The ID token claim holding the user's groups, as `--oidc-groups-claim`.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub console_oidc_groups_claim: String,
+    /// Put before each group, as `--oidc-groups-prefix` (none by default).
+    /// Groups named `system:…` after it are dropped.
+    #[arg(long, env = "WARREN_CONSOLE_OIDC_GROUPS_PREFIX", default_value = "")]
+    pub console_oidc_groups_prefix: String,
+    /// How long a console sign-in's identity and groups are used before
+    /// the browser goes through the provider again (which answers at once
+    /// while its own session lasts), seconds: a group removed at the
+    /// provider stops counting within this time.
+    #[arg(long, env = "WARREN_CONSOLE_RECHECK_SECS", default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=28_800))]
+    pub console_recheck_secs: u64,
+    /// Proxies in front of the console (addresses or CIDR ranges,
+    /// comma-separated; typically the ingress controller's pods) whose
+    /// `X-Forwarded-For` names the client. Sign-ins under way are bounded
+    /// per client; without this, per connecting address.
+    #[arg(long, env = "WARREN_CONSOLE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub console_trusted_proxies: Vec<String>,
     /// Single-machine mode, instead of a provider: the local admin signs in
     /// with a one-time link the gateway writes to this file (private to
     /// its user; rewritten after each use).
@@ -229,7 +269,14 @@ pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console
         bail!("{} holds no client secret", secret_file.display());
     }
     let redirect_uri = format!("{}/callback", url.trim_end_matches('/'));
-    let config = console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri };
+    let claims = console::oidc::ClaimMapping {
+        username_claim: args.console_oidc_username_claim.trim().to_string(),
+        username_prefix: args.console_oidc_username_prefix.clone(),
+        groups_claim: args.console_oidc_groups_claim.trim().to_string(),
+        groups_prefix: args.console_oidc_groups_prefix.clone(),
+    };
+    claims.check().map_err(|e| anyhow::anyhow!("--console-oidc-*-claim / -prefix: {e}"))?;
+    let config = console::provider::ProviderConfig { issuer: issuer.clone(), client_id: args.console_oidc_client_id.clone(), client_secret, redirect_uri, claims };
     let allowed_groups: Vec<String> = args.console_allowed_groups.iter().map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).collect();
     // Off a cluster there is no RBAC to ask: whoever signs in may do
     // everything, so who may sign in must be named.
@@ -239,17 +286,25 @@ pub fn console_config(args: &Args) -> anyhow::Result<Option<(SocketAddr, console
     Ok(Some((listen, console::app::SignIn::Oidc { config, allowed_groups })))
 }
 
+/// The console's bounds and trust: the gateway's body deadline, the
+/// re-check interval, the trusted proxies.
+pub fn console_settings(args: &Args) -> anyhow::Result<console::app::Settings> {
+    let trusted_proxies = console::client::TrustedProxies::parse(&args.console_trusted_proxies).map_err(|e| anyhow::anyhow!("--console-trusted-proxies: {e}"))?;
+    Ok(console::app::Settings { body_timeout: Duration::from_millis(args.body_timeout_ms), recheck: Duration::from_secs(args.console_recheck_secs), trusted_proxies })
+}
+
 /// Serves the console, when configured, until the task is aborted. In a
 /// cluster, what a user sees is the cluster's RBAC's answer.
 async fn console_server(args: &Args, limits: http::serve::HttpLimits, state: &state::AppState, client: Option<kube::Client>) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     let Some((listen, sign_in)) = console_config(args)? else { return Ok(None) };
+    let settings = console_settings(args)?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the console on {listen}"))?;
     let access = match client {
         Some(c) if args.cluster => console::access::Access::Cluster(console::access::ClusterAccess::new(c)),
         _ => console::access::Access::SignedIn,
     };
     info!(addr = %listener.local_addr()?, "console listening");
-    let app = console::app::router(console::app::Console::new(sign_in, access, Some(state.clone())));
+    let app = console::app::router(console::app::Console::with(sign_in, access, Some(state.clone()), settings));
     Ok(Some(tokio::spawn(http::serve::serve(listener, app, limits, std::future::pending(), Duration::ZERO))))
 }
 
@@ -291,8 +346,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             keepalive: Duration::from_millis(args.keepalive_ms),
             stream_stall: Duration::from_millis(args.stream_stall_ms),
             body_timeout: Duration::from_millis(args.body_timeout_ms),
+            upload_min_rate: args.upload_min_kib_per_sec << 10,
             record_lease: retention.lease,
         },
+        uploads: uploads::UploadBudget::new(args.upload_budget_mib << 20),
         webhooks,
         files,
         tasks: tasks.clone(),
@@ -426,3 +483,6 @@ async fn shutdown_signal() {
         _ = int.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod start_tests;

@@ -16,8 +16,10 @@ pub struct Settings {
     /// How long a streaming client may take no line before its execution
     /// is cancelled.
     pub stream_stall: Duration,
-    /// Longest wait for a request body.
+    /// Longest wait for a request body (and longest silence of an upload held whole).
     pub body_timeout: Duration,
+    /// Least average rate of an upload held whole, bytes per second.
+    pub upload_min_rate: u64,
     /// A gateway silent this long is gone (its running executions end as `gateway_lost`).
     pub record_lease: Duration,
 }
@@ -35,6 +37,8 @@ pub struct AppState {
     pub files: std::sync::Arc<crate::file_urls::Settings>,
     /// Webhook sender.
     pub webhooks: crate::webhook::Webhooks,
+    /// Gateway memory for uploads held whole.
+    pub uploads: Arc<crate::uploads::UploadBudget>,
     /// Asynchronous executions running in this gateway (shutdown waits for them).
     pub tasks: tokio_util::task::TaskTracker,
 }

@@ -115,6 +115,8 @@ def check_files(sbx):
 def check_connect_from_a_second_client(sbx):
     other = Sandbox.connect(sbx.sandbox_id)
     assert other.commands.run("cat data/blob.bin | wc -c").stdout.strip() == str(256 * 64)
+    # The sandbox's variables (sealed in the records) reach this client's commands too.
+    assert other.commands.run("echo $GREETING").stdout == "hi\n"
     assert other.is_running()
 
 

@@ -39,6 +39,11 @@ pub fn raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Response> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
     s.write_all(request)?;
+    read_response(s)
+}
+
+/// Reads a response from `s` to EOF (or its last chunk).
+pub fn read_response(s: TcpStream) -> std::io::Result<Response> {
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line)?;
@@ -69,6 +74,11 @@ pub fn raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Response> {
             r.read_exact(&mut chunk)?;
             body.extend_from_slice(&chunk[..n]);
         }
+    } else if let Some(n) = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse::<usize>().ok()) {
+        // Exactly the body: a server that refused a request it had not read
+        // may reset the connection right after it.
+        body.resize(n, 0);
+        r.read_exact(&mut body)?;
     } else {
         r.read_to_end(&mut body)?;
     }

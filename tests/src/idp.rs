@@ -1,15 +1,17 @@
 //! A real OpenID provider for the console's tests: node-oidc-provider
 //! (OpenID Certified; installed by scripts/test.sh) on a loopback port,
 //! from `tests/fixtures/oidc/idp.mjs`: one confidential client, users ada
-//! (group platform-admins), bob (team-a) and mallory (claims carrying
-//! markup). Its interaction step signs in `?user=NAME`, or shows a form
-//! to pick one (for a real browser).
+//! (group platform-admins), bob (team-a), mallory (claims carrying
+//! markup), eve (ada's address, not verified) and root (`system:` names).
+//! Its interaction step signs in `?user=NAME`, or shows a form to pick one
+//! (for a real browser); [`Idp::set_groups`] changes a user's groups.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warren_api_gateway::console::oidc::ClaimMapping;
 use warren_api_gateway::console::provider::ProviderConfig;
 
 /// The console's client secret at the test provider.
@@ -70,9 +72,15 @@ impl Idp {
         idp
     }
 
-    /// The console's registration at it.
+    /// The console's registration at it (the default claim mapping).
     pub fn config(&self) -> ProviderConfig {
-        ProviderConfig { issuer: self.issuer.clone(), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: self.redirect.clone() }
+        ProviderConfig { issuer: self.issuer.clone(), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: self.redirect.clone(), claims: ClaimMapping::default() }
+    }
+
+    /// Makes `groups` the groups of `user` (tokens issued from now on carry them).
+    pub async fn set_groups(&self, user: &str, groups: &[&str]) {
+        let r = reqwest::Client::new().put(format!("{}/test/groups/{user}", self.issuer)).body(serde_json::to_string(groups).unwrap()).send().await.unwrap();
+        assert!(r.status().is_success(), "the provider did not take the groups: {}", r.status());
     }
 }
 

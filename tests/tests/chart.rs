@@ -35,7 +35,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a},console.ingress.enabled=true,console.ingress.host=console.example.com,console.ingress.tlsSecret=console-tls"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a},console.oidc.usernameClaim=sub,console.oidc.groupsPrefix=oidc:,console.oidc.recheckSeconds=600,console.trustedProxies={10.0.0.0/8},console.ingress.enabled=true,console.ingress.host=console.example.com,console.ingress.tlsSecret=console-tls"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -54,6 +54,11 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains("--console-listen=0.0.0.0:8081") && rendered.contains("--console-oidc-issuer=https://idp.example.com"), "{rendered}");
             assert!(rendered.contains("resources: [apikeys]\n    verbs: [patch]"), "the console's one write: {rendered}");
             assert!(rendered.contains("--console-allowed-groups=platform-admins,team-a"), "{rendered}");
+            // The API server's OIDC rules, quoted (a prefix may end in ':'), and the trusted proxies.
+            for flag in ["\"--console-oidc-username-claim=sub\"", "\"--console-oidc-groups-prefix=oidc:\"", "--console-recheck-secs=600", "--console-trusted-proxies=10.0.0.0/8"] {
+                assert!(rendered.contains(flag), "{flag}: {rendered}");
+            }
+            assert!(!rendered.contains("--console-oidc-username-prefix"), "unset: the API server's default");
             assert!(rendered.contains("kind: Ingress\n") && rendered.contains("secretName: console-tls") && rendered.contains("host: \"console.example.com\""), "the optional console Ingress: {rendered}");
             assert!(rendered.contains("name: warren-console\n") && rendered.contains("resources: [subjectaccessreviews]"), "the console's Service and its one cluster permission");
         } else {

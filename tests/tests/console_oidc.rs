@@ -2,13 +2,18 @@
 //! (OpenID Certified; installed by scripts/test.sh) on a loopback port, the
 //! authorization code flow with PKCE driven over HTTP as a browser would
 //! (the provider's interaction step signs in the user the test names), the
-//! code exchanged and the ID token checked by `console::provider`.
+//! code exchanged and the ID token checked by `console::provider`; and the
+//! attacks on it: a callback link opened in another browser, a flood of
+//! sign-ins, claims naming identities the provider does not own, groups
+//! removed at the provider during a session.
 
-use std::net::TcpListener;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use warren_api_gateway::console::client::Client;
+use warren_api_gateway::console::oidc::ClaimMapping;
 use warren_api_gateway::console::provider::{Provider, ProviderConfig, ProviderError};
-use warren_api_gateway::console::session::Sessions;
+use warren_api_gateway::console::session::{Browser, Sessions};
 
 use warren_e2e::idp::{Idp, SECRET};
 
@@ -59,6 +64,13 @@ async fn browse_to(start: &str, user: &str, redirect: &str) -> url::Url {
     panic!("the provider never sent the browser back");
 }
 
+/// The browser of the direct `Sessions` tests: one client, one binding cookie.
+const BINDING: &str = "the-test-browsers-binding";
+
+fn browser() -> Browser<'static> {
+    Browser { client: Client::UNKNOWN, binding: BINDING }
+}
+
 fn param<'a>(q: &'a [(String, String)], k: &str) -> &'a str {
     q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("no {k} in {q:?}"))
 }
@@ -69,12 +81,12 @@ async fn a_user_signs_in_with_the_code_flow_and_pkce_and_a_code_works_once() {
     let provider = Provider::discover(idp.config()).await.expect("discovery");
     let sessions = Sessions::default();
     for (user, email, group) in [("ada", "ada@example.test", "platform-admins"), ("bob", "bob@example.test", "team-a")] {
-        let started = sessions.begin("/executions", random::<3>(), Instant::now());
+        let started = sessions.begin(&browser(), "/executions", random::<3>(), Instant::now());
         let auth = provider.authorization_url(&started);
         assert!(auth.contains("code_challenge_method=S256") && auth.contains(&started.challenge));
         let back = browse_to_callback(&auth, user, &idp.redirect).await;
         assert_eq!(param(&back, "state"), started.state, "the provider returns the state it was given");
-        let sign_in = sessions.finish(param(&back, "state"), Instant::now()).expect("the sign-in is found once");
+        let sign_in = sessions.finish(param(&back, "state"), Some(BINDING), Instant::now()).expect("the sign-in is found once");
         let code = param(&back, "code");
         let id = provider.exchange(code, &sign_in, now()).await.expect("exchange");
         assert_eq!((id.subject.as_str(), id.user.as_str(), id.groups.as_slice()), (user, email, &[group.to_string()][..]));
@@ -88,19 +100,19 @@ async fn a_code_without_its_verifier_or_from_another_sign_in_is_refused() {
     let idp = Idp::start();
     let provider = Provider::discover(idp.config()).await.unwrap();
     let sessions = Sessions::default();
-    let first = sessions.begin("/", random::<3>(), Instant::now());
-    let other = sessions.begin("/", random::<3>(), Instant::now());
+    let first = sessions.begin(&browser(), "/", random::<3>(), Instant::now());
+    let other = sessions.begin(&browser(), "/", random::<3>(), Instant::now());
     let back = browse_to_callback(&provider.authorization_url(&first), "bob", &idp.redirect).await;
-    sessions.finish(param(&back, "state"), Instant::now()).expect("the callback finds its sign-in");
-    let other = sessions.finish(&other.state, Instant::now()).unwrap();
+    sessions.finish(param(&back, "state"), Some(BINDING), Instant::now()).expect("the callback finds its sign-in");
+    let other = sessions.finish(&other.state, Some(BINDING), Instant::now()).unwrap();
     // An attacker's code injected into another browser's sign-in: the PKCE
     // verifier does not match, and neither would the nonce.
     assert!(matches!(provider.exchange(param(&back, "code"), &other, now()).await, Err(ProviderError::Refused(_))));
     // A code and verifier that belong together, checked against another
     // sign-in's nonce: the provider issues the token, the console refuses it.
-    let third = sessions.begin("/", random::<3>(), Instant::now());
+    let third = sessions.begin(&browser(), "/", random::<3>(), Instant::now());
     let back = browse_to_callback(&provider.authorization_url(&third), "bob", &idp.redirect).await;
-    let mut mixed = sessions.finish(param(&back, "state"), Instant::now()).unwrap();
+    let mut mixed = sessions.finish(param(&back, "state"), Some(BINDING), Instant::now()).unwrap();
     mixed.nonce = other.nonce.clone();
     let refused = provider.exchange(param(&back, "code"), &mixed, now()).await;
     assert!(matches!(refused, Err(ProviderError::Token(warren_api_gateway::console::oidc::TokenError::Claim("nonce")))), "{refused:?}");
@@ -144,10 +156,15 @@ fn serve(listener: tokio::net::TcpListener, base: String, config: ProviderConfig
 }
 
 fn serve_for(listener: tokio::net::TcpListener, base: String, config: ProviderConfig, allowed_groups: Vec<String>) -> ConsoleServer {
+    serve_with(listener, base, config, allowed_groups, Default::default())
+}
+
+/// The console as the gateway serves it: each request knows its peer.
+fn serve_with(listener: tokio::net::TcpListener, base: String, config: ProviderConfig, allowed_groups: Vec<String>, settings: warren_api_gateway::console::app::Settings) -> ConsoleServer {
     use warren_api_gateway::console::{access::Access, app};
-    let app = app::router(app::Console::new(app::SignIn::Oidc { config, allowed_groups }, Access::SignedIn, None));
+    let app = app::router(app::Console::with(app::SignIn::Oidc { config, allowed_groups }, Access::SignedIn, None, settings));
     let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
     });
     ConsoleServer { base, task }
 }
@@ -156,24 +173,51 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
 
+/// A client connecting from `addr` (another loopback address: another client to the console).
+fn client_from(addr: &str) -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).local_address(addr.parse::<std::net::IpAddr>().unwrap()).build().unwrap()
+}
+
 fn location(r: &reqwest::Response) -> String {
     r.headers().get("location").expect("a redirect").to_str().unwrap().to_string()
 }
 
-/// Signs `user` in through the console: the session cookie (`name=value`)
-/// and the callback URL the browser was sent to.
-async fn sign_in(console: &ConsoleServer, idp: &Idp, user: &str) -> (String, String) {
-    let http = client();
+/// The `name=value` of the cookie `name` a response sets.
+fn set_cookie(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers().get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).map(|v| v.split(';').next().unwrap_or_default().to_string()).find(|c| c.starts_with(&format!("{name}=")))
+}
+
+/// A sign-in started at the console by a browser: where the provider
+/// sends it back, and the binding cookie the console gave it.
+struct Started {
+    callback: url::Url,
+    binding: String,
+}
+
+/// Starts a sign-in with `http` and signs `user` in at the provider.
+async fn start(http: &reqwest::Client, console: &ConsoleServer, idp: &Idp, user: &str) -> Started {
     let start = http.get(format!("{}/signin?return=%2F", console.base)).send().await.unwrap();
     assert_eq!(start.status(), 303);
-    let callback = browse_to(&location(&start), user, &idp.redirect).await;
-    let done = http.get(callback.as_str()).send().await.unwrap();
+    let binding = set_cookie(&start, "warren_console_signin").expect("the sign-in is bound to this browser");
+    let set = start.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().to_string()).find(|c| c.starts_with("warren_console_signin=")).unwrap();
+    for attr in ["HttpOnly", "Secure", "SameSite=Lax"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    Started { callback: browse_to(&location(&start), user, &idp.redirect).await, binding }
+}
+
+/// Signs `user` in through the console: the session cookie (`name=value`),
+/// the callback URL the browser was sent to, and its binding cookie.
+async fn sign_in(console: &ConsoleServer, idp: &Idp, user: &str) -> (String, String, String) {
+    let http = client();
+    let started = start(&http, console, idp, user).await;
+    let done = http.get(started.callback.as_str()).header("cookie", &started.binding).send().await.unwrap();
     assert_eq!((done.status().as_u16(), location(&done).as_str()), (303, "/"), "signed in and sent back");
     let set = done.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
     for attr in ["HttpOnly", "Secure", "SameSite=Lax"] {
         assert!(set.contains(attr), "{set}");
     }
-    (set.split(';').next().unwrap().to_string(), callback.to_string())
+    (set.split(';').next().unwrap().to_string(), started.callback.to_string(), started.binding)
 }
 
 #[tokio::test]
@@ -187,13 +231,13 @@ async fn the_console_signs_in_shows_who_and_signs_out_only_with_its_csrf_token()
     assert_eq!((anonymous.status().as_u16(), location(&anonymous).as_str()), (303, "/signin?return=%2F"));
     let csp = anonymous.headers().get("content-security-policy").unwrap().to_str().unwrap();
     assert!(csp.starts_with("default-src 'none'") && !csp.contains("unsafe-inline"), "{csp}");
-    let (cookie, callback) = sign_in(&console, &idp, "ada").await;
+    let (cookie, callback, binding) = sign_in(&console, &idp, "ada").await;
     let page = http.get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(page.status(), 200);
     let body = page.text().await.unwrap();
     assert!(body.contains("ada@example.test") && body.contains("platform-admins"), "{body}");
-    // The callback once more (a replayed state): refused, no session.
-    let replay = http.get(&callback).send().await.unwrap();
+    // The callback once more (a replayed state), from the same browser: refused, no session.
+    let replay = http.get(&callback).header("cookie", &binding).send().await.unwrap();
     assert_eq!(replay.status(), 400);
     assert!(replay.headers().get("set-cookie").is_none());
     // Sign-out without the form's token, or with another: refused, still signed in.
@@ -215,7 +259,7 @@ async fn claims_carrying_markup_render_inert() {
     let (listener, base) = console_listener().await;
     let idp = Idp::start_for(&format!("{base}/callback"));
     let console = serve(listener, base, idp.config());
-    let (cookie, _) = sign_in(&console, &idp, "mallory").await;
+    let (cookie, _, _) = sign_in(&console, &idp, "mallory").await;
     let body = client().get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
     assert!(body.contains("&lt;img src=x onerror=alert(1)&gt;@example.test") && body.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{body}");
     assert!(!body.contains("<img") && !body.contains("<script"), "{body}");
@@ -227,19 +271,144 @@ async fn only_the_allowed_groups_sign_in() {
     let idp = Idp::start_for(&format!("{base}/callback"));
     let console = serve_for(listener, base, idp.config(), vec!["platform-admins".into()]);
     let http = client();
-    let start = http.get(format!("{}/signin", console.base)).send().await.unwrap();
-    let callback = browse_to(&location(&start), "bob", &idp.redirect).await;
-    let refused = http.get(callback.as_str()).send().await.unwrap();
+    let started = start(&http, &console, &idp, "bob").await;
+    let refused = http.get(started.callback.as_str()).header("cookie", &started.binding).send().await.unwrap();
     assert_eq!(refused.status(), 403, "bob is in team-a only");
     assert!(refused.headers().get("set-cookie").is_none(), "no session");
     sign_in(&console, &idp, "ada").await;
 }
 
 #[tokio::test]
+async fn an_attackers_callback_link_opened_in_another_browser_signs_nobody_in() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve(listener, base, idp.config());
+    // The attacker begins sign-ins in their own browser and signs in at the provider as
+    // themselves, then sends the callback links (login CSRF) instead of opening them.
+    let attacker = client();
+    let traps = [start(&attacker, &console, &idp, "mallory").await, start(&attacker, &console, &idp, "mallory").await];
+    // The victim's browser: once with a binding cookie of its own (it began a sign-in), once without any.
+    let victim = client();
+    let own = start(&victim, &console, &idp, "ada").await;
+    for (trap, cookie) in traps.iter().zip([Some(own.binding.as_str()), None]) {
+        let mut r = victim.get(trap.callback.as_str());
+        if let Some(c) = cookie {
+            r = r.header("cookie", c);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 400, "{cookie:?}");
+        assert!(set_cookie(&r, "warren_console").is_none(), "no session for the victim");
+        assert!(r.text().await.unwrap().contains("started in another browser"));
+    }
+    // The same kind of link works in the browser that began it, and the victim's own sign-in still does.
+    let control = start(&attacker, &console, &idp, "mallory").await;
+    let mine = attacker.get(control.callback.as_str()).header("cookie", &control.binding).send().await.unwrap();
+    assert_eq!(mine.status(), 303, "the attacker's link signs in only the attacker's browser");
+    let theirs = victim.get(own.callback.as_str()).header("cookie", &own.binding).send().await.unwrap();
+    assert!(set_cookie(&theirs, "warren_console").is_some(), "{}", theirs.status());
+}
+
+#[tokio::test]
+async fn a_flood_of_sign_ins_from_one_address_does_not_evict_another_addresss() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve(listener, base, idp.config());
+    // A user begins signing in from one address...
+    let user = client_from("127.0.0.2");
+    let started = user.get(format!("{}/signin", console.base)).send().await.unwrap();
+    let (authorize, binding) = (location(&started), set_cookie(&started, "warren_console_signin").unwrap());
+    // ...while another address starts more sign-ins than the console holds in all.
+    let flood = client_from("127.0.0.3");
+    for _ in 0..warren_api_gateway::console::session::MAX_SIGN_INS + 100 {
+        assert_eq!(flood.get(format!("{}/signin", console.base)).send().await.unwrap().status(), 303);
+    }
+    let callback = browse_to(&authorize, "bob", &idp.redirect).await;
+    let done = user.get(callback.as_str()).header("cookie", &binding).send().await.unwrap();
+    assert_eq!(done.status(), 303, "the user's sign-in survived the flood");
+    assert!(set_cookie(&done, "warren_console").is_some());
+}
+
+/// Whether the callback `started` leads to signs its browser in: the status and page.
+async fn finish(http: &reqwest::Client, started: &Started) -> (u16, Option<String>, String) {
+    let r = http.get(started.callback.as_str()).header("cookie", &started.binding).send().await.unwrap();
+    let session = set_cookie(&r, "warren_console");
+    (r.status().as_u16(), session, r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn an_unverified_email_or_a_system_group_from_the_provider_is_not_a_cluster_identity() {
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let console = serve(listener, base, idp.config());
+    let http = client();
+    // eve typed ada's address at the provider, which never verified it.
+    let (status, session, page) = finish(&http, &start(&http, &console, &idp, "eve").await).await;
+    assert_eq!((status, session), (403, None), "{page}");
+    assert!(page.contains("does not say the email address is verified"), "{page}");
+    // root's provider groups include system:masters: dropped, the others kept.
+    let (cookie, _, _) = sign_in(&console, &idp, "root").await;
+    let account = http.get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    assert!(account.contains("root@example.test") && account.contains("team-a") && !account.contains("system:"), "{account}");
+}
+
+#[tokio::test]
+async fn usernames_from_other_claims_are_prefixed_and_a_system_username_is_refused() {
+    // --console-oidc-username-claim=sub, --console-oidc-groups-prefix=oidc: (the API server's default prefix for sub).
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let mut config = idp.config();
+    config.claims = ClaimMapping { username_claim: "sub".into(), groups_prefix: "oidc:".into(), ..ClaimMapping::default() };
+    let console = serve(listener, base, config);
+    let (cookie, _, _) = sign_in(&console, &idp, "bob").await;
+    let account = client().get(format!("{}/account", console.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    assert!(account.contains(&format!("{}#bob", idp.issuer)) && account.contains("oidc:team-a"), "{account}");
+    // preferred_username without a prefix: root's "system:admin" would be a Kubernetes system user.
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let mut config = idp.config();
+    config.claims = ClaimMapping { username_claim: "preferred_username".into(), username_prefix: Some("-".into()), ..ClaimMapping::default() };
+    let console = serve(listener, base, config);
+    let http = client();
+    let (status, session, page) = finish(&http, &start(&http, &console, &idp, "root").await).await;
+    assert_eq!((status, session), (403, None), "{page}");
+    assert!(page.contains("Kubernetes system name"), "{page}");
+}
+
+#[tokio::test]
+async fn a_group_removed_at_the_provider_stops_counting_within_the_recheck_interval() {
+    let recheck = Duration::from_secs(2);
+    let (listener, base) = console_listener().await;
+    let idp = Idp::start_for(&format!("{base}/callback"));
+    let settings = warren_api_gateway::console::app::Settings { recheck, ..Default::default() };
+    let console = serve_with(listener, base, idp.config(), vec!["team-a".into(), "team-b".into()], settings);
+    let http = client();
+    let account = |cookie: String| {
+        let (http, url) = (http.clone(), format!("{}/account", console.base));
+        async move { http.get(url).header("cookie", cookie).send().await.unwrap() }
+    };
+    let (cookie, _, _) = sign_in(&console, &idp, "bob").await;
+    // An admin moves bob from team-a to team-b at the provider.
+    idp.set_groups("bob", &["team-b"]).await;
+    tokio::time::sleep(recheck + Duration::from_millis(500)).await;
+    let stale = account(cookie).await;
+    assert_eq!((stale.status().as_u16(), location(&stale).as_str()), (303, "/signin?return=%2Faccount"), "the session's team-a is no longer used");
+    // Signing in again (at once while the provider's own session lasts) reads the groups anew.
+    let (cookie, _, _) = sign_in(&console, &idp, "bob").await;
+    let page = account(cookie.clone()).await.text().await.unwrap();
+    assert!(page.contains("team-b") && !page.contains("team-a"), "{page}");
+    // Removed from every allowed group: after the interval the console refuses him.
+    idp.set_groups("bob", &[]).await;
+    tokio::time::sleep(recheck + Duration::from_millis(500)).await;
+    assert_eq!(account(cookie).await.status(), 303, "his session ended");
+    let (status, session, _) = finish(&http, &start(&http, &console, &idp, "bob").await).await;
+    assert_eq!((status, session), (403, None), "and the provider's answer no longer lets him in");
+}
+
+#[tokio::test]
 async fn a_provider_that_is_down_gets_a_clear_page() {
     let (listener, base) = console_listener().await;
     let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let config = ProviderConfig { issuer: format!("http://127.0.0.1:{closed}"), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: format!("{base}/callback") };
+    let config = ProviderConfig { issuer: format!("http://127.0.0.1:{closed}"), client_id: "warren-console".into(), client_secret: SECRET.into(), redirect_uri: format!("{base}/callback"), claims: ClaimMapping::default() };
     let console = serve(listener, base, config);
     let r = client().get(format!("{}/signin", console.base)).send().await.unwrap();
     assert_eq!(r.status(), 503);

@@ -140,25 +140,64 @@ fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
     out
 }
 
+/// Two gateways sharing a PostgreSQL record database and a signing key
+/// (a file of their own user's only, as the chart's Secret is), and an agent.
+struct Replicas {
+    a: Gateway,
+    b: Gateway,
+    pg_url: String,
+    _agent: Agent,
+    _pg: warren_e2e::services::Postgres,
+    _dir: tempfile::TempDir,
+}
+
+impl Replicas {
+    async fn start() -> Replicas {
+        use std::os::unix::fs::PermissionsExt as _;
+        use warren_e2e::services::{Postgres, PG_PASSWORD};
+        let pg = Postgres::start().unwrap();
+        let url = format!("postgres://agent:{PG_PASSWORD}@127.0.0.1:{}/app", pg.port);
+        let dir = tempfile::tempdir().unwrap();
+        let signing = dir.path().join("signing.key");
+        std::fs::write(&signing, "k".repeat(64)).unwrap();
+        std::fs::set_permissions(&signing, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let agent = Agent::start(&[]).await.unwrap();
+        let (agents, args) = ([agent.address()], ["--records", url.as_str(), "--files-signing-key-file", signing.to_str().unwrap()]);
+        let (a, b) = tokio::join!(Gateway::start(&agents, &args, true), Gateway::start(&agents, &args, true));
+        Replicas { a: a.unwrap(), b: b.unwrap(), pg_url: url, _agent: agent, _pg: pg, _dir: dir }
+    }
+}
+
+/// A sandbox of key `name` created through `gw` with `body`: (id, access token).
+fn create(gw: &Gateway, name: &str, body: &serde_json::Value) -> (String, String) {
+    let created = request(gw.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &alias(name)), ("Content-Type", "application/json")], body.to_string().as_bytes());
+    assert_eq!(created.status, 201, "{}", created.text());
+    let v = created.json();
+    (v["sandboxID"].as_str().unwrap().to_string(), v["envdAccessToken"].as_str().unwrap().to_string())
+}
+
+/// Runs `script` with bash in sandbox `id` through `gw`'s data plane (envd's
+/// `Process/Start`, raw): the events of its stream.
+fn run_in(gw: &Gateway, id: &str, token: &str, script: &str) -> Vec<(u8, serde_json::Value)> {
+    let start = serde_json::to_vec(&serde_json::json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", script]}, "stdin": false})).unwrap();
+    let mut framed = vec![0, 0, 0, 0, 0];
+    framed[1..5].copy_from_slice(&(start.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&start);
+    let data_plane = [("Content-Type", "application/connect+json"), ("E2b-Sandbox-Id", id), ("X-Access-Token", token)];
+    envelopes(&request(gw.addr, "POST", "/process.Process/Start", &data_plane, &framed).body)
+}
+
 /// Two gateways sharing a PostgreSQL record database and a signing key:
 /// a sandbox created through one is seen, used and killed through the
 /// other (the records are the registry; the access token verifies on both),
 /// and another key gets "not found" for it on either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
-    use warren_e2e::services::{Postgres, PG_PASSWORD};
     if skip_unless_root("e2b_sandboxes_live_in_postgresql_for_every_replica") {
         return;
     }
-    let pg = Postgres::start().unwrap();
-    let url = format!("postgres://agent:{PG_PASSWORD}@127.0.0.1:{}/app", pg.port);
-    let dir = tempfile::tempdir().unwrap();
-    let signing = dir.path().join("signing.key");
-    std::fs::write(&signing, "k".repeat(64)).unwrap();
-    let agent = Agent::start(&[]).await.unwrap();
-    let (agents, args) = ([agent.address()], ["--records", url.as_str(), "--files-signing-key-file", signing.to_str().unwrap()]);
-    let (a, b) = tokio::join!(Gateway::start(&agents, &args, true), Gateway::start(&agents, &args, true));
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let r = Replicas::start().await;
+    let (a, b) = (&r.a, &r.b);
     let (mine, theirs) = (alias("thr"), alias("thr2"));
     let created = request(a.addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &mine), ("Content-Type", "application/json")], br#"{"templateID": "threads", "metadata": {"suite": "pg"}}"#);
     assert_eq!(created.status, 201, "{}", created.text());
@@ -179,7 +218,7 @@ async fn e2b_sandboxes_live_in_postgresql_for_every_replica() {
     assert!(events.iter().any(|(_, e)| e["event"]["data"]["stdout"] == "ZnJvbS1iCg=="), "{events:?}"); // "from-b\n"
     assert!(events.iter().any(|(_, e)| e["event"]["end"]["exitCode"] == 2), "{events:?}");
     assert_eq!(events.last().map(|e| (e.0, e.1.clone())), Some((2, serde_json::json!({}))), "{events:?}");
-    for gw in [&a, &b] {
+    for gw in [a, b] {
         assert_eq!(request(gw.addr, "GET", &format!("/sandboxes/{id}"), &[("X-API-KEY", &theirs)], b"").status, 404);
         assert_eq!(request(gw.addr, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-KEY", &theirs)], b"").status, 404);
     }
@@ -248,4 +287,123 @@ async fn a_sandbox_with_auto_pause_is_paused_at_its_timeout_and_keeps_its_home()
     assert_eq!((resumed.status, info().json()["state"].as_str().map(str::to_string)), (200, Some("running".into())), "{}", resumed.text());
     let back = request(gw.addr, "GET", "/files?path=kept.txt", &data_plane, b"");
     assert_eq!((back.status, back.text()), (200, "home".to_string()));
+}
+
+/// The attack: a PostgreSQL dump (or a reader of the records) looking for a
+/// sandbox's variables, often credentials. They are stored sealed; a command
+/// run through the other replica still gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_variables_are_sealed_in_postgresql_and_reach_commands_through_every_replica() {
+    if skip_unless_root("environment_variables_are_sealed_in_postgresql_and_reach_commands_through_every_replica") {
+        return;
+    }
+    const CANARY: &str = "pg-canary-5b7e0c91d2";
+    let r = Replicas::start().await;
+    let (id, token) = create(&r.a, "thr", &serde_json::json!({"templateID": "threads", "envVars": {"API_TOKEN": CANARY}}));
+    // The command proves it has the value without printing it (its output is recorded too).
+    let events = run_in(&r.b, &id, &token, "printf %s \"$API_TOKEN\" | sha256sum | cut -c1-64");
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let digest: String = sha2::Sha256::digest(CANARY.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let out = base64::engine::general_purpose::STANDARD.encode(format!("{digest}\n"));
+    assert!(events.iter().any(|(_, e)| e["event"]["data"]["stdout"] == out.as_str()), "{events:?}");
+    let dump = Command::new("pg_dump").args(["--data-only", r.pg_url.as_str()]).output().unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains(&id), "the dump holds the sandbox's row: {dump}");
+    assert!(!dump.contains(CANARY), "the records hold the variable in plaintext");
+}
+
+/// The attack: creates fired at once through two replicas against a key
+/// allowed 2 sandboxes (`few`), each replica counting before either
+/// stores. The count and the insert are one step under a lock PostgreSQL
+/// holds for both: exactly 2 are made, the rest told the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_racing_through_two_replicas_never_pass_max_threads() {
+    if skip_unless_root("creates_racing_through_two_replicas_never_pass_max_threads") {
+        return;
+    }
+    let r = Replicas::start().await;
+    let go = std::sync::Arc::new(std::sync::Barrier::new(12));
+    let calls: Vec<_> = (0..12)
+        .map(|i| {
+            let (addr, go, key) = (if i % 2 == 0 { r.a.addr } else { r.b.addr }, go.clone(), alias("few"));
+            std::thread::spawn(move || {
+                go.wait();
+                request(addr, "POST", "/v2/sandboxes", &[("X-API-KEY", &key), ("Content-Type", "application/json")], br#"{"templateID": "threads"}"#)
+            })
+        })
+        .collect();
+    let answers: Vec<_> = calls.into_iter().map(|t| t.join().unwrap()).collect();
+    let created = answers.iter().filter(|a| a.status == 201).count();
+    assert_eq!(created, 2, "{:?}", answers.iter().map(|a| (a.status, a.text())).collect::<Vec<_>>());
+    assert!(answers.iter().filter(|a| a.status != 201).all(|a| a.status == 429 && a.text().contains("maxThreads")));
+    let listed = request(r.b.addr, "GET", "/v2/sandboxes", &[("X-API-KEY", &alias("few"))], b"").json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+}
+
+const MIB: usize = 1 << 20;
+
+/// An upload the gateway holds whole (chunked: no Content-Length) of `mib`
+/// MiB to sandbox `id`: ended when `finish`, else left stalled, the
+/// connection open. The gateway's answer.
+fn held_upload(addr: std::net::SocketAddr, id: &str, token: &str, mib: usize, finish: bool) -> warren_e2e::http::Response {
+    use std::io::Write as _;
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /files?path=held.bin HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n\
+         Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    let mut w = s.try_clone().unwrap();
+    // Written on its own thread: a refusal comes while it still sends.
+    let writer = std::thread::spawn(move || {
+        let chunk = [format!("{MIB:x}\r\n").into_bytes(), vec![b'u'; MIB], b"\r\n".to_vec()].concat();
+        let sent = w.write_all(head.as_bytes()).is_ok() && (0..mib).all(|_| w.write_all(&chunk).is_ok());
+        if sent && finish {
+            let _ = w.write_all(b"0\r\n\r\n");
+        }
+    });
+    let answer = warren_e2e::http::read_response(s).expect("the gateway answers");
+    let _ = writer.join();
+    answer
+}
+
+/// The attack: many uploads the gateway must hold whole (here 32 of 12 MiB,
+/// through two keys), each stalling once sent — 384 MiB held before. The
+/// gateway holds them within its upload budget (64 MiB, each byte counted
+/// twice, a key at most half): the excess are refused with 429 and a retry,
+/// the stalled ones are cut (408) once silent for the body timeout, their
+/// memory returned — a full upload goes through after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_held_uploads_stay_within_the_gateways_budget_and_are_cut() {
+    if skip_unless_root("stalled_held_uploads_stay_within_the_gateways_budget_and_are_cut") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &["--upload-budget-mib", "64", "--body-timeout-ms", "2000"], true).await.unwrap();
+    let sandboxes = [create(&gw, "thr", &serde_json::json!({"templateID": "threads"})), create(&gw, "thr2", &serde_json::json!({"templateID": "threads"}))];
+    let addr = gw.addr;
+    let uploads: Vec<_> = (0..32)
+        .map(|i| {
+            let (id, token) = sandboxes[i % 2].clone();
+            std::thread::spawn(move || held_upload(addr, &id, &token, 12, false))
+        })
+        .collect();
+    let answers: Vec<_> = uploads.into_iter().map(|t| t.join().unwrap()).collect();
+    let peak = gw.peak_rss();
+    eprintln!("gateway peak RSS with 32 stalled 12 MiB uploads and a 64 MiB budget: {} MiB", peak >> 20);
+    let (refused, cut): (Vec<_>, Vec<_>) = answers.iter().partition(|a| a.status == 429);
+    for a in &refused {
+        assert_eq!(a.header("retry-after"), Some("1"), "{}", a.text());
+        assert!(a.text().contains("upload memory"), "{}", a.text());
+    }
+    assert!(!refused.is_empty() && !cut.is_empty(), "some held, the excess refused");
+    for a in &cut {
+        assert_eq!(a.status, 408, "{}", a.text());
+        assert!(a.text().contains("stopped arriving"), "{}", a.text());
+    }
+    assert!(peak < 200 * MIB as u64, "the gateway's memory stayed near its budget: peak {} MiB", peak >> 20);
+    let (id, token) = &sandboxes[0];
+    let whole = held_upload(addr, id, token, 8, true);
+    assert_eq!(whole.status, 200, "the memory came back: {}", whole.text());
 }

@@ -1,22 +1,24 @@
-//! The console's HTTP side, served on its own listener: sign-in with the
-//! identity provider, sessions, sign-out, the embedded assets, and the
+//! The console's HTTP side, served on its own listener: its state, its
+//! routes (sign-in in [`super::signin`]), the embedded assets, and the
 //! pages behind a session. Every answer carries the security headers; a
-//! request without a live session is sent to sign in; a provider that is
-//! down gets a clear page (and the execute API never waits on it).
+//! request without a live session is sent to sign in, without its body
+//! being read ([`super::body`]); a provider that is down gets a clear page
+//! (and the execute API never waits on it).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::access::Access;
+use super::body::{self, Form, SMALL_FORM};
+use super::client::TrustedProxies;
 use super::html::{self, Html, SECURITY_HEADERS};
 use super::link::LocalLink;
 use super::oidc::Identity;
@@ -26,8 +28,6 @@ use crate::state::AppState;
 
 const CSS: &str = include_str!("console.css");
 const JS: &str = include_str!("console.js");
-/// Longest form body read (sign-out carries one token).
-const MAX_FORM_BYTES: usize = 4096;
 
 /// How users sign in.
 pub enum SignIn {
@@ -53,26 +53,52 @@ impl std::fmt::Debug for SignIn {
     }
 }
 
+/// The console's bounds and trust (the gateway's flags).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Longest wait for a form's body once its headers arrived.
+    pub body_timeout: Duration,
+    /// With a provider, how long a sign-in's identity (groups included)
+    /// is used before the browser is sent through the provider again: a
+    /// group removed there stops counting within this time.
+    pub recheck: Duration,
+    /// Proxies whose `X-Forwarded-For` names the client (sign-ins under
+    /// way are bounded per client).
+    pub trusted_proxies: TrustedProxies,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings { body_timeout: Duration::from_secs(30), recheck: Duration::from_secs(900), trusted_proxies: TrustedProxies::default() }
+    }
+}
+
 /// The console's state: how users sign in (the provider is discovered on
 /// first use, so a provider that is down at start does not stop the
 /// gateway), sessions, who may see what, and the gateway it shows.
 pub struct Console {
-    sign_in: SignIn,
+    pub(super) sign_in: SignIn,
     provider: OnceCell<Arc<Provider>>,
     pub(super) sessions: Sessions,
     pub(super) access: Access,
     /// The gateway's keys, records and nodes (`None`: sign-in only).
     pub(super) warren: Option<AppState>,
+    pub(super) settings: Settings,
 }
 
 impl Console {
     /// A console signing users in by `sign_in`, deciding with `access`,
-    /// showing `warren`.
+    /// showing `warren`, with the default [`Settings`].
     pub fn new(sign_in: SignIn, access: Access, warren: Option<AppState>) -> Arc<Console> {
-        Arc::new(Console { sign_in, provider: OnceCell::new(), sessions: Sessions::default(), access, warren })
+        Console::with(sign_in, access, warren, Settings::default())
     }
 
-    async fn provider(&self) -> Result<&Arc<Provider>, Response> {
+    /// The same with `settings`.
+    pub fn with(sign_in: SignIn, access: Access, warren: Option<AppState>, settings: Settings) -> Arc<Console> {
+        Arc::new(Console { sign_in, provider: OnceCell::new(), sessions: Sessions::default(), access, warren, settings })
+    }
+
+    pub(super) async fn provider(&self) -> Result<&Arc<Provider>, Response> {
         let SignIn::Oidc { config, .. } = &self.sign_in else { return Err(not_found_page()) };
         self.provider.get_or_try_init(|| async { Provider::discover(config.clone()).await.map(Arc::new) }).await.map_err(|e| {
             tracing::warn!(error = %e, "console: the identity provider cannot be used");
@@ -80,8 +106,9 @@ impl Console {
         })
     }
 
-    /// The live session of this request, if any.
-    fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
+    /// The live session of this request, if any (one whose identity is due
+    /// for a re-check at the provider has ended).
+    pub(super) fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
         let cookie = headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).find_map(session::cookie_value)?;
         let s = self.sessions.get(cookie, Instant::now())?;
         Some((cookie.to_string(), s))
@@ -99,14 +126,23 @@ impl Console {
         }
     }
 
-    fn start_session(&self, identity: Identity, return_to: &str) -> Response {
+    /// A session for `identity`, sent on to `return_to`. With a provider it
+    /// lasts the re-check interval: then the browser signs in again and
+    /// the provider says anew who the user is and in which groups.
+    pub(super) fn start_session(&self, identity: Identity, return_to: &str) -> Response {
         tracing::info!(user = %identity.user, "console: signed in");
-        let (id, _) = self.sessions.create(identity, random::<2>(), Instant::now());
+        let ttl = match self.sign_in {
+            SignIn::Oidc { .. } => self.settings.recheck,
+            SignIn::Link(_) => session::SESSION_TTL,
+        };
+        let (id, _) = self.sessions.create(identity, random::<2>(), Instant::now(), ttl);
         see_other(return_to, Some(session::set_cookie(&id)))
     }
 }
 
-/// The console's routes.
+/// The console's routes. Every request carrying a body passes the
+/// session [`body::gate`] first; a response sent before its request's body
+/// was read closes the connection.
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(super::pages::overview))
@@ -128,13 +164,18 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/files/{namespace}/{key}/{source}/{id}/remove", post(super::files::remove))
         .route("/sandboxes", get(super::pages::sandboxes))
         .route("/account", get(account))
-        .route("/signin", get(sign_in))
-        .route("/signin/link/{token}", get(sign_in_link))
-        .route("/callback", get(callback))
+        .route("/signin", get(super::signin::sign_in))
+        .route("/signin/link/{token}", get(super::signin::sign_in_link))
+        .route("/callback", get(super::signin::callback))
         .route("/signout", post(sign_out))
         .route("/assets/console.css", get(css))
         .route("/assets/console.js", get(js))
         .fallback(not_found)
+        // Only for an extractor reading the body whole without a bound of
+        // its own; the console's own ([`Form`], [`body::read`]) bound per route.
+        .layer(DefaultBodyLimit::max(SMALL_FORM))
+        .layer(axum::middleware::from_fn_with_state(console.clone(), body::gate))
+        .layer(axum::middleware::from_fn(crate::unread::close_when_unread))
         .with_state(console)
         .layer(axum::middleware::map_response(secure))
 }
@@ -160,7 +201,7 @@ pub(super) fn see_other(location: &str, cookie: Option<String>) -> Response {
     r
 }
 
-fn random<const N: usize>() -> [[u8; 32]; N] {
+pub(super) fn random<const N: usize>() -> [[u8; 32]; N] {
     std::array::from_fn(|_| {
         let mut b = [0u8; 32];
         rand::fill(&mut b);
@@ -199,94 +240,16 @@ async fn account(State(c): State<Arc<Console>>, headers: HeaderMap, uri: axum::h
     page(StatusCode::OK, "Account", Some(&s), &body)
 }
 
-#[derive(Deserialize)]
-struct SignInQuery {
-    #[serde(default, rename = "return")]
-    return_to: Option<String>,
-}
-
-/// Starts a sign-in at the provider (or, on one machine, says where the link is).
-async fn sign_in(State(c): State<Arc<Console>>, Query(q): Query<SignInQuery>) -> Response {
-    if let SignIn::Link(_) = c.sign_in {
-        let body = Html::text("Open the one-time sign-in link that scripts/run-local.sh printed, or read the current one from the gateway's --console-link-file.");
-        return page(StatusCode::OK, "Sign in", None, &body);
-    }
-    let provider = match c.provider().await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let started = c.sessions.begin(q.return_to.as_deref().unwrap_or("/"), random::<3>(), Instant::now());
-    see_other(&provider.authorization_url(&started), None)
-}
-
-#[derive(Deserialize)]
-struct CallbackQuery {
-    #[serde(default)]
-    state: Option<String>,
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-/// The provider's answer: the code exchanged, the token checked, a session.
-async fn callback(State(c): State<Arc<Console>>, Query(q): Query<CallbackQuery>) -> Response {
-    let again = |status, why: &str| {
-        let mut body = Html::text(why);
-        body.push_markup(" <a href=\"/signin\">Sign in again</a>.");
-        page(status, "Not signed in", None, &body)
-    };
-    let Some(sign_in) = q.state.as_deref().and_then(|s| c.sessions.finish(s, Instant::now())) else {
-        return again(StatusCode::BAD_REQUEST, "This sign-in is unknown, was already used, or took too long.");
-    };
-    let (Some(code), None) = (q.code.as_deref(), q.error.as_deref()) else {
-        return again(StatusCode::UNAUTHORIZED, "The identity provider did not sign you in.");
-    };
-    let provider = match c.provider().await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-    match provider.exchange(code, &sign_in, now).await {
-        Ok(identity) if !c.allows(&identity) => {
-            tracing::warn!(user = %identity.user, "console: signed in at the provider, but in none of the allowed groups");
-            page(StatusCode::FORBIDDEN, "Not allowed", None, &Html::text("Your account is not in a group allowed to use this console."))
-        }
-        Ok(identity) => c.start_session(identity, &sign_in.return_to),
-        Err(e) => {
-            tracing::warn!(error = %e, "console: a sign-in was refused");
-            again(StatusCode::UNAUTHORIZED, "The sign-in could not be verified.")
-        }
-    }
-}
-
-/// Single-machine mode: the local admin's one-time link.
-async fn sign_in_link(State(c): State<Arc<Console>>, axum::extract::Path(token): axum::extract::Path<String>) -> Response {
-    match &c.sign_in {
-        SignIn::Link(link) if link.redeem(&token) => c.start_session(super::link::local_admin(), "/"),
-        SignIn::Link(_) => page(StatusCode::FORBIDDEN, "Not signed in", None, &Html::text("This sign-in link was already used or is not valid. Read the current one from the gateway's --console-link-file.")),
-        SignIn::Oidc { .. } => not_found_page(),
-    }
-}
-
-impl Console {
-    /// Whether `who` is in a group allowed to sign in.
-    fn allows(&self, who: &Identity) -> bool {
-        match &self.sign_in {
-            SignIn::Oidc { allowed_groups, .. } => allowed_groups.is_empty() || who.groups.iter().any(|g| allowed_groups.contains(g)),
-            SignIn::Link(_) => true,
-        }
-    }
-}
-
-/// True when the form `body` carries the session's CSRF token.
+/// True when the form `body` carries the session's CSRF token. The body
+/// was bounded by its route when it was read; its size is no reason to
+/// refuse it here.
 pub(super) fn csrf_ok(s: &Session, body: &Bytes) -> bool {
-    let token = (body.len() <= MAX_FORM_BYTES).then(|| url::form_urlencoded::parse(body).find(|(k, _)| k == "csrf").map(|(_, v)| v.into_owned())).flatten();
+    let token = url::form_urlencoded::parse(body).find(|(k, _)| k == "csrf").map(|(_, v)| v.into_owned());
     token.is_some_and(|t| s.csrf_ok(&t))
 }
 
 /// Ends the session; the form must carry the session's CSRF token.
-async fn sign_out(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn sign_out(State(c): State<Arc<Console>>, headers: HeaderMap, Form(body): Form<SMALL_FORM>) -> Response {
     let Some((id, s)) = c.session(&headers) else { return see_other("/signin", Some(session::clear_cookie())) };
     if !csrf_ok(&s, &body) {
         return page(StatusCode::FORBIDDEN, "Refused", Some(&s), &Html::text("This form did not come from your console session."));

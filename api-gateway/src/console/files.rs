@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -16,6 +16,7 @@ use serde::Deserialize;
 use warren_config::EffectiveKey;
 
 use super::app::{csrf_ok, not_found_page, page, see_other, Console};
+use super::body::{Form, SMALL_FORM};
 use super::html::{table, Html};
 use super::pages::Viewer;
 use crate::files::FileAccess;
@@ -133,7 +134,7 @@ pub(super) async fn download(State(c): State<Arc<Console>>, headers: HeaderMap, 
 }
 
 /// Deletes a thread (its home, everywhere): a write.
-pub(super) async fn delete_thread(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Bytes) -> Response {
+pub(super) async fn delete_thread(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, Form(body): Form<SMALL_FORM>) -> Response {
     if source != "thread" {
         return not_found_page();
     }
@@ -177,7 +178,8 @@ fn upload_form(base: &str, csrf: &str) -> Html {
 }
 
 /// Stores the form's file (a write): bounded by the key's upload limit and
-/// [`UPLOAD_MAX`], read whole before anything is stored.
+/// [`UPLOAD_MAX`], read whole (within a deadline) before anything is
+/// stored, and only once the user's session and RBAC allow the upload.
 pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Body) -> Response {
     let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "patch").await {
         Ok(ok) => ok,
@@ -191,8 +193,14 @@ pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, ur
     let Some(boundary) = headers.get(header::CONTENT_TYPE).and_then(|t| t.to_str().ok()).and_then(super::multipart::boundary) else {
         return bad(&v, "Send the upload form as multipart/form-data.");
     };
-    let Ok(body) = axum::body::to_bytes(body, (max + FORM_OVERHEAD) as usize).await else {
+    if headers.get(header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok()).is_some_and(|l| l > max + FORM_OVERHEAD) {
         return page(StatusCode::PAYLOAD_TOO_LARGE, "Files", Some(&v.session), &Html::text(&format!("The console takes files of at most {max} bytes here; use the Files API for larger ones.")));
+    }
+    // The deadline grows with the bound: a floor of 1 MiB/s after the form's own.
+    let deadline = c.settings.body_timeout + std::time::Duration::from_secs(max >> 20);
+    let body = match super::body::read(&headers, body, (max + FORM_OVERHEAD) as usize, deadline).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let parts = match super::multipart::parse(&body, &boundary) {
         Ok(p) => p,
@@ -215,7 +223,7 @@ pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, ur
 }
 
 /// Deletes one file (a write).
-pub(super) async fn remove(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, body: Bytes) -> Response {
+pub(super) async fn remove(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((ns, key, source, id)): Path<Place>, Form(body): Form<SMALL_FORM>) -> Response {
     let (v, k) = match c.files_of(&headers, &uri, &ns, &key, "patch").await {
         Ok(ok) => ok,
         Err(r) => return r,

@@ -11,8 +11,10 @@
 //!   delivery `console` with the user;
 //! - [`provider`]: the identity provider over HTTP (discovery, keys, the
 //!   authorization request, the code exchange), bounded;
-//! - [`session`]: sign-ins under way (single-use state), sessions, CSRF
-//!   tokens, cookies, return paths that stay inside the console;
+//! - [`session`]: sign-ins under way (single-use state bound to the
+//!   browser, bounded per client), sessions, CSRF tokens, cookies, return
+//!   paths that stay inside the console;
+//! - `signin`: the sign-in's routes (start, callback, the local link);
 //! - `files`: a key's threads and managed volumes (list, download,
 //!   delete a thread), through the Files API's node calls;
 //! - [`html`]: pages escaped by construction, and the security headers;
@@ -27,6 +29,8 @@
 
 pub mod access;
 pub mod app;
+mod body;
+pub mod client;
 mod files;
 pub(crate) mod multipart;
 pub mod html;
@@ -38,5 +42,6 @@ mod playground;
 pub mod provider;
 pub mod query;
 pub mod session;
+mod signin;
 pub mod views;
 mod writes;

@@ -10,7 +10,9 @@
 //! - the issuer exactly, our client id among the audiences (and as `azp`
 //!   when there are several), not expired, not issued in the future, and
 //!   the nonce this browser's sign-in started with (compared in constant
-//!   time).
+//!   time);
+//! - who it names follows the API server's own OIDC rules ([`mapping`]):
+//!   a verified email only, prefixes, no `system:` names.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine as _;
@@ -18,6 +20,9 @@ use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+mod mapping;
+pub use mapping::ClaimMapping;
 
 /// Longest ID token read.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
@@ -170,6 +175,8 @@ pub struct Expected<'a> {
     pub now: i64,
     /// Clock skew tolerated either way, in seconds.
     pub leeway: i64,
+    /// How its claims name a user and groups.
+    pub mapping: &'a ClaimMapping,
 }
 
 /// Who signed in.
@@ -177,10 +184,10 @@ pub struct Expected<'a> {
 pub struct Identity {
     /// The provider's subject id.
     pub subject: String,
-    /// `email`, else `preferred_username`, else the subject: what the
-    /// console shows and the audit log records.
+    /// The username claim, prefixed ([`ClaimMapping`]): what RBAC is
+    /// asked about, the console shows and the audit log records.
     pub user: String,
-    /// `groups` (bounded), for RBAC.
+    /// The groups claim, prefixed, without `system:` names (bounded), for RBAC.
     pub groups: Vec<String>,
 }
 
@@ -195,12 +202,6 @@ struct Claims {
     nonce: Option<String>,
     #[serde(default)]
     azp: Option<String>,
-    #[serde(default)]
-    email: Option<String>,
-    #[serde(default)]
-    preferred_username: Option<String>,
-    #[serde(default)]
-    groups: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +236,9 @@ pub enum TokenError {
     /// The JWKS document.
     #[error("the provider's keys: {0}")]
     Keys(&'static str),
+    /// A valid token naming nobody the console may sign in.
+    #[error("{0}")]
+    Identity(&'static str),
 }
 
 /// Checks `token` against the provider's `keys` and what the sign-in
@@ -257,11 +261,16 @@ pub fn verify_id_token(token: &str, keys: &Jwks, want: &Expected<'_>) -> Result<
     if !key.verify(&token.as_bytes()[..h.len() + 1 + p.len()], &decode(s)?) {
         return Err(TokenError::Signature);
     }
-    let claims: Claims = serde_json::from_slice(&decode(p)?).map_err(|_| TokenError::Malformed)?;
-    check_claims(claims, want)
+    let payload = decode(p)?;
+    let claims: Claims = serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
+    check_claims(&claims, want)?;
+    // Read again as a map: the username and groups claims are configured.
+    let all: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
+    let user = want.mapping.username(want.issuer, &all)?;
+    Ok(Identity { subject: claims.sub, user, groups: want.mapping.groups(&all) })
 }
 
-fn check_claims(c: Claims, want: &Expected<'_>) -> Result<Identity, TokenError> {
+fn check_claims(c: &Claims, want: &Expected<'_>) -> Result<(), TokenError> {
     if c.iss != want.issuer {
         return Err(TokenError::Claim("issuer"));
     }
@@ -286,9 +295,7 @@ fn check_claims(c: Claims, want: &Expected<'_>) -> Result<Identity, TokenError> 
     if !nonce_ok {
         return Err(TokenError::Claim("nonce"));
     }
-    let groups = c.groups.into_iter().filter(|g| !g.is_empty() && g.len() <= MAX_GROUP_BYTES).take(MAX_GROUPS).collect();
-    let user = c.email.or(c.preferred_username).filter(|u| !u.is_empty() && u.len() <= 256).unwrap_or_else(|| c.sub.clone());
-    Ok(Identity { subject: c.sub, user, groups })
+    Ok(())
 }
 
 #[cfg(test)]

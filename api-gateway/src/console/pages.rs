@@ -1,8 +1,10 @@
 //! The pages behind a session: each asks who is signed in, which
 //! namespaces they may see (the cluster's RBAC, or everything for the
-//! local admin), and renders only those namespaces' objects and records.
-//! Another namespace's record answers like a missing one.
+//! local admin), and renders only those namespaces' objects and records
+//! (and of the nodes' warm images, only those their keys use). Another
+//! namespace's record answers like a missing one.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, RawQuery, State};
@@ -75,11 +77,26 @@ pub(super) async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap, 
         (Ok(h), Ok(d)) => (h, d),
         (Err(e), _) | (_, Err(e)) => return v.unavailable(e),
     };
-    let nodes: Vec<views::NodeFacts> = v.warren.service.nodes.all().iter().map(|n| facts(n)).collect();
+    let keys = v.keys();
+    let used = used_images(&keys);
+    let nodes: Vec<views::NodeFacts> = v.warren.service.nodes.all().iter().map(|n| facts(n, &used)).collect();
     v.page("Overview", &views::overview(&nodes, &hour, &day, now))
 }
 
-fn facts(n: &crate::nodes::Node) -> views::NodeFacts {
+/// The images the keys `v` may see use: references and pinned digests.
+/// A node's other warm images belong to tenants the user may not see.
+fn used_images(keys: &[Arc<warren_config::EffectiveKey>]) -> HashSet<&str> {
+    keys.iter().flat_map(|k| std::iter::once(k.image.as_str()).chain(k.image_digest.as_deref())).collect()
+}
+
+/// Whether a warm image (`reference`, maybe pinned `@sha256:…`, and its
+/// `digest`) is one of `used`.
+fn is_used(reference: &str, digest: &str, used: &HashSet<&str>) -> bool {
+    let unpinned = reference.split_once('@').map_or(reference, |(r, _)| r);
+    used.contains(reference) || used.contains(unpinned) || (!digest.is_empty() && used.contains(digest))
+}
+
+fn facts(n: &crate::nodes::Node, used: &HashSet<&str>) -> views::NodeFacts {
     let last = n.last_status().unwrap_or_default();
     views::NodeFacts {
         name: n.name(),
@@ -88,7 +105,7 @@ fn facts(n: &crate::nodes::Node) -> views::NodeFacts {
         running: last.running_executions,
         capacity: last.max_executions,
         cgroup: last.features.map_or(0, |f| f.cgroup_version),
-        images: last.images.into_iter().map(|i| i.reference).collect(),
+        images: last.images.into_iter().filter(|i| is_used(&i.reference, &i.digest, used)).map(|i| i.reference).collect(),
         warm: last.warm_sandboxes,
         warm_memory: last.warm_memory_bytes,
     }
@@ -239,4 +256,28 @@ pub(super) async fn sandboxes(State(c): State<Arc<Console>>, headers: HeaderMap,
     };
     let keys = v.keys();
     v.page("Sandboxes", &views::sandboxes(&keys.iter().map(|k| &**k).collect::<Vec<_>>()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_tenants_warm_images_are_not_listed_on_the_overview() {
+        let compiled = warren_config::compile(&[warren_config::Source {
+            file: "t.yaml",
+            text: "apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {name: a, namespace: team-a}\nspec: {image: \"registry.example/team-a/py:1\"}\n---\n\
+                   apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {name: k, namespace: team-a}\nspec: {sandboxRef: {name: a}, secretRef: {name: k}}\n---\n\
+                   apiVersion: v1\nkind: Secret\nmetadata: {name: k, namespace: team-a}\nstringData: {key: sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA}\n",
+        }]);
+        assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+        let mut keys: Vec<Arc<warren_config::EffectiveKey>> = compiled.keys.into_iter().map(Arc::new).collect();
+        Arc::make_mut(&mut keys[0]).image_digest = Some(format!("sha256:{}", "a".repeat(64)));
+        let used = used_images(&keys);
+        assert!(is_used("registry.example/team-a/py:1", "", &used));
+        assert!(is_used(&format!("registry.example/team-a/py:1@sha256:{}", "a".repeat(64)), "", &used), "pinned");
+        assert!(is_used("registry.example/team-a/py:2", &format!("sha256:{}", "a".repeat(64)), &used), "by its digest");
+        assert!(!is_used("registry.example/team-b/secret-project:7", &format!("sha256:{}", "b".repeat(64)), &used), "team-b's image is not team-a's to see");
+        assert!(!is_used("registry.example/team-b/x:1", "", &HashSet::new()), "a user who sees no key sees no image");
+    }
 }

@@ -8,17 +8,19 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
 use super::app::{csrf_ok, page, see_other, Console};
+use super::body::Form;
 use super::html::Html;
 use super::pages::Viewer;
 
-/// Largest playground form (the code is at most 1 MiB, form-encoded).
-const MAX_FORM: usize = 3 << 20;
+/// Largest playground form: the code is at most 1 MiB (the execute API's
+/// limit, [`warren_core::bounds::MAX_CODE_BYTES`]), and form-encoding at
+/// most triples it; the other fields are short.
+const MAX_FORM: usize = 3 * warren_core::bounds::MAX_CODE_BYTES + (16 << 10);
 /// Longest user name kept in the run's metadata (its values' limit).
 const MAX_USER: usize = 256;
 
@@ -65,15 +67,12 @@ pub(super) async fn form(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
 }
 
 /// Runs the form's code; the browser goes to the execution's page.
-pub(super) async fn run(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+pub(super) async fn run(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Form(body): Form<MAX_FORM>) -> Response {
     let v = match c.viewer(&headers, &uri).await {
         Ok(v) => v,
         Err(r) => return r,
     };
     let refuse = |status, why: &str| page(status, "Playground", Some(&v.session), &Html::text(why));
-    if body.len() > MAX_FORM {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "The code is too large (1 MiB at most).");
-    }
     if !csrf_ok(&v.session, &body) {
         return refuse(StatusCode::FORBIDDEN, "This form did not come from your console session.");
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::Deserialize;
 
-use super::oidc::{self, Expected, Identity, Jwks, TokenError};
+use super::oidc::{self, ClaimMapping, Expected, Identity, Jwks, TokenError};
 use super::session::{SignIn, Started};
 
 /// Longest answer read from the provider.
@@ -32,12 +32,14 @@ pub struct ProviderConfig {
     pub client_secret: String,
     /// `<console URL>/callback`, as registered.
     pub redirect_uri: String,
+    /// How the ID token's claims name a user and groups.
+    pub claims: ClaimMapping,
 }
 
 impl std::fmt::Debug for ProviderConfig {
     // Never the client secret.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderConfig").field("issuer", &self.issuer).field("client_id", &self.client_id).field("redirect_uri", &self.redirect_uri).finish_non_exhaustive()
+        f.debug_struct("ProviderConfig").field("issuer", &self.issuer).field("client_id", &self.client_id).field("redirect_uri", &self.redirect_uri).field("claims", &self.claims).finish_non_exhaustive()
     }
 }
 
@@ -134,12 +136,21 @@ impl Provider {
             .append_pair("response_type", "code")
             .append_pair("client_id", &self.config.client_id)
             .append_pair("redirect_uri", &self.config.redirect_uri)
-            .append_pair("scope", "openid email groups")
+            .append_pair("scope", self.scope())
             .append_pair("state", &started.state)
             .append_pair("nonce", &started.nonce)
             .append_pair("code_challenge", &started.challenge)
             .append_pair("code_challenge_method", "S256");
         url.into()
+    }
+
+    /// The scopes asked for: the ID token must carry the configured claims
+    /// (`preferred_username` and the like come with `profile`).
+    fn scope(&self) -> &'static str {
+        match self.config.claims.username_claim.as_str() {
+            "sub" | "email" => "openid email groups",
+            _ => "openid email profile groups",
+        }
     }
 
     /// Exchanges the callback's `code` for an ID token and checks it
@@ -150,7 +161,7 @@ impl Provider {
         let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let request = self.http.post(&self.discovery.token_endpoint).basic_auth(enc(&self.config.client_id), Some(enc(&self.config.client_secret))).form(&form);
         let answer: TokenAnswer = json(request).await?;
-        let want = Expected { issuer: &self.config.issuer, client_id: &self.config.client_id, nonce: &sign_in.nonce, now, leeway: LEEWAY_SECS };
+        let want = Expected { issuer: &self.config.issuer, client_id: &self.config.client_id, nonce: &sign_in.nonce, now, leeway: LEEWAY_SECS, mapping: &self.config.claims };
         let checked = oidc::verify_id_token(&answer.id_token, &self.keys.read().unwrap_or_else(|p| p.into_inner()), &want);
         match checked {
             // The provider may have rotated its keys: read them once more.

@@ -16,6 +16,7 @@ use axum::response::Response;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 
 use super::app::{csrf_ok, not_found_page, page, see_other, Console};
+use super::body::{Form, SMALL_FORM};
 use super::html::Html;
 use super::pages::Viewer;
 use crate::records::{now_ms, Action};
@@ -23,17 +24,17 @@ use crate::records::{now_ms, Action};
 /// The field manager the console's changes are applied under.
 pub const FIELD_MANAGER: &str = "warren-console";
 
-pub(super) async fn disable_key(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((namespace, name)): Path<(String, String)>, body: Bytes) -> Response {
+pub(super) async fn disable_key(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((namespace, name)): Path<(String, String)>, Form(body): Form<SMALL_FORM>) -> Response {
     set_disabled(&c, &headers, &uri, &namespace, &name, &body, true).await
 }
 
-pub(super) async fn enable_key(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((namespace, name)): Path<(String, String)>, body: Bytes) -> Response {
+pub(super) async fn enable_key(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path((namespace, name)): Path<(String, String)>, Form(body): Form<SMALL_FORM>) -> Response {
     set_disabled(&c, &headers, &uri, &namespace, &name, &body, false).await
 }
 
 /// Cancels a running execution: needs `patch` on ApiKeys in its
 /// namespace (the right to stop the key that ran it).
-pub(super) async fn cancel_execution(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(id): Path<String>, body: Bytes) -> Response {
+pub(super) async fn cancel_execution(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri, Path(id): Path<String>, Form(body): Form<SMALL_FORM>) -> Response {
     let v = match c.viewer(&headers, &uri).await {
         Ok(v) => v,
         Err(r) => return r,

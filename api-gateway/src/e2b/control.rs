@@ -130,6 +130,32 @@ pub(super) fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
     })
 }
 
+/// The record of a new sandbox of `key` as `create`'s body `v` asks,
+/// checked by the execute request's rules, its environment sealed.
+fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Result<E2bSandbox, E2bError> {
+    let (metadata, env) = (strings(v, "metadata")?, strings(v, "envVars")?);
+    // The execute request's own rules (names, sizes, reserved variables).
+    let probe = json!({"code": "true", "env_vars": env, "metadata": metadata});
+    crate::request::parse(&serde_json::to_vec(&probe).unwrap_or_default())?;
+    let timeout = timeout_of(v, DEFAULT_TIMEOUT)?;
+    let now = now_ms();
+    let id = new_id();
+    let owner = super::sealed::Owner { namespace: &key.namespace, key: &key.name, id: &id };
+    let env = super::sealed::seal(&st.files.signing_key.current(), owner, &env).ok_or_else(|| E2bError::new(StatusCode::SERVICE_UNAVAILABLE, "the sandbox's environment could not be sealed; retry"))?;
+    Ok(E2bSandbox {
+        id,
+        namespace: key.namespace.clone(),
+        key_name: key.name.clone(),
+        template: template.to_string(),
+        metadata,
+        env: Some(env),
+        state: "running".into(),
+        started_ms: now,
+        end_ms: now + timeout * 1000,
+        auto_pause: v.get("autoPause").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
 /// `POST /sandboxes` (SDK ≤ 2.50) and `POST /v2/sandboxes`.
 pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
@@ -140,30 +166,13 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
             return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
         }
         refuse_unsupported(&v, &key)?;
-        let (metadata, env) = (strings(&v, "metadata")?, strings(&v, "envVars")?);
-        // The execute request's own rules (names, sizes, reserved variables).
-        let probe = json!({"code": "true", "env_vars": env, "metadata": metadata});
-        crate::request::parse(&serde_json::to_vec(&probe).unwrap_or_default())?;
-        let timeout = timeout_of(&v, DEFAULT_TIMEOUT)?;
-        let store = st.service.records.store();
-        let now = now_ms();
+        let s = record(&st, &key, &v, template)?;
+        // Counted and stored in one step: creates racing each other, on any
+        // replica, never pass the key's limit.
         let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
-        if store.live_sandboxes(&key.namespace, &key.name, now).await? >= most {
+        if !st.service.records.store().insert_sandbox_within(&s, most).await? {
             return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} live sandboxes, its most (maxThreads); kill one first")));
         }
-        let s = E2bSandbox {
-            id: new_id(),
-            namespace: key.namespace.clone(),
-            key_name: key.name.clone(),
-            template: template.to_string(),
-            metadata,
-            env,
-            state: "running".into(),
-            started_ms: now,
-            end_ms: now + timeout * 1000,
-            auto_pause: v.get("autoPause").and_then(Value::as_bool).unwrap_or(false),
-        };
-        store.insert_sandbox(&s).await?;
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox created");
         Ok((StatusCode::CREATED, axum::Json(created(&st, &s))))
     };

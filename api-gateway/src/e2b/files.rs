@@ -18,6 +18,8 @@ use super::paths::{relative, reported};
 use super::sandbox::{open, Opened};
 use super::E2bError;
 use crate::files::FileAccess;
+use crate::uploads::body::{self, BodyError, Pace};
+use crate::uploads::Hold;
 use crate::state::AppState;
 
 /// `?path=&username=`.
@@ -43,6 +45,20 @@ fn file_path(p: Option<&str>) -> Result<String, E2bError> {
 /// Most bytes of an upload held in the gateway's memory (multipart forms,
 /// bodies without Content-Length); octet-stream uploads of known size stream.
 const BUFFERED: u64 = 32 << 20;
+
+/// Reads an upload held whole: refusals the SDKs show sensibly — 413 past
+/// `limit`, 429 "retry" (not 503: the SDKs take that for a dead sandbox)
+/// when the gateway's upload memory is spent, 408 when it stopped arriving.
+async fn held(st: &AppState, b: Body, limit: usize, hold: &mut Hold) -> Result<axum::body::Bytes, E2bError> {
+    let pace = Pace { idle: st.settings.body_timeout, min_rate: st.settings.upload_min_rate };
+    // A form's boundaries and headers come on top of the file.
+    body::collect(b, limit.saturating_add(64 << 10), hold, pace).await.map_err(|e| match e {
+        BodyError::TooLarge(_) => E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an upload without Content-Length, or in a multipart form, holds at most {limit} bytes; send larger files as application/octet-stream with a Content-Length (a binary file object)")),
+        BodyError::Refused(why) => E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("{why}; retry shortly, or send the file as application/octet-stream with a Content-Length, which streams")).retry_after(1),
+        BodyError::Stalled => E2bError::new(StatusCode::REQUEST_TIMEOUT, format!("{e}; the upload was cut")),
+        BodyError::Failed => E2bError::invalid(e.to_string()),
+    })
+}
 
 /// envd's `WriteInfo` of a stored file.
 fn written_info(rel: &str) -> serde_json::Value {
@@ -91,12 +107,11 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
             files.write_stream(&rel, len, crate::files::upload_body(b, st.settings.body_timeout), trace).await.map_err(refused)?;
             return Ok(axum::Json(vec![written_info(&rel)]).into_response());
         }
-        // Multipart, or a body of unknown length: held, up to BUFFERED bytes.
+        // Multipart, or a body of unknown length: held, up to BUFFERED bytes,
+        // reserved from the gateway's upload budget as they arrive.
         let limit = max.min(BUFFERED) as usize;
-        let bytes = tokio::time::timeout(std::time::Duration::from_secs(120), axum::body::to_bytes(b, limit.saturating_add(64 << 10)))
-            .await
-            .map_err(|_| E2bError::new(StatusCode::REQUEST_TIMEOUT, "the upload did not arrive in time"))?
-            .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("an upload without Content-Length, or in a multipart form, holds at most {limit} bytes; send larger files as application/octet-stream with a Content-Length (a binary file object)")))?;
+        let mut hold = st.uploads.hold(&o.key.qualified_name());
+        let bytes = held(&st, b, limit, &mut hold).await?;
         let mut written = Vec::new();
         if let Some(boundary) = boundary {
             let parts = crate::console::multipart::parse(&bytes, &boundary).map_err(|why| E2bError::invalid(format!("the multipart body: {why}")))?;

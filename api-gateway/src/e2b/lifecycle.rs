@@ -74,6 +74,7 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 pub async fn sweep_loop(st: AppState) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
+        seal_earlier_rows(&st).await;
         let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
             Ok(ended) => ended,
             Err(e) => {
@@ -88,6 +89,26 @@ pub async fn sweep_loop(st: AppState) {
                     let _ = st.service.records.store().delete_sandbox(&s.id).await;
                 }
             }
+        }
+    }
+}
+
+/// Seals the environment of sandboxes an earlier release (or a replica of
+/// it, during a rolling upgrade) stored in plain JSON, and gives their
+/// metadata its rows: after this, no variable is readable in the records.
+async fn seal_earlier_rows(st: &AppState) {
+    let store = st.service.records.store();
+    let rows = match store.unsealed_sandboxes(100).await {
+        Ok(rows) => rows,
+        Err(e) => return tracing::warn!(error = %e, "looking for unsealed e2b sandboxes failed"),
+    };
+    for s in rows {
+        let owner = super::sealed::Owner { namespace: &s.namespace, key: &s.key_name, id: &s.id };
+        // As the earlier release read it: JSON, or nothing.
+        let plain: std::collections::BTreeMap<String, String> = serde_json::from_str(s.env.as_deref().unwrap_or_default()).unwrap_or_default();
+        let Some(sealed) = super::sealed::seal(&st.files.signing_key.current(), owner, &plain) else { continue };
+        if let Err(e) = store.seal_sandbox(&s, &sealed).await {
+            tracing::warn!(error = %e, sandbox = %s.id, "sealing an e2b sandbox's environment failed");
         }
     }
 }

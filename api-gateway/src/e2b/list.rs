@@ -1,6 +1,7 @@
 //! `GET /v2/sandboxes` (and the older `GET /sandboxes`): a key's live
 //! sandboxes, oldest first, paged by an opaque cursor, filtered by state and
-//! metadata.
+//! metadata — all in the database, so a listing reads one page of rows
+//! (never their environment), however many sandboxes the key has.
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue};
@@ -11,11 +12,9 @@ use serde_json::Value;
 
 use super::control::{key, listed};
 use super::E2bError;
-use crate::records::now_ms;
+use crate::records::{now_ms, SandboxPage};
 use crate::state::AppState;
 
-/// Rows one listing reads at most.
-const LIST_SCAN: u32 = 10_000;
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 /// `GET /v2/sandboxes` query.
@@ -48,40 +47,34 @@ pub async fn list_v1(State(st): State<AppState>, headers: HeaderMap, Query(q): Q
     page(&st, &headers, q).await.map_or_else(IntoResponse::into_response, |(items, _)| axum::Json(items).into_response())
 }
 
+/// States a sandbox may be in; a filter naming only others matches nothing.
+const STATES: &[&str] = &["running", "paused"];
+/// Most metadata entries one filter names (a sandbox has at most 10).
+const MAX_FILTERS: usize = 10;
+
 async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<Value>, Option<String>), E2bError> {
     let key = key(st, headers)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, 100) as usize;
-    let states: Vec<&str> = q.state.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
+    let limit = q.limit.unwrap_or(100).clamp(1, 100);
+    let asked: Vec<&str> = q.state.as_deref().map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
+    let states: Vec<String> = STATES.iter().filter(|s| asked.contains(s)).map(|s| s.to_string()).collect();
+    if !asked.is_empty() && states.is_empty() {
+        return Ok((Vec::new(), None));
+    }
     // The SDKs quote each key and value, then form-encode the pairs.
-    let wanted: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).map(|(k, v)| (unquote(&k), unquote(&v))).collect()).unwrap_or_default();
+    let metadata: Vec<(String, String)> = q.metadata.as_deref().map(|m| url::form_urlencoded::parse(m.as_bytes()).map(|(k, v)| (unquote(&k), unquote(&v))).collect()).unwrap_or_default();
+    if metadata.len() > MAX_FILTERS {
+        return Err(E2bError::invalid(format!("metadata: at most {MAX_FILTERS} entries to filter by")));
+    }
     let after = match q.next_token.as_deref() {
         None | Some("") => None,
         Some(t) => Some(cursor(t).ok_or_else(|| E2bError::invalid("nextToken is not one this gateway gave"))?),
     };
-    let now = now_ms();
-    let rows = st.service.records.store().sandboxes(&key.namespace, &key.name, after, LIST_SCAN).await?;
-    let mut out = Vec::new();
-    let mut next = None;
-    for s in rows {
-        if s.end_ms <= now {
-            super::lifecycle::expire(st, &key, &s);
-            continue;
-        }
-        if (!states.is_empty() && !states.contains(&s.state.as_str())) || !wanted.iter().all(|(k, v)| s.metadata.get(k) == Some(v)) {
-            continue;
-        }
-        if out.len() == limit {
-            break;
-        }
-        if out.len() + 1 == limit {
-            next = Some(B64.encode(format!("{}:{}", s.started_ms, s.id)));
-        }
-        out.push(listed(&key, &s));
-    }
+    let ask = SandboxPage { namespace: key.namespace.clone(), key_name: key.name.clone(), states, metadata, after, now: now_ms(), limit };
+    let rows = st.service.records.store().sandbox_page(&ask).await?;
     // A full page says there may be more; the last page of exactly `limit`
     // then gives one empty page, as E2B's own paging does.
-    let full = out.len() == limit;
-    Ok((out, next.filter(|_| full)))
+    let next = rows.last().filter(|_| rows.len() == limit as usize).map(|s| B64.encode(format!("{}:{}", s.started_ms, s.id)));
+    Ok((rows.iter().map(|s| listed(&key, s)).collect(), next))
 }
 
 /// Percent-decoding (`urllib.parse.quote`'s inverse); bad escapes stay as they are.

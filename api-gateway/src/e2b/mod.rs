@@ -13,7 +13,8 @@
 //! calls, the home (`/home/sandbox`, also spelled `/home/user`) is what
 //! persists, a command is one execution in the thread, a file is a file of
 //! the thread's saved home. The sandbox's record (template, metadata,
-//! environment, end) is in the record database so every replica answers.
+//! environment — sealed, `sealed.rs` —, end) is in the record database so
+//! every replica answers.
 //! What cannot hold in that model — processes that outlive a command,
 //! terminals, exposed ports, interpreter state between `run_code` calls —
 //! answers an error that names the limit (docs/src/e2b.md).
@@ -28,6 +29,7 @@ mod list;
 mod paths;
 mod process;
 mod sandbox;
+mod sealed;
 mod token;
 
 use axum::http::StatusCode;
@@ -75,17 +77,25 @@ pub struct E2bError {
     pub message: String,
     /// The Connect code, when the status alone does not say it.
     pub connect_code: Option<&'static str>,
+    /// Seconds after which a retry may succeed (`Retry-After`).
+    pub retry_after: Option<u32>,
 }
 
 impl E2bError {
     /// An error with this status and message.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        E2bError { status, message: message.into(), connect_code: None }
+        E2bError { status, message: message.into(), connect_code: None, retry_after: None }
     }
 
     /// An error with its own Connect code.
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.connect_code = Some(code);
+        self
+    }
+
+    /// With `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
         self
     }
 
@@ -148,6 +158,10 @@ impl From<crate::records::StoreError> for E2bError {
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
-        (self.status, axum::Json(body)).into_response()
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        r
     }
 }

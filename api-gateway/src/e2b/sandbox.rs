@@ -98,7 +98,7 @@ pub struct Program {
 impl Opened {
     /// Starts `p` in the sandbox's thread; an error means nothing ran.
     pub async fn start(&self, st: &AppState, p: Program, delivery: Delivery) -> Result<Run, E2bError> {
-        let mut env = self.sandbox.env.clone();
+        let mut env = self.env(st)?;
         env.extend(p.env);
         let max = u64::from(self.key.max_timeout_seconds.max(1));
         let timeout = p.timeout.map(|t| t.clamp(1, max));
@@ -113,6 +113,15 @@ impl Opened {
         let req = crate::request::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
         let admitted = st.service.admit(&self.key, req, delivery).await?;
         Ok(st.service.start(admitted).await?)
+    }
+
+    /// The sandbox's own environment, opened: a rotated signing key leaves
+    /// it unopenable, and then nothing runs (never without its variables).
+    fn env(&self, st: &AppState) -> Result<BTreeMap<String, String>, E2bError> {
+        let s = &self.sandbox;
+        let owner = super::sealed::Owner { namespace: &s.namespace, key: &s.key_name, id: &s.id };
+        super::sealed::open(&st.files.signing_key.current(), owner, s.env.as_deref().unwrap_or_default())
+            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()).with_code("failed_precondition"))
     }
 
     /// True when the key's Sandbox offers `language`.

@@ -372,10 +372,12 @@ impl<'a> FileAccess<'a> {
         self.place.max.min(self.st.files.max_upload)
     }
 
-    /// Stores `data` at `path`.
+    /// Stores `data` at `path`, sent in slices of [`WRITE_CHUNK`] (no copy):
+    /// the agent takes gRPC messages of 4 MiB at most.
     pub async fn write(&self, path: &str, data: bytes::Bytes, trace: &str) -> Result<(), ApiError> {
         let size = data.len() as u64;
-        self.write_stream(path, size, futures_util::stream::iter([data]).boxed(), trace).await
+        let slices: Vec<bytes::Bytes> = if data.is_empty() { vec![data] } else { data.chunks(WRITE_CHUNK).map(|c| data.slice_ref(c)).collect() };
+        self.write_stream(path, size, futures_util::stream::iter(slices).boxed(), trace).await
     }
 
     /// A signed download URL (base from `--public-url`, else `headers`' Host).
@@ -384,6 +386,9 @@ impl<'a> FileAccess<'a> {
         Ok(signed(self.st, headers, &g, "GET", Vec::new()))
     }
 }
+
+/// Most bytes of one message of a write held in memory.
+const WRITE_CHUNK: usize = 1 << 20;
 
 /// Where `source`/`id` is for `key`, or 400/404.
 fn place(key: &EffectiveKey, source: &str, id: &str) -> Result<Place, ApiError> {

@@ -3,6 +3,8 @@
 //! deadline for a request's headers (slow-loris clients, and keep-alive
 //! connections idle for as long, are closed), and a graceful drain.
 //! Request bodies have their own deadline in the handlers that read them.
+//! Each request carries its connection's peer address (`ConnectInfo`), so
+//! a handler can tell clients apart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +13,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use axum::extract::ConnectInfo;
 use tokio::net::TcpListener;
+use tower::ServiceExt as _;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
@@ -54,7 +58,10 @@ pub async fn serve(listener: TcpListener, app: axum::Router, limits: HttpLimits,
             () = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = TowerToHyperService::new(app.clone().map_request(move |mut r: axum::http::Request<hyper::body::Incoming>| {
+            r.extensions_mut().insert(ConnectInfo(peer));
+            r
+        }));
         let (builder, header_timeout) = (builder.clone(), limits.header_timeout);
         let watcher = graceful.watcher();
         tokio::spawn(async move {

@@ -1,12 +1,15 @@
 //! The E2B API's sandboxes in the record database, so every gateway replica
 //! answers for every sandbox: which key's thread an id names, its template,
-//! metadata and environment, and when it ends.
+//! metadata (also one row per entry, so listings filter and page in the
+//! database), its environment — sealed by the E2B layer, never plaintext —
+//! and when it ends.
 
 use std::collections::BTreeMap;
 
 use sqlx::any::AnyRow;
-use sqlx::Row as _;
+use sqlx::{AssertSqlSafe, Row as _};
 
+use super::store::{Bind, Where};
 use super::{Store, StoreError};
 
 /// One E2B sandbox: a thread of one key, with what `create` declared.
@@ -22,8 +25,10 @@ pub struct E2bSandbox {
     pub template: String,
     /// Caller metadata.
     pub metadata: BTreeMap<String, String>,
-    /// Environment every command gets (under the call's own).
-    pub env: BTreeMap<String, String>,
+    /// The environment every command gets, as stored (sealed by the E2B
+    /// layer; empty when there is none). Read only where a sandbox is read
+    /// by id: listings and the sweep leave it out (`None`).
+    pub env: Option<String>,
     /// `running` or `paused`.
     pub state: String,
     /// Created, Unix milliseconds.
@@ -34,20 +39,37 @@ pub struct E2bSandbox {
     pub auto_pause: bool,
 }
 
-const COLUMNS: &str = "id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause";
+/// One page of a key's live sandboxes, oldest first, as a listing asks.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxPage {
+    /// The ApiKey's namespace.
+    pub namespace: String,
+    /// The ApiKey's name.
+    pub key_name: String,
+    /// Only these states (none: any).
+    pub states: Vec<String>,
+    /// Only sandboxes with every one of these metadata entries.
+    pub metadata: Vec<(String, String)>,
+    /// After this `(started_ms, id)`.
+    pub after: Option<(i64, String)>,
+    /// Live means ending after this, Unix milliseconds.
+    pub now: i64,
+    /// At most this many.
+    pub limit: u32,
+}
 
-fn decode(r: &AnyRow) -> Result<E2bSandbox, sqlx::Error> {
-    let map = |c: &str| -> Result<BTreeMap<String, String>, sqlx::Error> {
-        let text: String = r.try_get(c)?;
-        Ok(serde_json::from_str(&text).unwrap_or_default())
-    };
+/// Every column but the environment.
+const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause";
+
+fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
+    let metadata: String = r.try_get("metadata")?;
     Ok(E2bSandbox {
         id: r.try_get("id")?,
         namespace: r.try_get("namespace")?,
         key_name: r.try_get("key_name")?,
         template: r.try_get("template")?,
-        metadata: map("metadata")?,
-        env: map("env")?,
+        metadata: serde_json::from_str(&metadata).unwrap_or_default(),
+        env: if with_env { Some(r.try_get("env")?) } else { None },
         state: r.try_get("state")?,
         started_ms: r.try_get("started_ms")?,
         end_ms: r.try_get("end_ms")?,
@@ -60,58 +82,67 @@ fn json(m: &BTreeMap<String, String>) -> String {
 }
 
 impl Store {
-    /// Stores a new sandbox.
-    pub async fn insert_sandbox(&self, s: &E2bSandbox) -> Result<(), StoreError> {
+    /// Stores a new sandbox unless its key already has `most` live ones
+    /// (ending after it starts); false then. The count and the insert are one
+    /// step under the key's lock, so concurrent creates — through any
+    /// replica sharing the database — never pass `most`.
+    pub async fn insert_sandbox_within(&self, s: &E2bSandbox, most: u64) -> Result<bool, StoreError> {
+        let mut tx = self.begin_locked(&format!("e2b-sandboxes/{}/{}", s.namespace, s.key_name)).await?;
+        let live: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3")
+            .bind(s.namespace.clone())
+            .bind(s.key_name.clone())
+            .bind(s.started_ms)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        if live.max(0) as u64 >= most {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .bind(s.id.clone())
             .bind(s.namespace.clone())
             .bind(s.key_name.clone())
             .bind(s.template.clone())
             .bind(json(&s.metadata))
-            .bind(json(&s.env))
+            .bind(s.env.clone().unwrap_or_default())
             .bind(s.state.clone())
             .bind(s.started_ms)
             .bind(s.end_ms)
             .bind(i64::from(s.auto_pause))
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(())
+        insert_metadata(&mut tx, s).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
-    /// One sandbox by id.
+    /// One sandbox by id, with its environment.
     pub async fn sandbox(&self, id: &str) -> Result<Option<E2bSandbox>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
-        Ok(row.map(|r| decode(&r)).transpose()?)
+        let sql = format!("SELECT {COLUMNS}, env FROM warren_e2b_sandboxes WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| decode(&r, true)).transpose()?)
     }
 
-    /// A key's sandboxes, oldest first, after the `(started_ms, id)` cursor, at most `limit`.
-    pub async fn sandboxes(&self, namespace: &str, key_name: &str, after: Option<(i64, String)>, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
-        let (t, id) = after.unwrap_or((i64::MIN, String::new()));
-        let sql = format!(
-            "SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND (started_ms > $3 OR (started_ms = $3 AND id > $4)) ORDER BY started_ms, id LIMIT $5"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(namespace.to_string())
-            .bind(key_name.to_string())
-            .bind(t)
-            .bind(id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(|r| decode(r).map_err(StoreError::from)).collect()
-    }
-
-    /// How many sandboxes a key has that end after `now`.
-    pub async fn live_sandboxes(&self, namespace: &str, key_name: &str, now: i64) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3")
-            .bind(namespace.to_string())
-            .bind(key_name.to_string())
-            .bind(now)
-            .fetch_one(&self.pool)
-            .await?
-            .try_get("n")?;
-        Ok(n.max(0) as u64)
+    /// One page of a key's live sandboxes: filtered, ordered and cut in the
+    /// database, so a listing reads at most `limit` rows, never the environment.
+    pub async fn sandbox_page(&self, q: &SandboxPage) -> Result<Vec<E2bSandbox>, StoreError> {
+        let mut w = Where::new("namespace = ? AND key_name = ? AND end_ms > ?", vec![Bind::Text(q.namespace.clone()), Bind::Text(q.key_name.clone()), Bind::Int(q.now)]);
+        if !q.states.is_empty() {
+            let marks = vec!["?"; q.states.len()].join(", ");
+            w.and(&format!("state IN ({marks})"), q.states.iter().map(|s| Bind::Text(s.clone())).collect());
+        }
+        for (k, v) in &q.metadata {
+            let exists = "EXISTS (SELECT 1 FROM warren_e2b_sandbox_metadata m WHERE m.id = s.id AND m.k = ? AND m.v = ?)";
+            w.and(exists, vec![Bind::Text(k.clone()), Bind::Text(v.clone())]);
+        }
+        if let Some((t, id)) = &q.after {
+            w.and("(started_ms > ? OR (started_ms = ? AND id > ?))", vec![Bind::Int(*t), Bind::Int(*t), Bind::Text(id.clone())]);
+        }
+        let limit = w.bind(Bind::Int(i64::from(q.limit)));
+        let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes s WHERE {} ORDER BY started_ms, id LIMIT {limit}", w.sql);
+        let rows = w.query(sql).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r, false).map_err(StoreError::from)).collect()
     }
 
     /// Sets a sandbox's end and state.
@@ -137,16 +168,63 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
-    /// Sandboxes that ended at or before `now`, at most `limit`.
+    /// Sandboxes that ended at or before `now`, at most `limit` (without their environment).
     pub async fn ended_sandboxes(&self, now: i64, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE end_ms <= $1 ORDER BY end_ms LIMIT $2");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        rows.iter().map(|r| decode(r).map_err(StoreError::from)).collect()
+        let rows = sqlx::query(AssertSqlSafe(sql)).bind(now).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r, false).map_err(StoreError::from)).collect()
     }
 
     /// Forgets a sandbox; false when there was none.
     pub async fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM warren_e2b_sandboxes WHERE id = $1").bind(id.to_string()).execute(&self.pool).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM warren_e2b_sandbox_metadata WHERE id = $1").bind(id.to_string()).execute(&mut *tx).await?;
+        let done = sqlx::query("DELETE FROM warren_e2b_sandboxes WHERE id = $1").bind(id.to_string()).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
+
+    /// Sandboxes stored by an earlier release, whose environment is plain
+    /// JSON and whose metadata has no rows, at most `limit`, with the environment.
+    pub async fn unsealed_sandboxes(&self, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
+        let sql = format!("SELECT {COLUMNS}, env FROM warren_e2b_sandboxes WHERE env LIKE '{{%' LIMIT $1");
+        let rows = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r, true).map_err(StoreError::from)).collect()
+    }
+
+    /// Replaces the plain environment of `s` (as [`Store::unsealed_sandboxes`]
+    /// read it) with `sealed`, and gives its metadata rows; false when the
+    /// sandbox changed or went meanwhile.
+    pub async fn seal_sandbox(&self, s: &E2bSandbox, sealed: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query("UPDATE warren_e2b_sandboxes SET env = $1 WHERE id = $2 AND env = $3")
+            .bind(sealed.to_string())
+            .bind(s.id.clone())
+            .bind(s.env.clone().unwrap_or_default())
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        insert_metadata(&mut tx, s).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
 }
+
+/// The rows of `s.metadata` (one already there is left as it is).
+async fn insert_metadata(tx: &mut sqlx::Transaction<'static, sqlx::Any>, s: &E2bSandbox) -> Result<(), StoreError> {
+    for (k, v) in &s.metadata {
+        sqlx::query("INSERT INTO warren_e2b_sandbox_metadata (id, k, v) VALUES ($1, $2, $3) ON CONFLICT (id, k) DO NOTHING")
+            .bind(s.id.clone())
+            .bind(k.clone())
+            .bind(v.clone())
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

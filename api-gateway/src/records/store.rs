@@ -128,6 +128,17 @@ const MIGRATIONS: &[&[&str]] = &[&[
         auto_pause BIGINT NOT NULL DEFAULT 0
     )",
     "CREATE INDEX IF NOT EXISTS warren_e2b_sandboxes_by_key ON warren_e2b_sandboxes (namespace, key_name, started_ms)",
+], &[
+    // An E2B sandbox's metadata as rows, so a listing filters and pages in
+    // the database (issue #43); rows of sandboxes made before are added by
+    // the E2B sweep as it seals their environment.
+    "CREATE TABLE IF NOT EXISTS warren_e2b_sandbox_metadata (
+        id TEXT NOT NULL,
+        k TEXT NOT NULL,
+        v TEXT NOT NULL,
+        PRIMARY KEY (id, k)
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_e2b_sandbox_metadata_kv ON warren_e2b_sandbox_metadata (k, v)",
 ]];
 
 /// Columns read back into a [`Row`].
@@ -215,6 +226,24 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// A transaction that holds the lock named `name` until it ends, on every
+    /// gateway sharing the database: SQLite takes its one write lock up
+    /// front (`BEGIN IMMEDIATE`, waiting out the busy timeout), PostgreSQL a
+    /// transaction-scoped advisory lock on the name's hash (names that share
+    /// a hash only wait for each other). What a transaction reads under it
+    /// stays true until it commits, so a count and an insert are one step.
+    pub(super) async fn begin_locked(&self, name: &str) -> Result<sqlx::Transaction<'static, Any>, StoreError> {
+        match self.kind {
+            Kind::Sqlite => Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+            Kind::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                // 724314: this lock family, apart from the migration's lock.
+                sqlx::query("SELECT pg_advisory_xact_lock(724314, hashtext($1))").bind(name.to_string()).execute(&mut *tx).await?;
+                Ok(tx)
+            }
+        }
     }
 
     /// Writes a batch of operations in one transaction.
@@ -424,19 +453,26 @@ impl Store {
     }
 }
 
-enum Bind {
+pub(super) enum Bind {
     Text(String),
     Int(i64),
 }
 
 /// A WHERE clause built from constant text with `?` for each value; the
 /// values are bound as `$n`, never spliced into the statement.
-struct Where {
-    sql: String,
+pub(super) struct Where {
+    pub(super) sql: String,
     binds: Vec<Bind>,
 }
 
 impl Where {
+    /// `text`, its values bound.
+    pub(super) fn new(text: &str, values: Vec<Bind>) -> Where {
+        let mut w = Where { sql: String::new(), binds: Vec::new() };
+        w.push(text, values);
+        w
+    }
+
     /// `namespace IN (…)`, every name bound.
     fn namespaces(namespaces: &[String]) -> Where {
         let mut w = Where { sql: String::new(), binds: Vec::new() };
@@ -446,7 +482,7 @@ impl Where {
     }
 
     /// Adds `AND text`.
-    fn and(&mut self, text: &str, values: Vec<Bind>) {
+    pub(super) fn and(&mut self, text: &str, values: Vec<Bind>) {
         self.sql.push_str(" AND ");
         self.push(text, values);
     }
@@ -461,13 +497,13 @@ impl Where {
     }
 
     /// Binds `v`; its placeholder.
-    fn bind(&mut self, v: Bind) -> String {
+    pub(super) fn bind(&mut self, v: Bind) -> String {
         self.binds.push(v);
         format!("${}", self.binds.len())
     }
 
     /// The statement `sql` (constant text and this clause) with the values bound.
-    fn query(self, sql: String) -> Q<'static> {
+    pub(super) fn query(self, sql: String) -> Q<'static> {
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for b in self.binds {
             q = match b {

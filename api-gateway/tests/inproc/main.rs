@@ -4,6 +4,7 @@
 //! suites in `tests/` prove the same paths against real node-agents.
 
 mod fake;
+mod e2b;
 mod errors;
 mod executions;
 mod execute;
@@ -30,6 +31,7 @@ pub const SOLO: &str = "sk-wrn-SSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSSS";
 pub const OFF: &str = "sk-wrn-DDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDDD";
 pub const BIG: &str = "sk-wrn-BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
 pub const IMG: &str = "sk-wrn-IIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIIII";
+pub const FEW: &str = "sk-wrn-FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF";
 /// The OCI image of Sandbox `img`.
 pub const IMAGE: &str = "127.0.0.1:5000/warren/runtime:1";
 
@@ -83,10 +85,15 @@ apiVersion: warren.dev/v1alpha1
 kind: ApiKey
 metadata: {name: img}
 spec: {sandboxRef: {name: img}, secretRef: {name: img}}
+---
+apiVersion: warren.dev/v1alpha1
+kind: ApiKey
+metadata: {name: few}
+spec: {sandboxRef: {name: sb}, secretRef: {name: few}, maxThreads: 2}
 "#;
 
 fn secrets() -> String {
-    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG), ("img", IMG)]
+    [("good", GOOD), ("solo", SOLO), ("off", OFF), ("big", BIG), ("img", IMG), ("few", FEW)]
         .iter()
         .map(|(n, k)| format!("---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {n}}}\nstringData: {{key: {k}}}\n"))
         .collect()
@@ -136,6 +143,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             keepalive: Duration::from_secs(3600),
             stream_stall: Duration::from_secs(3600),
             body_timeout: Duration::from_secs(5),
+            upload_min_rate: 64 << 10,
             record_lease: Duration::from_secs(30),
         },
         webhooks: warren_api_gateway::webhook::Webhooks::new(&warren_api_gateway::webhook::Settings {
@@ -147,6 +155,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
         })
         .unwrap(),
         files: Arc::new(warren_api_gateway::file_urls::Settings { signing_key: Arc::new(warren_api_gateway::file_urls::key::SigningKey::fixed(b"test")), public_url: None, ttl: Duration::from_secs(60), max_upload: 1 << 20 }),
+        uploads: warren_api_gateway::uploads::UploadBudget::new(64 << 20),
         tasks: Default::default(),
     };
     let agent = agents.remove(0);
@@ -195,6 +204,13 @@ impl Gateway {
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("body").to_bytes().to_vec();
         Answer { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// The same gateway with an upload budget of `bytes`.
+    pub fn with_upload_budget(mut self, bytes: u64) -> Gateway {
+        self.state.uploads = warren_api_gateway::uploads::UploadBudget::new(bytes);
+        self.app = http::app(self.state.clone());
+        self
     }
 
     /// `GET path` with `key`.

@@ -12,12 +12,14 @@ const ISSUER: &str = "https://idp.example.test";
 const CLIENT: &str = "warren-console";
 const NOW: i64 = 1_800_000_000;
 
+static DEFAULT: std::sync::LazyLock<ClaimMapping> = std::sync::LazyLock::new(ClaimMapping::default);
+
 fn want(nonce: &str) -> Expected<'_> {
-    Expected { issuer: ISSUER, client_id: CLIENT, nonce, now: NOW, leeway: 60 }
+    Expected { issuer: ISSUER, client_id: CLIENT, nonce, now: NOW, leeway: 60, mapping: &DEFAULT }
 }
 
 fn claims() -> Value {
-    json!({"iss": ISSUER, "sub": "u-1", "aud": CLIENT, "exp": NOW + 300, "iat": NOW - 5, "nonce": "n-1", "email": "ada@example.test", "groups": ["platform"]})
+    json!({"iss": ISSUER, "sub": "u-1", "aud": CLIENT, "exp": NOW + 300, "iat": NOW - 5, "nonce": "n-1", "email": "ada@example.test", "email_verified": true, "groups": ["platform"]})
 }
 
 fn b64json(v: &Value) -> String {
@@ -159,10 +161,72 @@ fn what_a_token_carries_is_bounded() {
     let keys = Jwks::parse(&idp.jwks()).unwrap();
     let mut c = claims();
     c["groups"] = Value::from((0..1000).map(|i| format!("g{i}")).chain(["x".repeat(MAX_GROUP_BYTES + 1)]).collect::<Vec<_>>());
-    c.as_object_mut().unwrap().remove("email");
-    c["preferred_username"] = json!("ada");
     let id = verify_id_token(&idp.sign(&es256(), &c), &keys, &want("n-1")).unwrap();
-    assert_eq!((id.groups.len(), id.user.as_str()), (MAX_GROUPS, "ada"));
+    assert_eq!((id.groups.len(), id.user.as_str()), (MAX_GROUPS, "ada@example.test"));
+    c["email"] = json!(format!("{}@example.test", "a".repeat(300)));
+    assert_eq!(verify_id_token(&idp.sign(&es256(), &c), &keys, &want("n-1")), Err(TokenError::Identity("the username is too long")));
+}
+
+/// The identity a token with `claims` gives under `mapping`.
+fn mapped(mapping: &ClaimMapping, claims: &Value) -> Result<Identity, TokenError> {
+    let idp = Provider::new();
+    let keys = Jwks::parse(&idp.jwks()).unwrap();
+    verify_id_token(&idp.sign(&es256(), claims), &keys, &Expected { mapping, ..want("n-1") })
+}
+
+#[test]
+fn an_unverified_email_from_the_provider_is_not_a_username() {
+    let mut c = claims();
+    c["email"] = json!("admin@example.test");
+    c["email_verified"] = json!(false);
+    let refused = Err(TokenError::Identity("the provider does not say the email address is verified"));
+    assert_eq!(mapped(&ClaimMapping::default(), &c), refused, "anyone may type someone else's address at an open provider");
+    c.as_object_mut().unwrap().remove("email_verified");
+    assert_eq!(mapped(&ClaimMapping::default(), &c), refused, "silence is not verification");
+    c["email_verified"] = json!("true");
+    assert_eq!(mapped(&ClaimMapping::default(), &c), refused, "only the JSON value true");
+    c.as_object_mut().unwrap().remove("email");
+    c["preferred_username"] = json!("admin@example.test");
+    assert_eq!(mapped(&ClaimMapping::default(), &c), Err(TokenError::Identity("the token carries no username claim")), "no fallback to another claim");
+}
+
+#[test]
+fn system_names_from_the_provider_never_reach_rbac() {
+    let mut c = claims();
+    c["groups"] = json!(["system:masters", "platform", "system:nodes"]);
+    let id = mapped(&ClaimMapping::default(), &c).unwrap();
+    assert_eq!(id.groups, ["platform"], "reserved groups are dropped");
+    c["preferred_username"] = json!("system:admin");
+    let by_name = ClaimMapping { username_claim: "preferred_username".into(), username_prefix: Some("-".into()), ..ClaimMapping::default() };
+    assert_eq!(mapped(&by_name, &c), Err(TokenError::Identity("the username is a Kubernetes system name (system:…)")));
+    c["email"] = json!("system:serviceaccount:kube-system:default");
+    assert!(matches!(mapped(&ClaimMapping::default(), &c), Err(TokenError::Identity(_))));
+    let prefixed = ClaimMapping { groups_prefix: "oidc:".into(), ..ClaimMapping::default() };
+    c["email"] = json!("ada@example.test");
+    assert_eq!(mapped(&prefixed, &c).unwrap().groups, ["oidc:system:masters", "oidc:platform", "oidc:system:nodes"], "a prefix keeps them out of system:");
+    for bad in [ClaimMapping { username_prefix: Some("system:".into()), ..ClaimMapping::default() }, ClaimMapping { groups_prefix: "system:x-".into(), ..ClaimMapping::default() }] {
+        assert!(bad.check().is_err(), "{bad:?}");
+    }
+    assert!(ClaimMapping::default().check().is_ok());
+}
+
+#[test]
+fn usernames_and_groups_follow_the_api_servers_oidc_flags() {
+    let mut c = claims();
+    c["preferred_username"] = json!("ada");
+    c["roles"] = json!("admins");
+    // --oidc-username-claim=sub without a prefix: the issuer's URL and '#' (the API server's default).
+    let sub = ClaimMapping { username_claim: "sub".into(), ..ClaimMapping::default() };
+    assert_eq!(mapped(&sub, &c).unwrap().user, format!("{ISSUER}#u-1"));
+    let named = ClaimMapping { username_claim: "preferred_username".into(), username_prefix: Some("oidc:".into()), groups_claim: "roles".into(), groups_prefix: "oidc:".into() };
+    let id = mapped(&named, &c).unwrap();
+    assert_eq!((id.user.as_str(), id.groups.as_slice()), ("oidc:ada", &["oidc:admins".to_string()][..]), "a groups claim may be one string");
+    let bare = ClaimMapping { username_claim: "preferred_username".into(), username_prefix: Some("-".into()), ..ClaimMapping::default() };
+    assert_eq!(mapped(&bare, &c).unwrap().user, "ada", "'-' turns the prefix off");
+    let email = ClaimMapping { username_prefix: Some("corp:".into()), ..ClaimMapping::default() };
+    assert_eq!(mapped(&email, &c).unwrap().user, "corp:ada@example.test");
+    c["groups"] = json!([1, {"x": 2}, "", "ok"]);
+    assert_eq!(mapped(&ClaimMapping::default(), &c).unwrap().groups, ["ok"], "entries that are not names are skipped");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Closing a connection whose request body was not read.
+//! Closing a connection whose request body was not read (the API's and
+//! the console's routers both use it).
 //!
 //! A request refused early (a bad key, a full admission queue) is answered
 //! without reading its body. hyper then cannot reuse the connection: the
