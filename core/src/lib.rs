@@ -23,6 +23,7 @@ pub mod exit;
 pub mod ids;
 pub mod kinds;
 pub mod language;
+pub mod layout;
 pub mod limits;
 pub mod network;
 pub mod path;

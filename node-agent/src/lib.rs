@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod connectors;
 pub mod convert;
+pub mod cpus;
 pub mod executor;
 pub mod files;
 pub mod frames;
@@ -310,6 +311,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         net: net.clone(),
         warm_starts: Arc::default(),
         warm_failures_logged: Default::default(),
+        cpus: Arc::new(cpus::Cpus::of_this_process()),
     });
     let node_name = node_name.unwrap_or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "node".into()));
     let endpoints = Arc::new(endpoints);

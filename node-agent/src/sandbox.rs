@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use warren_isolation::cgroup::{Cgroup, CgroupLayout};
 use warren_isolation::launch::{supervisor_command, with_fds_inherited, SupervisorFds};
 use warren_isolation::spec::{ExecSpec, Limits};
-use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent, WarmStart};
+use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent, View, WarmStart};
 
 use warren_network::{NetPolicy, SandboxNet};
 
@@ -103,6 +103,8 @@ pub struct SandboxEnv {
     pub warm_starts: Arc<crate::warm_counts::WarmCounts>,
     /// Warm modules already logged as failing (once each per agent).
     pub warm_failures_logged: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The node's CPUs, handed to sandboxes in turn (their size's CPU count).
+    pub cpus: Arc<crate::cpus::Cpus>,
 }
 
 /// The root filesystem a sandbox is built on.
@@ -205,6 +207,10 @@ pub struct Prepared {
     warm_asked: bool,
     /// CPU (µs) it had used while idle at its last check, once checked.
     idle_checked: Option<u64>,
+    /// The size it tells its program (for the limits it was built with).
+    view: View,
+    /// The node's CPUs (a call of another size takes others).
+    cpus: Arc<crate::cpus::Cpus>,
     /// Keeps the image in use while the sandbox exists.
     _rootfs: Rootfs,
 }
@@ -314,12 +320,13 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         conn_dir: conn_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
         warm: shape.warm.as_deref().cloned(),
+        view: View { cpus: env.cpus.take(env.idle_limits.cpu_millis), memory_bytes: env.idle_limits.memory_bytes },
     };
     let output_stall = env.output_stall;
     let network = shape.network;
     let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
     let mut prepared = Prepared {
-        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, idle_checked: None, _rootfs: shape.rootfs,
+        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, idle_checked: None, view: config.view.clone(), cpus: env.cpus.clone(), _rootfs: shape.rootfs,
     };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
@@ -403,6 +410,17 @@ impl Prepared {
             self.warm_starts.add_idle_cpu(used.saturating_sub(self.idle_checked.unwrap_or(0)));
             self.cgroup.exclude_cpu(used);
         }
+    }
+
+    /// The size to tell a call with `limits`, when it is not the one the
+    /// sandbox was built with (its CPUs are kept if their count fits).
+    fn view_for(&self, limits: &Limits) -> Option<View> {
+        let cpus_fit = self.cpus.fits(&self.view.cpus, limits.cpu_millis);
+        if cpus_fit && self.view.memory_bytes == limits.memory_bytes {
+            return None;
+        }
+        let cpus = if cpus_fit { self.view.cpus.clone() } else { self.cpus.take(limits.cpu_millis) };
+        Some(View { cpus, memory_bytes: limits.memory_bytes })
     }
 
     /// False when the supervisor has exited (the sandbox is unusable).
@@ -518,6 +536,7 @@ impl Prepared {
         // it started with exactly the call's.
         go.warm = self.warm.as_ref().is_some_and(|w| w.interpreter == go.interpreter && w.env == warren_isolation::spec::startup_env(w.kind, &go.env));
 
+        go.view = self.view_for(&spec.limits);
         let applied = self.cgroup.set_limits(&spec.limits);
         let sent = match applied {
             Ok(()) => self.init.send(&go).await.map_err(|e| e.to_string()),

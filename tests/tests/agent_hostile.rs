@@ -154,8 +154,11 @@ fn cases() -> Vec<Case> {
         }),
         // --- reading host secrets ---
         py("host_secrets", "no_read('/etc/shadow'); no_read('/root/.bash_history'); no_read('/proc/1/environ'); no_read('/proc/1/root/etc/hostname'); no_read('/var/lib/warren'); no_read('/sys/fs/cgroup/cgroup.procs')", all_blocked),
-        bash("agent_state_invisible", "ls -A /tmp; ls / | tr '\\n' ' '; ls /var 2>&1 | head -1", |r| {
-            ensure(!r.stdout.contains("warren-e2e") && r.stdout.contains("home") && !r.stdout.contains("root ") && r.stdout.contains("No such file"), "no host /tmp, /root or /var", r)
+        // /var is the sandbox's own (#45): empty places a program may write,
+        // nothing of the node's (its logs, the agent's state under /var/lib).
+        bash("agent_state_invisible", "ls -A /tmp; ls / | tr '\\n' ' '; echo; ls /var | tr '\\n' ' '; ls -A /var/lib /var/log /var/cache /var/tmp | grep -v ':$' | grep -c .", |r| {
+            let var = "cache lib local lock log mail opt run spool tmp ";
+            ensure(!r.stdout.contains("warren-e2e") && r.stdout.contains("home") && !r.stdout.contains("root ") && r.stdout.ends_with(&format!("\n{var}0\n")), "no host /tmp, /root or /var", r)
         }),
         bash("other_executions_tmp_is_fresh", "ls -A /tmp /home/sandbox | grep -v ':$' | grep -c . ; echo secret > /tmp/leak", |r| {
             ensure(r.stdout == "0\n", "each execution starts with empty /tmp and home", r)
@@ -216,7 +219,7 @@ fn cases() -> Vec<Case> {
             ensure(ok, "uid 1000, no capabilities, unprivileged host ids, only stdio open", r)
         }),
         bash("minimal_environment", "env | cut -d= -f1 | sort | tr '\\n' ' '", |r| {
-            ensure(r.stdout == "HOME LANG PATH PWD SHLVL _ " || r.stdout == "HOME LANG OLDPWD PATH PWD SHLVL _ ", "only the spec's variables", r)
+            ensure(r.stdout == "HOME LANG LOGNAME PATH PWD SHELL SHLVL USER _ " || r.stdout == "HOME LANG LOGNAME OLDPWD PATH PWD SHELL SHLVL USER _ ", "only the spec's variables", r)
         }),
         py("dev_is_minimal", "print(sorted(os.listdir('/dev')))\nopen('/dev/null', 'w').write('x'); print(len(open('/dev/urandom', 'rb').read(16)))", |r| {
             ensure(r.stdout.starts_with("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']\n16"), "/dev has exactly the safe devices", r)

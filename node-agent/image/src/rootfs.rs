@@ -20,7 +20,7 @@ const MAX_ID_FILE: u64 = 256 << 10;
 const SANDBOX_ID: u32 = 1000;
 
 /// Directories Warren mounts its zones on, with their modes.
-const ZONES: &[(&str, u32)] = &[("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("home", 0o755), ("data", 0o755), ("run", 0o755), ("run/warren", 0o755), ("etc", 0o755)];
+const ZONES: &[(&str, u32)] = &[("proc", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("home", 0o755), ("data", 0o755), ("run", 0o755), ("run/warren", 0o755), ("etc", 0o755), ("sys", 0o555)];
 
 /// Mounts the read-only overlay of `lowers` (topmost first) on `target`.
 pub fn mount_overlay(lowers: &[PathBuf], target: &Path) -> io::Result<()> {
@@ -89,6 +89,7 @@ pub fn build_top(top: &Path, base: &Path) -> io::Result<()> {
         fs::DirBuilder::new().recursive(true).mode(*mode).create(&path)?;
         fs::set_permissions(&path, fs::Permissions::from_mode(*mode))?;
     }
+    writable_mount_points(top, base)?;
     let passwd = read_in_root(base, "etc/passwd", MAX_ID_FILE)?.unwrap_or_default();
     let group = read_in_root(base, "etc/group", MAX_ID_FILE)?.unwrap_or_default();
     let files = [
@@ -102,6 +103,34 @@ pub fn build_top(top: &Path, base: &Path) -> io::Result<()> {
         let path = top.join("etc").join(name);
         fs::write(&path, content)?;
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(())
+}
+
+/// Mount points for the places a program may write (`/var/tmp`,
+/// `/var/cache`, …; see [`warren_core::layout`]) that the image lacks. A
+/// path whose parent the image has as anything but a directory (a
+/// symlinked `/var`) is left as the image has it: a directory in the top
+/// layer would hide it.
+fn writable_mount_points(top: &Path, base: &Path) -> io::Result<()> {
+    for w in warren_core::layout::WRITABLE {
+        let mut at = base.to_path_buf();
+        let mut missing = false;
+        let clear = w.path.split('/').all(|part| {
+            at.push(part);
+            match fs::symlink_metadata(&at) {
+                Ok(m) => m.is_dir() && !missing,
+                Err(_) => {
+                    missing = true;
+                    true
+                }
+            }
+        });
+        if clear && missing {
+            let path = top.join(w.path);
+            fs::DirBuilder::new().recursive(true).mode(0o755).create(&path)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(w.mode))?;
+        }
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ pub mod rootfs;
 mod stub;
 mod supervisor;
 pub mod sys;
+pub mod views;
 mod warm;
 
 pub use environ::available as warm_environ_available;

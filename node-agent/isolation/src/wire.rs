@@ -64,7 +64,13 @@ pub struct SupervisorConfig {
     /// An interpreter to start while the sandbox waits (a warm start).
     #[serde(default)]
     pub warm: Option<WarmStart>,
+    /// The size the sandbox tells its program (CPUs, memory) for the
+    /// limits it is built with; see [`crate::sandbox::views`].
+    #[serde(default)]
+    pub view: View,
 }
+
+pub use crate::sandbox::views::View;
 
 /// An interpreter started inside the finished sandbox before its call, as the
 /// program's user under the program's filter, held just before it opens its
@@ -149,6 +155,10 @@ pub struct Go {
     /// stops it and starts the program cold.
     #[serde(default)]
     pub warm: bool,
+    /// The size to tell the program when the call's limits differ from
+    /// those the sandbox was built with (`None`: as built).
+    #[serde(default)]
+    pub view: Option<View>,
 }
 
 /// The program's home directory.

@@ -177,6 +177,7 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
         max_processes: spec.limits.pids.into(),
         home: Home::Tmpfs { bytes: spec.limits.home_bytes },
         warm: false,
+        view: None,
     }
 }
 
@@ -202,6 +203,7 @@ fn program_env(language: Language, image_env: &[(String, String)]) -> Vec<(Strin
         ("HOME".into(), warren_isolation::sandbox::rootfs::HOME.into()),
         ("LANG".into(), "C.UTF-8".into()),
     ];
+    env.extend(warren_core::layout::IDENTITY_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     env.extend(image_env.iter().cloned());
     env.extend(language.interpreter_env().iter().map(|(k, v)| (k.to_string(), v.to_string())));
     env

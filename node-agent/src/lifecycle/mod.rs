@@ -239,6 +239,7 @@ mod tests {
             max_processes: 1,
             home: warren_isolation::wire::Home::Tmpfs { bytes: 1 },
             warm: false,
+            view: None,
         };
         rs.shape(&mut go);
         assert_eq!(go.env, [("home".to_string(), "1".to_string()), ("mount".into(), "1".into())]);

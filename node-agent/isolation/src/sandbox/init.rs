@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use super::{program, rootfs, stub, sys, warm};
+use super::{program, rootfs, stub, sys, views, warm};
 use crate::wire::{self, Go, Home, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
@@ -34,9 +34,10 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
     }
     // SAFETY: fd 4 is the init control socket passed down by the supervisor; only we use it.
     let mut ctrl = unsafe { UnixStream::from_raw_fd(wire::INIT_FD) };
-    if let Err((stage, e)) = setup(cfg) {
-        fail(&mut ctrl, stage, &e);
-    }
+    let facts = match setup(cfg) {
+        Ok(facts) => facts,
+        Err((stage, e)) => fail(&mut ctrl, stage, &e),
+    };
     let (zygote, failed) = match cfg.warm.as_ref().and_then(|w| warm::start(w, &cfg.seccomp_bpf)) {
         Some((z, failed)) => (Some(z), failed),
         None => (None, Vec::new()),
@@ -52,7 +53,7 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         // The agent discarded this sandbox.
         _ => sys::exit_now(0),
     };
-    run_program(&mut ctrl, &go, cfg, Waiting { zygote, stub })
+    run_program(&mut ctrl, &go, cfg, Waiting { zygote, stub }, &facts)
 }
 
 /// What waits for the call: a warm interpreter, or the cold start's stub.
@@ -66,7 +67,7 @@ fn fail(ctrl: &mut UnixStream, stage: &str, e: &dyn std::fmt::Display) -> ! {
     sys::exit_now(1)
 }
 
-fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
+fn setup(cfg: &SupervisorConfig) -> Result<views::NodeFacts, (&'static str, io::Error)> {
     let s = |stage: &'static str| move |e: nix::Error| (stage, io::Error::from(e));
     nix::unistd::setresgid(0.into(), 0.into(), 0.into()).map_err(s("setresgid"))?;
     nix::unistd::setresuid(0.into(), 0.into(), 0.into()).map_err(s("setresuid"))?;
@@ -76,10 +77,15 @@ fn setup(cfg: &SupervisorConfig) -> Result<(), (&'static str, io::Error)> {
     sys::set_dumpable(false).map_err(|e| ("dumpable", e))?;
     nix::unistd::sethostname("sandbox").map_err(s("sethostname"))?;
     sys::loopback_up().map_err(|e| ("loopback", e))?;
-    rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))
+    let facts = rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))?;
+    // What waits for the call (stub, warm interpreter) is forked after
+    // this, so it runs on these CPUs too.
+    views::write_views(&facts, &cfg.view).map_err(|e| ("views", e))?;
+    views::set_affinity(&[Pid::from_raw(0)], &cfg.view.cpus).map_err(|e| ("affinity", e))?;
+    Ok(facts)
 }
 
-fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: Waiting) -> ! {
+fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: Waiting, facts: &views::NodeFacts) -> ! {
     if let Home::Tmpfs { bytes } = go.home {
         if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
             fail(ctrl, "home", &e);
@@ -93,6 +99,11 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: 
     }
     if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
         fail(ctrl, "script", &e);
+    }
+    if let Some(view) = &go.view {
+        if let Err(e) = resize(facts, &cfg.view, view, &waiting) {
+            fail(ctrl, "views", &e);
+        }
     }
     let warm = match waiting.zygote {
         Some(z) if go.warm => z.deliver(go).ok(),
@@ -166,6 +177,25 @@ fn start_cold(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> Pid {
         fail(ctrl, "exec", &e);
     }
     child
+}
+
+/// Tells the program the call's size, which differs from the one the
+/// sandbox was built with: the views, and the CPUs of init (a cold start
+/// forks from it) and of what waits for the call (every thread of a warm
+/// interpreter).
+fn resize(facts: &views::NodeFacts, built: &views::View, call: &views::View, waiting: &Waiting) -> io::Result<()> {
+    views::write_views(facts, call)?;
+    if call.cpus == built.cpus {
+        return Ok(());
+    }
+    let mut tasks = vec![Pid::from_raw(0)];
+    if let Some(stub) = &waiting.stub {
+        tasks.push(stub.pid());
+    }
+    if let Some(zygote) = &waiting.zygote {
+        tasks.extend(views::threads_of(zygote.pid()));
+    }
+    views::set_affinity(&tasks, &call.cpus)
 }
 
 /// Reaps every child (orphans re-parent to us) until `main` ends.

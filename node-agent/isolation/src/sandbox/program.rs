@@ -65,6 +65,7 @@ impl Launch {
             max_processes: 0,
             home: wire::Home::Mounted,
             warm: true,
+            view: None,
         };
         Ok(Launch { warm: Some((w.kind, ctrl)), ..Launch::new(&go)? })
     }
@@ -238,6 +239,7 @@ mod tests {
             max_processes: 64,
             home: wire::Home::Mounted,
             warm: false,
+            view: None,
         }
     }
 

@@ -6,7 +6,10 @@
 //! ├── etc         read-only bind of the agent's prepared /etc (generated passwd/group/hosts + copies of a safe subset of host /etc)
 //! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
 //! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
-//! ├── tmp         tmpfs (size-limited, 1777)
+//! ├── tmp         ┐ one tmpfs of the sandbox's tmp size, bound at each: /tmp,
+//! ├── var/tmp     │ /var/tmp, /run/lock (1777), and /var/cache, lib, log,
+//! ├── var/…       ┘ spool, mail, opt, local (the sandbox user's) — on an image only where it has none
+//! ├── sys         a tmpfs with devices/system/cpu/{online,possible,present}: the sandbox's CPUs
 //! ├── home        read-only bind of the agent's per-sandbox home dir, a mount-propagation slave
 //! │   └── sandbox tmpfs mounted by init at Go (size-limited, 0700, uid 1000),
 //! │               or a thread's overlay the agent mounted on the host side
@@ -18,8 +21,11 @@
 //! With an OCI image, `/` is instead a read-only bind of the image's root
 //! (an overlay the agent mounted once, whose top layer holds the mount
 //! points below and the identity files in `/etc`), and `/run/warren` is a
-//! small tmpfs of its own; `/proc`, `/dev`, `/tmp`, `/home` and `/data` are
-//! the same.
+//! small tmpfs of its own; `/proc`, `/dev`, `/tmp`, `/var/tmp`, `/sys`,
+//! `/home` and `/data` are the same, and `/var/cache` and the other FHS
+//! places programs write to are mounted where the image has none (an
+//! empty directory), never over the image's own. `/proc/meminfo`,
+//! `/proc/cpuinfo` and `/proc/stat` tell the sandbox's size ([`super::views`]).
 //!
 //! Nothing is created on the host: every mount lives and dies with the
 //! sandbox's mount namespace. The links back are `/home` and `/data`, which
@@ -32,6 +38,8 @@ use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use warren_core::layout::WRITABLE;
 
 use super::sys;
 use crate::wire::SupervisorConfig;
@@ -55,6 +63,7 @@ const ETC_BINDS: &[&str] = &[
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
     "ca-certificates", "ca-certificates.conf", "python3", "python3.11", "protocols", "services",
     "mime.types", "gai.conf", "host.conf", "localtime", "timezone", "bash.bashrc", "inputrc", "magic",
+    "os-release", "debian_version", "shells",
 ];
 
 /// procfs files that leak host information or accept dangerous writes
@@ -91,8 +100,9 @@ fn nix_io(e: nix::Error) -> io::Error {
     io::Error::from(e)
 }
 
-/// Builds the tree under `cfg.mount_dir` and makes it the root.
-pub fn build(cfg: &SupervisorConfig) -> Result<()> {
+/// Builds the tree under `cfg.mount_dir` and makes it the root; returns
+/// what the node says of its CPUs (read before the views hide it).
+pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
     let root = cfg.mount_dir.as_path();
     // Slave, not private: the home bind below must keep receiving the
     // agent's mounts. Every other host bind is made private right away.
@@ -104,24 +114,79 @@ pub fn build(cfg: &SupervisorConfig) -> Result<()> {
             tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
             mirror_usr(root)?;
             populate_etc(root, &cfg.etc_dir)?;
+            host_mount_points(root)?;
         }
         Some(image) => bind_readonly(image, root, MsFlags::MS_NODEV)?,
     }
     mount_proc(root)?;
+    let facts = super::views::NodeFacts::read(&root.join("proc")).map_err(ctx("read", Path::new("/proc/cpuinfo")))?;
     populate_dev(root)?;
-    let tmp = root.join("tmp");
-    mkdir(&tmp, 0o1777)?;
-    tmpfs(&tmp, &format!("size={},nr_inodes=262144,mode=1777", cfg.tmp_bytes), MsFlags::empty())?;
+    mkdir(&root.join("run"), 0o755)?;
+    let staging = root.join("run/warren");
+    mkdir(&staging, 0o755)?;
+    mount_writable(root, &staging, cfg.tmp_bytes)?;
+    super::views::mount_views(root, &staging).map_err(ctx("views", root))?;
     bind_receiving(&cfg.home_dir, &root.join("home"))?;
     bind_receiving(&cfg.data_dir, &root.join("data"))?;
-    mkdir(&root.join("run"), 0o755)?;
-    mkdir(&root.join("run/warren"), 0o755)?;
     if cfg.image_root.is_some() {
         // The image's root is read-only: the program text gets its own tmpfs.
         tmpfs(&root.join("run/warren"), SCRIPT_TMPFS, MsFlags::MS_NOEXEC)?;
     }
     bind_receiving(&cfg.conn_dir, &root.join("run/warren/connectors"))?;
-    pivot(root)
+    pivot(root)?;
+    Ok(facts)
+}
+
+/// The `host` root's own mount points for the writable places and `/sys`,
+/// and `/var/run`, `/var/lock` as a Debian system has them.
+fn host_mount_points(root: &Path) -> Result<()> {
+    for dir in ["var", "run", "sys"] {
+        mkdir(&root.join(dir), 0o755)?;
+    }
+    for w in WRITABLE {
+        mkdir(&root.join(w.path), w.mode)?;
+    }
+    for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock")] {
+        let path = root.join(link);
+        symlink(to, &path).map_err(ctx("symlink", &path))?;
+    }
+    Ok(())
+}
+
+/// `rel` below `root` is a directory reached through directories only (an
+/// image's symlink never leads a mount out of the sandbox's root).
+fn real_dir(root: &Path, rel: &str) -> bool {
+    let mut path = root.to_path_buf();
+    rel.split('/').all(|part| {
+        path.push(part);
+        fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+    })
+}
+
+fn is_empty_dir(path: &Path) -> bool {
+    fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
+}
+
+/// Mounts one tmpfs of `bytes` (staged on `staging`, detached afterwards)
+/// at every writable place the root has a mount point for.
+fn mount_writable(root: &Path, staging: &Path, bytes: u64) -> Result<()> {
+    tmpfs(staging, &format!("size={bytes},nr_inodes=262144,mode=0755"), MsFlags::empty())?;
+    let bound = WRITABLE.iter().enumerate().try_for_each(|(i, w)| {
+        let target = root.join(w.path);
+        if !real_dir(root, w.path) || (w.only_where_missing && !is_empty_dir(&target)) {
+            return Ok(());
+        }
+        let src = staging.join(i.to_string());
+        mkdir(&src, w.mode)?;
+        if w.owned {
+            nix::unistd::chown(&src, Some(SANDBOX_UID.into()), Some(SANDBOX_UID.into())).map_err(nix_io).map_err(ctx("chown", &src))?;
+        }
+        mount(Some(&src), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &target))?;
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        mount(None::<&str>, &target, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount", &target))
+    });
+    umount2(staging, MntFlags::MNT_DETACH).map_err(nix_io).map_err(ctx("detach", staging))?;
+    bound
 }
 
 /// Binds the agent's `src` on `dst` read-only, staying a propagation slave

@@ -46,6 +46,11 @@ pub fn start(bpf: &[u8]) -> Option<Stub> {
 }
 
 impl Stub {
+    /// Its pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
     /// Gives the stub its call: the call's limits, then the call itself.
     /// Returns its pid (the program's now) once it exec'd.
     pub fn go(mut self, go: &Go) -> Result<Pid, Handoff> {

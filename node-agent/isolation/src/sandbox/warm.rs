@@ -111,6 +111,11 @@ impl Zygote {
     /// view of its environment, then its working directory and environment.
     /// Returns its pid (the program's now), or `Err` when it died while
     /// waiting or could not be handed the environment — stopped and reaped,
+    /// Its pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
     /// so the caller can start the program cold.
     pub fn deliver(mut self, go: &Go) -> Result<Pid, ()> {
         let limits = set_call_limits(self.pid.as_raw(), go.open_files, go.file_size_bytes, go.max_processes);
