@@ -28,6 +28,7 @@ pub mod executions;
 pub mod local_config;
 pub mod mcp;
 pub mod metrics;
+pub mod multipart;
 pub mod nodes;
 pub mod request;
 pub mod result;

@@ -8,7 +8,24 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 use warren_image::{Image, PullAuth, PullError, Store};
 
-use crate::executor::ExecError;
+
+/// Why an image cannot serve a call (the executor maps it to its own
+/// refusals).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// The reference (or digest) is malformed.
+    #[error("image: {0}")]
+    Reference(String),
+    /// Still being pulled to this node.
+    #[error("image {0} is being pulled to this node; retry shortly")]
+    Pulling(String),
+    /// Could not be pulled, or is not served to the caller's credentials.
+    #[error("image: {0}")]
+    Unavailable(String),
+    /// Its registry is an endpoint this node refuses.
+    #[error("image: {0}")]
+    Refused(String),
+}
 
 /// A tag resolved this long ago is re-resolved in the background (calls
 /// keep using the known digest meanwhile).
@@ -83,7 +100,7 @@ impl Images {
     /// registry serving only the manifest, or without the credentials —
     /// runs nothing. A call waits at most the pull wait (`wait`: `None`
     /// waits as long as the check takes, as warming does).
-    async fn ensure_may_pull(&self, pinned: &str, digest: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<(), ExecError> {
+    async fn ensure_may_pull(&self, pinned: &str, digest: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<(), ImageError> {
         let (registry, repository) = warren_image::repository(pinned).map_err(pull_error)?;
         let verdict = (format!("{registry}/{repository}"), digest.to_string(), fingerprint(auth));
         if self.verified().get(&verdict).is_some_and(|at| at.elapsed() < VERIFIED_FOR) {
@@ -102,8 +119,8 @@ impl Images {
                 self.record(verdict);
                 Ok(())
             }
-            Ok(Err(e)) => Err(ExecError::Image(format!("{}@{digest} is not served to this Sandbox's pull credentials: {e}", verdict.0))),
-            Err(_) => Err(ExecError::ImagePulling(pinned.to_string())),
+            Ok(Err(e)) => Err(ImageError::Unavailable(format!("{}@{digest} is not served to this Sandbox's pull credentials: {e}", verdict.0))),
+            Err(_) => Err(ImageError::Pulling(pinned.to_string())),
         }
     }
 
@@ -127,8 +144,8 @@ impl Images {
     /// The warm image for a call: `reference` pinned to `digest` when the
     /// control plane resolved one. A warm image costs a map lookup; a cold
     /// one is pulled, and a pull longer than the pull wait refuses the call
-    /// with [`ExecError::ImagePulling`] while it goes on.
-    pub async fn for_call(&self, reference: &str, digest: &str, auth: &PullAuth) -> Result<Arc<Image>, ExecError> {
+    /// with [`ImageError::Pulling`] while it goes on.
+    pub async fn for_call(&self, reference: &str, digest: &str, auth: &PullAuth) -> Result<Arc<Image>, ImageError> {
         let pinned = pin(reference, digest)?;
         let fp = fingerprint(auth);
         let known = match pinned.rsplit_once('@') {
@@ -152,15 +169,15 @@ impl Images {
     /// pull goes on in the background past the wait. The image is handed
     /// out only to credentials its registry proved it serves: by this pull
     /// (a verdict is recorded only then), or by a check of the warm copy.
-    pub async fn pull(&self, reference: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<Arc<Image>, ExecError> {
+    pub async fn pull(&self, reference: &str, auth: &PullAuth, wait: Option<Duration>) -> Result<Arc<Image>, ImageError> {
         let store = self.store.clone();
         let (r, a) = (reference.to_string(), auth.clone());
         let task = tokio::spawn(async move { store.pull(&r, &a).await });
         let joined = match wait {
             None => task.await,
-            Some(wait) => tokio::time::timeout(wait, task).await.map_err(|_| ExecError::ImagePulling(reference.to_string()))?,
+            Some(wait) => tokio::time::timeout(wait, task).await.map_err(|_| ImageError::Pulling(reference.to_string()))?,
         };
-        let pulled = joined.map_err(|e| ExecError::Image(format!("pull task failed: {e}")))?.map_err(pull_error)?;
+        let pulled = joined.map_err(|e| ImageError::Unavailable(format!("pull task failed: {e}")))?.map_err(pull_error)?;
         let image = pulled.image;
         match pulled.proven {
             true => {
@@ -196,28 +213,28 @@ impl Images {
 
 /// `reference` pinned to `digest` (`repo:tag@sha256:…`); a reference that
 /// carries another digest is refused.
-fn pin(reference: &str, digest: &str) -> Result<String, ExecError> {
+fn pin(reference: &str, digest: &str) -> Result<String, ImageError> {
     if reference.is_empty() || reference.len() > 512 || reference.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(ExecError::ImageReference(format!("{reference:?} is not an image reference")));
+        return Err(ImageError::Reference(format!("{reference:?} is not an image reference")));
     }
     if digest.is_empty() {
         return Ok(reference.to_string());
     }
     if !warren_image::digest::is_sha256(digest) {
-        return Err(ExecError::ImageReference(format!("image_digest {digest:?} is not sha256:<64 hex>")));
+        return Err(ImageError::Reference(format!("image_digest {digest:?} is not sha256:<64 hex>")));
     }
     match reference.rsplit_once('@') {
         Some((_, d)) if d == digest => Ok(reference.to_string()),
-        Some(_) => Err(ExecError::ImageReference("image and image_digest name different digests".into())),
+        Some(_) => Err(ImageError::Reference("image and image_digest name different digests".into())),
         None => Ok(format!("{reference}@{digest}")),
     }
 }
 
-fn pull_error(e: PullError) -> ExecError {
+fn pull_error(e: PullError) -> ImageError {
     match e {
-        PullError::Reference(..) => ExecError::ImageReference(e.to_string()),
-        PullError::Endpoint(_) => ExecError::ImageRefused(e.to_string()),
-        other => ExecError::Image(other.to_string()),
+        PullError::Reference(..) => ImageError::Reference(e.to_string()),
+        PullError::Endpoint(_) => ImageError::Refused(e.to_string()),
+        other => ImageError::Unavailable(other.to_string()),
     }
 }
 

@@ -134,7 +134,7 @@ fn module_graph(src: &Path) -> std::collections::BTreeMap<String, BTreeSet<Strin
             }
             let rel = p.strip_prefix(src).unwrap().to_string_lossy().into_owned();
             let top = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-            if !rel.ends_with(".rs") || top == "lib" || top == "main" || top == "bin" {
+            if !rel.ends_with(".rs") || top == "lib" || top == "main" || top == "bin" || is_test_file(&rel) {
                 continue;
             }
             let text = std::fs::read_to_string(&p).unwrap();
@@ -149,10 +149,49 @@ fn module_graph(src: &Path) -> std::collections::BTreeMap<String, BTreeSet<Strin
     graph
 }
 
+/// `text` without its test items: each `#[cfg(test)]` item (a `mod x;`
+/// declaration, or a braced item to its matching brace) is left out, and
+/// only it — a test module declared at the top hides nothing below it.
+fn without_tests(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at + "#[cfg(test)]".len()..];
+        let (semi, brace) = (item.find(';'), item.find('{'));
+        rest = match (semi, brace) {
+            (Some(s), Some(b)) if s < b => &item[s + 1..],
+            (Some(s), None) => &item[s + 1..],
+            (_, Some(b)) => {
+                let mut depth = 0usize;
+                let end = item[b..].char_indices().find_map(|(i, c)| {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                    (depth == 0).then_some(b + i + 1)
+                });
+                &item[end.unwrap_or(item.len())..]
+            }
+            (None, None) => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A source file compiled for tests only (declared under `#[cfg(test)]`
+/// by its parent, by this project's naming).
+fn is_test_file(rel: &str) -> bool {
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    name == "tests.rs" || name.ends_with("_tests.rs")
+}
+
 /// The modules `text` names as `crate::m` or `crate::{m, …}`, outside
-/// comments and before its `#[cfg(test)]` part.
+/// comments and its `#[cfg(test)]` items.
 fn crate_references(text: &str) -> BTreeSet<String> {
-    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let code = without_tests(text);
     let mut found = BTreeSet::new();
     for line in code.lines().map(str::trim_start).filter(|l| !l.starts_with("//")) {
         // A trailing comment goes too.
@@ -200,6 +239,39 @@ fn import_circles(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) 
     circles
 }
 
+/// The submodules of `dir` (the directory of module `m`) and, for each,
+/// the siblings it names as `super::x` (in its own file) or `crate::m::x`
+/// (anywhere below it), outside comments and its tests.
+fn submodule_graph(dir: &Path, m: &str) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            let sub = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+            if !rel.ends_with(".rs") || sub == "mod" || is_test_file(&rel) {
+                continue;
+            }
+            let code = without_tests(&std::fs::read_to_string(&p).unwrap());
+            let mut refs = crate_references(&code.replace(&format!("crate::{m}::"), "crate::"));
+            if !rel.contains('/') {
+                refs.extend(crate_references(&code.replace("super::", "crate::")));
+            }
+            graph.entry(sub.clone()).or_default().extend(refs.into_iter().filter(|d| *d != sub));
+        }
+    }
+    let known: BTreeSet<String> = graph.keys().cloned().collect();
+    for deps in graph.values_mut() {
+        deps.retain(|d| known.contains(d));
+    }
+    graph
+}
+
 /// Each role's modules layer: a module never reaches itself through its
 /// imports (the gateway's HTTP edge sits on its features, they on the
 /// execution service and state, those on agent access and records).
@@ -211,13 +283,25 @@ fn role_crates_have_no_import_circles() {
         assert!(graph.len() > 5, "{krate}: read its modules: {graph:?}");
         let circles = import_circles(&graph);
         assert!(circles.is_empty(), "{krate}: modules importing each other in a circle: {circles:?}");
+        // And within each module made of several files.
+        for m in graph.keys() {
+            let dir = root.join(krate).join("src").join(m);
+            if dir.is_dir() {
+                let circles = import_circles(&submodule_graph(&dir, m));
+                assert!(circles.is_empty(), "{krate}::{m}: submodules importing each other in a circle: {circles:?}");
+            }
+        }
     }
 }
 
 #[test]
 fn the_circle_check_sees_imports_and_ignores_comments_and_tests() {
-    let text = "//! Uses crate::doc.\nuse crate::{a, b::X};\nfn f() { crate::c::g() } // crate::d\n#[cfg(test)]\nmod tests { use crate::e; }\n";
+    let text = "//! Uses crate::doc.\nuse crate::{a, b::X};\nfn f() { crate::c::g() } // crate::d\n#[cfg(test)]\nmod tests { use crate::e; fn g() { crate::f::h() } }\n";
     assert_eq!(crate_references(text), ["a", "b", "c"].map(String::from).into());
+    // A test module declared first hides nothing after it.
+    let top = "#[cfg(test)]\nmod tests;\nuse crate::images;\n#[cfg(test)]\nmod more { use crate::x; }\nfn f() { crate::pool::g() }\n";
+    assert_eq!(crate_references(top), ["images", "pool"].map(String::from).into());
+    assert!(is_test_file("executor/tests.rs") && is_test_file("request_tests.rs") && !is_test_file("executor/mod.rs"));
     let g = |edges: &[(&str, &str)]| {
         let mut graph: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
         for (from, to) in edges {

@@ -20,7 +20,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::app::{page, see_other, Console};
+use super::frame::{page, see_other, Console};
 use super::html::Html;
 use super::session;
 
@@ -97,7 +97,8 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::super::access::Access;
-    use super::super::app::{csrf_ok, router, SignIn};
+    use super::super::app::{router, SignIn};
+    use super::super::frame::csrf_ok;
     use super::super::link::{local_admin, LocalLink};
     use super::super::session::{Sessions, SESSION_TTL};
     use super::*;

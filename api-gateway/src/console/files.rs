@@ -15,7 +15,7 @@ use futures_util::StreamExt as _;
 use serde::Deserialize;
 use warren_config::EffectiveKey;
 
-use super::app::{csrf_ok, not_found_page, page, see_other, Console};
+use super::frame::{csrf_ok, not_found_page, page, see_other, Console};
 use super::body::{Form, SMALL_FORM};
 use super::html::{table, Html};
 use super::pages::Viewer;
@@ -190,7 +190,7 @@ pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, ur
         Err(e) => return failed(&v, e),
     };
     let max = access.max_upload().min(UPLOAD_MAX);
-    let Some(boundary) = headers.get(header::CONTENT_TYPE).and_then(|t| t.to_str().ok()).and_then(super::multipart::boundary) else {
+    let Some(boundary) = headers.get(header::CONTENT_TYPE).and_then(|t| t.to_str().ok()).and_then(crate::multipart::boundary) else {
         return bad(&v, "Send the upload form as multipart/form-data.");
     };
     if headers.get(header::CONTENT_LENGTH).and_then(|l| l.to_str().ok()).and_then(|l| l.parse::<u64>().ok()).is_some_and(|l| l > max + FORM_OVERHEAD) {
@@ -202,7 +202,7 @@ pub(super) async fn upload(State(c): State<Arc<Console>>, headers: HeaderMap, ur
         Ok(b) => b,
         Err(r) => return r,
     };
-    let parts = match super::multipart::parse(&body, &boundary) {
+    let parts = match crate::multipart::parse(&body, &boundary) {
         Ok(p) => p,
         Err(why) => return bad(&v, why),
     };

@@ -4,6 +4,8 @@
 //!   (SubjectAccessReview);
 //! - [`app`]: the console's routes on their own listener (sign-in, sign-out,
 //!   assets, pages behind a session);
+//! - `frame`: the console's state and what every page shares (the
+//!   request's session, page and redirect helpers, the CSRF check);
 //! - [`objects`]: Warren's kinds as the API server holds them (Ready,
 //!   the manifest for Git, events), in a cluster;
 //! - [`oidc`]: the sign-in's rules (PKCE, ID-token checks);
@@ -29,10 +31,10 @@
 
 pub mod access;
 pub mod app;
+mod frame;
 mod body;
 pub mod client;
 mod files;
-pub(crate) mod multipart;
 pub mod html;
 pub mod link;
 pub mod objects;

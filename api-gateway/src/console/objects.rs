@@ -12,7 +12,7 @@ use axum::response::Response;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
-use super::app::{not_found_page, page, Console};
+use super::frame::{not_found_page, page, Console};
 use super::html::{table, Html};
 use super::pages::Viewer;
 

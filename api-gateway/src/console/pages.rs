@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 
-use super::app::{not_found_page, page, Console};
+use super::frame::{not_found_page, page, Console};
 use super::html::Html;
 use super::query::{ListQuery, Refusal};
 use super::session::Session;

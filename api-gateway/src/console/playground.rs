@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
-use super::app::{csrf_ok, page, see_other, Console};
+use super::frame::{csrf_ok, page, see_other, Console};
 use super::body::Form;
 use super::html::Html;
 use super::pages::Viewer;

@@ -14,7 +14,7 @@ use axum::response::Response;
 use axum::Extension;
 use serde::Deserialize;
 
-use super::app::{not_found_page, page, random, see_other, Console, SignIn};
+use super::frame::{not_found_page, page, random, see_other, Console, SignIn};
 use super::html::Html;
 use super::oidc::{Identity, TokenError};
 use super::provider::ProviderError;

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 
-use super::app::{csrf_ok, not_found_page, page, see_other, Console};
+use super::frame::{csrf_ok, not_found_page, page, see_other, Console};
 use super::body::{Form, SMALL_FORM};
 use super::html::Html;
 use super::pages::Viewer;

@@ -96,7 +96,7 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
         let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let max = files.max_upload();
         let too_large = || E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the upload exceeds the largest file this sandbox stores ({max} bytes)"));
-        let boundary = crate::console::multipart::boundary(ct);
+        let boundary = crate::multipart::boundary(ct);
         let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         if let (None, Some(len)) = (&boundary, declared) {
             // One file of known size: streamed to the node, never held here.
@@ -114,7 +114,7 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
         let bytes = held(&st, b, limit, &mut hold).await?;
         let mut written = Vec::new();
         if let Some(boundary) = boundary {
-            let parts = crate::console::multipart::parse(&bytes, &boundary).map_err(|why| E2bError::invalid(format!("the multipart body: {why}")))?;
+            let parts = crate::multipart::parse(&bytes, &boundary).map_err(|why| E2bError::invalid(format!("the multipart body: {why}")))?;
             for part in parts.into_iter().filter(|p| p.filename.is_some() || q.path.is_some()) {
                 let rel = match (&q.path, &part.filename) {
                     (Some(p), _) if written.is_empty() => file_path(Some(p))?,

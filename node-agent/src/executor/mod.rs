@@ -181,6 +181,18 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
     }
 }
 
+impl From<crate::images::ImageError> for ExecError {
+    fn from(e: crate::images::ImageError) -> ExecError {
+        use crate::images::ImageError as I;
+        match e {
+            I::Reference(s) => ExecError::ImageReference(s),
+            I::Pulling(s) => ExecError::ImagePulling(s),
+            I::Unavailable(s) => ExecError::Image(s),
+            I::Refused(s) => ExecError::ImageRefused(s),
+        }
+    }
+}
+
 /// Checks that the pool's sandboxes stay idle, and cools its shapes now
 /// and then (see [`Pool::sweep`], [`Pool::cool`]).
 async fn cool_now_and_then(pool: Pool) {

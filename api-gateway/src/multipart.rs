@@ -1,5 +1,5 @@
-//! The console's one `multipart/form-data` form (a file upload), read from a
-//! body the caller already bounded. Browsers send no preamble and quote the
+//! `multipart/form-data` bodies (the console's upload form, E2B's file
+//! uploads), read from a body the caller already bounded. Browsers send no preamble and quote the
 //! header parameters; anything else is refused with a reason, never guessed.
 
 use axum::body::Bytes;
