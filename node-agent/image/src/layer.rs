@@ -2,7 +2,7 @@
 //! directory that becomes an overlayfs lower layer.
 //!
 //! The layer is hostile. Every file operation is relative to a directory
-//! opened with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (see [`crate::beneath`]),
+//! opened with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (see [`warren_confined`]),
 //! so no entry — `../x`, an absolute path, a path through a symlink the layer
 //! itself planted, a hard link to a file outside it — can touch anything but
 //! the layer's own directory. What is neutralised rather than refused:
@@ -13,11 +13,10 @@
 
 use std::io::{self, Read};
 
-use rustix::fs::{FileType, Mode};
+use rustix::fs::Mode;
 use tar::{EntryType, PaxExtensions};
 
-use crate::beneath::Dir;
-use crate::path::RelPath;
+use warren_confined::{Dir, Marker, PathError, RelPath};
 
 /// Largest GNU long-name or PAX header accepted (the tar crate would read
 /// any size into memory).
@@ -25,8 +24,6 @@ const MAX_HEADER: u64 = 64 << 10;
 /// Owners above this are shown as `nobody`.
 const MAX_ID: u64 = 65_535;
 const NOBODY: u32 = 65_534;
-const WHITEOUT_PREFIX: &[u8] = b".wh.";
-const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 
 /// Why a layer could not be unpacked.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +59,12 @@ impl LayerError {
             Some(OverBudget(what)) => LayerError::TooLarge(what.clone()),
             None => LayerError::Io { context, source },
         }
+    }
+}
+
+impl From<PathError> for LayerError {
+    fn from(e: PathError) -> LayerError {
+        LayerError::Refused(e.0)
     }
 }
 
@@ -165,7 +168,7 @@ fn apply_entry<R: Read>(root: &Dir, entry: &mut tar::Entry<'_, R>, meta: Pending
     let header = entry.header();
     let raw_path = meta.path.unwrap_or_else(|| header.path_bytes().into_owned());
     let path = RelPath::parse(&raw_path)?;
-    let shown = String::from_utf8_lossy(&path.joined()).into_owned();
+    let shown = path.display();
     let io_err = |what: &str| entry_error(format!("{what} {shown}"));
     let kind = header.entry_type();
     let mode = header.mode().map_err(io_err("mode of"))?;
@@ -180,45 +183,41 @@ fn apply_entry<R: Read>(root: &Dir, entry: &mut tar::Entry<'_, R>, meta: Pending
         stats.entries += 1;
         return Ok(());
     };
-    let name_bytes = std::os::unix::ffi::OsStrExt::as_bytes(name);
-    if name_bytes == OPAQUE_MARKER {
-        let dir = root.dir(&parent, true).map_err(io_err("open dir of"))?;
-        dir.set_opaque().map_err(io_err("mark opaque"))?;
-        stats.entries += 1;
-        return Ok(());
-    }
-    if let Some(hidden) = name_bytes.strip_prefix(WHITEOUT_PREFIX) {
-        if hidden.starts_with(WHITEOUT_PREFIX) {
-            return Ok(()); // aufs bookkeeping (.wh..wh.plnk and the like)
+    match Marker::of(name).map_err(|_| LayerError::refused(format!("whiteout {shown} names no single file")))? {
+        Some(Marker::Ignored) => return Ok(()),
+        Some(Marker::Opaque) => {
+            let dir = root.make_dirs(&parent).map_err(io_err("open dir of"))?;
+            dir.set_opaque().map_err(io_err("mark opaque"))?;
+            stats.entries += 1;
+            return Ok(());
         }
-        let hidden = RelPath::parse(hidden)?;
-        let Some((_, hidden)) = hidden.split_last().filter(|(p, _)| p.is_root()) else {
-            return Err(LayerError::refused(format!("whiteout {shown} names no single file")));
-        };
-        let dir = root.dir(&parent, true).map_err(io_err("open dir of"))?;
-        dir.whiteout(hidden).map_err(io_err("whiteout"))?;
-        stats.entries += 1;
-        return Ok(());
+        Some(Marker::Whiteout(hidden)) => {
+            let dir = root.make_dirs(&parent).map_err(io_err("open dir of"))?;
+            dir.whiteout(hidden).map_err(io_err("whiteout"))?;
+            stats.entries += 1;
+            return Ok(());
+        }
+        None => {}
     }
     let set_id = mode & 0o6000 != 0;
     let perm = Mode::from_raw_mode(mode & if kind.is_dir() { 0o1777 } else { 0o777 });
-    let dir = root.dir(&parent, true).map_err(io_err("open dir of"))?;
+    let dir = root.make_dirs(&parent).map_err(io_err("open dir of"))?;
     if set_id && matches!(kind, EntryType::Directory | EntryType::Regular | EntryType::Continuous) {
         stats.neutralised += 1;
     }
     match kind {
         EntryType::Directory => dir.make_dir(name, perm, uid, gid).map_err(io_err("mkdir"))?,
         EntryType::Regular | EntryType::Continuous => {
-            dir.write_file(name, entry, perm, uid, gid, mtime).map_err(io_err("write"))?;
+            dir.write_file(name, entry, perm, (uid, gid), mtime).map_err(io_err("write"))?;
         }
         EntryType::Symlink => {
             let target = meta.link.unwrap_or_else(|| header.link_name_bytes().map(|c| c.into_owned()).unwrap_or_default());
-            if target.is_empty() || target.len() > crate::path::MAX_PATH || target.contains(&0) {
+            if target.is_empty() || target.len() > warren_confined::path::MAX_PATH || target.contains(&0) {
                 return Err(LayerError::refused(format!("symlink {shown} has an invalid target")));
             }
             // Symlinks are only data here: nothing below follows them, and
             // inside the sandbox they resolve within its own root.
-            dir.symlink(name, &target, uid, gid, mtime).map_err(io_err("symlink"))?;
+            dir.symlink(name, &target, (uid, gid), mtime).map_err(io_err("symlink"))?;
         }
         EntryType::Link => {
             let target = meta.link.unwrap_or_else(|| header.link_name_bytes().map(|c| c.into_owned()).unwrap_or_default());
@@ -261,8 +260,6 @@ fn owner(id: u64) -> (u32, bool) {
     }
 }
 
-/// Overlayfs whiteout: a 0/0 character device.
-pub(crate) const WHITEOUT: (FileType, u64) = (FileType::CharacterDevice, 0);
 
 #[cfg(test)]
 #[path = "layer_tests.rs"]

@@ -69,7 +69,7 @@ fn unpack(tar: &[u8], budget: &mut Budget) -> (tempfile::TempDir, Result<LayerSt
     let tmp = tempfile::tempdir().unwrap();
     fs::create_dir(tmp.path().join("layer")).unwrap();
     fs::create_dir(tmp.path().join("outside")).unwrap();
-    let root = crate::beneath::Dir::open(&tmp.path().join("layer")).unwrap();
+    let root = warren_confined::Dir::open(&tmp.path().join("layer")).unwrap();
     let result = apply(tar, &root, budget);
     (tmp, result)
 }
@@ -228,7 +228,7 @@ fn bombs_and_floods_hit_the_budget() {
     let mut budget = Budget { bytes: 1 << 20, entries: 10 };
     let stream = crate::digest::Metered::new(flate2::read::GzDecoder::new(&gz[..]), budget.bytes, "uncompressed bytes per image");
     let tmp = tempfile::tempdir().unwrap();
-    let result = apply(stream, &crate::beneath::Dir::open(tmp.path()).unwrap(), &mut budget);
+    let result = apply(stream, &warren_confined::Dir::open(tmp.path()).unwrap(), &mut budget);
     assert!(matches!(&result, Err(LayerError::TooLarge(w)) if w == "uncompressed bytes per image"), "{result:?}");
 
     let mut many = Tar::new();

@@ -6,11 +6,9 @@
 //! mount points of Warren's zones and the sandbox's identity files). A
 //! sandbox's root is a bind of that overlay: warm starts cost one bind.
 
-pub mod beneath;
 pub mod config;
 pub mod digest;
 pub mod layer;
-pub mod path;
 pub mod pull;
 pub mod registry;
 pub mod rootfs;

@@ -9,7 +9,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::Reference;
 use tracing::info;
 
-use crate::beneath::Dir;
+use warren_confined::Dir;
 use crate::config::{ImageConfig, MAX_CONFIG_BYTES};
 use crate::digest::{is_sha256, Metered};
 use crate::layer::{self, Budget, LayerError};

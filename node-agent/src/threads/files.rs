@@ -2,15 +2,15 @@
 //! read its files from the warm copy, and write one file as a save of its
 //! own, exactly as an execution's changes are saved (a new layer, the size
 //! limit, compare-and-swap publication). Paths never leave the home: every
-//! lookup goes through [`beneath`], which follows no symlink.
+//! lookup goes through [`warren_confined::Dir`], which follows no symlink.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use super::beneath::{self, Kind, Tree};
+use warren_confined::dir::not_a_dir;
+use warren_confined::{Dir, Kind};
 use super::manifest::{new_id, ThreadOptions};
 use super::{blocking, io_err, layer, mkdir_private, Restored, Saved, ThreadError, Threads};
 
@@ -41,7 +41,7 @@ impl Drop for Staged {
 
 /// Whether `rel` is a relative path of plain names (or empty).
 pub fn is_plain(rel: &Path) -> bool {
-    rel.components().all(|c| matches!(c, Component::Normal(n) if beneath::is_plain_name(n)))
+    warren_confined::path::is_plain_relative(rel)
 }
 
 fn bad_path() -> ThreadError {
@@ -154,9 +154,9 @@ fn whiteout(upper: &Path, rel: &Path) -> io::Result<()> {
 }
 
 fn list(state: &Path, rel: &Path, max: usize) -> io::Result<(Vec<HomeFile>, bool)> {
-    let tree = Tree::open(state)?;
+    let tree = Dir::open(state)?;
     let mut out = Vec::new();
-    let named = if rel.as_os_str().is_empty() { None } else { tree.stat(rel)? };
+    let named = if rel.as_os_str().is_empty() { None } else { tree.stat_path(rel)? };
     if let Some(st) = named {
         if st.kind == Kind::File {
             out.push(HomeFile { path: rel.to_string_lossy().into_owned(), size: st.size, modified: st.mtime });
@@ -165,7 +165,7 @@ fn list(state: &Path, rel: &Path, max: usize) -> io::Result<(Vec<HomeFile>, bool
     }
     let dir = match tree.dir(rel) {
         Ok(d) => d,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)) => return Ok((out, false)),
+        Err(e) if not_a_dir(&e) => return Ok((out, false)),
         Err(e) => return Err(e),
     };
     let truncated = walk(dir, rel, max, &mut out)?;
@@ -174,10 +174,9 @@ fn list(state: &Path, rel: &Path, max: usize) -> io::Result<(Vec<HomeFile>, bool
 }
 
 /// Adds the regular files below `dir` (at `rel`); true when `max` was reached.
-fn walk(dir: std::os::fd::OwnedFd, rel: &Path, max: usize, out: &mut Vec<HomeFile>) -> io::Result<bool> {
-    let handle = dir.try_clone()?;
-    for name in beneath::names(dir)? {
-        let Some(st) = beneath::stat_at(handle.as_fd(), &name)? else { continue };
+fn walk(dir: Dir, rel: &Path, max: usize, out: &mut Vec<HomeFile>) -> io::Result<bool> {
+    for name in dir.names()? {
+        let Some(st) = dir.stat(&name)? else { continue };
         let path = rel.join(&name);
         match st.kind {
             Kind::File => {
@@ -187,7 +186,7 @@ fn walk(dir: std::os::fd::OwnedFd, rel: &Path, max: usize, out: &mut Vec<HomeFil
                 out.push(HomeFile { path: path.to_string_lossy().into_owned(), size: st.size, modified: st.mtime });
             }
             Kind::Dir => {
-                if walk(beneath::open_dir_at(handle.as_fd(), &name)?, &path, max, out)? {
+                if walk(dir.open_dir(&name)?, &path, max, out)? {
                     return Ok(true);
                 }
             }
@@ -198,14 +197,14 @@ fn walk(dir: std::os::fd::OwnedFd, rel: &Path, max: usize, out: &mut Vec<HomeFil
 }
 
 fn open(state: &Path, rel: &Path) -> io::Result<Option<File>> {
-    let tree = Tree::open(state)?;
+    let tree = Dir::open(state)?;
     let (dir, name): (_, &OsStr) = match tree.parent(rel) {
         Ok(p) => p,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV)) => return Ok(None),
+        Err(e) if not_a_dir(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    match beneath::stat_at(dir.as_fd(), name)? {
-        Some(st) if st.kind == Kind::File => beneath::open_file_at(dir.as_fd(), name).map(Some),
+    match dir.stat(name)? {
+        Some(st) if st.kind == Kind::File => dir.open_file(name).map(Some),
         _ => Ok(None),
     }
 }

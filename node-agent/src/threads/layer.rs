@@ -10,7 +10,7 @@
 //!
 //! Layers are read back by the agent as root, so [`apply`] trusts nothing in
 //! them: paths must be plain relative paths, every operation is relative to
-//! a directory descriptor reached without symlinks (see [`super::beneath`]),
+//! a directory descriptor reached without symlinks (see [`warren_confined`]),
 //! set-id bits and special files never come out. Sizes of the lower state
 //! are read the same way.
 
@@ -18,16 +18,11 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use nix::fcntl::AtFlags;
-use nix::sys::stat::{fchmod, mkdirat, Mode};
-use nix::unistd::{fchown, fchownat, linkat, symlinkat, Gid, Uid};
-
-use super::beneath::{self, Kind, Tree};
+use rustix::fs::Mode;
+use warren_confined::{Dir, Kind, Marker, RelPath};
 
 /// Charged per entry on top of its size: keeps a thread of millions of empty
 /// files from being "free".
@@ -75,7 +70,7 @@ struct Writer<W: Write> {
     tar: tar::Builder<W>,
     ids: IdMap,
     /// The state the diff applies to (`None` when writing a full state).
-    lower: Option<Tree>,
+    lower: Option<Dir>,
     links: HashMap<(u64, u64), PathBuf>,
     delta: Delta,
 }
@@ -93,7 +88,7 @@ pub fn write_full<W: Write>(state: &Path, out: W) -> io::Result<Delta> {
 fn write<W: Write>(root: &Path, lower: Option<&Path>, ids: IdMap, out: W) -> io::Result<Delta> {
     let mut tar = tar::Builder::new(out);
     tar.mode(tar::HeaderMode::Complete);
-    let lower = lower.map(Tree::open).transpose()?;
+    let lower = lower.map(Dir::open).transpose()?;
     let mut w = Writer { tar, ids, lower, links: HashMap::new(), delta: Delta::default() };
     w.dir(root, Path::new(""), true)?;
     w.tar.into_inner()?.flush()?;
@@ -105,14 +100,14 @@ impl<W: Write> Writer<W> {
     /// still show it (`visible`): never through a symlink, never outside.
     fn lower_charge(&self, rel: &Path, visible: bool) -> io::Result<u64> {
         match &self.lower {
-            Some(l) if visible => l.charge(rel, ENTRY_CHARGE),
+            Some(l) if visible => l.charge_path(rel, ENTRY_CHARGE),
             _ => Ok(0),
         }
     }
 
     fn lower_is_dir(&self, rel: &Path, visible: bool) -> io::Result<bool> {
         match &self.lower {
-            Some(l) if visible => Ok(l.stat(rel)?.is_some_and(|s| s.kind == Kind::Dir)),
+            Some(l) if visible => Ok(l.stat_path(rel)?.is_some_and(|s| s.kind == Kind::Dir)),
             _ => Ok(false),
         }
     }
@@ -150,7 +145,7 @@ impl<W: Write> Writer<W> {
             marker.push(name);
             return self.marker(&rel.with_file_name(marker));
         }
-        if name.as_bytes().starts_with(WHITEOUT.as_bytes()) {
+        if Marker::looks_like_one(name) {
             self.delta.skipped += 1;
             return Ok(());
         }
@@ -211,122 +206,82 @@ fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-/// A layer path as a list of plain components (no root, `.`, `..`, empty).
-fn clean(path: &Path) -> io::Result<PathBuf> {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            _ => return Err(bad(format!("layer path {} is not a plain relative path", path.display()))),
-        }
+/// A layer path as plain components (no root, `.`, `..`, empty).
+fn clean(path: &[u8]) -> io::Result<RelPath> {
+    match RelPath::parse_relative(path) {
+        Ok(p) if !p.is_root() => Ok(p),
+        Ok(_) => Err(bad("empty layer path".into())),
+        Err(e) => Err(bad(format!("layer path: {e}"))),
     }
-    if out.as_os_str().is_empty() {
-        return Err(bad("empty layer path".into()));
-    }
-    Ok(out)
-}
-
-struct Applier {
-    state: Tree,
-    /// Directories whose times are set last (writing children changes them).
-    dir_times: Vec<(PathBuf, u64)>,
 }
 
 /// An error for a layer that tries to write where it may not.
-fn below_non_dir(rel: &Path) -> io::Error {
+fn below_non_dir(rel: &RelPath) -> io::Error {
     bad(format!("layer writes below {}, which is not a directory of the state", rel.display()))
 }
 
-fn times(secs: u64) -> fs::FileTimes {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-    fs::FileTimes::new().set_modified(t).set_accessed(t)
+struct Applier {
+    state: Dir,
+    /// Directories whose times are set last (writing children changes them).
+    dir_times: Vec<(PathBuf, u64)>,
 }
 
 impl Applier {
     /// The directory holding `rel` (a real directory of the state, reached
     /// without any symlink) and `rel`'s name in it.
-    fn parent<'p>(&self, rel: &'p Path) -> io::Result<(OwnedFd, &'p OsStr)> {
-        self.state.parent(rel).map_err(|e| match e.kind() {
-            io::ErrorKind::InvalidInput => bad(e.to_string()),
-            _ => below_non_dir(rel),
-        })
+    fn parent<'p>(&self, rel: &'p RelPath) -> io::Result<(Dir, &'p OsStr)> {
+        let (parent, name) = rel.split_last().ok_or_else(|| bad("empty layer path".into()))?;
+        let dir = self.state.dir(&parent.to_path()).map_err(|_| below_non_dir(rel))?;
+        Ok((dir, name))
     }
 
     fn entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> io::Result<()> {
-        let rel = clean(&entry.path()?)?;
+        let rel = clean(&entry.path_bytes())?;
         let (dir, name) = self.parent(&rel)?;
-        let dir = dir.as_fd();
-        if name.as_bytes() == OPAQUE.as_bytes() {
-            let dir_fd = dir.try_clone_to_owned()?;
-            for child in beneath::names(dir_fd)? {
-                beneath::remove_at(dir, &child)?;
-            }
-            return Ok(());
-        }
-        if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT.as_bytes()) {
-            let hidden = OsStr::from_bytes(hidden);
-            if !beneath::is_plain_name(hidden) {
-                return Err(bad(format!("whiteout {} names no entry", rel.display())));
-            }
-            return beneath::remove_at(dir, hidden);
+        match Marker::of(name).map_err(|e| bad(e.0))? {
+            // A replaced directory: what earlier layers had in it goes.
+            Some(Marker::Opaque) => return dir.names()?.iter().try_for_each(|child| dir.remove_all(child)),
+            Some(Marker::Whiteout(hidden)) => return dir.remove_all(hidden),
+            Some(Marker::Ignored) => return Ok(()),
+            None => {}
         }
         let h = entry.header();
-        let (mode, uid, gid, mtime) = (h.mode()? & MODE_MASK, h.uid()? as u32, h.gid()? as u32, h.mtime()?);
-        let (owner, group) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
-        let mode = Mode::from_bits_truncate(mode as libc::mode_t);
+        let (mode, owner, mtime) = (h.mode()? & MODE_MASK, (h.uid()? as u32, h.gid()? as u32), h.mtime()?);
+        let perm = Mode::from_raw_mode(mode);
         let kind = h.entry_type();
         if kind.is_dir() {
-            if beneath::stat_at(dir, name)?.is_none_or(|s| s.kind != Kind::Dir) {
-                beneath::remove_at(dir, name)?;
-                mkdirat(dir, name, Mode::from_bits_truncate(0o700))?;
-            }
-            let fd = beneath::open_dir_at(dir, name)?;
-            fchown(&fd, owner, group)?;
-            fchmod(&fd, mode)?;
-            self.dir_times.push((rel, mtime));
+            dir.make_dir(name, perm, owner.0, owner.1)?;
+            self.dir_times.push((rel.to_path(), mtime));
             return Ok(());
         }
-        beneath::remove_at(dir, name)?;
+        dir.remove_all(name)?;
         if kind.is_symlink() {
-            let target = entry.link_name()?.ok_or_else(|| bad(format!("symlink {} has no target", rel.display())))?;
-            symlinkat(&*target, dir, name)?;
-            return Ok(fchownat(dir, name, owner, group, AtFlags::AT_SYMLINK_NOFOLLOW)?);
+            let target = entry.link_name_bytes().filter(|t| !t.is_empty()).ok_or_else(|| bad(format!("symlink {} has no target", rel.display())))?;
+            return dir.symlink(name, &target, owner, mtime);
         }
         if kind.is_hard_link() {
-            let target = entry.link_name()?.ok_or_else(|| bad(format!("hard link {} has no target", rel.display())))?;
-            let target = clean(&target)?;
-            let (tdir, tname) = self.parent(&target)?;
-            if beneath::stat_at(tdir.as_fd(), tname)?.is_none_or(|s| s.kind != Kind::File) {
-                return Err(bad(format!("hard link {} points at no regular file", rel.display())));
-            }
-            // No AT_SYMLINK_FOLLOW: links the name itself, a regular file.
-            return Ok(linkat(tdir.as_fd(), tname, dir, name, AtFlags::empty())?);
+            let target = entry.link_name_bytes().ok_or_else(|| bad(format!("hard link {} has no target", rel.display())))?;
+            return self.state.hard_link(&clean(&target)?, &dir, name).map_err(|_| bad(format!("hard link {} points at no regular file", rel.display())));
         }
         if !kind.is_file() {
             return Ok(()); // never written by Warren; ignored if present
         }
-        let mut file = beneath::create_at(dir, name)?;
-        io::copy(&mut entry, &mut file)?;
-        file.set_times(times(mtime))?;
-        fchown(&file, owner, group)?;
-        fchmod(&file, mode)?;
-        Ok(())
+        dir.write_file(name, &mut entry, perm, owner, mtime)
     }
 }
 
 /// Replays one layer onto `state` (an existing directory).
 pub fn apply<R: Read>(layer: R, state: &Path) -> io::Result<()> {
     let mut archive = tar::Archive::new(layer);
-    let mut applier = Applier { state: Tree::open(state)?, dir_times: Vec::new() };
+    let mut applier = Applier { state: Dir::open(state)?, dir_times: Vec::new() };
     for entry in archive.entries()? {
         applier.entry(entry?)?;
     }
     // Directory times last: writing children changes them. A directory a
     // later entry replaced (by a symlink, say) is skipped, not followed.
     for (rel, mtime) in applier.dir_times {
-        if let Ok(fd) = applier.state.dir(&rel) {
-            let _ = fs::File::from(fd).set_times(times(mtime));
+        if let Ok(dir) = applier.state.dir(&rel) {
+            let _ = dir.set_mtime(mtime);
         }
     }
     Ok(())
@@ -339,8 +294,8 @@ mod tests {
 
     /// Charged size of a whole state (its root counts as one entry).
     fn state_charge(state: &Path) -> u64 {
-        let t = Tree::open(state).unwrap();
-        ENTRY_CHARGE + fs::read_dir(state).unwrap().map(|e| t.charge(Path::new(&e.unwrap().file_name()), ENTRY_CHARGE).unwrap()).sum::<u64>()
+        let t = Dir::open(state).unwrap();
+        ENTRY_CHARGE + fs::read_dir(state).unwrap().map(|e| t.charge(&e.unwrap().file_name(), ENTRY_CHARGE).unwrap()).sum::<u64>()
     }
 
     fn root_or_skip(test: &str) -> bool {

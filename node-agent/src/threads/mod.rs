@@ -14,7 +14,6 @@
 //! <cache>/<ns>/<key>/<thread>/warm.json   {manifestId, bootId, usedAt}; absent = rebuild
 //! ```
 
-mod beneath;
 pub mod disk;
 pub mod files;
 pub mod layer;

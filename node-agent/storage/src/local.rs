@@ -6,18 +6,17 @@
 //! allowed root may overlap the agent's own state or the system's
 //! directories. Inside the directory nothing is resolved the usual way:
 //! every key is checked with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-//! RESOLVE_NO_XDEV)` from a descriptor of the mount's directory before the
-//! file store touches it, and listings drop whatever is reached through a
+//! RESOLVE_NO_XDEV)` from a descriptor of the mount's directory
+//! ([`warren_confined::Dir::lookup`]) before the file store touches it, and listings drop whatever is reached through a
 //! symlink. Files written through a mount are plain files and directories,
 //! so a symlink there was put by someone on the node itself.
 
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, StreamExt};
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use warren_confined::Dir;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result};
@@ -102,17 +101,10 @@ impl LocalRoots {
         let refused = || format!("the local directory {dir} is not beneath a root this node allows for local storage");
         let (root, rel) = self.root_of(FsPath::new(dir)).ok_or_else(refused)?;
         let unusable = |_| format!("the local directory {dir} is not usable (missing, or reached through a symlink)");
-        let root_fd = nix::fcntl::open(root, DIR_FLAGS, nix::sys::stat::Mode::empty()).map_err(unusable)?;
-        let dir_fd = if rel.as_os_str().is_empty() { root_fd } else { openat2(root_fd.as_fd(), rel, beneath(DIR_FLAGS)).map_err(unusable)? };
+        let opened = Dir::open(root).and_then(|r| r.dir(rel)).map_err(unusable)?;
         let inner = LocalFileSystem::new_with_prefix(dir).map_err(|_| format!("the local directory {dir} is not usable"))?;
-        Ok(BeneathLocal { dir: PathBuf::from(dir), fd: Arc::new(dir_fd), inner: Arc::new(inner) })
+        Ok(BeneathLocal { dir: PathBuf::from(dir), opened: Arc::new(opened), inner: Arc::new(inner) })
     }
-}
-
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
-
-fn beneath(flags: OFlag) -> OpenHow {
-    OpenHow::new().flags(flags).resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_XDEV | ResolveFlag::RESOLVE_NO_MAGICLINKS)
 }
 
 /// A local directory as an object store that never leaves the directory:
@@ -120,7 +112,7 @@ fn beneath(flags: OFlag) -> OpenHow {
 #[derive(Clone)]
 pub struct BeneathLocal {
     dir: PathBuf,
-    fd: Arc<OwnedFd>,
+    opened: Arc<Dir>,
     inner: Arc<LocalFileSystem>,
 }
 
@@ -155,12 +147,10 @@ impl BeneathLocal {
             if at.as_os_str().is_empty() {
                 return Ok(());
             }
-            // No O_NOFOLLOW: with it a final symlink would open as itself;
-            // without it RESOLVE_NO_SYMLINKS refuses it (ELOOP).
-            match openat2(self.fd.as_fd(), at, beneath(OFlag::O_PATH | OFlag::O_CLOEXEC)) {
-                Ok(_) => return Ok(()),
+            match self.opened.lookup(at) {
+                Ok(()) => return Ok(()),
                 // Not there yet: the nearest existing ancestor decides.
-                Err(nix::errno::Errno::ENOENT) => at = at.parent().unwrap_or(FsPath::new("")),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => at = at.parent().unwrap_or(FsPath::new("")),
                 Err(_) => return Err(denied(location)),
             }
         }
