@@ -107,6 +107,13 @@ impl ApiError {
         Self::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
     }
 
+    /// 429: capacity stayed taken for the whole queue wait; nothing ran.
+    pub fn busy(code: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, code, message);
+        e.retry_after = Some(1);
+        e
+    }
+
     /// 503: nothing ran; safe to retry.
     pub fn unavailable(message: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
@@ -127,14 +134,13 @@ impl From<ExecError> for ApiError {
             ExecError::InvalidKey(_) => Self::unauthenticated("invalid_api_key", &message),
             ExecError::KeyDisabled => Self::forbidden("api_key_disabled", message),
             ExecError::Invalid { field, message } => Self::invalid(field, message),
-            ExecError::KeyConcurrency(_) => {
-                let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "concurrency_limit", message);
-                e.retry_after = Some(1);
-                e
-            }
+            // Waited in order for the whole queue wait: 429, which every SDK
+            // reads as "retry later", never the 503 E2B's reads as a dead sandbox.
+            ExecError::KeyConcurrency(_) => Self::busy("concurrency_limit", message),
+            ExecError::Busy(_) => Self::busy("queue_timeout", message),
             ExecError::ThreadBusy(_) => Self::new(StatusCode::CONFLICT, "thread_busy", message),
             ExecError::ThreadNotFound(_) => Self::not_found(message),
-            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodesBusy | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore => {
+            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore => {
                 Self::unavailable(message)
             }
             // A pull takes seconds: retrying at once would only add load.

@@ -22,8 +22,8 @@ pub enum ExecError {
         /// What to fix.
         message: String,
     },
-    /// The key runs as many executions as it may.
-    #[error("this API key already runs {0} executions, its limit; retry after one finishes")]
+    /// The key ran as many executions as it may for the whole queue wait.
+    #[error("this API key ran {0} executions, its limit, for the whole queue wait; nothing ran, retry after one finishes")]
     KeyConcurrency(u32),
     /// Another execution holds the thread.
     #[error("thread {0:?} is running another execution; retry when it finishes")]
@@ -31,15 +31,18 @@ pub enum ExecError {
     /// No such thread for this key.
     #[error("thread {0:?} does not exist for this key")]
     ThreadNotFound(String),
-    /// The gateway's output memory cannot take this execution now.
+    /// The key's output cap needs more of the gateway's output memory than
+    /// one key may ever hold (a configuration to fix, not a moment's load).
     #[error("{0}")]
     OutputBudget(String),
     /// No node-agent answers.
     #[error("no node-agent is reachable right now; nothing ran, retry shortly")]
     NoNode,
-    /// Every node is at capacity.
-    #[error("every node is at capacity; nothing ran, retry shortly")]
-    NodesBusy,
+    /// Capacity that frees as executions end (a node's slots, the gateway's
+    /// output memory, a record database connection) stayed taken for the
+    /// whole queue wait; the call waited its turn and nothing ran.
+    #[error("{0} for the whole queue wait; nothing ran, retry shortly")]
+    Busy(&'static str),
     /// The chosen node cannot run it (capacity, isolation, a capability it
     /// lacks, unreachable); nothing ran.
     #[error("{0}; nothing ran, retry shortly")]

@@ -1,8 +1,10 @@
 //! `POST /v1/sandbox/execute`: one request, one fresh sandbox.
 //!
 //! Order of checks: key (401/403), content type (415), body size (413),
-//! fields (400), options against the key (400/501), key concurrency (429),
-//! thread (409), node capacity (503). Nothing reaches a node before all pass.
+//! fields (400), options against the key (400/501), thread (409), then, each
+//! waiting in order up to the queue wait (429 past it), the key's
+//! concurrency, output memory and a node slot; no reachable node is 503.
+//! Nothing reaches a node before all pass.
 
 use std::time::{Duration, Instant};
 
@@ -46,10 +48,10 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
         (status = 408, description = "The body did not arrive in time", body = crate::error::ErrorBody),
         (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
         (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
-        (status = 429, description = "The key is at its concurrency limit; see Retry-After", body = crate::error::ErrorBody),
+        (status = 429, description = "Capacity stayed taken for the whole queue wait: the key at its concurrency limit (`concurrency_limit`), or every node slot or the gateway's output memory (`queue_timeout`); nothing ran, see Retry-After", body = crate::error::ErrorBody),
         (status = 202, description = "With Prefer: respond-async: accepted and running; poll GET /v1/executions/{trace_id} (Location)", body = Accepted),
         (status = 502, description = "The node died mid-execution; the code may have partly run", body = crate::error::ErrorBody),
-        (status = 503, description = "No node can run it now; nothing ran, safe to retry", body = crate::error::ErrorBody),
+        (status = 503, description = "No node-agent is reachable, or the node cannot run it; nothing ran, safe to retry", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -187,7 +189,7 @@ fn streamed(run: Run, st: &AppState) -> Response {
 }
 
 async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration, stall: Duration) {
-    let mut lines = Lines::new(run.id.clone(), run.max_output_bytes);
+    let mut lines = Lines::new(run.id.clone());
     loop {
         let ev = tokio::select! {
             ev = run.next() => ev,
@@ -228,7 +230,7 @@ fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
 /// Drives `run` to its end in a task of the gateway, recording its lines.
 fn run_on(run: Run, st: &AppState, hook: Option<Hook>) {
     let rec = st.service.records.clone();
-    let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone(), run.max_output_bytes), run.id.clone());
+    let (tape, lines, id) = (Tape::new(rec.clone(), &run.id), Lines::new(run.id.clone()), run.id.clone());
     let webhooks = st.webhooks.clone();
     st.tasks.spawn(async move {
         drive(run, lines, tape).await;
@@ -281,7 +283,7 @@ fn step(run: &mut Run, lines: &mut Lines, ev: Result<RunEvent, Lost>) -> (Vec<St
     match ev {
         Ok(RunEvent::Exited(x)) => {
             let outcome = Outcome::of(&x);
-            let out = lines.exited(&x, outcome);
+            let out = lines.exited(&x, outcome, &run.holding());
             if let Some(StreamEvent::Result { result, .. }) = out.last() {
                 run.finish(outcome, result);
             }
@@ -300,8 +302,6 @@ fn step(run: &mut Run, lines: &mut Lines, ev: Result<RunEvent, Lost>) -> (Vec<St
 /// characters, and the output again in the final result.
 struct Lines {
     trace_id: String,
-    /// The per-stream output cap (the reservation's measure).
-    max_output_bytes: u64,
     seq: u64,
     /// Per stream, in [`STREAMS`] order: the decoder and everything decoded.
     decoders: [Utf8Chunks; 2],
@@ -312,8 +312,8 @@ struct Lines {
 const STREAMS: [&str; 2] = ["stdout", "stderr"];
 
 impl Lines {
-    fn new(trace_id: String, max_output_bytes: u64) -> Lines {
-        Lines { trace_id, max_output_bytes, seq: 0, decoders: Default::default(), all: Default::default() }
+    fn new(trace_id: String) -> Lines {
+        Lines { trace_id, seq: 0, decoders: Default::default(), all: Default::default() }
     }
 
     fn next(&mut self) -> u64 {
@@ -345,15 +345,17 @@ impl Lines {
         self.output(i, data).into_iter().collect()
     }
 
-    /// The last output (an incomplete character at the end) and the result.
-    fn exited(&mut self, x: &Exit, outcome: Outcome) -> Vec<StreamEvent> {
+    /// The last output (an incomplete character at the end) and the result,
+    /// held within what the run reserved for it (`holding`): the result
+    /// line repeats the output, text and encoding.
+    fn exited(&mut self, x: &Exit, outcome: Outcome, holding: &crate::budget::Holding) -> Vec<StreamEvent> {
         let mut lines = Vec::new();
         for i in 0..STREAMS.len() {
             let data = self.decoders[i].finish();
             lines.extend(self.output(i, data));
         }
         let [out, err] = std::mem::take(&mut self.all);
-        let result = ExecuteResult::new(&self.trace_id, x, out, err).held_within(self.max_output_bytes);
+        let result = ExecuteResult::new(&self.trace_id, x, out, err).held_within(holding);
         let truncated = result.stdout_truncated || result.stderr_truncated;
         let seq = self.next();
         lines.push(StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq });

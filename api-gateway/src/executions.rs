@@ -53,6 +53,7 @@ const TRACE_PARAM: &str = "Execution id (`trc_…`)";
         (status = 200, body = ExecutionStatus),
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 404, description = "No such execution for this key", body = crate::error::ErrorBody),
+        (status = 429, description = "The record store was busy for the whole queue wait; see Retry-After", body = crate::error::ErrorBody),
         (status = 503, description = "The record store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -75,6 +76,7 @@ pub async fn get_execution(State(st): State<AppState>, headers: HeaderMap, Path(
         (status = 200, body = CancelAnswer),
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 404, description = "No such execution for this key", body = crate::error::ErrorBody),
+        (status = 429, description = "The record store was busy for the whole queue wait; see Retry-After", body = crate::error::ErrorBody),
         (status = 503, description = "Its node or the record store is unreachable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -142,6 +144,7 @@ pub struct OutputQuery {
         (status = 400, description = "Malformed after_seq", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 404, description = "No such execution for this key", body = crate::error::ErrorBody),
+        (status = 429, description = "The record store was busy for the whole queue wait; see Retry-After", body = crate::error::ErrorBody),
         (status = 503, description = "The record store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -282,6 +285,7 @@ pub struct ListQueryDoc {
         (status = 400, description = "A malformed parameter; `field` names it", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 403, description = "`key` names another key, and this key may not see its namespace", body = crate::error::ErrorBody),
+        (status = 429, description = "The record store was busy for the whole queue wait; see Retry-After", body = crate::error::ErrorBody),
         (status = 503, description = "The record store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -361,6 +365,9 @@ fn not_found() -> ApiError {
 }
 
 fn unavailable(e: records::StoreError) -> ApiError {
+    if e.is_busy() {
+        return ApiError::busy("queue_timeout", "the execution record store was busy for the whole queue wait; retry shortly");
+    }
     tracing::warn!(error = %e, "the record store failed");
     ApiError::unavailable("the execution record store is unavailable; retry shortly")
 }

@@ -105,8 +105,11 @@ pub struct Args {
     /// How often node-agents are health-checked, milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub health_interval_ms: u64,
-    /// How long a request waits for a free node slot before 503, milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    /// How long a request waits, in order, for capacity that frees as
+    /// executions end (its key's concurrency slot, output memory, a node
+    /// slot, a record database connection) before 429, milliseconds: a burst
+    /// queues instead of failing. Under the SDKs' own request timeouts.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub queue_wait_ms: u64,
     /// Silence after which a stream gets a keepalive line, milliseconds.
     #[arg(long, default_value_t = 10_000)]
@@ -116,9 +119,9 @@ pub struct Args {
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub stream_stall_ms: u64,
     /// Gateway memory for execution output, MiB: each execution reserves
-    /// 4 × its key's maxOutputBytes (stdout and stderr, as text and encoded)
-    /// before it runs; one key may hold half. Keep it well under the
-    /// gateway's memory limit.
+    /// 64 KiB as it is admitted and more as its output arrives, 3 bytes per
+    /// byte kept (as text and encoded), up to 6 × its key's maxOutputBytes;
+    /// one key may hold half. Keep it well under the gateway's memory limit.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
     pub output_budget_mib: u64,
     /// Gateway memory for uploads held whole (E2B multipart forms and bodies
@@ -319,7 +322,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (nodes, health, discovery) = agents(&args, client.as_ref()).await?;
     let (rx, reload) = keys(&args, client.clone());
     let owner = warren_core::ids::random_id("gw_", 20, &mut |b: &mut [u8]| rand::fill(b));
-    let store = open_records(&args.records).await?;
+    let store = open_records(&args.records, Duration::from_millis(args.queue_wait_ms)).await?;
     store.heartbeat(&owner, records::now_ms()).await.context("writing this gateway's heartbeat to the record database")?;
     let retention = records::Retention {
         records: Duration::from_secs(args.record_retention_hours * 3600),
@@ -463,11 +466,12 @@ async fn finish(webhooks: webhook::Webhooks, tasks: tokio_util::task::TaskTracke
 
 
 /// Opens the record database, waiting up to a minute for it to accept
-/// connections (a database started alongside the gateway may be slower).
-async fn open_records(url: &str) -> anyhow::Result<records::Store> {
+/// connections (a database started alongside the gateway may be slower);
+/// its calls wait up to `acquire` (the queue wait) for a connection.
+async fn open_records(url: &str, acquire: Duration) -> anyhow::Result<records::Store> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        match records::Store::open(url).await {
+        match records::Store::open_waiting(url, acquire).await {
             Ok(s) => return Ok(s),
             Err(e @ records::StoreError::Scheme) => return Err(e.into()),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(anyhow::Error::new(e).context("opening the execution record database (--records)")),

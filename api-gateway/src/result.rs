@@ -198,11 +198,11 @@ pub struct ExecuteResult {
 impl ExecuteResult {
     /// Cuts each stream where its text and JSON encoding would hold more
     /// than its share of the execution's output reservation (see
-    /// `budget::fit_encoded`), marking it truncated.
-    pub fn held_within(mut self, max_output_bytes: u64) -> Self {
-        let share = max_output_bytes.saturating_mul(crate::budget::HELD_PER_OUTPUT_BYTE);
-        self.stdout_truncated |= crate::budget::fit_encoded(&mut self.stdout, share);
-        self.stderr_truncated |= crate::budget::fit_encoded(&mut self.stderr, share);
+    /// `budget::fit_encoded`), marking it truncated, as it is when the
+    /// gateway cut it for want of memory.
+    pub fn held_within(mut self, h: &crate::budget::Holding) -> Self {
+        self.stdout_truncated |= crate::budget::fit_encoded(&mut self.stdout, h.shares[0]) | h.cut[0];
+        self.stderr_truncated |= crate::budget::fit_encoded(&mut self.stderr, h.shares[1]) | h.cut[1];
         self
     }
 

@@ -60,8 +60,10 @@ pub struct NodeReport {
 pub trait Backend: Send + Sync + 'static {
     /// A request that passed admission; holding it holds its slot.
     type Admitted: Send + 'static;
-    /// Validates and admits; nothing runs yet.
-    fn admit(&self, spec: Spec) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
+    /// Validates and admits, waiting up to `wait` (or the node's own short
+    /// wait, whichever is longer) for one of its execution slots; nothing
+    /// runs yet.
+    fn admit(&self, spec: Spec, wait: Duration) -> impl Future<Output = Result<Self::Admitted, ExecError>> + Send;
     /// The admitted execution's id.
     fn execution_id(a: &Self::Admitted) -> &str;
     /// Runs an admitted execution, sending its events; errors only when nothing ran.
@@ -85,8 +87,8 @@ pub trait Backend: Send + Sync + 'static {
 impl Backend for Executor {
     type Admitted = Admission;
 
-    fn admit(&self, spec: Spec) -> impl Future<Output = Result<Admission, ExecError>> + Send {
-        Executor::admit(self, spec)
+    fn admit(&self, spec: Spec, wait: Duration) -> impl Future<Output = Result<Admission, ExecError>> + Send {
+        Executor::admit(self, spec, wait)
     }
 
     fn execution_id(a: &Admission) -> &str {
@@ -177,6 +179,17 @@ fn event(e: PbEvent) -> pb::ExecuteEvent {
 }
 
 impl<B: Backend> AgentService<B> {
+    /// A slot of the request's key, waiting up to its `wait_ms` in order
+    /// behind the key's earlier requests.
+    async fn key_slot(&self, k: pb::KeySlotRequest) -> Result<crate::keyslots::KeySlot, Status> {
+        let asked = Instant::now();
+        let slot = self.key_slots.hold_within(&k.key, k.limit, Duration::from_millis(k.wait_ms.into())).await.map_err(|e| refusal::status(&e))?;
+        // The key's count at each grant: what shows that a key never ran
+        // more than its limit at once.
+        debug!(key = %k.key, held = slot.held(), limit = k.limit, waited_ms = asked.elapsed().as_millis() as u64, "key slot granted");
+        Ok(slot)
+    }
+
     fn files(&self) -> Result<crate::files::Files, Status> {
         self.backend.files().ok_or_else(|| Status::unimplemented("this agent does not serve files"))
     }
@@ -191,12 +204,18 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         let received = Instant::now();
         let span = info_span!("execute", trace_id = %trace_of(&req), execution_id = tracing::field::Empty);
         let mut req = req.into_inner();
+        // The caller's queue wait, for this agent's slots (transport, not contract).
+        let deadline = received + Duration::from_millis(req.queue_wait_ms.into()).min(crate::keyslots::MAX_WAIT);
         // The key's slot, when this agent counts the key: first, so a key at
-        // its limit touches nothing else; held until the execution has ended.
-        let key_slot = req.key_slot.take().map(|k| self.key_slots.hold(&k.key, k.limit)).transpose().map_err(|e| refusal::status(&e))?;
+        // its limit touches nothing else (it waits holding nothing of this
+        // node); held until the execution has ended.
+        let key_slot = match req.key_slot.take() {
+            Some(k) => Some(self.key_slot(k).instrument(span.clone()).await?),
+            None => None,
+        };
         let admitted = async {
             let spec = Spec::try_from(req).map_err(|e| refusal::status(&e))?;
-            self.backend.admit(spec).await.map_err(|e| refusal::status(&e))
+            self.backend.admit(spec, deadline.saturating_duration_since(Instant::now())).await.map_err(|e| refusal::status(&e))
         }
         .instrument(span.clone())
         .await?;
@@ -305,8 +324,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
     async fn hold_key_slot(&self, req: Request<pb::KeySlotRequest>) -> Result<Response<Self::HoldKeySlotStream>, Status> {
         crate::auth::require_full(&req)?;
         use futures_util::StreamExt;
-        let req = req.into_inner();
-        let slot = self.key_slots.hold(&req.key, req.limit).map_err(|e| refusal::status(&e))?;
+        let slot = self.key_slot(req.into_inner()).await?;
         let granted = pb::KeySlotEvent { held: slot.held() };
         // The stream owns the slot: tonic drops it when the caller cancels
         // the call or its connection ends, and the slot returns.

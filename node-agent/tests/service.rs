@@ -60,7 +60,7 @@ impl Backend for Double {
     type Admitted = Spec;
 
     /// Checks like the executor does, without a node.
-    async fn admit(&self, spec: Spec) -> Result<Spec, ExecError> {
+    async fn admit(&self, spec: Spec, _wait: Duration) -> Result<Spec, ExecError> {
         Checked::of(spec.clone(), &NodePolicy::default())?;
         if let Script::Refuse(e) = &self.script {
             return Err(e());
@@ -442,7 +442,7 @@ async fn a_second_execution_with_a_running_id_is_refused() {
 }
 
 fn key_slot(key: &str, limit: u32) -> Request<pb::KeySlotRequest> {
-    full(pb::KeySlotRequest { key: key.into(), limit })
+    full(pb::KeySlotRequest { key: key.into(), limit, wait_ms: 0 })
 }
 
 #[tokio::test]
@@ -506,7 +506,7 @@ async fn a_cancelled_key_slot_call_returns_the_slot_over_the_wire() {
 async fn a_key_slot_taken_with_the_execution_is_held_until_it_has_ended() {
     let (double, seen) = Double::new(Script::Flood);
     let service = AgentService::new(double);
-    let with_slot = || pb::ExecuteRequest { key_slot: Some(pb::KeySlotRequest { key: "team/agent".into(), limit: 1 }), ..request("yes") };
+    let with_slot = || pb::ExecuteRequest { key_slot: Some(pb::KeySlotRequest { key: "team/agent".into(), limit: 1, wait_ms: 0 }), ..request("yes") };
     let mut running = service.execute(full(with_slot())).await.unwrap().into_inner();
     running.next().await.unwrap().unwrap();
     let err = service.hold_key_slot(key_slot("team/agent", 1)).await.err().expect("the execution holds the key's one slot");
@@ -517,6 +517,42 @@ async fn a_key_slot_taken_with_the_execution_is_held_until_it_has_ended() {
     // Cancel answers once the execution has ended: its slot is back by then.
     service.cancel(full(pb::CancelRequest { execution_id: "trc_test".into() })).await.unwrap();
     assert!(service.hold_key_slot(key_slot("team/agent", 1)).await.is_ok());
+    drop(running);
+}
+
+/// A key at its limit: a hold carrying a wait queues and gets the slot
+/// its holder returns; an `Execute` carrying one likewise waits, holding
+/// nothing of the node, and runs once the slot is back.
+#[tokio::test]
+async fn a_key_slot_asked_with_a_wait_is_granted_once_one_returns() {
+    let (double, seen) = Double::new(Script::Flood);
+    let slots = Arc::new(warren_node_agent::keyslots::KeySlots::default());
+    let service = Arc::new(AgentService::shared(double, slots.clone(), Arc::default()));
+    let waiting = |n: usize| {
+        let slots = slots.clone();
+        async move {
+            while slots.waiting() != n {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let wait = |limit| pb::KeySlotRequest { key: "team/agent".into(), limit, wait_ms: 60_000 };
+    let mut first = service.hold_key_slot(key_slot("team/agent", 1)).await.unwrap().into_inner();
+    first.next().await.unwrap().unwrap();
+    let s = service.clone();
+    let queued = tokio::spawn(async move { s.hold_key_slot(full(wait(1))).await.map(|r| r.into_inner()) });
+    waiting(1).await;
+    drop(first);
+    let mut granted = queued.await.unwrap().unwrap();
+    assert_eq!(granted.next().await.unwrap().unwrap().held, 1, "the waiter got the returned slot");
+    let s = service.clone();
+    let run = tokio::spawn(async move { s.execute(full(pb::ExecuteRequest { key_slot: Some(wait(1)), ..request("yes") })).await.map(|r| r.into_inner()) });
+    waiting(1).await;
+    assert!(seen.lock().unwrap().admitted.is_empty(), "a waiting execution is not admitted");
+    drop(granted);
+    let mut running = run.await.unwrap().unwrap();
+    running.next().await.unwrap().unwrap();
+    assert_eq!((seen.lock().unwrap().admitted.len(), slots.held("team/agent"), slots.waiting()), (1, 1, 0));
     drop(running);
 }
 

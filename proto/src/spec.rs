@@ -90,6 +90,8 @@ impl From<Spec> for pb::ExecuteRequest {
             // executing agent counts the key.
             key_slot: None,
             warm_modules: s.warm_modules,
+            // Transport too: the caller's queue wait.
+            queue_wait_ms: 0,
         }
     }
 }

@@ -4,6 +4,10 @@
 //! that does is detached, so the gateway (not the client) drains the
 //! output until the deadline. Each test runs a program that prints without
 //! end to a client that never reads.
+//!
+//! Bursts queue, never fail, within a key's limits (#45): capacity that
+//! runs out for a moment makes a call wait its turn; the gateway's output
+//! memory is reserved as output arrives and stays within its budget.
 
 use std::time::Duration;
 
@@ -113,12 +117,17 @@ async fn a_plain_client_that_never_reads_still_ends_at_the_deadline() {
     drop(conn);
 }
 
+/// Five 64 MiB outputs at once against a 900 MiB budget: each reserves
+/// 3 bytes per byte kept as its output arrives (text and JSON, counted as
+/// encoded), one key at most half. Since #45 none is refused (503 before):
+/// what cannot get memory within the wait is cut and flagged truncated,
+/// and the gateway's memory stays near its budget either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
     let test = "large_outputs_at_once_stay_within_the_gateway_output_budget";
     const MIB: u64 = 1 << 20;
-    // 6 × 64 MiB per execution = 384 MiB (text and JSON of both streams,
-    // counted as encoded); one key may hold half of 900.
+    // Up to 6 × 64 MiB per execution = 384 MiB (text and JSON of both
+    // streams, counted as encoded); one key may hold half of 900.
     let Some((agent, gw)) = gateway_setup(test, &["--output-budget-mib", "900"]).await else { return };
     let code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(64): sys.stdout.write(chunk)\n";
     let body = json!({"code": code, "language": "python", "timeout": 60});
@@ -132,28 +141,27 @@ async fn large_outputs_at_once_stay_within_the_gateway_output_budget() {
     let results: Vec<_> = calls.into_iter().map(|t| t.join().unwrap()).collect();
     let peak = gw.peak_rss();
     eprintln!("gateway peak RSS with 5 concurrent 64 MiB outputs and a 900 MiB budget: {} MiB", peak / MIB);
-    let mut ok = 0;
+    let mut whole = 0;
     for r in &results {
-        match r.status {
-            200 => {
-                assert_eq!(r.json()["stdout"].as_str().map(str::len), Some(64 << 20));
-                ok += 1;
+        assert_eq!(r.status, 200, "{}", &r.text()[..r.text().len().min(300)]);
+        let v = r.json();
+        let len = v["stdout"].as_str().map_or(0, str::len);
+        match v["stdout_truncated"].as_bool() {
+            Some(false) => {
+                assert_eq!(len, 64 << 20);
+                whole += 1;
             }
-            503 => {
-                let v = r.json();
-                assert_eq!((v["error"].as_str(), r.header("retry-after")), (Some("unavailable"), Some("1")), "{v}");
-                assert!(v["message"].as_str().unwrap().contains("output memory"), "{v}");
-            }
-            s => panic!("unexpected status {s}: {}", &r.text()[..r.text().len().min(300)]),
+            // Cut where the gateway's memory stayed taken: within its share.
+            _ => assert!(len < 64 << 20, "{len}"),
         }
     }
-    assert!(ok >= 1, "at least one execution ran");
-    assert!(ok < results.len(), "the budget refused some: 5 at once need 1920 MiB");
+    assert!(whole >= 1, "at least one execution kept its whole output");
     assert!(peak < 1000 * MIB, "the gateway's memory stayed near its budget: peak {} MiB", peak / MIB);
     assert_eq!(http::get(gw.addr, "/healthz").status, 200, "the gateway is alive");
     assert!(wait_agent_running(&agent, 0).await);
-    // Budget comes back: the next one runs.
-    assert_eq!(gw.execute(&key("loud"), &body).status, 200);
+    // Budget comes back: the next one runs, whole.
+    let next = gw.execute(&key("loud"), &body);
+    assert_eq!((next.status, next.json()["stdout_truncated"].as_bool()), (200, Some(false)));
 }
 
 /// The attack on the gateway's memory: output whose JSON encoding is as
@@ -188,4 +196,103 @@ async fn output_that_encodes_large_is_cut_to_the_executions_reservation() {
         assert!(size <= 6 * cap + 4096, "stream {stream}: a {size}-byte result for a {cap}-byte cap");
         assert_eq!((result["stdout_truncated"].as_bool(), result["stderr_truncated"].as_bool()), (Some(true), Some(true)), "stream {stream}");
     }
+}
+
+/// `n` executions of `body` with `key` sent at once, each on its own
+/// connection, the `i`th through `addrs(i)`; their answers (each bounded by
+/// the client's 120 s read timeout).
+async fn burst(addrs: impl Fn(usize) -> std::net::SocketAddr, key_name: &str, body: serde_json::Value, n: usize) -> Vec<http::Response> {
+    let go = std::sync::Arc::new(std::sync::Barrier::new(n));
+    let calls: Vec<_> = (0..n)
+        .map(|i| {
+            let (addr, go, k) = (addrs(i), go.clone(), key(key_name));
+            let mut body = body.clone();
+            body["code"] = body["code"].as_str().unwrap().replace("{i}", &i.to_string()).into();
+            std::thread::spawn(move || {
+                go.wait();
+                http::raw(addr, &http::execute_request(addr, &k, &body, false)).expect("HTTP request")
+            })
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || calls.into_iter().map(|t| t.join().unwrap()).collect()).await.unwrap()
+}
+
+/// Asserts every answer is 200 and printed `{i}` of its own call.
+fn all_ran(answers: &[http::Response], what: &str) {
+    let failed: Vec<_> = answers.iter().filter(|r| r.status != 200).map(|r| (r.status, r.text())).collect();
+    assert!(failed.is_empty(), "{what}: {} of {} failed, e.g. {:?}", failed.len(), answers.len(), &failed[..failed.len().min(3)]);
+    for (i, r) in answers.iter().enumerate() {
+        assert_eq!(r.json()["stdout"].as_str(), Some(format!("{i}\n").as_str()), "{what}: call {i}");
+    }
+}
+
+/// 100 and then 200 short executions at once on one key shaped as the
+/// demo key (`thr`: maxOutputBytes 1 MiB, maxConcurrency 64) with the
+/// default output budget, through an agent of 32 slots: every one runs.
+/// Before #45 each reserved 6 MiB up front and one key may hold half of
+/// 1024 MiB: 85 ran and the rest got 503. The queue wait is set far beyond
+/// what the burst takes, so the outcome never depends on this machine's
+/// speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_of_100_and_200_short_executions_on_one_key_all_run() {
+    if skip_unless_root("bursts_of_100_and_200_short_executions_on_one_key_all_run") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &["--queue-wait-ms", "100000"], true).await.unwrap();
+    for n in [100, 200] {
+        let answers = burst(|_| gw.addr, "thr", json!({"code": "echo {i}", "language": "bash"}), n).await;
+        all_ran(&answers, &format!("{n} at once"));
+    }
+    assert!(wait_agent_running(&agent, 0).await);
+}
+
+/// `line` without its terminal colour sequences (`ESC [ … m`).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().take_while(|c| *c != 'm').for_each(drop);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The grants an agent's log records: each one's count of the key's slots held.
+fn granted_counts(log: &std::path::Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(plain)
+        .filter(|l| l.contains("key slot granted"))
+        .filter_map(|l| l.split("held=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect()
+}
+
+/// A burst over a key's limit waits for its slots, across replicas: 100
+/// `sleep 2` at once on a key of maxConcurrency 64, 70 through one gateway
+/// and 30 through another, on an agent with room for 128. Every one runs;
+/// the agent, which counts the key for both, never granted more than 64 at
+/// once (its log of every grant, with the key's count). Before #45 calls
+/// past the 64th got 429 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_past_a_keys_limit_waits_for_its_slots_across_replicas() {
+    if skip_unless_root("a_burst_past_a_keys_limit_waits_for_its_slots_across_replicas") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("agent.log");
+    let env = [("RUST_LOG", "warn,warren_node_agent::service=debug"), ("WARREN_E2E_AGENT_LOG", log.to_str().unwrap())];
+    let agent = Agent::start_with(&["--max-executions", "128"], &env, None).await.unwrap();
+    let (args, agents) = (["--queue-wait-ms", "100000"], [agent.address()]);
+    let (a, b) = tokio::join!(Gateway::start(&agents, &args, true), Gateway::start(&agents, &args, true));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let answers = burst(|i| if i < 70 { a.addr } else { b.addr }, "thr", json!({"code": "sleep 2; echo {i}", "language": "bash"}), 100).await;
+    all_ran(&answers, "100 sleeps");
+    let counts = granted_counts(&log);
+    assert_eq!(counts.len(), 100, "every execution took its slot at the counting agent");
+    assert!(counts.iter().all(|n| *n <= 64), "the key ran more than its limit at once: {:?}", counts.iter().max());
+    assert!(wait_agent_running(&agent, 0).await);
 }

@@ -129,6 +129,38 @@ async fn the_e2b_js_sdk_works_against_warren() {
     assert!(stdout.contains("ok js core calls\n"), "{stdout}");
 }
 
+/// Bursts queue, never fail (#45): 100 concurrent `Sandbox.create()` +
+/// `commands.run()` + `kill()` through the unmodified JS SDK on one key
+/// (`thr`: maxOutputBytes 1 MiB, maxConcurrency 64, as the demo key) with
+/// the default output budget, through an agent of 32 slots: 100 of 100.
+/// Before, each command reserved 6 MiB up front of the key's 512 MiB half,
+/// and 6–15 failed as `SandboxNotFoundError` (the SDK's reading of the 503
+/// the gateway answered). The SDK's timeouts and the queue wait are set far
+/// beyond what the burst takes, so the outcome never depends on this
+/// machine's speed; the run is bounded by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_100_e2b_sandboxes_through_the_js_sdk_all_run() {
+    if skip_unless_root("a_burst_of_100_e2b_sandboxes_through_the_js_sdk_all_run") {
+        return;
+    }
+    let sdk = js_sdk();
+    let agent = Agent::start(&[]).await.unwrap();
+    let gw = Gateway::start(&[agent.address()], &["--queue-wait-ms", "150000"], true).await.unwrap();
+    let mut cmd = Command::new("node");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/burst_e2b.mjs")).env("E2B_JS_SDK", &sdk).env("WARREN_BURST", "100").env("WARREN_BURST_TIMEOUT_MS", "240000");
+    sdk_env(&mut cmd, &gw);
+    let out = output(cmd).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let warnings: Vec<String> = gw.logs().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).take(20).collect();
+    assert!(out.status.success(), "the burst failed:\n{stdout}\n{}\ngateway warnings: {warnings:#?}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap_or_default()).unwrap();
+    assert_eq!((summary["calls"].as_u64(), summary["ok"].as_u64()), (Some(100), Some(100)), "{stdout}");
+    // Every sandbox was killed: none is listed any more.
+    let listed = request(gw.addr, "GET", "/v2/sandboxes", &[("X-API-KEY", &alias("thr"))], b"").json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
+}
+
 /// The JSON messages of a Connect stream (flags, length, JSON).
 fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
     let mut out = Vec::new();

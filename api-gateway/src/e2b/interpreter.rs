@@ -150,7 +150,7 @@ fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<
                     err.extend_from_slice(&rest);
                     if let Some(l) = text_line("stderr", &rest) { yield Ok(l); }
                     let text = |raw: &[u8]| String::from_utf8_lossy(raw).into_owned();
-                    let result = ExecuteResult::new(&run.id, &x, text(&out), text(&err)).held_within(run.max_output_bytes);
+                    let result = ExecuteResult::new(&run.id, &x, text(&out), text(&err)).held_within(&run.holding());
                     run.finish(outcome, &result);
                     for l in ending(report.as_deref(), &result, outcome) { yield Ok(l); }
                     return;

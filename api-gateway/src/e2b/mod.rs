@@ -138,7 +138,10 @@ pub async fn read_body(st: &AppState, b: axum::body::Body, limit: usize) -> Resu
 
 impl From<crate::error::ApiError> for E2bError {
     fn from(e: crate::error::ApiError) -> Self {
-        E2bError::new(e.status, e.body.message)
+        // A 429 keeps its Retry-After: the JS SDK's control plane retries
+        // it by itself, and on the data plane it reads `resource_exhausted`
+        // as rate limiting (never the 502/503 it reads as a dead sandbox).
+        E2bError { retry_after: e.retry_after, ..E2bError::new(e.status, e.body.message) }
     }
 }
 
@@ -150,6 +153,9 @@ impl From<crate::exec_error::ExecError> for E2bError {
 
 impl From<crate::records::StoreError> for E2bError {
     fn from(e: crate::records::StoreError) -> Self {
+        if e.is_busy() {
+            return Self::new(StatusCode::TOO_MANY_REQUESTS, "the sandbox registry was busy for the whole queue wait; retry shortly").retry_after(1);
+        }
         tracing::warn!(error = %e, "the record database failed an E2B call");
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "the sandbox registry is unavailable; retry shortly")
     }

@@ -121,7 +121,7 @@ fn stream(mut run: Run, every: Duration) -> impl futures_util::Stream<Item = Res
                 Ok(RunEvent::Exited(x)) => {
                     let outcome = Outcome::of(&x);
                     let text = |raw: Vec<u8>| String::from_utf8_lossy(&raw).into_owned();
-                    let result = ExecuteResult::new(&run.id, &x, text(std::mem::take(&mut out)), text(std::mem::take(&mut err))).held_within(run.max_output_bytes);
+                    let result = ExecuteResult::new(&run.id, &x, text(std::mem::take(&mut out)), text(std::mem::take(&mut err))).held_within(&run.holding());
                     run.finish(outcome, &result);
                     yield Ok(ending(&result, outcome));
                     return;

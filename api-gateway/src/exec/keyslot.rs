@@ -10,6 +10,11 @@
 //! [`super::Run`]) returns the slot, and so does a gateway that dies, when
 //! its connection ends.
 //!
+//! A key at its limit waits at the counting agent, in order per key (over
+//! every replica), until the request's deadline: the wait travels in the
+//! request (`wait_ms`). An older agent ignores it and refuses at once,
+//! which stays a 429.
+//!
 //! When the counting agent leaves, its counts are gone and the next agent
 //! starts from zero: until the executions admitted before have ended, a key
 //! may run up to twice its limit. Agents are a DaemonSet, so this is rare and
@@ -24,9 +29,15 @@ use super::agent::HeldSlot;
 use super::ExecError;
 use crate::nodes::{Node, Nodes};
 
-/// How long the counting agent may take to answer: a map update, so an
-/// agent this slow is treated as down.
+/// How long the counting agent may take to answer beyond the time the
+/// request may wait for a slot: a map update, so an agent this slow is
+/// treated as down.
 const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What of `deadline` is left, as the agent's `wait_ms`.
+pub fn wait_ms(deadline: tokio::time::Instant) -> u32 {
+    u32::try_from(deadline.saturating_duration_since(tokio::time::Instant::now()).as_millis()).unwrap_or(u32::MAX)
+}
 
 /// A key's slot for one execution.
 pub enum KeySlot {
@@ -38,11 +49,11 @@ pub enum KeySlot {
 
 impl KeySlot {
     /// What the `Execute` call carries: the slot request when the executing
-    /// agent takes it.
-    pub fn for_execute(&self) -> Option<pb::KeySlotRequest> {
+    /// agent takes it, waiting up to `deadline`.
+    pub fn for_execute(&self, deadline: tokio::time::Instant) -> Option<pb::KeySlotRequest> {
         match self {
             KeySlot::Held(_) => None,
-            KeySlot::WithExecution(r) => Some(r.clone()),
+            KeySlot::WithExecution(r) => Some(pb::KeySlotRequest { wait_ms: wait_ms(deadline), ..r.clone() }),
         }
     }
 
@@ -71,19 +82,19 @@ pub fn counted_as(key: &str) -> String {
 }
 
 /// Takes a slot of `key` (`namespace/name`) under `limit` for an execution
-/// on `executing`: on its counting agent (429 at the limit, 503 when no
-/// agent can count), or, when that is `executing`, in the `Execute` call. A
-/// counting agent that cannot be reached is marked down and the next one
-/// is asked.
-pub async fn take(nodes: &Nodes, key: &str, limit: u32, executing: &Arc<Node>) -> Result<KeySlot, ExecError> {
+/// on `executing`: on its counting agent, waiting there until `deadline`
+/// (429 then, 503 when no agent can count), or, when that is `executing`,
+/// in the `Execute` call. A counting agent that cannot be reached is marked
+/// down and the next one is asked.
+pub async fn take(nodes: &Nodes, key: &str, limit: u32, executing: &Arc<Node>, deadline: tokio::time::Instant) -> Result<KeySlot, ExecError> {
     let name = counted_as(key);
     // Each failed attempt marks a node down, so each retry asks another.
     for _ in 0..3 {
         let node = nodes.home_of(&name).ok_or(ExecError::NoNode)?;
         if Arc::ptr_eq(&node, executing) {
-            return Ok(KeySlot::WithExecution(pb::KeySlotRequest { key: key.to_string(), limit }));
+            return Ok(KeySlot::WithExecution(pb::KeySlotRequest { key: key.to_string(), limit, wait_ms: 0 }));
         }
-        let answer = tokio::time::timeout(HOLD_WAIT, node.agent().hold_key_slot(key, limit)).await;
+        let answer = tokio::time::timeout_at(deadline + HOLD_WAIT, node.agent().hold_key_slot(key, limit, wait_ms(deadline))).await;
         match answer.unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the key's counting agent"))) {
             Ok(held) => return Ok(KeySlot::Held(held)),
             Err(status) => match super::refusal::AgentRefusal::read(&status).of_key_slot(limit) {

@@ -11,6 +11,7 @@
 
 pub mod convert;
 pub mod keyslot;
+pub mod output;
 pub mod refusal;
 pub mod service;
 pub mod spec;

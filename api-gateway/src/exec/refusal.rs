@@ -57,7 +57,9 @@ impl AgentRefusal {
                 let text = self.message.strip_prefix(&format!("{}: ", self.field)).unwrap_or(&self.message);
                 ExecError::invalid(if self.field.is_empty() { "request" } else { &self.field }, text)
             }
-            Reason::NodeBusy => ExecError::NodeRefused("the node is at capacity"),
+            // It waited for a slot up to the queue wait the call carried (an
+            // older agent only briefly): capacity, not a broken node.
+            Reason::NodeBusy => ExecError::Busy("the node was at capacity"),
             // Another gateway replica runs this thread on the same node.
             Reason::ThreadBusy => ExecError::ThreadBusy(thread_id.unwrap_or_default().to_string()),
             Reason::MissingFeature => ExecError::NodeRefused("the node cannot provide the required isolation"),

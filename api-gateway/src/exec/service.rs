@@ -14,11 +14,12 @@ use super::convert::{self, run_event, RunEvent};
 use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
 use super::ExecError;
 use super::keyslot::{self, KeySlot};
+use super::output::{Holding, Output};
 use super::refusal;
 use warren_proto::agent as pb;
-use crate::admission::{Admission, ThreadLock};
+use crate::admission::{Admission, KeyTurn, ThreadLock};
 use crate::audit::Audit;
-use crate::budget::{OutputBudget, Reservation};
+use crate::budget::OutputBudget;
 use crate::metrics::{InFlight, Metrics};
 use crate::nodes::{Lease, Nodes};
 use crate::request::ExecuteRequest;
@@ -35,7 +36,8 @@ pub struct ExecutionService {
     pub budget: Arc<OutputBudget>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// How long a request waits for a node slot or output budget.
+    /// How long a request waits, in order, for capacity (its key's turn
+    /// and slot, output memory, a node slot) before it is refused with 429.
     pub queue_wait: Duration,
     /// The execution records.
     pub records: crate::records::Recorder,
@@ -51,8 +53,9 @@ pub struct Admitted {
     pub recorded: tokio::sync::oneshot::Receiver<bool>,
 }
 
-/// Everything one execution holds; dropping it releases the key slot, the
-/// thread, the output memory and the node slot, and writes the audit record.
+/// Everything one execution holds; dropping it releases the key slot and
+/// turn, the thread, the output memory and the node slot, and writes the
+/// audit record.
 #[derive(Debug)]
 struct Held {
     lease: Lease,
@@ -60,7 +63,10 @@ struct Held {
     _in_flight: InFlight,
     _thread: Option<ThreadLock>,
     slot: KeySlot,
-    _output: Reservation,
+    _turn: KeyTurn,
+    output: Output,
+    /// The end of the queue wait: what the agent may still wait for its slots.
+    deadline: tokio::time::Instant,
 }
 
 /// A started execution: its events, and what it holds until it ends.
@@ -72,17 +78,19 @@ struct Held {
 pub struct Run {
     /// Execution id (`trc_…`).
     pub id: String,
-    /// The per-stream output cap: what its reservation was sized by.
-    pub max_output_bytes: u64,
     // `None` only once dropped.
     live: Option<Live>,
+    /// What its output may hold, kept once the run let go of its holdings.
+    holding: Holding,
 }
 
 struct Live {
     held: Held,
     events: EventStream,
-    /// The agent's stream ended (with `Exited` or broken).
+    /// The agent stream ended (with `Exited` or broken).
     ended: bool,
+    /// An output chunk waiting for memory (kept if that wait is cancelled).
+    pending: Option<RunEvent>,
 }
 
 /// The agent stream ended without `Exited`. Once the agent accepted the call
@@ -92,15 +100,23 @@ pub struct Lost;
 
 impl ExecutionService {
     /// Checks `req` against `key` and takes everything the execution holds:
-    /// a key slot, the thread, output memory and a node slot. Nothing has
-    /// reached a node when this returns.
+    /// the thread (409 when busy), then, each waiting in order until the
+    /// queue wait ends (429 then), the key's turn, a first step of output
+    /// memory, a node slot and the key's slot (or its request, taken with
+    /// the execution). Nothing has reached a node when this returns.
     pub async fn admit(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
+        let deadline = tokio::time::Instant::now() + self.queue_wait;
         let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
         let qualified = key.qualified_name();
         let thread = spec.contract.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
-        let output = self.budget.reserve(&qualified, crate::budget::worst_case(spec.max_output_bytes()), self.queue_wait).await?;
-        let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.contract.image.warm_key(), self.queue_wait).await?;
-        let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node).await?;
+        let max_output = spec.max_output_bytes();
+        self.budget.fits(crate::budget::worst_case(max_output))?;
+        // Those waiting for the key's turn hold nothing else meanwhile.
+        let turn = self.admission.key_turn(&qualified, key.max_concurrency, deadline).await?;
+        let first = crate::budget::STEP.min(crate::budget::worst_case(max_output));
+        let output = Output::new(self.budget.reserve_until(&qualified, first, deadline).await?, max_output, self.queue_wait);
+        let lease = self.nodes.lease_for(spec.placement().as_deref(), spec.contract.image.warm_key(), deadline).await?;
+        let slot = keyslot::take(&self.nodes, &qualified, key.max_concurrency, &lease.node, deadline).await?;
         let record = crate::records::NewRecord {
             trace_id: spec.contract.id.clone(),
             namespace: key.namespace.clone(),
@@ -117,7 +133,7 @@ impl ExecutionService {
             created_ms: crate::records::now_ms(),
         };
         let (audit, recorded) = Audit::start(record, &self.records, self.metrics.clone());
-        let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, slot, _output: output };
+        let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, slot, _turn: turn, output, deadline };
         Ok(Admitted { spec, held, recorded })
     }
 
@@ -125,12 +141,16 @@ impl ExecutionService {
     pub async fn start(&self, a: Admitted) -> Result<Run, ExecError> {
         let Admitted { spec, mut held, .. } = a;
         let (id, thread_id) = (spec.contract.id.clone(), spec.contract.thread.as_ref().map(|t| t.id.clone()));
-        let max_output_bytes = spec.max_output_bytes();
         // The code moves into the wire request (up to 1 MiB not copied).
         let mut wire = pb::ExecuteRequest::from(spec.contract);
-        wire.key_slot = held.slot.for_execute();
+        // What is left of the queue wait, for the agent's slots.
+        wire.key_slot = held.slot.for_execute(held.deadline);
+        wire.queue_wait_ms = keyslot::wait_ms(held.deadline);
         match held.lease.node.agent().execute(wire).await {
-            Ok(events) => Ok(Run { id, max_output_bytes, live: Some(Live { held, events, ended: false }) }),
+            Ok(events) => {
+                let holding = held.output.holding();
+                Ok(Run { id, live: Some(Live { held, events, ended: false, pending: None }), holding })
+            }
             Err(status) => {
                 held.audit.finish(Outcome::SandboxError, None);
                 let (e, broken) = refusal::AgentRefusal::read(&status).of_execute(thread_id.as_deref(), held.slot.limit());
@@ -204,24 +224,49 @@ const DELETE_ELSEWHERE_WAIT: Duration = Duration::from_secs(10);
 
 impl Run {
     /// The next event; `Err(Lost)` when the stream broke before `Exited`.
+    /// Output is kept only once its memory is reserved (see `output`); a
+    /// stream cut for want of memory yields nothing more. Cancel-safe.
     pub async fn next(&mut self) -> Result<RunEvent, Lost> {
         let Some(live) = self.live.as_mut() else { return Err(Lost) };
         loop {
-            match live.events.next().await {
-                Some(Ok(e)) => match run_event(e) {
-                    Some(ev) => {
-                        live.ended |= matches!(ev, RunEvent::Exited(_));
-                        return Ok(ev);
+            let ev = match live.pending.take() {
+                Some(ev) => ev,
+                None => match live.events.next().await {
+                    Some(Ok(e)) => match run_event(e) {
+                        Some(ev) => ev,
+                        None => continue,
+                    },
+                    Some(Err(_)) | None => {
+                        // A broken stream: the agent ended the call (or died).
+                        live.ended = true;
+                        return Err(Lost);
                     }
-                    None => continue,
                 },
-                Some(Err(_)) | None => {
-                    // A broken stream: the agent ended the call (or died).
+            };
+            let chunk = match &ev {
+                RunEvent::Stdout(c) => Some((0, c.len())),
+                RunEvent::Stderr(c) => Some((1, c.len())),
+                RunEvent::Exited(_) => {
                     live.ended = true;
-                    return Err(Lost);
+                    None
                 }
+                RunEvent::Started => None,
+            };
+            let Some((i, n)) = chunk else { return Ok(ev) };
+            live.pending = Some(ev);
+            let kept = live.held.output.room(i, n, &self.id).await;
+            self.holding = live.held.output.holding();
+            match live.pending.take() {
+                Some(ev) if kept => return Ok(ev),
+                _ => continue,
             }
         }
+    }
+
+    /// What each output stream may hold (its share of the reservation) and
+    /// which were cut: what every result is held within.
+    pub fn holding(&self) -> Holding {
+        self.holding
     }
 
     /// Runs to the end, collecting the output; the result is recorded. On a
@@ -238,7 +283,7 @@ impl Run {
             }
         };
         let text = |raw: Vec<u8>| String::from_utf8(raw).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-        let result = crate::result::ExecuteResult::new(&self.id, &x, text(out), text(err)).held_within(self.max_output_bytes);
+        let result = crate::result::ExecuteResult::new(&self.id, &x, text(out), text(err)).held_within(&self.holding);
         self.finish(Outcome::of(&x), &result);
         Ok(result)
     }
@@ -267,7 +312,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(60);
 
 impl Drop for Run {
     fn drop(&mut self) {
-        let Some(Live { held, events, ended }) = self.live.take() else { return };
+        let Some(Live { held, events, ended, .. }) = self.live.take() else { return };
         if ended {
             return;
         }

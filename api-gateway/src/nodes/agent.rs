@@ -30,10 +30,10 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     fn files(&self) -> Option<&dyn FileAgent> {
         None
     }
-    /// Takes a slot of ApiKey `key` (`namespace/name`) under `limit`;
-    /// resolves once granted. The slot is held until the returned stream is
-    /// dropped.
-    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>>;
+    /// Takes a slot of ApiKey `key` (`namespace/name`) under `limit`,
+    /// letting the agent wait up to `wait_ms` for one; resolves once
+    /// granted. The slot is held until the returned stream is dropped.
+    fn hold_key_slot(&self, key: &str, limit: u32, wait_ms: u32) -> BoxFuture<'static, Result<HeldSlot, Status>>;
 }
 
 /// A file's bytes, as the agent streams them.
@@ -110,8 +110,8 @@ impl Agent for GrpcAgent {
         Some(self)
     }
 
-    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
-        let msg = pb::KeySlotRequest { key: key.to_string(), limit };
+    fn hold_key_slot(&self, key: &str, limit: u32, wait_ms: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
+        let msg = pb::KeySlotRequest { key: key.to_string(), limit, wait_ms };
         let (mut client, req) = (self.client.clone(), self.request(msg, ""));
         async move {
             let mut stream = client.hold_key_slot(req).await?.into_inner();

@@ -2,16 +2,17 @@
 //!
 //! Each agent is polled with `Status`; an agent that answers is healthy and
 //! tells its capacity. A request takes a [`Lease`] on the healthy agent with
-//! the most free slots, waiting a bounded time when all are busy. Leases are
-//! counted here, so the gateway does not push work at a full agent.
+//! the most free slots; when all are busy it waits, in order of arrival
+//! (`queue`), until a deadline. Leases are counted here, so the gateway does
+//! not push work at a full agent.
 
 pub mod agent;
+mod queue;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tracing::{info, warn};
 use warren_proto::client::AgentAddress;
 
@@ -86,6 +87,24 @@ impl Node {
     fn free(&self) -> u32 {
         self.capacity.load(Ordering::Acquire).saturating_sub(self.in_flight.load(Ordering::Acquire))
     }
+
+    /// Takes one slot if one is free (never past its capacity).
+    fn try_take(&self) -> bool {
+        loop {
+            let cur = self.in_flight.load(Ordering::Acquire);
+            if cur >= self.capacity.load(Ordering::Acquire) {
+                return false;
+            }
+            if self.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return true;
+            }
+        }
+    }
+
+    /// Returns one slot taken with [`Node::try_take`].
+    fn give_back(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The set of agents.
@@ -95,7 +114,8 @@ pub struct Nodes {
     nodes: std::sync::RwLock<Arc<Vec<Arc<Node>>>>,
     token: Option<Arc<str>>,
     tls: warren_proto::client::TcpTls,
-    freed: Notify,
+    /// Requests waiting for a slot; every slot is taken under its lock.
+    waiting: std::sync::Mutex<queue::Queue>,
     /// Rotates among equally free nodes, so idle capacity is spread.
     turn: std::sync::atomic::AtomicUsize,
 }
@@ -110,9 +130,9 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
-        // One slot freed: wake one waiter (a stored permit if none waits).
-        self.nodes.freed.notify_one();
+        self.node.give_back();
+        // One slot freed: it goes to the oldest waiter that may use it.
+        self.nodes.dispatch();
     }
 }
 
@@ -123,7 +143,7 @@ impl Nodes {
             nodes: Default::default(),
             token: token.map(Into::into),
             tls,
-            freed: Notify::new(),
+            waiting: Default::default(),
             turn: Default::default(),
         });
         nodes.set(addresses)?;
@@ -137,7 +157,7 @@ impl Nodes {
     /// A fixed set of agents (tests use doubles; nothing is discovered).
     pub fn from_agents(agents: Vec<(AgentAddress, Arc<dyn Agent>)>) -> Arc<Nodes> {
         let nodes = agents.into_iter().map(|(a, agent)| Node::new(a, agent)).collect();
-        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, tls: None, freed: Notify::new(), turn: Default::default() })
+        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, tls: None, waiting: Default::default(), turn: Default::default() })
     }
 
     /// Replaces the set (discovery). Nodes that stay keep their state and
@@ -201,7 +221,28 @@ impl Nodes {
         let nodes = self.snapshot();
         let checks = nodes.iter().map(|n| check(n));
         futures_util::future::join_all(checks).await;
-        self.freed.notify_waiters();
+        if self.healthy() == 0 {
+            // Nothing to wait for: every waiter answers "no node" now.
+            self.queue().fail_all();
+        } else {
+            // A node back, or larger: its slots go to the waiters.
+            self.dispatch();
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, queue::Queue> {
+        // Each critical section leaves the queue whole, so a poisoned lock is consistent.
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests waiting for a node slot now.
+    pub fn waiting(&self) -> usize {
+        self.queue().len()
+    }
+
+    /// Some healthy node has a free slot.
+    fn any_free(&self) -> bool {
+        self.snapshot().iter().any(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0)
     }
 
     /// Checks agents every `period` until the task is dropped.
@@ -213,9 +254,10 @@ impl Nodes {
     }
 
     /// Takes a slot on the healthy node with the most free slots, waiting up
-    /// to `wait` for one to free up. 503 when none can take the request.
+    /// to `wait` in order for one to free up: 503 when no node is healthy,
+    /// 429 when none freed in time.
     pub async fn lease(self: &Arc<Self>, wait: Duration) -> Result<Lease, ExecError> {
-        self.lease_for(None, None, wait).await
+        self.lease_for(None, None, tokio::time::Instant::now() + wait).await
     }
 
     /// The healthy node a thread belongs on: rendezvous hashing of the node
@@ -226,61 +268,63 @@ impl Nodes {
         self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).max_by_key(|n| rendezvous(&n.name(), thread)).cloned()
     }
 
-    /// Like [`Nodes::lease`]; with a thread, only on the thread's node;
-    /// with an image (digest, or reference when none is pinned), on a node
-    /// where it is warm if one has a free slot, else on any (which pulls it).
-    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, image: Option<&str>, wait: Duration) -> Result<Lease, ExecError> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notified = self.freed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let leased = match (thread, image) {
-                (Some(t), _) => self.home_of(t).and_then(|n| self.try_lease_on(&n)),
-                (None, Some(image)) => self.try_lease_where(|n| n.has_warm(image)).or_else(|| self.try_lease()),
-                (None, None) => self.try_lease(),
-            };
-            if let Some(lease) = leased {
-                return Ok(lease);
+    /// Like [`Nodes::lease`], until `deadline`; with a thread, only on the
+    /// thread's node; with an image (digest, or reference when none is
+    /// pinned), on a node where it is warm if one has a free slot, else on
+    /// any (which pulls it). Requests that wait are served in order.
+    pub async fn lease_for(self: &Arc<Self>, thread: Option<&str>, image: Option<&str>, deadline: tokio::time::Instant) -> Result<Lease, ExecError> {
+        let want = match thread {
+            Some(t) => queue::Want::Home(t.to_string()),
+            None => queue::Want::Any(image.map(str::to_string)),
+        };
+        let (id, rx) = {
+            let mut q = self.queue();
+            // Nobody waits: a free slot is this request's at once.
+            if q.is_empty() {
+                if let Some(node) = self.take_for(&want) {
+                    return Ok(Lease { nodes: self.clone(), node });
+                }
             }
             if self.healthy() == 0 {
                 return Err(ExecError::NoNode);
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(ExecError::NodesBusy);
+            q.push(want)
+        };
+        // A slot may be free for an earlier waiter (or this one) already.
+        self.dispatch();
+        let mut ticket = queue::Ticket { nodes: self.clone(), id, rx: Some(rx) };
+        let granted = match ticket.rx.as_mut() {
+            Some(rx) => tokio::time::timeout_at(deadline, rx).await,
+            None => return Err(ExecError::NoNode),
+        };
+        let node = match granted {
+            Ok(Ok(node)) => {
+                ticket.rx = None;
+                Some(node)
             }
+            // The queue was failed: no node is healthy.
+            Ok(Err(_)) => return Err(ExecError::NoNode),
+            // A grant racing the deadline still counts.
+            Err(_) => ticket.leave(),
+        };
+        match node {
+            Some(node) => Ok(Lease { nodes: self.clone(), node }),
+            None if self.healthy() == 0 => Err(ExecError::NoNode),
+            None => Err(ExecError::Busy("every node was at capacity")),
         }
     }
 
-    fn try_lease_on(self: &Arc<Self>, node: &Arc<Node>) -> Option<Lease> {
-        loop {
-            let cur = node.in_flight.load(Ordering::Acquire);
-            if cur >= node.capacity.load(Ordering::Acquire) {
-                return None;
-            }
-            if node.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                return Some(Lease { nodes: self.clone(), node: Arc::clone(node) });
-            }
-        }
-    }
-
-    fn try_lease(self: &Arc<Self>) -> Option<Lease> {
-        self.try_lease_where(|_| true)
-    }
-
-    /// A slot on the healthy node with the most free slots among those `fits` accepts.
-    fn try_lease_where(self: &Arc<Self>, fits: impl Fn(&Node) -> bool) -> Option<Lease> {
+    /// A slot on the healthy node with the most free slots among those
+    /// `fits` accepts, taken.
+    fn take_where(&self, fits: impl Fn(&Node) -> bool) -> Option<Arc<Node>> {
         let nodes = self.snapshot();
         loop {
             let usable = || nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0 && fits(n));
             let most = usable().map(|n| n.free()).max()?;
             let ties: Vec<&Arc<Node>> = usable().filter(|n| n.free() == most).collect();
             let Some(best) = ties.get(self.turn.fetch_add(1, Ordering::Relaxed) % ties.len().max(1)) else { continue };
-            let cur = best.in_flight.load(Ordering::Acquire);
-            if cur < best.capacity.load(Ordering::Acquire)
-                && best.in_flight.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
-            {
-                return Some(Lease { nodes: self.clone(), node: Arc::clone(best) });
+            if best.try_take() {
+                return Some(Arc::clone(best));
             }
         }
     }

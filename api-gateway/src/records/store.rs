@@ -25,6 +25,25 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
 }
 
+impl StoreError {
+    /// A moment's contention rather than a failure: no connection came free
+    /// within the pool's wait (requests wait for one in order), or the
+    /// database's lock stayed held past its busy timeout. Callers answer
+    /// 429 with a retry, not 503.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::PoolTimedOut) => true,
+            // SQLite BUSY and LOCKED (and their extended codes); PostgreSQL
+            // too_many_connections and lock_not_available.
+            StoreError::Db(sqlx::Error::Database(e)) => matches!(e.code().as_deref(), Some("5" | "6" | "261" | "262" | "517" | "53300" | "55P03")),
+            _ => false,
+        }
+    }
+}
+
+/// How long a request waits for a database connection unless told otherwise.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(5);
+
 /// Which database the URL named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -176,6 +195,12 @@ impl Store {
     /// Connects to `url` (`sqlite:///path/records.db` — created when
     /// missing — or `postgres://…`) and brings the schema up to date.
     pub async fn open(url: &str) -> Result<Store, StoreError> {
+        Store::open_waiting(url, ACQUIRE_WAIT).await
+    }
+
+    /// [`Store::open`] whose calls wait up to `acquire` for a connection,
+    /// in order (sqlx's pool is fair), before failing as busy.
+    pub async fn open_waiting(url: &str, acquire: Duration) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (kind, url) = if let Some(path) = url.strip_prefix("sqlite://") {
             let file = path.split('?').next().unwrap_or_default();
@@ -187,7 +212,7 @@ impl Store {
         } else {
             return Err(StoreError::Scheme);
         };
-        let mut opts = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(5)).max_connections(if kind == Kind::Sqlite { 4 } else { 10 });
+        let mut opts = AnyPoolOptions::new().acquire_timeout(acquire.max(Duration::from_millis(100))).max_connections(if kind == Kind::Sqlite { 4 } else { 10 });
         if kind == Kind::Sqlite {
             // WAL: readers never wait for the writer; several gateways may share the file.
             // cache_size: each connection's page cache held at 512 KiB (SQLite's

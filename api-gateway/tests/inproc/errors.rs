@@ -108,9 +108,10 @@ async fn key_concurrency_is_429_with_retry_after_and_frees_when_the_run_ends() {
     let a = g.execute(SOLO, code("x")).await;
     assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "concurrency_limit"));
     assert_eq!(a.headers["retry-after"], "1");
-    // One node counts and runs: the slot travelled with the call and the
-    // agent refused it before anything ran.
+    // It waited its turn through this gateway for the queue wait and never
+    // reached the agent (see `burst` for the agent's own wait).
     assert_eq!(g.agent.seen.lock().unwrap().key_slots.get("default/solo"), Some(&1), "the refused one took no slot");
+    assert_eq!(g.agent_calls(), 1, "the refused one never reached the agent");
     hold.abort();
     let _ = hold.await;
     // The aborted request's run was cancelled at the agent, and its slot
@@ -150,8 +151,9 @@ async fn a_key_counted_on_another_node_holds_its_slot_there() {
 async fn on_a_single_node_the_slot_travels_with_the_execution() {
     let g = gateway().await;
     assert_eq!(g.execute(SOLO, code("x")).await.status, StatusCode::OK);
-    let slot = g.agent.seen.lock().unwrap().executes[0].key_slot.clone();
-    assert_eq!(slot, Some(warren_proto::agent::KeySlotRequest { key: "default/solo".into(), limit: 1 }), "no separate hold call");
+    let slot = g.agent.seen.lock().unwrap().executes[0].key_slot.clone().expect("no separate hold call");
+    assert_eq!((slot.key.as_str(), slot.limit), ("default/solo", 1));
+    assert!(slot.wait_ms <= 50, "it carries what is left of the queue wait: {}", slot.wait_ms);
 }
 
 #[tokio::test]
@@ -191,14 +193,17 @@ async fn no_healthy_node_is_503() {
     assert_eq!(a.headers["retry-after"], "1");
 }
 
+/// A node full for the whole queue wait is capacity, not an outage: 429
+/// with Retry-After (503 until #45: E2B's SDKs read that as a dead sandbox).
 #[tokio::test]
-async fn a_full_node_is_503_after_the_queue_wait() {
+async fn a_full_node_is_429_after_the_queue_wait() {
     let g = gateway_with(FakeAgent { capacity: 1, ..Default::default() }).await;
     let app = g.app.clone();
     let hold = tokio::spawn(async move { app.oneshot(execute_request(GOOD, r#"{"code":"hang"}"#)).await });
     eventually("the first execution reaches the node", || g.agent_calls() == 1).await;
     let a = g.execute(GOOD, code("x")).await;
-    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "queue_timeout"));
+    assert_eq!(a.headers["retry-after"], "1");
     assert!(a.json()["message"].as_str().unwrap().contains("capacity"));
     hold.abort();
 }
@@ -210,11 +215,13 @@ async fn output_memory_the_gateway_cannot_hold_is_503() {
     assert!(a.json()["message"].as_str().unwrap().contains("maxOutputBytes"), "{:?}", a.json());
 }
 
+/// The agent full past the wait the call carried (another replica's calls
+/// took its slots): 429 (503 until #45), and the node stays healthy.
 #[tokio::test]
-async fn agent_busy_is_503_and_the_node_stays_healthy() {
+async fn agent_busy_is_429_and_the_node_stays_healthy() {
     let g = gateway().await;
     let a = g.execute(GOOD, code("refuse:busy")).await;
-    assert_eq!((a.status, a.error().as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!((a.status, a.error().as_str()), (StatusCode::TOO_MANY_REQUESTS, "queue_timeout"));
     assert_eq!(g.state.service.nodes.healthy(), 1);
 }
 

@@ -37,10 +37,13 @@ pub struct Seen {
     pub cancels: Vec<String>,
     /// Key slots held now, by key.
     pub key_slots: std::collections::HashMap<String, u32>,
+    /// The most key slots each key held at once.
+    pub peak_key_slots: std::collections::HashMap<String, u32>,
 }
 
-/// Returns a key slot when the gateway drops the call holding it.
-struct SlotGuard(Arc<Mutex<Seen>>, String);
+/// Returns a key slot when the gateway drops the call holding it, and
+/// wakes requests waiting for one.
+struct SlotGuard(Arc<Mutex<Seen>>, String, Arc<tokio::sync::Notify>);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
@@ -49,6 +52,7 @@ impl Drop for SlotGuard {
                 *n -= 1;
             }
         }
+        self.2.notify_waiters();
     }
 }
 
@@ -70,6 +74,11 @@ pub struct FakeAgent {
     pub name: Option<&'static str>,
     /// Image references `Status` reports warm.
     pub images: Vec<&'static str>,
+    /// Ignores a key slot request's wait and refuses at once, as an agent
+    /// older than the wait does.
+    pub old_key_slots: bool,
+    /// Wakes requests waiting for a key slot.
+    pub returned: Arc<tokio::sync::Notify>,
 }
 
 impl FakeAgent {
@@ -82,7 +91,34 @@ impl FakeAgent {
             return Err(refuse(Code::ResourceExhausted, RefusalReason::KeyConcurrency, "", "at limit"));
         }
         *n += 1;
-        Ok(SlotGuard(self.seen.clone(), key.to_string()))
+        let now = *n;
+        let peak = seen.peak_key_slots.entry(key.to_string()).or_default();
+        *peak = (*peak).max(now);
+        Ok(SlotGuard(self.seen.clone(), key.to_string(), self.returned.clone()))
+    }
+
+    /// [`FakeAgent::take_slot`], waiting up to the request's `wait_ms` for
+    /// a slot to return (in no particular order: the real agent's queue is
+    /// tested in the agent's crate).
+    fn take_slot_waiting(&self, k: &pb::KeySlotRequest) -> BoxFuture<'static, Result<SlotGuard, Status>> {
+        let (fake, k) = (self.clone(), k.clone());
+        let wait = if self.old_key_slots { Duration::ZERO } else { Duration::from_millis(k.wait_ms.into()) };
+        async move {
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                let returned = fake.returned.notified();
+                tokio::pin!(returned);
+                returned.as_mut().enable();
+                match fake.take_slot(&k.key, k.limit) {
+                    Ok(g) => return Ok(g),
+                    Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                    Err(_) => {
+                        let _ = tokio::time::timeout_at(deadline, returned).await;
+                    }
+                }
+            }
+        }
+        .boxed()
     }
 }
 
@@ -127,6 +163,19 @@ fn script(code: &str) -> Result<EventStream, Status> {
             let lines = (0..200).map(|i| stdout(&format!("line {i}\n")));
             Ok(futures_util::stream::iter(std::iter::once(started()).chain(lines)).chain(futures_util::stream::pending()).boxed())
         }
+        // Output, 20 ms of work and the end.
+        "nap" => {
+            let end = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                exited(pb::Exited::default())
+            });
+            Ok(futures_util::stream::iter(vec![started(), stdout("napped\n")]).chain(end).boxed())
+        }
+        // 1 MiB of output in 64 KiB chunks, and the end.
+        "mib" => {
+            let chunks = (0..16).map(|_| ev(Event::Stdout(pb::OutputChunk { data: vec![b'x'; 64 << 10] })));
+            ok(std::iter::once(started()).chain(chunks).chain(std::iter::once(exited(pb::Exited::default()))).collect())
+        }
         // Output, a pause, more output and the end.
         "slow" => {
             let rest = futures_util::stream::once(async {
@@ -159,20 +208,29 @@ fn script(code: &str) -> Result<EventStream, Status> {
 
 impl Agent for FakeAgent {
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
-        // A key slot sent with the call is taken first, like the real agent.
-        let slot = match req.key_slot.as_ref().map(|k| self.take_slot(&k.key, k.limit)).transpose() {
-            Ok(slot) => slot,
-            Err(status) => {
-                self.seen.lock().unwrap().executes.push(req);
-                return async move { Err(status) }.boxed();
-            }
-        };
-        let dropped = Dropped(self.seen.clone());
-        // The stream carries a guard that records when the gateway drops it
-        // (which, on a real agent, kills the sandbox), and the key slot.
-        let result = script(&req.code).map(|s| s.map(move |e| { let _ = (&dropped, &slot); e }).boxed());
-        self.seen.lock().unwrap().executes.push(req);
-        async move { result }.boxed()
+        // A key slot sent with the call is taken first, like the real agent
+        // (waiting as the request lets it).
+        let slot = req.key_slot.as_ref().map(|k| self.take_slot_waiting(k));
+        let fake = self.clone();
+        async move {
+            let slot = match slot {
+                Some(waiting) => match waiting.await {
+                    Ok(g) => Some(g),
+                    Err(status) => {
+                        fake.seen.lock().unwrap().executes.push(req);
+                        return Err(status);
+                    }
+                },
+                None => None,
+            };
+            let dropped = Dropped(fake.seen.clone());
+            // The stream carries a guard that records when the gateway drops it
+            // (which, on a real agent, kills the sandbox), and the key slot.
+            let result = script(&req.code).map(|s| s.map(move |e| { let _ = (&dropped, &slot); e }).boxed());
+            fake.seen.lock().unwrap().executes.push(req);
+            result
+        }
+        .boxed()
     }
 
     fn delete_thread(&self, req: pb::DeleteThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
@@ -203,20 +261,21 @@ impl Agent for FakeAgent {
         .boxed()
     }
 
-    fn hold_key_slot(&self, key: &str, limit: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
-        let result = if self.down {
-            Err(Status::unavailable("down"))
-        } else {
-            self.take_slot(key, limit).map(|guard| {
-                futures_util::stream::pending()
-                    .map(move |e| {
-                        let _ = &guard;
-                        e
-                    })
-                    .boxed()
-            })
-        };
-        async move { result }.boxed()
+    fn hold_key_slot(&self, key: &str, limit: u32, wait_ms: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
+        if self.down {
+            return async { Err(Status::unavailable("down")) }.boxed();
+        }
+        let taking = self.take_slot_waiting(&pb::KeySlotRequest { key: key.to_string(), limit, wait_ms });
+        async move {
+            let guard = taking.await?;
+            Ok(futures_util::stream::pending()
+                .map(move |e| {
+                    let _ = &guard;
+                    e
+                })
+                .boxed())
+        }
+        .boxed()
     }
 
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {

@@ -5,6 +5,7 @@
 
 mod fake;
 mod e2b;
+mod burst;
 mod errors;
 mod executions;
 mod execute;
@@ -204,6 +205,13 @@ impl Gateway {
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("body").to_bytes().to_vec();
         Answer { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// The same gateway with a queue wait of `wait` (50 ms otherwise).
+    pub fn with_queue_wait(mut self, wait: Duration) -> Gateway {
+        self.state.service.queue_wait = wait;
+        self.app = http::app(self.state.clone());
+        self
     }
 
     /// The same gateway with an upload budget of `bytes`.

@@ -28,8 +28,11 @@ use crate::sandbox::{Event, Outcome, Rootfs, SandboxEnv, SandboxError, Shape};
 use crate::threads::{ThreadLock, ThreadOptions, Threads};
 pub use checked::{pull_auth, thread_options, Checked};
 
-/// Longest wait for a free slot before RESOURCE_EXHAUSTED.
+/// Shortest wait for a free slot before RESOURCE_EXHAUSTED (what a caller
+/// that sends no queue wait gets).
 const ADMIT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+/// Longest wait a caller may ask for (as for a key's slot).
+const MAX_ADMIT_WAIT: std::time::Duration = crate::keyslots::MAX_WAIT;
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Why an execution was refused or could not start. Mapped to a gRPC status
@@ -381,9 +384,10 @@ impl Executor {
     }
 
     /// Validates and admits a request; nothing runs yet. A full node waits
-    /// briefly for a slot: the previous execution's teardown (after its
-    /// answer was sent) usually frees one within milliseconds.
-    pub async fn admit(&self, spec: Spec) -> Result<Admission, ExecError> {
+    /// for a slot, in order, up to `wait` (the caller's queue wait) and at
+    /// least briefly: the previous execution's teardown (after its answer
+    /// was sent) usually frees one within milliseconds.
+    pub async fn admit(&self, spec: Spec, wait: std::time::Duration) -> Result<Admission, ExecError> {
         let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors, warm_modules } = Checked::of(spec, &self.policy)?;
         for (i, m) in mounts.iter().enumerate() {
             if let Some((field, why)) = self.stores.refuses(m) {
@@ -415,7 +419,7 @@ impl Executor {
                 (Rootfs::image(image), interpreter.path, env)
             }
         };
-        let permit = seam::admit_slot(&self.permits, self.max_executions, ADMIT_WAIT).await?;
+        let permit = seam::admit_slot(&self.permits, self.max_executions, wait.clamp(ADMIT_WAIT, MAX_ADMIT_WAIT)).await?;
         // Last, so a refusal above never holds the thread.
         let thread = match thread {
             Some(options) => {

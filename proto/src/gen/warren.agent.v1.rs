@@ -130,6 +130,13 @@ pub struct ExecuteRequest {
     /// `spec.warm`), for this request's language.
     #[prost(string, repeated, tag = "16")]
     pub warm_modules: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// How long the call may wait, in order behind earlier calls, for one of
+    /// this agent's execution slots when all are taken, in milliseconds (at
+    /// most 600000); past it the call is refused with RESOURCE_EXHAUSTED
+    /// (NODE_BUSY). 0: the agent's own short wait (what an older gateway gets).
+    /// Transport, not contract: the caller's queue wait, not the execution's.
+    #[prost(uint32, tag = "17")]
+    pub queue_wait_ms: u32,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WarmImageRequest {
@@ -378,6 +385,13 @@ pub struct KeySlotRequest {
     /// already held only refuses new holds.
     #[prost(uint32, tag = "2")]
     pub limit: u32,
+    /// How long the agent may hold the request when the key is at its limit,
+    /// waiting in order (first come, first served, per key) for a slot to be
+    /// returned, in milliseconds (at most 600000). Past it, or at once when 0
+    /// (what an older gateway sends, and what an older agent does whatever
+    /// this says), RESOURCE_EXHAUSTED (KEY_CONCURRENCY).
+    #[prost(uint32, tag = "3")]
+    pub wait_ms: u32,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct KeySlotEvent {
@@ -1110,8 +1124,9 @@ pub mod node_agent_client {
         /// the same key (rendezvous hashing of node names), so the key's limit holds
         /// however many gateways serve it. The first event grants the slot; the
         /// stream then stays open and the slot is held until the caller cancels the
-        /// call or its connection ends. RESOURCE_EXHAUSTED (KEY_CONCURRENCY) when
-        /// the key already holds `limit` slots here.
+        /// call or its connection ends. When the key already holds `limit` slots
+        /// here the call waits up to `wait_ms` for one, in order per key; then
+        /// RESOURCE_EXHAUSTED (KEY_CONCURRENCY).
         pub async fn hold_key_slot(
             &mut self,
             request: impl tonic::IntoRequest<super::KeySlotRequest>,
@@ -1335,8 +1350,9 @@ pub mod node_agent_server {
         /// the same key (rendezvous hashing of node names), so the key's limit holds
         /// however many gateways serve it. The first event grants the slot; the
         /// stream then stays open and the slot is held until the caller cancels the
-        /// call or its connection ends. RESOURCE_EXHAUSTED (KEY_CONCURRENCY) when
-        /// the key already holds `limit` slots here.
+        /// call or its connection ends. When the key already holds `limit` slots
+        /// here the call waits up to `wait_ms` for one, in order per key; then
+        /// RESOURCE_EXHAUSTED (KEY_CONCURRENCY).
         async fn hold_key_slot(
             &self,
             request: tonic::Request<super::KeySlotRequest>,
