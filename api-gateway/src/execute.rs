@@ -17,7 +17,8 @@ use crate::error::ApiError;
 use crate::exec::{Delivery, ExecError, Exit, Lost, Run, RunEvent};
 use crate::ndjson::{self, Tape};
 use crate::webhook::Hook;
-use crate::request::{self, ExecuteRequest};
+use crate::exec::ExecuteRequest;
+use crate::request;
 use crate::result::{ExecuteResult, Outcome, StreamEvent, Utf8Chunks};
 use crate::state::AppState;
 
@@ -115,6 +116,9 @@ async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, deliver
 /// A webhook the key may ask for: a destination the policy allows, and a
 /// signing secret to sign it with.
 fn hook(st: &AppState, key: &warren_config::EffectiveKey, url: &str) -> Result<Hook, ApiError> {
+    // Its form first (the policy reads a URL); the rest of the request is
+    // checked when it is admitted.
+    crate::exec::request::check_webhook_url(url)?;
     let url = st.webhooks.check(url).map_err(|r| ApiError::invalid("webhook_url", r.to_string()))?;
     let secret = key.webhook_secret.clone().ok_or_else(|| {
         ApiError::invalid("webhook_url", "this API key has no webhook signing secret (entry webhook-secret of its Secret); ask the operator to add one")
@@ -128,7 +132,7 @@ async fn read_request(st: &AppState, headers: &HeaderMap, body: Body, delivery: 
         return Err(ApiError::unsupported_media_type());
     }
     let bytes = read_body(headers, body, st.settings.body_timeout).await?;
-    let req = request::parse(&bytes)?;
+    let req = request::read(&bytes)?;
     if req.webhook_url.is_some() && delivery != Delivery::Async {
         return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
     }
@@ -240,15 +244,14 @@ fn run_on(run: Run, st: &AppState, hook: Option<Hook>) {
     });
 }
 
-/// The console's playground: `body` (the execute API's JSON) run with
-/// `key`, recorded with delivery mode `console`, running on after this
-/// returns its trace id (once its record is committed).
-pub async fn run_for_console(st: &AppState, key: &warren_config::EffectiveKey, body: &[u8]) -> Result<String, ApiError> {
-    let req = request::parse(body)?;
+/// The console's playground: `req` run with `key`, recorded with delivery
+/// mode `console`, running on after this returns its trace id (once its
+/// record is committed).
+pub async fn run_for_console(st: &AppState, key: &warren_config::EffectiveKey, req: ExecuteRequest) -> Result<String, ExecError> {
     let mut admitted = st.service.admit(key, req, Delivery::Console).await?;
     let (_, recorded) = tokio::sync::oneshot::channel();
     if !std::mem::replace(&mut admitted.recorded, recorded).await.unwrap_or(false) {
-        return Err(ExecError::RecordStore.into());
+        return Err(ExecError::RecordStore);
     }
     let run = st.service.start(admitted).await?;
     let id = run.id.clone();
@@ -282,11 +285,9 @@ async fn drive(mut run: Run, mut lines: Lines, mut tape: Tape) {
 fn step(run: &mut Run, lines: &mut Lines, ev: Result<RunEvent, Lost>) -> (Vec<StreamEvent>, bool) {
     match ev {
         Ok(RunEvent::Exited(x)) => {
-            let outcome = Outcome::of(&x);
-            let out = lines.exited(&x, outcome, &run.holding());
-            if let Some(StreamEvent::Result { result, .. }) = out.last() {
-                run.finish(outcome, result);
-            }
+            let (mut out, [stdout, stderr]) = lines.drain();
+            let (result, outcome) = run.end(&x, stdout, stderr);
+            out.push(lines.result(result, outcome));
             (out, true)
         }
         Ok(ev) => (lines.event(ev), false),
@@ -345,21 +346,22 @@ impl Lines {
         self.output(i, data).into_iter().collect()
     }
 
-    /// The last output (an incomplete character at the end) and the result,
-    /// held within what the run reserved for it (`holding`): the result
-    /// line repeats the output, text and encoding.
-    fn exited(&mut self, x: &Exit, outcome: Outcome, holding: &crate::budget::Holding) -> Vec<StreamEvent> {
+    /// The last output (an incomplete character at the end), and all the
+    /// output shown, per stream.
+    fn drain(&mut self) -> (Vec<StreamEvent>, [String; 2]) {
         let mut lines = Vec::new();
         for i in 0..STREAMS.len() {
             let data = self.decoders[i].finish();
             lines.extend(self.output(i, data));
         }
-        let [out, err] = std::mem::take(&mut self.all);
-        let result = ExecuteResult::new(&self.trace_id, x, out, err).held_within(holding);
+        (lines, std::mem::take(&mut self.all))
+    }
+
+    /// The result line: it repeats the output, text and encoding, held
+    /// within what the run reserved for it.
+    fn result(&mut self, result: ExecuteResult, outcome: Outcome) -> StreamEvent {
         let truncated = result.stdout_truncated || result.stderr_truncated;
-        let seq = self.next();
-        lines.push(StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq });
-        lines
+        StreamEvent::Result { trace_id: self.trace_id.clone(), status: outcome.as_str().into(), result, output_truncated: truncated, seq: self.next() }
     }
 
     fn lost(&mut self, error: String) -> StreamEvent {

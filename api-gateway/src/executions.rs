@@ -325,7 +325,7 @@ fn filter(key: &EffectiveKey, pairs: &[(String, String)]) -> Result<Filter, ApiE
             "key" if key.audit_namespace => f.key_name = (v != "*").then(|| v.clone()),
             "key" => return Err(ApiError::forbidden("audit_scope", "this API key sees only its own executions (auditScope: Own)")),
             _ => match k.strip_prefix("metadata.") {
-                Some(name) if crate::request::is_metadata_key(name) && v.len() <= 256 => f.metadata.push((name.to_string(), v.clone())),
+                Some(name) if crate::exec::request::is_metadata_key(name) && v.len() <= 256 => f.metadata.push((name.to_string(), v.clone())),
                 Some(_) => return Err(ApiError::invalid(k, "metadata.<name>=<value>: a metadata key (1–40 of [a-zA-Z0-9_.-]) and a value of at most 256 characters")),
                 None => return Err(ApiError::invalid(k, "unknown parameter; use since, until, status, thread_id, key, limit, cursor or metadata.<name>")),
             },

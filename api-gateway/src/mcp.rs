@@ -18,12 +18,11 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use warren_config::EffectiveKey;
 
 use crate::exec::Delivery;
 use crate::files::FileAccess;
-use crate::request::ExecuteRequest;
 use crate::result::ExecuteResult;
 use crate::state::AppState;
 
@@ -130,12 +129,12 @@ impl ServerHandler for WarrenMcp {
             let parts = ctx.extensions.get::<axum::http::request::Parts>().ok_or_else(|| ErrorData::invalid_request("not an HTTP request", None))?;
             let key = parts.extensions.get::<Arc<EffectiveKey>>().cloned().ok_or_else(|| ErrorData::invalid_request("no API key", None))?;
             let headers = parts.headers.clone();
-            let args = Value::Object(req.arguments.unwrap_or_default());
+            let args = req.arguments.unwrap_or_default();
             let result = match req.name.as_ref() {
-                "sandbox_execute" => self.execute(&key, args).await,
                 "files_list" => self.files_list(&key, &args).await,
                 "files_download" => self.files_download(&key, &args, &headers).await,
                 "files_upload" => self.files_upload(&key, &args).await,
+                "sandbox_execute" => self.execute(&key, args).await,
                 other => return Err(ErrorData::invalid_params(format!("no tool named {other:?}"), None)),
             };
             Ok(CallToolResponse::Complete(result.unwrap_or_else(|e| CallToolResult::error(vec![ContentBlock::text(e)]))))
@@ -143,33 +142,33 @@ impl ServerHandler for WarrenMcp {
     }
 }
 
-/// An API error as the text an LLM reads.
-fn said(e: crate::error::ApiError) -> String {
-    e.body.message
+/// A refusal as the text an LLM reads: MCP's one reading of the execution
+/// service's and the Files API's errors (a tool error, never a protocol one).
+fn said(e: impl std::fmt::Display) -> String {
+    e.to_string()
 }
 
 impl WarrenMcp {
-    async fn execute(&self, key: &EffectiveKey, args: Value) -> Result<CallToolResult, String> {
-        let body = serde_json::to_vec(&args).map_err(|e| e.to_string())?;
-        let req: ExecuteRequest = crate::request::parse(&body).map_err(said)?;
+    async fn execute(&self, key: &EffectiveKey, args: Map<String, Value>) -> Result<CallToolResult, String> {
+        let req = crate::request::from_object(args).map_err(said)?;
         if req.webhook_url.is_some() {
             return Err("webhook_url: not with sandbox_execute (the result is the tool's answer)".into());
         }
         let service = &self.st.service;
-        let admitted = service.admit(key, req, Delivery::Mcp).await.map_err(|e| said(e.into()))?;
-        let mut run = service.start(admitted).await.map_err(|e| said(e.into()))?;
-        let r = run.collect().await.map_err(|e| said(e.into()))?;
+        let admitted = service.admit(key, req, Delivery::Mcp).await.map_err(said)?;
+        let mut run = service.start(admitted).await.map_err(said)?;
+        let r = run.collect().await.map_err(said)?;
         Ok(execution_result(&r))
     }
 
-    async fn files_list(&self, key: &EffectiveKey, args: &Value) -> Result<CallToolResult, String> {
+    async fn files_list(&self, key: &EffectiveKey, args: &Map<String, Value>) -> Result<CallToolResult, String> {
         let access = FileAccess::new(&self.st, key, str_arg(args, "source")?, str_arg(args, "id")?).map_err(said)?;
-        let list = access.list(args["path"].as_str().unwrap_or_default(), "").await.map_err(said)?;
+        let list = access.list(args.get("path").and_then(Value::as_str).unwrap_or_default(), "").await.map_err(said)?;
         let text = if list.files.is_empty() { "no files".to_string() } else { list.files.iter().map(|f| format!("{}\t{} bytes", f.path, f.size)).collect::<Vec<_>>().join("\n") };
         Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
     }
 
-    async fn files_download(&self, key: &EffectiveKey, args: &Value, headers: &axum::http::HeaderMap) -> Result<CallToolResult, String> {
+    async fn files_download(&self, key: &EffectiveKey, args: &Map<String, Value>, headers: &axum::http::HeaderMap) -> Result<CallToolResult, String> {
         let access = FileAccess::new(&self.st, key, str_arg(args, "source")?, str_arg(args, "id")?).map_err(said)?;
         let path = str_arg(args, "path")?;
         let bytes = access.read_small(path, INLINE_MAX, "").await.map_err(said)?;
@@ -177,13 +176,13 @@ impl WarrenMcp {
             Some(Ok(text)) => Ok(CallToolResult::success(vec![ContentBlock::text(text)])),
             // Large or binary: a link the user (or a tool) can fetch.
             _ => {
-                let url = access.download_url(path, headers).map_err(said)?;
+                let url = crate::files::download_url_of(&access, &self.st, path, headers).map_err(said)?;
                 Ok(CallToolResult::success(vec![ContentBlock::text(format!("The file is large or binary; download it (valid until {}): {}", url.expires_at, url.url))]))
             }
         }
     }
 
-    async fn files_upload(&self, key: &EffectiveKey, args: &Value) -> Result<CallToolResult, String> {
+    async fn files_upload(&self, key: &EffectiveKey, args: &Map<String, Value>) -> Result<CallToolResult, String> {
         let access = FileAccess::new(&self.st, key, str_arg(args, "source")?, str_arg(args, "id")?).map_err(said)?;
         let (path, content) = (str_arg(args, "path")?, str_arg(args, "content")?);
         if content.len() > 1 << 20 {
@@ -194,8 +193,8 @@ impl WarrenMcp {
     }
 }
 
-fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
-    args[name].as_str().ok_or_else(|| format!("{name}: required (a string)"))
+fn str_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, String> {
+    args.get(name).and_then(Value::as_str).ok_or_else(|| format!("{name}: required (a string)"))
 }
 
 /// An execution as MCP content: a summary line, stdout, stderr, and the

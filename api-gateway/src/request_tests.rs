@@ -1,7 +1,14 @@
 use super::*;
 use warren_config::key::KeyHash;
 use warren_config::EffectiveKey;
-use crate::exec::{Delivery, ExecError, ExecutionSpec};
+use crate::exec::{Delivery, ExecError, ExecuteRequest, ExecutionSpec};
+
+/// The body read and checked, as the HTTP edge answers.
+fn parse(body: &[u8]) -> Result<ExecuteRequest, ApiError> {
+    let r = read(body)?;
+    r.check()?;
+    Ok(r)
+}
 
 fn field_of(body: &str) -> Option<String> {
     parse(body.as_bytes()).err().and_then(|e| e.body.field)

@@ -15,11 +15,11 @@ use futures_util::StreamExt as _;
 use serde::Deserialize;
 use warren_config::EffectiveKey;
 
-use super::frame::{csrf_ok, not_found_page, page, see_other, Console};
+use super::frame::{csrf_ok, exec_status, not_found_page, page, see_other, Console};
 use super::body::{Form, SMALL_FORM};
 use super::html::{table, Html};
 use super::pages::Viewer;
-use crate::files::FileAccess;
+use crate::files::{FileAccess, FileError};
 
 /// A trace id for the node calls the console makes (its logs name it).
 const TRACE: &str = "console";
@@ -54,14 +54,17 @@ impl Console {
     }
 }
 
-fn failed(v: &Viewer<'_>, e: crate::error::ApiError) -> Response {
-    let status = e.status;
-    let why = match status {
-        StatusCode::NOT_FOUND => "There is no such thread, volume or file.".to_string(),
-        s if s.is_client_error() => e.body.message,
-        _ => "The files could not be reached. Try again shortly.".to_string(),
+/// The console's one reading of a file refusal: a page.
+fn failed(v: &Viewer<'_>, e: FileError) -> Response {
+    let (status, why) = match &e {
+        FileError::NotFound(_) => (StatusCode::NOT_FOUND, "There is no such thread, volume or file.".to_string()),
+        FileError::Invalid { .. } => (StatusCode::BAD_REQUEST, e.to_string()),
+        FileError::ThreadBusy => (StatusCode::CONFLICT, e.to_string()),
+        FileError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+        FileError::ThreadLimit | FileError::ReadOnly => (StatusCode::FORBIDDEN, e.to_string()),
+        FileError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "The files could not be reached. Try again shortly.".to_string()),
     };
-    page(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, "Files", Some(&v.session), &Html::text(&why))
+    page(status, "Files", Some(&v.session), &Html::text(&why))
 }
 
 fn bad(v: &Viewer<'_>, why: &str) -> Response {
@@ -146,7 +149,9 @@ pub(super) async fn delete_thread(State(c): State<Arc<Console>>, headers: Header
         return forged(&v);
     }
     if let Err(e) = v.warren.service.delete_thread(&k, &id, TRACE).await {
-        return failed(&v, e.into());
+        let status = exec_status(&e);
+        let why = if status.is_server_error() { "The thread could not be reached. Try again shortly.".to_string() } else { e.to_string() };
+        return page(status, "Files", Some(&v.session), &Html::text(&why));
     }
     super::writes::audit(&v, "delete-thread", &ns, &format!("{key}/{id}")).await;
     see_other(&format!("/files/{ns}/{key}/thread/{id}"), None)

@@ -18,6 +18,7 @@ use super::link::LocalLink;
 use super::oidc::Identity;
 use super::provider::{Provider, ProviderConfig};
 use super::session::{self, Session, Sessions};
+use crate::exec::ExecError;
 use crate::state::AppState;
 
 /// How users sign in.
@@ -168,3 +169,17 @@ pub(super) fn csrf_ok(s: &Session, body: &Bytes) -> bool {
     token.is_some_and(|t| s.csrf_ok(&t))
 }
 
+/// The status of a page that tells why the execution service refused: the
+/// console's one reading of its errors.
+pub(super) fn exec_status(e: &ExecError) -> StatusCode {
+    match e {
+        ExecError::Invalid { .. } => StatusCode::BAD_REQUEST,
+        ExecError::MissingKey | ExecError::InvalidKey(_) => StatusCode::UNAUTHORIZED,
+        ExecError::KeyDisabled => StatusCode::FORBIDDEN,
+        ExecError::ThreadNotFound(_) => StatusCode::NOT_FOUND,
+        ExecError::ThreadBusy(_) => StatusCode::CONFLICT,
+        ExecError::KeyConcurrency(_) | ExecError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+        ExecError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}

@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use warren_core::Language;
 
-use super::frame::{csrf_ok, page, see_other, Console};
+use super::frame::{csrf_ok, exec_status, page, see_other, Console};
+use crate::exec::ExecuteRequest;
 use super::body::Form;
 use super::html::Html;
 use super::pages::Viewer;
@@ -83,19 +85,15 @@ pub(super) async fn run(State(c): State<Arc<Console>>, headers: HeaderMap, uri: 
         return refuse(StatusCode::FORBIDDEN, "You may not run code with this key.");
     };
     let Some(key) = v.warren.keys().named(ns, name) else { return refuse(StatusCode::NOT_FOUND, "No such key.") };
+    let Some(language) = Language::parse(&language) else { return refuse(StatusCode::BAD_REQUEST, "language: must be one of python, node, bash") };
     let user: String = v.session.identity.user.chars().take(MAX_USER).collect();
-    let request = serde_json::json!({"code": code, "language": language, "metadata": {"console.user": user}});
-    match crate::execute::run_for_console(v.warren, &key, request.to_string().as_bytes()).await {
+    let mut request = ExecuteRequest::new(code, language);
+    request.metadata.insert("console.user".into(), user);
+    match crate::execute::run_for_console(v.warren, &key, request).await {
         Ok(id) => {
             tracing::info!(user = %v.session.identity.user, execution_id = %id, namespace = %ns, key = %name, "console: playground run");
             see_other(&format!("/executions/{id}"), None)
         }
-        Err(e) => {
-            let r = e.into_response();
-            let status = r.status();
-            let text = String::from_utf8_lossy(&axum::body::to_bytes(r.into_body(), 64 << 10).await.unwrap_or_default()).into_owned();
-            let message = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["message"].as_str().map(str::to_string)).unwrap_or_else(|| "The run was refused.".into());
-            refuse(if status.is_server_error() { StatusCode::SERVICE_UNAVAILABLE } else { status }, &message)
-        }
+        Err(e) => refuse(exec_status(&e), &e.to_string()),
     }
 }

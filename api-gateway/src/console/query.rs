@@ -84,7 +84,7 @@ impl ListQuery {
         f.until_ms = time(&self.until, "until")?;
         for pair in self.metadata.split_whitespace() {
             match pair.split_once('=') {
-                Some((k, v)) if crate::request::is_metadata_key(k) && v.len() <= 256 => f.metadata.push((k.to_string(), v.to_string())),
+                Some((k, v)) if crate::exec::request::is_metadata_key(k) && v.len() <= 256 => f.metadata.push((k.to_string(), v.to_string())),
                 _ => return Err(Refusal::Invalid("metadata", "name=value pairs separated by spaces")),
             }
         }

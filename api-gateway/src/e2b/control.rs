@@ -135,8 +135,8 @@ pub(super) fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
 fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Result<E2bSandbox, E2bError> {
     let (metadata, env) = (strings(v, "metadata")?, strings(v, "envVars")?);
     // The execute request's own rules (names, sizes, reserved variables).
-    let probe = json!({"code": "true", "env_vars": env, "metadata": metadata});
-    crate::request::parse(&serde_json::to_vec(&probe).unwrap_or_default())?;
+    crate::exec::request::check_metadata(&metadata)?;
+    crate::exec::request::check_env(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let timeout = timeout_of(v, DEFAULT_TIMEOUT)?;
     let now = now_ms();
     let id = new_id();

@@ -66,7 +66,7 @@ fn written_info(rel: &str) -> serde_json::Value {
 }
 
 /// A refusal of the Files API as envd's error (404 stays 404).
-fn refused(e: crate::error::ApiError) -> E2bError {
+fn refused(e: crate::files::FileError) -> E2bError {
     E2bError::from(e)
 }
 

@@ -139,7 +139,6 @@ fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<
                     if let Some(l) = text_line("stderr", &shown) { yield Ok(l); }
                 }
                 Ok(RunEvent::Exited(x)) => {
-                    let outcome = Outcome::of(&x);
                     let report = stdout.report.take();
                     // Without a report, what was held as its possible start is output.
                     let mut rest = out_lines.push(&std::mem::take(&mut stdout.pending));
@@ -150,13 +149,12 @@ fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<
                     err.extend_from_slice(&rest);
                     if let Some(l) = text_line("stderr", &rest) { yield Ok(l); }
                     let text = |raw: &[u8]| String::from_utf8_lossy(raw).into_owned();
-                    let result = ExecuteResult::new(&run.id, &x, text(&out), text(&err)).held_within(&run.holding());
-                    run.finish(outcome, &result);
+                    let (result, outcome) = run.end(&x, text(&out), text(&err));
                     for l in ending(report.as_deref(), &result, outcome) { yield Ok(l); }
                     return;
                 }
                 Err(Lost) => {
-                    let e: E2bError = crate::error::ApiError::from(run.lost()).into();
+                    let e = E2bError::from(run.lost());
                     yield Ok(line(json!({"type": "error", "name": "WarrenNodeLost", "value": e.message, "traceback": ""})));
                     yield Ok(line(json!({"type": "unexpected_end_of_execution"})));
                     return;

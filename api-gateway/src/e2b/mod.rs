@@ -37,6 +37,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::exec_error::ExecError;
+use crate::files::FileError;
 use crate::state::AppState;
 
 pub use lifecycle::sweep_loop;
@@ -136,18 +138,47 @@ pub async fn read_body(st: &AppState, b: axum::body::Body, limit: usize) -> Resu
         .map_err(|_| E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body exceeds {limit} bytes")))
 }
 
-impl From<crate::error::ApiError> for E2bError {
-    fn from(e: crate::error::ApiError) -> Self {
-        // A 429 keeps its Retry-After: the JS SDK's control plane retries
-        // it by itself, and on the data plane it reads `resource_exhausted`
-        // as rate limiting (never the 502/503 it reads as a dead sandbox).
-        E2bError { retry_after: e.retry_after, ..E2bError::new(e.status, e.body.message) }
+/// E2B's one reading of the execution service's errors: the statuses its
+/// SDKs turn into their exceptions. A 429 carries `Retry-After`: the JS
+/// SDK's control plane retries it by itself, and on the data plane it is
+/// `resource_exhausted`, rate limiting — never the 502/503 the SDKs read
+/// as a dead sandbox.
+impl From<ExecError> for E2bError {
+    fn from(e: ExecError) -> Self {
+        let message = e.to_string();
+        let (status, retry) = match e {
+            ExecError::Invalid { .. } => (StatusCode::BAD_REQUEST, None),
+            ExecError::MissingKey | ExecError::InvalidKey(_) => (StatusCode::UNAUTHORIZED, None),
+            ExecError::KeyDisabled => (StatusCode::FORBIDDEN, None),
+            ExecError::ThreadNotFound(_) => (StatusCode::NOT_FOUND, None),
+            ExecError::ThreadBusy(_) => (StatusCode::CONFLICT, None),
+            ExecError::KeyConcurrency(_) | ExecError::Busy(_) => (StatusCode::TOO_MANY_REQUESTS, Some(1)),
+            ExecError::ImagePulling => (StatusCode::SERVICE_UNAVAILABLE, Some(crate::error::IMAGE_PULL_RETRY_SECS)),
+            ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore | ExecError::ImageUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, Some(1))
+            }
+            // The node died mid-command: the sandbox's command is gone.
+            ExecError::NodeLost => (StatusCode::BAD_GATEWAY, None),
+            ExecError::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, None),
+        };
+        E2bError { retry_after: retry, ..E2bError::new(status, message) }
     }
 }
 
-impl From<crate::exec_error::ExecError> for E2bError {
-    fn from(e: crate::exec_error::ExecError) -> Self {
-        crate::error::ApiError::from(e).into()
+/// envd's reading of a file refusal (404 stays 404: the SDKs raise their
+/// not-found errors from it).
+impl From<FileError> for E2bError {
+    fn from(e: FileError) -> Self {
+        let message = e.to_string();
+        let (status, retry) = match e {
+            FileError::Invalid { .. } => (StatusCode::BAD_REQUEST, None),
+            FileError::NotFound(_) => (StatusCode::NOT_FOUND, None),
+            FileError::ThreadBusy => (StatusCode::CONFLICT, None),
+            FileError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            FileError::ThreadLimit | FileError::ReadOnly => (StatusCode::FORBIDDEN, None),
+            FileError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+        };
+        E2bError { retry_after: retry, ..E2bError::new(status, message) }
     }
 }
 
@@ -169,5 +200,31 @@ impl IntoResponse for E2bError {
             r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_rate_limiting_and_only_a_lost_node_reads_as_a_dead_sandbox() {
+        for e in [ExecError::KeyConcurrency(64), ExecError::Busy("every node slot was taken")] {
+            let e = E2bError::from(e);
+            assert_eq!((e.status, e.retry_after), (StatusCode::TOO_MANY_REQUESTS, Some(1)));
+        }
+        assert_eq!(E2bError::from(ExecError::NodeLost).status, StatusCode::BAD_GATEWAY);
+        assert_eq!(E2bError::from(ExecError::NoNode).status, StatusCode::SERVICE_UNAVAILABLE);
+        let e = E2bError::from(ExecError::invalid("env_vars.PATH", "is reserved"));
+        assert_eq!((e.status, e.message.as_str()), (StatusCode::BAD_REQUEST, "env_vars.PATH: is reserved"));
+    }
+
+    #[test]
+    fn file_refusals_keep_their_meaning() {
+        assert_eq!(E2bError::from(FileError::NotFound("no such file")).status, StatusCode::NOT_FOUND);
+        assert_eq!(E2bError::from(FileError::ThreadBusy).status, StatusCode::CONFLICT);
+        assert_eq!(E2bError::from(FileError::ReadOnly).status, StatusCode::FORBIDDEN);
+        let e = E2bError::from(FileError::Unavailable("no node-agent is reachable right now; retry shortly"));
+        assert_eq!((e.status, e.retry_after), (StatusCode::SERVICE_UNAVAILABLE, Some(1)));
     }
 }

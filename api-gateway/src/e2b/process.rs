@@ -119,15 +119,13 @@ fn stream(mut run: Run, every: Duration) -> impl futures_util::Stream<Item = Res
                 Ok(RunEvent::Stdout(c)) => { yield Ok(event(json!({"data": {"stdout": b64.encode(&c)}}))); out.extend_from_slice(&c); }
                 Ok(RunEvent::Stderr(c)) => { yield Ok(event(json!({"data": {"stderr": b64.encode(&c)}}))); err.extend_from_slice(&c); }
                 Ok(RunEvent::Exited(x)) => {
-                    let outcome = Outcome::of(&x);
                     let text = |raw: Vec<u8>| String::from_utf8_lossy(&raw).into_owned();
-                    let result = ExecuteResult::new(&run.id, &x, text(std::mem::take(&mut out)), text(std::mem::take(&mut err))).held_within(&run.holding());
-                    run.finish(outcome, &result);
+                    let (result, outcome) = run.end(&x, text(std::mem::take(&mut out)), text(std::mem::take(&mut err)));
                     yield Ok(ending(&result, outcome));
                     return;
                 }
                 Err(Lost) => {
-                    let e: E2bError = crate::error::ApiError::from(run.lost()).into();
+                    let e = E2bError::from(run.lost());
                     yield Ok(connect::end(Some(&E2bError::new(StatusCode::BAD_GATEWAY, e.message))));
                     return;
                 }

@@ -12,7 +12,7 @@ use warren_config::EffectiveKey;
 use warren_core::Language;
 
 use super::E2bError;
-use crate::exec::{Delivery, Run};
+use crate::exec::{Delivery, ExecuteRequest, Run};
 use crate::records::E2bSandbox;
 use crate::state::AppState;
 
@@ -102,15 +102,11 @@ impl Opened {
         env.extend(p.env);
         let max = u64::from(self.key.max_timeout_seconds.max(1));
         let timeout = p.timeout.map(|t| t.clamp(1, max));
-        let body = serde_json::json!({
-            "code": p.code,
-            "language": p.language,
-            "thread_id": self.sandbox.id,
-            "env_vars": env,
-            "timeout": timeout,
-            "metadata": {"e2b_sandbox": self.sandbox.id},
-        });
-        let req = crate::request::parse(&serde_json::to_vec(&body).unwrap_or_default())?;
+        let mut req = ExecuteRequest::new(p.code, p.language);
+        req.thread_id = Some(self.sandbox.id.clone());
+        req.env_vars = env.into_iter().collect();
+        req.timeout = timeout.map(|t| u32::try_from(t).unwrap_or(u32::MAX));
+        req.metadata.insert("e2b_sandbox".into(), self.sandbox.id.clone());
         let admitted = st.service.admit(&self.key, req, delivery).await?;
         Ok(st.service.start(admitted).await?)
     }

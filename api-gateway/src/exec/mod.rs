@@ -13,6 +13,7 @@ pub mod convert;
 pub mod keyslot;
 pub mod output;
 pub mod refusal;
+pub mod request;
 pub mod service;
 pub mod spec;
 
@@ -20,6 +21,7 @@ pub use convert::RunEvent;
 pub use warren_core::exit::{Exit, Failure};
 pub use crate::exec_error::ExecError;
 pub use crate::nodes::agent;
+pub use request::ExecuteRequest;
 pub use service::{Admitted, ExecutionService, Lost, Run};
 pub use spec::{Delivery, ExecutionSpec};
 

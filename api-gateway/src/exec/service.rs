@@ -12,7 +12,7 @@ use warren_config::EffectiveKey;
 use super::agent::EventStream;
 use super::convert::{self, run_event, RunEvent};
 use super::spec::{placement_key, Delivery, ExecutionSpec, Tenant};
-use super::ExecError;
+use super::{ExecError, Exit};
 use super::keyslot::{self, KeySlot};
 use super::output::{Holding, Output};
 use super::refusal;
@@ -22,7 +22,7 @@ use crate::audit::Audit;
 use crate::budget::OutputBudget;
 use crate::metrics::{InFlight, Metrics};
 use crate::nodes::{Lease, Nodes};
-use crate::request::ExecuteRequest;
+use super::request::ExecuteRequest;
 use crate::result::Outcome;
 
 /// The gateway's execution service; cheap to clone.
@@ -283,16 +283,20 @@ impl Run {
             }
         };
         let text = |raw: Vec<u8>| String::from_utf8(raw).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-        let result = crate::result::ExecuteResult::new(&self.id, &x, text(out), text(err)).held_within(&self.holding);
-        self.finish(Outcome::of(&x), &result);
-        Ok(result)
+        Ok(self.end(&x, text(out), text(err)).0)
     }
 
-    /// Records how it ended, with its result.
-    pub fn finish(&mut self, outcome: Outcome, result: &crate::result::ExecuteResult) {
+    /// Ends the run that exited with `x`, having shown `stdout` and `stderr`
+    /// (what the adapter passed on): its result, held within what the run
+    /// reserved for its output, is recorded and returned with its outcome.
+    /// Every adapter ends a run here; none builds or records a result itself.
+    pub fn end(&mut self, x: &Exit, stdout: String, stderr: String) -> (crate::result::ExecuteResult, Outcome) {
+        let outcome = Outcome::of(x);
+        let result = crate::result::ExecuteResult::new(&self.id, x, stdout, stderr).held_within(&self.holding);
         if let Some(live) = self.live.as_mut() {
-            live.held.audit.result(outcome, result);
+            live.held.audit.result(outcome, &result);
         }
+        (result, outcome)
     }
 
     /// Records a broken stream and marks the node down until its next check.

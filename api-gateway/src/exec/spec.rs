@@ -11,7 +11,7 @@ use warren_core::contract::{Image, Mount, Spec, Thread};
 use warren_core::path;
 
 use super::ExecError;
-use crate::request::ExecuteRequest;
+use super::request::ExecuteRequest;
 
 /// The tenant an execution runs for: the ApiKey that authenticated it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,9 +65,10 @@ pub struct ExecutionSpec {
 }
 
 impl ExecutionSpec {
-    /// Checks `req` against what `key` allows and resolves everything; the
+    /// Checks `req` (its own rules, then what `key` allows) and resolves everything; the
     /// request's code and env move into the spec (up to 1 MiB not copied).
     pub fn new(id: String, key: &EffectiveKey, req: &mut ExecuteRequest, delivery: Delivery) -> Result<ExecutionSpec, ExecError> {
+        req.check()?;
         if !key.languages.contains(&req.language) {
             let offered: Vec<&str> = key.languages.iter().map(|l| l.as_str()).collect();
             return Err(ExecError::invalid("language", format!("this sandbox offers {}", offered.join(", "))));

@@ -23,13 +23,15 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use warren_config::EffectiveKey;
-use warren_proto::agent as pb;
 
 use crate::error::ApiError;
-use crate::exec::spec::{placement_key, Tenant};
 use crate::state::AppState;
 use crate::file_urls::token::{self, Grant, Op, Source};
 pub use crate::file_urls::Settings;
+
+mod access;
+use access::{clean, place};
+pub use access::{FileAccess, FileEntry, FileError, FileList};
 
 
 /// `upload_url` body.
@@ -83,37 +85,6 @@ pub struct SignedUrl {
     pub expires_at: String,
 }
 
-/// One file.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct FileEntry {
-    /// Path relative to the home or volume.
-    pub path: String,
-    /// Bytes.
-    pub size: u64,
-    /// Last change (RFC 3339).
-    pub modified: Option<String>,
-}
-
-/// A listing.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct FileList {
-    /// Regular files, sorted by path.
-    pub files: Vec<FileEntry>,
-    /// More files exist than were listed (10 000 at most).
-    pub truncated: bool,
-}
-
-/// What a key may do with one file location.
-#[derive(Clone)]
-struct Place {
-    target: pb::files_request::Target,
-    /// Thread: its home node's placement key.
-    thread: Option<String>,
-    writable: bool,
-    /// Largest upload here.
-    max: u64,
-}
-
 const BODY_LIMIT: usize = 64 << 10;
 
 /// A small JSON body, bounded in size and time.
@@ -137,7 +108,7 @@ pub async fn upload_url(State(st): State<AppState>, headers: HeaderMap, b: Body)
         let path = clean(&r.path, false)?;
         let place = place(&key, &r.source, &r.id)?;
         if !place.writable {
-            return Err(read_only());
+            return Err(FileError::ReadOnly.into());
         }
         let max = place.max.min(st.files.max_upload);
         if r.content_length > max {
@@ -177,7 +148,7 @@ pub async fn list(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Re
     let run = async {
         let key = st.keys().authenticate(&headers)?;
         let r: FileRequest = body(&st, b).await?;
-        FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::request_id::of(&headers)).await
+        Ok::<_, ApiError>(FileAccess::new(&st, &key, &r.source, &r.id)?.list(r.path.as_deref().unwrap_or_default(), crate::request_id::of(&headers)).await?)
     };
     run.await.map_or_else(IntoResponse::into_response, |l| axum::Json(l).into_response())
 }
@@ -287,196 +258,26 @@ fn signed(st: &AppState, headers: &HeaderMap, g: &Grant, method: &str, extra: Ve
     }
 }
 
-/// What one key may do with one thread or volume: the Files API's calls to
-/// the node, shared by the HTTP handlers and the MCP tools.
-pub struct FileAccess<'a> {
-    st: &'a AppState,
-    key: &'a EffectiveKey,
-    source: String,
-    id: String,
-    place: Place,
+
+/// A signed download URL for `path` of what `access` reaches (base from
+/// `--public-url`, else `headers`' Host).
+pub fn download_url_of(access: &FileAccess<'_>, st: &AppState, path: &str, headers: &HeaderMap) -> Result<SignedUrl, FileError> {
+    let g = grant(st, access.key, Op::Get, &access.source, &access.id, clean(path, false)?, None, None);
+    Ok(signed(st, headers, &g, "GET", Vec::new()))
 }
 
-impl<'a> FileAccess<'a> {
-    /// `source` (`thread`|`volume`) `id` of `key`; 400/404 when it has none.
-    pub fn new(st: &'a AppState, key: &'a EffectiveKey, source: &str, id: &str) -> Result<FileAccess<'a>, ApiError> {
-        Ok(FileAccess { st, key, source: source.to_string(), id: id.to_string(), place: place(key, source, id)? })
-    }
-
-    fn node(&self) -> Result<std::sync::Arc<crate::nodes::Node>, ApiError> {
-        node_for(self.st, &self.place)
-    }
-
-    fn request(&self, path: String) -> pb::FilesRequest {
-        pb::FilesRequest { target: Some(self.place.target.clone()), path }
-    }
-
-    /// Regular files at or below `path`.
-    pub async fn list(&self, path: &str, trace: &str) -> Result<FileList, ApiError> {
-        let req = self.request(clean(path, true)?);
-        let node = self.node()?;
-        let got = node.agent().files().ok_or_else(no_files)?.list_files(req, trace).await.map_err(|s| refused(&s))?;
-        let files = got.files.into_iter().map(|f| FileEntry { path: f.path, size: f.size, modified: (f.modified > 0).then(|| crate::records::rfc3339(f.modified * 1000)) }).collect();
-        Ok(FileList { files, truncated: got.truncated })
-    }
-
-    /// The file's bytes as they arrive.
-    pub async fn read(&self, path: &str, trace: &str) -> Result<crate::exec::agent::FileStream, ApiError> {
-        let req = self.request(clean(path, false)?);
-        let node = self.node()?;
-        node.agent().files().ok_or_else(no_files)?.read_file(req, trace).await.map_err(|s| refused(&s))
-    }
-
-    /// The whole file when it is at most `max` bytes; `None` when larger.
-    pub async fn read_small(&self, path: &str, max: u64, trace: &str) -> Result<Option<Vec<u8>>, ApiError> {
-        let listed = self.list(path, trace).await?;
-        let clean_path = clean(path, false)?;
-        let Some(f) = listed.files.iter().find(|f| f.path == clean_path) else { return Err(ApiError::not_found("no such file")) };
-        if f.size > max {
-            return Ok(None);
-        }
-        let mut out = Vec::with_capacity(f.size as usize);
-        let mut stream = self.read(path, trace).await?;
-        while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk.map_err(|s| refused(&s))?);
-            if out.len() as u64 > max {
-                return Ok(None);
-            }
-        }
-        Ok(Some(out))
-    }
-
-    /// Stores `size` bytes from `data` at `path`.
-    pub async fn write_stream(&self, path: &str, size: u64, data: futures_util::stream::BoxStream<'static, bytes::Bytes>, trace: &str) -> Result<(), ApiError> {
-        self.writable()?;
-        let req = self.request(clean(path, false)?);
-        let node = self.node()?;
-        node.agent().files().ok_or_else(no_files)?.write_file(req, size, data, trace).await.map_err(|s| refused(&s))
-    }
-
-    /// Refuses a write through a read-only mount of the volume.
-    fn writable(&self) -> Result<(), ApiError> {
-        if self.place.writable { Ok(()) } else { Err(read_only()) }
-    }
-
-    /// Removes the file at `path` (a write: refused on a read-only mount).
-    pub async fn delete(&self, path: &str, trace: &str) -> Result<(), ApiError> {
-        self.writable()?;
-        let req = self.request(clean(path, false)?);
-        let node = self.node()?;
-        node.agent().files().ok_or_else(no_files)?.delete_file(req, trace).await.map_err(|s| refused(&s))
-    }
-
-    /// The largest file this key may store here, bytes.
-    pub fn max_upload(&self) -> u64 {
-        self.place.max.min(self.st.files.max_upload)
-    }
-
-    /// Stores `data` at `path`, sent in slices of [`WRITE_CHUNK`] (no copy):
-    /// the agent takes gRPC messages of 4 MiB at most.
-    pub async fn write(&self, path: &str, data: bytes::Bytes, trace: &str) -> Result<(), ApiError> {
-        let size = data.len() as u64;
-        let slices: Vec<bytes::Bytes> = if data.is_empty() { vec![data] } else { data.chunks(WRITE_CHUNK).map(|c| data.slice_ref(c)).collect() };
-        self.write_stream(path, size, futures_util::stream::iter(slices).boxed(), trace).await
-    }
-
-    /// A signed download URL (base from `--public-url`, else `headers`' Host).
-    pub fn download_url(&self, path: &str, headers: &HeaderMap) -> Result<SignedUrl, ApiError> {
-        let g = grant(self.st, self.key, Op::Get, &self.source, &self.id, clean(path, false)?, None, None);
-        Ok(signed(self.st, headers, &g, "GET", Vec::new()))
-    }
-}
-
-/// Most bytes of one message of a write held in memory.
-const WRITE_CHUNK: usize = 1 << 20;
-
-/// Where `source`/`id` is for `key`, or 400/404.
-fn place(key: &EffectiveKey, source: &str, id: &str) -> Result<Place, ApiError> {
-    match source {
-        "thread" => {
-            if !warren_core::ids::is_thread_id(id) {
-                return Err(ApiError::invalid("id", warren_core::ids::THREAD_ID_RULE));
-            }
-            let tenant = Tenant::of(key);
-            let options = pb::ThreadOptions {
-                r#ref: Some(crate::exec::convert::thread_ref(&tenant, id)),
-                retention_seconds: key.thread_retention.duration().map_or(0, |d| d.as_secs()),
-                max_bytes: key.thread_max_bytes,
-                max_threads: key.max_threads,
-            };
-            Ok(Place { target: pb::files_request::Target::Thread(options), thread: Some(placement_key(&tenant, id)), writable: true, max: key.thread_max_bytes })
-        }
-        "volume" => {
-            let mounts = key.storage.iter().filter(|m| m.provider == warren_core::kinds::Provider::Volume && m.prefix.split('/').nth(2) == Some(id));
-            let best = mounts.min_by_key(|m| m.read_only).ok_or_else(|| ApiError::not_found("no such volume for this API key"))?;
-            Ok(Place { target: pb::files_request::Target::VolumePrefix(best.prefix.clone()), thread: None, writable: !best.read_only, max: u64::MAX })
-        }
-        _ => Err(ApiError::invalid("source", "thread or volume")),
-    }
-}
-
-/// The node serving `place`: a thread's home, any healthy node for a volume.
-fn node_for(st: &AppState, place: &Place) -> Result<std::sync::Arc<crate::nodes::Node>, ApiError> {
-    let node = match &place.thread {
-        Some(k) => st.service.nodes.home_of(k),
-        None => st.service.nodes.healthy_nodes().into_iter().next(),
-    };
-    node.ok_or_else(|| ApiError::unavailable("no node-agent is reachable right now; retry shortly"))
-}
-
-fn read_only() -> ApiError {
-    ApiError::forbidden("read_only", "this API key's mount of the volume is ReadOnly")
-}
-
-fn no_files() -> ApiError {
-    ApiError::unavailable("this node-agent does not serve files")
-}
-
-/// A path of plain names, relative (a leading `/` is dropped); empty only when listing.
-fn clean(path: &str, empty_ok: bool) -> Result<String, ApiError> {
-    let p = path.trim_start_matches('/');
-    let bad = |why: &str| ApiError::invalid("path", why.to_string());
-    if p.is_empty() {
-        return if empty_ok { Ok(String::new()) } else { Err(bad("required")) };
-    }
-    if p.len() > 1024 || p.split('/').count() > 64 {
-        return Err(bad("at most 1024 characters and 64 segments"));
-    }
-    for seg in p.trim_end_matches('/').split('/') {
-        if seg.is_empty() || seg == "." || seg == ".." || seg.len() > 255 || seg.chars().any(|c| c.is_control() || c == '\\') {
-            return Err(bad("plain names separated by '/': no '.', '..', empty segments, backslashes or control characters"));
-        }
-    }
-    Ok(p.trim_end_matches('/').to_string())
-}
-
-/// The HTTP error of an agent's refusal.
-fn refused(s: &tonic::Status) -> ApiError {
-    use crate::exec::refusal::{AgentRefusal, FileRefusal};
-    match AgentRefusal::read(s).of_files() {
-        FileRefusal::NotFound => ApiError::not_found("no such file or thread for this API key"),
-        FileRefusal::ThreadBusy => ApiError::conflict("thread_busy", "the thread is running an execution; retry when it finishes"),
-        FileRefusal::Invalid => ApiError::invalid("path", s.message().to_string()),
-        FileRefusal::TooLarge => ApiError::too_large_message("the thread's saved home would exceed its size limit (threadMaxSize)"),
-        FileRefusal::ThreadLimit => ApiError::forbidden("thread_limit_reached", "a new thread beyond the key's maxThreads"),
-        FileRefusal::Unavailable => {
-            tracing::warn!(code = ?s.code(), reason = s.message(), "a file operation failed on the node");
-            ApiError::unavailable("the node could not serve the file right now; retry shortly")
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::clean;
-
-    #[test]
-    fn paths_are_plain_and_relative() {
-        assert_eq!(clean("/in/a.csv", false).unwrap(), "in/a.csv");
-        assert_eq!(clean("dir/", true).unwrap(), "dir");
-        assert_eq!(clean("", true).unwrap(), "");
-        for bad in ["", "../etc/passwd", "a/../../b", "a//b", "./a", "a\\b", "a/\u{0}b"] {
-            assert!(clean(bad, false).is_err(), "{bad:?}");
+/// The Files API's one reading of a refusal as HTTP.
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            FileError::Invalid { field, message } => ApiError::invalid(field, message),
+            FileError::NotFound(_) => ApiError::not_found(message),
+            FileError::ThreadBusy => ApiError::conflict("thread_busy", message),
+            FileError::TooLarge => ApiError::too_large_message(message),
+            FileError::ThreadLimit => ApiError::forbidden("thread_limit_reached", message),
+            FileError::ReadOnly => ApiError::forbidden("read_only", message),
+            FileError::Unavailable(_) => ApiError::unavailable(message),
         }
     }
 }
