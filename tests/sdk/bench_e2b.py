@@ -4,12 +4,14 @@ gateway, same key, same run (tests/benches/e2b_sdk.rs starts them).
 Each iteration, interleaved: (1) E2B `Sandbox.create()` +
 `commands.run("echo 1")` + `kill()`; (2) E2B `commands.run("echo 1")` on a
 sandbox created once; (3) Baponi `execute("echo 1", language="bash")`; (4) the same with a new
-`thread_id` each call (what an E2B sandbox's first command is).
-Prints p50/p99 of each, ms, and the ratios to Baponi's.
+`thread_id` each call (what an E2B sandbox's first command is); (5) E2B `Sandbox.create()` →
+first `commands.run("node -v")`, timed to the command's answer (the kill after it is not timed),
+next to (6) a bare `node -v` on this machine.
+Prints p50/p99 of each, ms, and the ratios to Baponi's and to the bare `node -v`.
 """
 
 import os
-import statistics
+import subprocess
 import time
 
 from baponi import Baponi
@@ -55,15 +57,29 @@ def baponi_new_thread():
     assert r.stdout == "1\n", r
 
 
+def e2b_first_node():
+    s = Sandbox.create()
+    r = s.commands.run("node -v")
+    assert r.stdout.startswith("v"), r
+    return s
+
+
+def bare_node():
+    r = subprocess.run(["node", "-v"], capture_output=True, text=True, check=True)
+    assert r.stdout.startswith("v"), r
+
+
 cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute),
-         ("baponi, new thread", baponi_new_thread)]
+         ("baponi, new thread", baponi_new_thread), ("e2b create→node -v", e2b_first_node), ("bare node -v", bare_node)]
 times = {name: [] for name, _ in cases}
 for i in range(RUNS + 5):
     for name, fn in cases:
         t = time.perf_counter()
-        fn()
+        left = fn()
         if i >= 5:
             times[name].append((time.perf_counter() - t) * 1000)
+        if left is not None:
+            left.kill()
 kept.kill()
 
 
@@ -79,3 +95,6 @@ for name, xs in times.items():
     p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
     print(f"{name:<22} {p50:>8.2f} {p99:>8.2f} {p50 / base[0]:>10.2f}x {p99 / base[1]:>10.2f}x")
 print("the round trip's phases (p50, ms): " + ", ".join(f"{n} {pct(xs[5:], 0.5):.2f}" for n, xs in phases.items()))
+node = (pct(times["bare node -v"], 0.5), pct(times["bare node -v"], 0.99))
+first = times["e2b create→node -v"]
+print(f"e2b create→first node -v / bare node -v: p50 {pct(first, 0.5) / node[0]:.2f}x, p99 {pct(first, 0.99) / node[1]:.2f}x")
