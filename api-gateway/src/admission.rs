@@ -21,6 +21,8 @@ use crate::exec_error::ExecError;
 #[derive(Debug, Default)]
 pub struct Admission {
     threads: Mutex<HashSet<(String, String)>>,
+    /// Woken whenever a thread is let go, for callers that wait for theirs.
+    freed: tokio::sync::Notify,
     /// Per key and limit (a changed limit starts afresh; the agent's count
     /// still holds the key to its limit meanwhile), with its users.
     turns: Mutex<HashMap<(String, u32), (Arc<Semaphore>, usize)>>,
@@ -57,6 +59,25 @@ impl Admission {
             return Err(ExecError::ThreadBusy(thread_id.to_string()));
         }
         Ok(ThreadLock { admission: self.clone(), id })
+    }
+
+    /// Locks `thread_id` of `key`, waiting until `deadline` while another
+    /// execution through this gateway holds it (one that was cancelled holds
+    /// it until its agent confirms the end); 409 after.
+    pub async fn thread_until(self: &Arc<Self>, key: &str, thread_id: &str, deadline: tokio::time::Instant) -> Result<ThreadLock, ExecError> {
+        loop {
+            // Registered before trying, so a release in between is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.thread(key, thread_id) {
+                Err(ExecError::ThreadBusy(_)) => {}
+                taken => return taken,
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(ExecError::ThreadBusy(thread_id.to_string()));
+            }
+        }
     }
 }
 
@@ -100,6 +121,7 @@ impl Drop for KeyTurn {
 impl Drop for ThreadLock {
     fn drop(&mut self) {
         lock(&self.admission.threads).remove(&self.id);
+        self.admission.freed.notify_waiters();
     }
 }
 
@@ -115,6 +137,22 @@ mod tests {
         assert!(a.thread("ns/k2", "t1").is_ok(), "another key's thread of the same name is separate");
         drop(t);
         assert!(a.thread("ns/k", "t1").is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_waits_for_its_thread_gets_it_when_it_is_let_go_or_409_at_its_deadline() {
+        use std::time::Duration;
+        let a = Arc::new(Admission::default());
+        let held = a.thread("ns/k", "t1").unwrap();
+        let a1 = a.clone();
+        let waiting = tokio::spawn(async move { a1.thread_until("ns/k", "t1", tokio::time::Instant::now() + Duration::from_secs(30)).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "the thread is still held");
+        drop(held);
+        let got = waiting.await.unwrap().expect("the waiter takes the thread once it is let go");
+        let late = a.thread_until("ns/k", "t1", tokio::time::Instant::now() + Duration::from_secs(2)).await;
+        assert_eq!(late.unwrap_err(), ExecError::ThreadBusy("t1".into()), "held past the deadline: 409");
+        drop(got);
     }
 
     #[tokio::test(start_paused = true)]

@@ -46,6 +46,7 @@ pub fn from_object(mut obj: Map<String, Value>) -> Result<ExecuteRequest, ExecEr
         env_vars: strings(&mut obj, "env_vars")?,
         sub_paths: sub_paths(&mut obj)?,
         webhook_url: string(&mut obj, "webhook_url")?,
+        wait_for_thread: false,
     })
 }
 

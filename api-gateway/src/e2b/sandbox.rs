@@ -104,6 +104,8 @@ impl Opened {
         let timeout = p.timeout.map(|t| t.clamp(1, max));
         let mut req = ExecuteRequest::new(p.code, p.language);
         req.thread_id = Some(self.sandbox.id.clone());
+        // A command after one the client cut off waits for its end.
+        req.wait_for_thread = true;
         req.env_vars = env.into_iter().collect();
         req.timeout = timeout.map(|t| u32::try_from(t).unwrap_or(u32::MAX));
         req.metadata.insert("e2b_sandbox".into(), self.sandbox.id.clone());

@@ -38,6 +38,10 @@ pub struct ExecuteRequest {
     pub sub_paths: Vec<String>,
     /// Async delivery target.
     pub webhook_url: Option<String>,
+    /// While another execution through this gateway holds the thread, wait
+    /// for it (up to the queue wait) instead of refusing at once: a live
+    /// sandbox's next command after one that was cut off.
+    pub wait_for_thread: bool,
 }
 
 impl ExecuteRequest {
@@ -52,6 +56,7 @@ impl ExecuteRequest {
             env_vars: Vec::new(),
             sub_paths: Vec::new(),
             webhook_url: None,
+            wait_for_thread: false,
         }
     }
 

@@ -100,7 +100,7 @@ pub struct Lost;
 
 impl ExecutionService {
     /// Checks `req` against `key` and takes everything the execution holds:
-    /// the thread (409 when busy), then, each waiting in order until the
+    /// the thread (409 when busy, or after the queue wait when the request waits for it), then, each waiting in order until the
     /// queue wait ends (429 then), the key's turn, a first step of output
     /// memory, a node slot and the key's slot (or its request, taken with
     /// the execution). Nothing has reached a node when this returns.
@@ -108,7 +108,11 @@ impl ExecutionService {
         let deadline = tokio::time::Instant::now() + self.queue_wait;
         let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
         let qualified = key.qualified_name();
-        let thread = spec.contract.thread.as_ref().map(|t| self.admission.thread(&qualified, &t.id)).transpose()?;
+        let thread = match &spec.contract.thread {
+            Some(t) if req.wait_for_thread => Some(self.admission.thread_until(&qualified, &t.id, deadline).await?),
+            Some(t) => Some(self.admission.thread(&qualified, &t.id)?),
+            None => None,
+        };
         let max_output = spec.max_output_bytes();
         self.budget.fits(crate::budget::worst_case(max_output))?;
         // Those waiting for the key's turn hold nothing else meanwhile.
