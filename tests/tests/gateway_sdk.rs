@@ -24,7 +24,10 @@ async fn the_baponi_sdk_works_against_warren() {
     let data = tempfile::tempdir().unwrap();
     let root = data.path().canonicalize().unwrap().display().to_string();
     let agent = Agent::start(&["--local-storage-root", &root]).await.unwrap();
-    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    // A key at its limit waits the queue wait before its 429: 2 s here, far
+    // from the 30 s the held execution lasts, so the SDK sees the 429 and
+    // never the slot coming back.
+    let gw = Gateway::start(&[agent.address()], &["--queue-wait-ms", "2000"], true).await.unwrap();
     std::fs::create_dir(data.path().join("in")).unwrap();
     std::fs::write(data.path().join("in/a.txt"), "a").unwrap();
     let storage = format!(
