@@ -362,17 +362,10 @@ async fn another_tenants_warm_image_is_not_served_through_a_tag() {
         return;
     }
     let registry = Registry::start().unwrap();
-    let private = registry.reference("team-a/private:1");
-    let mut image = bash_python_image();
-    image.layers.push(warren_e2e::registry::tar_of(&[("secret.txt", b"team-a-secret")]));
-    let digest = image.push(&private).await.unwrap();
+    let (private, digest, _) = team_a_private_image(&registry).await;
     let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
     let mut client = agent.client().await.unwrap();
-    let run = |image: String| {
-        let mut req = request(pb::Language::Bash, "cat /secret.txt", Duration::from_secs(30));
-        req.image = image;
-        agent.run_request(req)
-    };
+    let run = |image: String| agent.run_request(cat_secret(image));
     // A's image warm both ways: the operator's warm-up by tag, and a call.
     let warmed = client.warm_image(pb::WarmImageRequest { image: private.clone(), image_pull: None, warm: vec![] }).await.unwrap().into_inner();
     assert_eq!(warmed.digest, digest);
@@ -408,6 +401,24 @@ async fn another_tenants_warm_image_is_not_served_through_a_tag() {
     server.abort();
 }
 
+/// Tenant A's private image (bash and python, and a layer holding
+/// `/secret.txt`) pushed to `registry` as `team-a/private:1`: its reference,
+/// digest and content.
+async fn team_a_private_image(registry: &Registry) -> (String, String, warren_e2e::registry::TestImage) {
+    let private = registry.reference("team-a/private:1");
+    let mut image = bash_python_image();
+    image.layers.push(warren_e2e::registry::tar_of(&[("secret.txt", b"team-a-secret")]));
+    let digest = image.push(&private).await.unwrap();
+    (private, digest, image)
+}
+
+/// A call that prints `/secret.txt` of `image`.
+fn cat_secret(image: String) -> pb::ExecuteRequest {
+    let mut req = request(pb::Language::Bash, "cat /secret.txt", Duration::from_secs(30));
+    req.image = image;
+    req
+}
+
 /// The attack: tenant A's private image holds a secret layer; tenant B has
 /// only A's manifest and config (a leaked pull log, a CI artefact) and a
 /// registry of its own that serves them — the exact manifest (the warm
@@ -420,16 +431,9 @@ async fn warm_layers_serve_only_who_proves_the_registry_serves_them() {
         return;
     }
     let registry = Registry::start().unwrap();
-    let private = registry.reference("team-a/private:1");
-    let mut image = bash_python_image();
-    image.layers.push(warren_e2e::registry::tar_of(&[("secret.txt", b"team-a-secret")]));
-    let digest = image.push(&private).await.unwrap();
+    let (private, digest, image) = team_a_private_image(&registry).await;
     let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
-    let run = |image: String| {
-        let mut req = request(pb::Language::Bash, "cat /secret.txt", Duration::from_secs(30));
-        req.image = image;
-        agent.run_request(req)
-    };
+    let run = |image: String| agent.run_request(cat_secret(image));
     assert_eq!(run(format!("{private}@{digest}")).await.unwrap().stdout, "team-a-secret");
 
     // What tenant B holds: A's manifest and config bytes.
