@@ -32,6 +32,12 @@ check python_tempfile python3 -c 'import tempfile; f = tempfile.NamedTemporaryFi
 check var_dirs test -d /var/tmp -a -d /var/cache -a -d /var/lib -a -d /var/log
 equal var_tmp_sticky "1777" "$(stat -c %a /var/tmp)"
 check run_lock flock /run/lock/check.lock true
+check writable_places_nosuid_nodev python3 -c '
+import sys
+m = {l.split()[4]: l.split()[5] for l in open("/proc/self/mountinfo")}
+bad = [p for p in ("/tmp", "/var/tmp", "/run/lock", "/var/cache", "/var/lib", "/var/log") if p in m and not {"nosuid", "nodev"} <= set(m[p].split(","))]
+missing = [p for p in ("/tmp", "/var/tmp", "/run/lock") if p not in m]
+sys.exit(f"not nosuid,nodev: {bad}; not mounted: {missing}" if bad or missing else 0)'
 fails_with usr_read_only "Read-only file system" touch /usr/pwned
 fails_with etc_read_only "" sh -c 'echo x > /etc/pwned'
 

@@ -170,6 +170,8 @@ fn is_empty_dir(path: &Path) -> bool {
 /// Mounts one tmpfs of `bytes` (staged on `staging`, detached afterwards)
 /// at every writable place the root has a mount point for.
 fn mount_writable(root: &Path, staging: &Path, bytes: u64) -> Result<()> {
+    // The tmpfs is nosuid,nodev and a bind mount copies its source's flags:
+    // each place below is bound once, with no remount.
     tmpfs(staging, &format!("size={bytes},nr_inodes=262144,mode=0755"), MsFlags::empty())?;
     let bound = WRITABLE.iter().enumerate().try_for_each(|(i, w)| {
         let target = root.join(w.path);
@@ -181,9 +183,7 @@ fn mount_writable(root: &Path, staging: &Path, bytes: u64) -> Result<()> {
         if w.owned {
             nix::unistd::chown(&src, Some(SANDBOX_UID.into()), Some(SANDBOX_UID.into())).map_err(nix_io).map_err(ctx("chown", &src))?;
         }
-        mount(Some(&src), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &target))?;
-        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-        mount(None::<&str>, &target, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount", &target))
+        mount(Some(&src), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(nix_io).map_err(ctx("bind", &target))
     });
     umount2(staging, MntFlags::MNT_DETACH).map_err(nix_io).map_err(ctx("detach", staging))?;
     bound
