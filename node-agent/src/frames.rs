@@ -3,6 +3,7 @@
 //! awaited inside `tokio::select!` next to output pipes and timers.
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -56,5 +57,26 @@ impl Channel {
         let mut out = Vec::new();
         wire::write_frame(&mut out, msg)?;
         self.stream.write_all(&out).await
+    }
+
+    /// Sends one frame with `fds` attached to its first bytes (`SCM_RIGHTS`):
+    /// the receiver has them no later than the frame's first byte.
+    pub async fn send_with_fds<T: Serialize>(&mut self, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let mut out = Vec::new();
+        wire::write_frame(&mut out, msg)?;
+        let raw = self.stream.as_raw_fd();
+        let sent = loop {
+            self.stream.writable().await?;
+            let attempt = self.stream.try_io(tokio::io::Interest::WRITABLE, || {
+                sendmsg::<()>(raw, &[io::IoSlice::new(&out)], &[ControlMessage::ScmRights(fds)], MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+            });
+            match attempt {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        self.stream.write_all(&out[sent..]).await
     }
 }

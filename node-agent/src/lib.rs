@@ -14,6 +14,7 @@ pub mod frames;
 pub mod images;
 pub mod keyslots;
 pub mod lifecycle;
+pub mod live;
 pub mod output;
 pub mod pool;
 pub mod refusal;

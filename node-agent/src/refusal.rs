@@ -86,6 +86,25 @@ impl Refuses for ExecError {
             ExecError::NetworkUnavailable => Class::new(Code::FailedPrecondition, Reason::Unsupported, "network"),
             // A tenant's manifest asked for a host path: refused, naming it.
             ExecError::MountRefused { field, .. } => Class::new(Code::PermissionDenied, Reason::InvalidField, field),
+            ExecError::NotStarted(crate::sandbox::Failure::ThreadLimit) => Class::new(Code::FailedPrecondition, Reason::ThreadStore, "thread"),
+            ExecError::NotStarted(_) => Class::private(Code::Internal, Reason::SandboxSetup, "the live sandbox's home, mounts or connectors could not be set up"),
+            ExecError::LiveExists => Class::new(Code::AlreadyExists, Reason::InvalidField, "live"),
+        }
+    }
+}
+
+impl Refuses for crate::live::LiveError {
+    fn class(&self) -> Class<'_> {
+        use crate::live::LiveError as L;
+        match self {
+            L::NotFound | L::NoProcess(_) | L::Gone => Class::new(Code::NotFound, Reason::LiveNotFound, ""),
+            L::Exists => Class::new(Code::AlreadyExists, Reason::InvalidField, "live"),
+            L::TooManyProcesses => Class::new(Code::ResourceExhausted, Reason::NodeBusy, ""),
+            L::Invalid { field, .. } => Class::new(Code::InvalidArgument, Reason::InvalidField, field),
+            L::StartFailed(_) => Class::new(Code::FailedPrecondition, Reason::InvalidField, "cmd"),
+            L::NoStdin | L::NotATerminal => Class::new(Code::FailedPrecondition, Reason::InvalidField, "input"),
+            L::InputStalled => Class::new(Code::ResourceExhausted, Reason::InvalidField, "input"),
+            L::Io(_) => Class::private(Code::Internal, Reason::SandboxSetup, "the process's stdio could not be set up"),
         }
     }
 }

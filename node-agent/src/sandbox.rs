@@ -17,6 +17,10 @@ use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig,
 
 use warren_network::{NetPolicy, SandboxNet};
 
+mod live;
+
+pub use live::{Driver, Ended, Gone};
+
 use crate::frames::Channel;
 pub use crate::output::Event;
 use crate::output::Queue;
@@ -699,6 +703,11 @@ impl Prepared {
 pub struct Teardown(Prepared);
 
 impl Teardown {
+    /// The sandbox's CPU and memory use (since its accounting was last reset).
+    pub fn usage(&self) -> Option<warren_isolation::cgroup::Usage> {
+        self.0.usage()
+    }
+
     /// Reaps and removes everything of the sandbox.
     pub async fn run(mut self) {
         let p = &mut self.0;

@@ -18,6 +18,7 @@ use warren_isolation::spec::Language;
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
+use crate::live::rpc as live;
 use crate::refusal;
 use crate::executor::{Admission, ExecError, Executor, WarmedImage};
 use crate::keyslots::KeySlots;
@@ -82,6 +83,14 @@ pub trait Backend: Send + Sync + 'static {
     fn files(&self) -> Option<crate::files::Files> {
         None
     }
+    /// Makes an admitted request's sandbox live as `name` (see [`crate::live`]).
+    fn go_live(&self, _a: Self::Admitted, _name: String, _lifetime: Duration) -> impl Future<Output = Result<(), ExecError>> + Send {
+        async { Err(ExecError::MissingFeature("live sandboxes are not offered by this agent".into())) }
+    }
+    /// The node's live sandboxes, when this backend offers them.
+    fn live(&self) -> Option<Arc<crate::live::LiveSandboxes>> {
+        None
+    }
 }
 
 impl Backend for Executor {
@@ -134,6 +143,14 @@ impl Backend for Executor {
 
     fn files(&self) -> Option<crate::files::Files> {
         Some(Executor::files(self))
+    }
+
+    async fn go_live(&self, a: Admission, name: String, lifetime: Duration) -> Result<(), ExecError> {
+        Executor::go_live(self, a, name, lifetime).await.map(drop)
+    }
+
+    fn live(&self) -> Option<Arc<crate::live::LiveSandboxes>> {
+        Some(Executor::live(self).clone())
     }
 }
 
@@ -192,6 +209,10 @@ impl<B: Backend> AgentService<B> {
 
     fn files(&self) -> Result<crate::files::Files, Status> {
         self.backend.files().ok_or_else(|| Status::unimplemented("this agent does not serve files"))
+    }
+
+    fn live(&self) -> Result<Arc<crate::live::LiveSandboxes>, Status> {
+        self.backend.live().ok_or_else(|| Status::unimplemented("this agent offers no live sandboxes"))
     }
 }
 
@@ -333,6 +354,70 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             Ok(pb::KeySlotEvent::default())
         });
         Ok(Response::new(futures_util::stream::once(async move { Ok(granted) }).chain(hold).boxed()))
+    }
+
+    async fn live_create(&self, req: Request<pb::LiveCreateRequest>) -> Result<Response<pb::LiveCreateResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("live_create", trace_id = %trace_of(&req));
+        async {
+            self.live()?;
+            let req = req.into_inner();
+            let name = live::name(req.live)?;
+            let lifetime = live::lifetime(req.lifetime_ms)?;
+            let mut wire = req.sandbox.ok_or_else(|| refusal::invalid("sandbox", "required"))?;
+            let wait = Duration::from_millis(wire.queue_wait_ms.into()).min(crate::keyslots::MAX_WAIT);
+            // The contract's code is not run; a placeholder passes its check.
+            wire.code = ":".into();
+            let spec = Spec::try_from(wire).map_err(|e| refusal::status(&e))?;
+            let admitted = self.backend.admit(spec, wait).await.map_err(|e| refusal::status(&e))?;
+            self.backend.go_live(admitted, name.clone(), lifetime).await.map_err(|e| refusal::status(&e))?;
+            info!(sandbox = %name, lifetime_s = lifetime.as_secs(), "live sandbox created");
+            Ok(Response::new(pb::LiveCreateResponse { node_name: self.backend.node_name().to_string() }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    type LiveStartStream = live::Events;
+
+    async fn live_start(&self, req: Request<pb::LiveStartRequest>) -> Result<Response<live::Events>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("live_start", trace_id = %trace_of(&req));
+        let events = live::start(&*self.live()?, req.into_inner()).instrument(span).await?;
+        Ok(Response::new(events))
+    }
+
+    type LiveConnectStream = live::Events;
+
+    async fn live_connect(&self, req: Request<pb::LiveProcessRequest>) -> Result<Response<live::Events>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::connect(&*self.live()?, req.into_inner())?))
+    }
+
+    async fn live_input(&self, req: Request<pb::LiveInputRequest>) -> Result<Response<pb::LiveAck>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::input(&*self.live()?, req.into_inner()).await?))
+    }
+
+    async fn live_signal(&self, req: Request<pb::LiveSignalRequest>) -> Result<Response<pb::LiveAck>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::signal(&*self.live()?, req.into_inner()).await?))
+    }
+
+    async fn live_list(&self, req: Request<pb::LiveRef>) -> Result<Response<pb::LiveListResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::list(&*self.live()?, req.into_inner())?))
+    }
+
+    async fn live_update(&self, req: Request<pb::LiveUpdateRequest>) -> Result<Response<pb::LiveAck>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::update(&*self.live()?, req.into_inner())?))
+    }
+
+    async fn live_end(&self, req: Request<pb::LiveRef>) -> Result<Response<pb::LiveEndResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("live_end", trace_id = %trace_of(&req));
+        Ok(Response::new(live::end(&*self.live()?, req.into_inner()).instrument(span).await?))
     }
 
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {

@@ -70,7 +70,7 @@ impl AgentRefusal {
             Reason::KeyConcurrency => ExecError::KeyConcurrency(key_limit),
             Reason::ImagePulling => ExecError::ImagePulling,
             Reason::Image => ExecError::ImageUnavailable(self.message.strip_prefix("image: ").unwrap_or(&self.message).to_string()),
-            Reason::ThreadStore | Reason::ThreadNotFound | Reason::Unspecified => return (ExecError::NodeRefused("the node-agent could not be reached"), true),
+            Reason::ThreadStore | Reason::ThreadNotFound | Reason::LiveNotFound | Reason::Unspecified => return (ExecError::NodeRefused("the node-agent could not be reached"), true),
         };
         (e, false)
     }

@@ -16,6 +16,7 @@
 
 mod environ;
 mod init;
+pub mod live;
 mod program;
 pub mod rootfs;
 mod stub;

@@ -159,7 +159,46 @@ pub struct Go {
     /// those the sandbox was built with (`None`: as built).
     #[serde(default)]
     pub view: Option<View>,
+    /// A live sandbox: init runs no program; it answers [`InitEvent::Live`]
+    /// and then starts processes on [`LiveCommand`]s until the agent lets go
+    /// (see `sandbox::live`). `interpreter`, `script_name` and `code` are unused.
+    #[serde(default)]
+    pub live: bool,
 }
+
+/// Agent → init of a live sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LiveCommand {
+    /// Start a process. Its stdin, stdout and stderr travel with the frame
+    /// as `SCM_RIGHTS`, in that order (a terminal's one end three times).
+    Spawn(Spawn),
+    /// Sends `signal` to the process group of process `id` (each process
+    /// leads its own group: a command and what it started).
+    Signal {
+        /// The agent's id of the process.
+        id: u64,
+        /// Signal number (SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGQUIT, SIGCONT, SIGSTOP, SIGWINCH, SIGUSR1/2).
+        signal: i32,
+    },
+}
+
+/// One process of a live sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spawn {
+    /// The agent's id of it (unique in the sandbox).
+    pub id: u64,
+    /// Program and arguments; a program without `/` is looked up in `PATH` of `env`.
+    pub argv: Vec<String>,
+    /// Its whole environment.
+    pub env: Vec<(String, String)>,
+    /// Absolute working directory inside the sandbox.
+    pub cwd: String,
+    /// Its stdio is a terminal: it leads a new session with it as the controlling terminal.
+    pub tty: bool,
+}
+
+/// The signals a live sandbox's process may be sent.
+pub const LIVE_SIGNALS: &[i32] = &[libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGKILL, libc::SIGUSR1, libc::SIGUSR2, libc::SIGTERM, libc::SIGCONT, libc::SIGSTOP, libc::SIGWINCH];
 
 /// The program's home directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,6 +233,31 @@ pub enum InitEvent {
         /// A warm interpreter ran the program.
         #[serde(default)]
         warm: bool,
+    },
+    /// The live sandbox is up and takes [`LiveCommand`]s.
+    Live,
+    /// A live sandbox's process started.
+    Spawned {
+        /// The agent's id.
+        id: u64,
+        /// Its pid inside the sandbox.
+        pid: i32,
+    },
+    /// A live sandbox's process could not start (nothing of it ran).
+    SpawnFailed {
+        /// The agent's id.
+        id: u64,
+        /// Why, for its caller.
+        message: String,
+    },
+    /// A live sandbox's process ended (what it started may still run).
+    ProcessExited {
+        /// The agent's id.
+        id: u64,
+        /// Exit status, or 128 + signal.
+        code: i32,
+        /// Killing signal, 0 if it exited.
+        signal: i32,
     },
     /// Setup or exec failed; nothing of the program ran.
     Failed {

@@ -21,6 +21,7 @@ use warren_isolation::wire::{Go, Home};
 use crate::lifecycle::storage::StorageResource;
 use crate::lifecycle::thread_home::ThreadHomeResource;
 use crate::lifecycle::Resources;
+use crate::live::{LiveSandbox, LiveSandboxes};
 use crate::pool::Pool;
 use crate::images::Images;
 use warren_network::NetPolicy;
@@ -80,6 +81,13 @@ pub enum ExecError {
     /// `Unrestricted` network asked of a node without sandbox networking.
     #[error("network: this node offers only Blocked sandboxes (no sandbox networking here)")]
     NetworkUnavailable,
+    /// A live sandbox's resources (thread home, mounts, connectors) could
+    /// not be set up; nothing runs.
+    #[error("the sandbox's {0:?} could not be set up")]
+    NotStarted(crate::sandbox::Failure),
+    /// A live sandbox by that name runs already.
+    #[error("a live sandbox by that name runs already on this node")]
+    LiveExists,
 }
 
 /// Admission for one execution: holding it counts as running.
@@ -136,6 +144,7 @@ pub struct Executor {
     threads: Arc<Threads>,
     stores: Arc<warren_storage::stores::Stores>,
     images: Option<Arc<Images>>,
+    live: Arc<LiveSandboxes>,
     /// One interpreter discovery at a time (they are rare: once per image).
     discovering: tokio::sync::Mutex<()>,
 }
@@ -181,6 +190,7 @@ fn go_for(spec: &ExecSpec, interpreter: &str, image_env: &[(String, String)]) ->
         home: Home::Tmpfs { bytes: spec.limits.home_bytes },
         warm: false,
         view: None,
+        live: false,
     }
 }
 
@@ -263,6 +273,7 @@ impl Executor {
             threads,
             stores: config.stores,
             images: config.images,
+            live: Arc::default(),
             discovering: tokio::sync::Mutex::new(()),
         }
     }
@@ -435,6 +446,15 @@ impl Executor {
     /// only when nothing ran.
     pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
         let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, _permit } = admission;
+        let resources = self.resources(thread, mounts, connectors);
+        let go = go_for(&spec, &interpreter, &image_env);
+        let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env, &warm_modules)).flatten();
+        let shape = Shape::of(&spec.limits, rootfs, network).warmed(warm);
+        seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
+    }
+
+    /// What an execution holds besides its sandbox, in order.
+    fn resources(&self, thread: Option<(ThreadOptions, ThreadLock)>, mounts: Vec<warren_storage::MountSpec>, connectors: Vec<crate::connectors::Grant>) -> Resources {
         let mut resources = Resources::default();
         if let Some((options, lock)) = thread {
             resources.push(Box::new(ThreadHomeResource::new(self.threads.clone(), self.env.work_dir.clone(), options, lock)));
@@ -446,10 +466,71 @@ impl Executor {
         if !connectors.is_empty() {
             resources.push(Box::new(crate::connectors::resource::ConnectorResource::new(connectors, self.stores.endpoint_policy().clone())));
         }
-        let go = go_for(&spec, &interpreter, &image_env);
-        let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env, &warm_modules)).flatten();
-        let shape = Shape::of(&spec.limits, rootfs, network).warmed(warm);
-        seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
+        resources
+    }
+
+    /// The node's live sandboxes.
+    pub fn live(&self) -> &Arc<LiveSandboxes> {
+        &self.live
+    }
+
+    /// Makes an admitted request's sandbox live as `name` for at most
+    /// `lifetime` (see [`crate::live`]): the request's code is not run; its
+    /// language, image, limits, network, mounts, connectors, thread and
+    /// environment are the sandbox's. It holds the admission's node slot
+    /// until it has ended.
+    pub async fn go_live(&self, admission: Admission, name: String, lifetime: std::time::Duration) -> Result<Arc<LiveSandbox>, ExecError> {
+        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules: _, _permit } = admission;
+        let mut resources = self.resources(thread, mounts, connectors);
+        let mut go = go_for(&spec, &interpreter, &image_env);
+        let shape = Shape::of(&spec.limits, rootfs, network);
+        let fail = |resources: Resources| async move {
+            resources.release().await;
+        };
+        if let Err(failure) = resources.acquire().await {
+            fail(resources).await;
+            return Err(ExecError::NotStarted(failure));
+        }
+        let sandbox = match self.pool.claim(shape.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                fail(resources).await;
+                return Err(e.into());
+            }
+        };
+        self.pool.refill(shape);
+        if let Err(failure) = resources.prepare(&seam::ClaimedSandbox::view(&sandbox, &spec)).await {
+            fail(resources).await;
+            sandbox.discard().await;
+            return Err(ExecError::NotStarted(failure));
+        }
+        resources.shape(&mut go);
+        let init_pid = sandbox.init_pid();
+        let (driver, teardown) = match sandbox.go_live(&spec, go.clone()).await {
+            Ok(live) => live,
+            Err((e, teardown)) => {
+                fail(resources).await;
+                teardown.run().await;
+                return Err(e.into());
+            }
+        };
+        let held = crate::live::Held { permit: _permit, resources, teardown };
+        crate::live::register(&self.live, name, driver.clone(), init_pid, go.env, lifetime, held).map_err(|(e, held)| {
+            // Another by that name won the race: this one ends at once.
+            tokio::spawn(async move {
+                driver.end().await;
+                let crate::live::Held { permit, resources, teardown } = held;
+                resources.release().await;
+                if let Ok(t) = teardown.await {
+                    t.run().await;
+                }
+                drop(permit);
+            });
+            match e {
+                crate::live::LiveError::Exists => ExecError::LiveExists,
+                other => ExecError::NotStarted(crate::sandbox::Failure::Sandbox(other.to_string())),
+            }
+        })
     }
 
     /// Finds the interpreters of a freshly pulled image by running each
@@ -510,6 +591,7 @@ impl Executor {
 
     /// Tears down the pool and removes the agent's (now empty) cgroup parents.
     pub async fn shutdown(&self) {
+        self.live.end_all().await;
         self.pool.shutdown().await;
         if let Err(e) = self.env.layout.remove_parents() {
             debug!(error = %e, "the agent's cgroup stays delegated to it");

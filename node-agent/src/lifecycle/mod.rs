@@ -240,6 +240,7 @@ mod tests {
             home: warren_isolation::wire::Home::Tmpfs { bytes: 1 },
             warm: false,
             view: None,
+            live: false,
         };
         rs.shape(&mut go);
         assert_eq!(go.env, [("home".to_string(), "1".to_string()), ("mount".into(), "1".into())]);

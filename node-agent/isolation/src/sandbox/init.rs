@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use super::{program, rootfs, stub, sys, views, warm};
+use super::{live, program, rootfs, stub, sys, views, warm};
 use crate::wire::{self, Go, Home, InitEvent, SupervisorConfig};
 
 /// Runs init; never returns.
@@ -53,7 +53,40 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         // The agent discarded this sandbox.
         _ => sys::exit_now(0),
     };
+    if go.live {
+        go_live(ctrl, &go, cfg, Waiting { zygote, stub }, &facts)
+    }
     run_program(&mut ctrl, &go, cfg, Waiting { zygote, stub }, &facts)
+}
+
+/// A live sandbox: what waited for a program is stopped, the home and the
+/// size are the call's, and init serves processes (see [`live`]).
+fn go_live(mut ctrl: UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: Waiting, facts: &views::NodeFacts) -> ! {
+    if let Home::Tmpfs { bytes } = go.home {
+        if let Err(e) = rootfs::mount_home_tmpfs(bytes) {
+            fail(&mut ctrl, "home", &e);
+        }
+    }
+    if let Some(view) = &go.view {
+        if let Err(e) = resize(facts, &cfg.view, view, &waiting) {
+            fail(&mut ctrl, "views", &e);
+        }
+    }
+    if let Some(z) = waiting.zygote {
+        z.stop();
+    }
+    if let Some(s) = waiting.stub {
+        s.stop();
+    }
+    if cfg.warm.is_some() {
+        if let Err(e) = warm::remove_hook() {
+            fail(&mut ctrl, "script", &e);
+        }
+    }
+    // Every process's stdio is its own, passed by the agent.
+    let _ = nix::unistd::close(wire::STDOUT_FD);
+    let _ = nix::unistd::close(wire::STDERR_FD);
+    live::serve(ctrl, go, &cfg.seccomp_bpf)
 }
 
 /// What waits for the call: a warm interpreter, or the cold start's stub.

@@ -66,6 +66,7 @@ impl Launch {
             home: wire::Home::Mounted,
             warm: true,
             view: None,
+            live: false,
         };
         Ok(Launch { warm: Some((w.kind, ctrl)), ..Launch::new(&go)? })
     }
@@ -155,6 +156,84 @@ fn lock_down(bpf: &[u8], keep: Option<RawFd>) -> io::Result<()> {
     sys::load_seccomp(bpf)
 }
 
+/// A live sandbox's process (see [`super::live`]), allocated before fork.
+pub struct Process {
+    /// Where to look for the program, first to last (one entry when its name has a `/`).
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    cwd: CString,
+    tty: bool,
+}
+
+impl Process {
+    /// The exec of `spawn`: its program looked up in its own `PATH`.
+    pub fn new(spawn: &wire::Spawn) -> io::Result<Process> {
+        let c = |s: &str| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
+        let program = spawn.argv.first().filter(|p| !p.is_empty()).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no program"))?;
+        let path = spawn.env.iter().rev().find(|(k, _)| k == "PATH").map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v.as_str());
+        let candidates = match program.contains('/') {
+            true => vec![c(program)?],
+            false => path.split(':').filter(|d| d.starts_with('/')).map(|d| c(&format!("{}/{program}", d.trim_end_matches('/')))).collect::<io::Result<_>>()?,
+        };
+        Ok(Process {
+            candidates,
+            argv: spawn.argv.iter().map(|a| c(a)).collect::<io::Result<_>>()?,
+            env: spawn.env.iter().map(|(k, v)| c(&format!("{k}={v}"))).collect::<io::Result<_>>()?,
+            cwd: c(&spawn.cwd)?,
+            tty: spawn.tty,
+        })
+    }
+}
+
+/// In a live sandbox's forked child: takes `stdio` as 0, 1 and 2, leads
+/// its own process group (or session, on a terminal), enters its working
+/// directory, takes the sandbox's per-process limits, drops every
+/// privilege exactly as a program does and execs; a failure is reported
+/// on `status` (errno) and exits 127.
+pub fn exec_process(p: &Process, stdio: [OwnedFd; 3], limits: (u64, u64, u64), bpf: &[u8], status: OwnedFd) -> ! {
+    let err = match prepare_process(p, stdio, limits, bpf) {
+        Err(e) => e,
+        Ok(()) => {
+            let mut last = io::Error::from_raw_os_error(libc::ENOENT);
+            for candidate in &p.candidates {
+                let Err(e) = nix::unistd::execve(candidate, &p.argv, &p.env);
+                last = e.into();
+                // Keep looking only past a missing or unreadable candidate.
+                if !matches!(last.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::EACCES)) {
+                    break;
+                }
+            }
+            last
+        }
+    };
+    let errno = err.raw_os_error().unwrap_or(libc::EIO);
+    let _ = nix::unistd::write(&status, &errno.to_ne_bytes());
+    sys::exit_now(127)
+}
+
+fn prepare_process(p: &Process, stdio: [OwnedFd; 3], (open_files, file_size, processes): (u64, u64, u64), bpf: &[u8]) -> io::Result<()> {
+    let [stdin, stdout, stderr] = stdio;
+    nix::unistd::dup2_stdin(&stdin)?;
+    nix::unistd::dup2_stdout(&stdout)?;
+    nix::unistd::dup2_stderr(&stderr)?;
+    drop((stdin, stdout, stderr));
+    // Init waits for SIGCHLD on a signalfd: the signal is blocked there.
+    nix::sys::signal::SigSet::empty().thread_set_mask()?;
+    if p.tty {
+        nix::unistd::setsid()?;
+        // SAFETY: TIOCSCTTY on fd 0 (the terminal just installed), argument 0.
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    } else {
+        nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0))?;
+    }
+    nix::unistd::chdir(p.cwd.as_c_str())?;
+    super::warm::set_call_limits(0, open_files, file_size, processes)?;
+    lock_down(bpf, None)
+}
+
 /// The cold start's stub (see [`super::stub`]): locks itself down exactly as
 /// a cold program does, waits for the call on `go`, then takes its working
 /// directory (the call's home is mounted by then) and execs. A failure
@@ -240,6 +319,7 @@ mod tests {
             home: wire::Home::Mounted,
             warm: false,
             view: None,
+            live: false,
         }
     }
 

@@ -406,6 +406,11 @@ fn populate_dev(root: &Path) -> Result<()> {
         let path = dev.join(name);
         symlink(to, &path).map_err(ctx("symlink", &path))?;
     }
+    // Where a live sandbox mounts its own terminals (`live::PTS_DIR`).
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755)?;
+    let ptmx = dev.join("ptmx");
+    symlink("pts/ptmx", &ptmx).map_err(ctx("symlink", &ptmx))?;
     let shm = dev.join("shm");
     mkdir(&shm, 0o1777)?;
     tmpfs(&shm, "size=64m,nr_inodes=4096,mode=1777", MsFlags::MS_NOEXEC)?;

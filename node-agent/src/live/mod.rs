@@ -1,0 +1,337 @@
+//! Live sandboxes: a sandbox that stays up between calls, running the
+//! processes its callers start (several at once, in the background, with
+//! input, signals and terminals) until it is ended, its lifetime runs out
+//! or its init dies. Built like an execution's sandbox — the same pool,
+//! isolation, limits, network, mounts, connectors and thread home — and
+//! counted with the node's executions for as long as it lives. Its home
+//! (a thread) is saved when it ends; memory is not kept.
+//!
+//! ```text
+//! LiveCreate ─► admit (a node slot) ─► resources ─► claim ─► go live ─► registry
+//!                                                              │
+//! LiveStart/Connect/Input/Signal/List ─► LiveSandbox ─► Driver ┘ (init spawns, reaps, reports)
+//! LiveEnd / lifetime / init gone ─► kill all ─► save the home ─► release ─► teardown
+//! ```
+
+pub mod output;
+pub mod process;
+pub mod rpc;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
+use tracing::{info, warn};
+use warren_isolation::sandbox::rootfs::HOME;
+use warren_isolation::wire::Spawn;
+
+use crate::lifecycle::Resources;
+use crate::sandbox::{Driver, Failure, Gone, Outcome, Teardown};
+pub use process::{Process, Size, Start};
+
+/// How long a write to a process's stdin may wait for it to read.
+pub const INPUT_WAIT: Duration = Duration::from_secs(10);
+/// Processes one live sandbox tracks at once (its pids limit bounds what
+/// they start).
+pub const MAX_PROCESSES: usize = 256;
+/// Longest argument list plus environment of one process, bytes.
+const MAX_START_BYTES: usize = 1 << 20;
+
+/// Why a live-sandbox call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LiveError {
+    /// No live sandbox by that name runs on this node.
+    #[error("no live sandbox by that name runs on this node")]
+    NotFound,
+    /// One by that name runs already.
+    #[error("a live sandbox by that name runs already")]
+    Exists,
+    /// No process by that pid runs in it.
+    #[error("no process {0} runs in this sandbox")]
+    NoProcess(i32),
+    /// It tracks [`MAX_PROCESSES`] already.
+    #[error("the sandbox runs {MAX_PROCESSES} processes already")]
+    TooManyProcesses,
+    /// The request is malformed.
+    #[error("{field}: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The process could not start (nothing of it ran).
+    #[error("{0}")]
+    StartFailed(String),
+    /// The process takes no input (started without stdin, or stdin closed).
+    #[error("the process's stdin is closed (start it with stdin)")]
+    NoStdin,
+    /// The process read none of its input for [`INPUT_WAIT`].
+    #[error("the process does not read its stdin")]
+    InputStalled,
+    /// A resize of a process without a terminal.
+    #[error("the process has no terminal")]
+    NotATerminal,
+    /// The sandbox ended meanwhile.
+    #[error("the live sandbox has ended")]
+    Gone,
+    /// An OS call on the agent's side failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl From<Gone> for LiveError {
+    fn from(_: Gone) -> LiveError {
+        LiveError::Gone
+    }
+}
+
+/// How a live sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndReport {
+    /// Why it ended.
+    pub reason: EndReason,
+    /// Its home's save failed (the thread keeps its previous state).
+    pub save_failed: Option<Failure>,
+    /// CPU it used, µs.
+    pub cpu_micros: u64,
+}
+
+/// Why a live sandbox ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// Its caller ended it.
+    Ended,
+    /// Its lifetime ran out.
+    Lifetime,
+    /// Its init (or supervisor) died: the node killed it, or it was OOM-killed.
+    Died,
+}
+
+/// The node's live sandboxes, by name (`<namespace>/<key>/<id>`).
+#[derive(Default)]
+pub struct LiveSandboxes {
+    map: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+}
+
+impl LiveSandboxes {
+    /// The live sandbox `name`.
+    pub fn get(&self, name: &str) -> Result<Arc<LiveSandbox>, LiveError> {
+        self.lock().get(name).cloned().ok_or(LiveError::NotFound)
+    }
+
+    /// How many live.
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LiveSandbox>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends every live sandbox (the agent is shutting down); their homes are saved.
+    pub async fn end_all(&self) {
+        let all: Vec<_> = self.lock().values().cloned().collect();
+        futures_util::future::join_all(all.iter().map(|s| s.end())).await;
+    }
+}
+
+/// One live sandbox.
+pub struct LiveSandbox {
+    /// Its name.
+    pub name: String,
+    driver: Driver,
+    init_pid: i32,
+    /// What every process starts with (Warren's, the image's, the request's).
+    env: Vec<(String, String)>,
+    processes: Arc<Mutex<HashMap<i32, Arc<Process>>>>,
+    next_id: AtomicU64,
+    /// When its lifetime ends.
+    deadline: watch::Sender<tokio::time::Instant>,
+    /// Set once it ended (after its home was saved).
+    ended: watch::Sender<Option<EndReport>>,
+    /// Asked to end.
+    ending: watch::Sender<bool>,
+}
+
+/// What a live sandbox holds until it has ended: its node slot, its
+/// resources (thread home, mounts, connectors) and its sandbox's teardown.
+pub struct Held {
+    /// The node slot.
+    pub permit: OwnedSemaphorePermit,
+    /// Its resources, prepared.
+    pub resources: Resources,
+    /// Resolves to its sandbox's teardown once the sandbox ended.
+    pub teardown: oneshot::Receiver<Teardown>,
+}
+
+/// Registers a sandbox that went live and starts its life: it ends at
+/// `lifetime`, when ended, or when its init dies; then its home is saved
+/// and everything it holds released.
+pub fn register(all: &Arc<LiveSandboxes>, name: String, driver: Driver, init_pid: i32, env: Vec<(String, String)>, lifetime: Duration, held: Held) -> Result<Arc<LiveSandbox>, (LiveError, Held)> {
+    let sandbox = Arc::new(LiveSandbox {
+        name: name.clone(),
+        driver,
+        init_pid,
+        env,
+        processes: Arc::default(),
+        next_id: AtomicU64::new(1),
+        deadline: watch::Sender::new(tokio::time::Instant::now() + lifetime),
+        ended: watch::Sender::new(None),
+        ending: watch::Sender::new(false),
+    });
+    {
+        let mut map = all.lock();
+        if map.contains_key(&name) {
+            return Err((LiveError::Exists, held));
+        }
+        map.insert(name, sandbox.clone());
+    }
+    tokio::spawn(life(all.clone(), sandbox.clone(), held));
+    Ok(sandbox)
+}
+
+/// Waits for the sandbox's end, then saves, releases and tears down.
+async fn life(all: Arc<LiveSandboxes>, s: Arc<LiveSandbox>, held: Held) {
+    let Held { permit, mut resources, teardown } = held;
+    let reason = s.until_end().await;
+    all.lock().remove(&s.name);
+    s.driver.end().await;
+    let teardown = teardown.await;
+    let cpu_micros = teardown.as_ref().ok().and_then(|t| t.usage()).map_or(0, |u| u.cpu_micros);
+    let mut outcome = Outcome::default();
+    resources.finish(&mut outcome).await;
+    let report = EndReport { reason, save_failed: outcome.failure.clone(), cpu_micros };
+    info!(sandbox = %s.name, reason = ?reason, save_failed = ?report.save_failed, cpu_us = cpu_micros, "live sandbox ended");
+    s.ended.send_replace(Some(report));
+    resources.release().await;
+    match teardown {
+        Ok(t) => t.run().await,
+        Err(_) => warn!(sandbox = %s.name, "a live sandbox's driver vanished before its teardown"),
+    }
+    drop(permit);
+}
+
+impl LiveSandbox {
+    async fn until_end(&self) -> EndReason {
+        let (mut deadline, mut ending) = (self.deadline.subscribe(), self.ending.subscribe());
+        loop {
+            let at = *deadline.borrow_and_update();
+            if *ending.borrow_and_update() {
+                return EndReason::Ended;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => return EndReason::Lifetime,
+                () = self.driver.gone() => return EndReason::Died,
+                _ = deadline.changed() => {}
+                _ = ending.changed() => {}
+            }
+        }
+    }
+
+    /// Ends it and waits until its home is saved.
+    pub async fn end(&self) -> EndReport {
+        self.ending.send_replace(true);
+        let mut ended = self.ended.subscribe();
+        loop {
+            if let Some(r) = ended.borrow_and_update().clone() {
+                return r;
+            }
+            if ended.changed().await.is_err() {
+                return EndReport { reason: EndReason::Ended, save_failed: None, cpu_micros: 0 };
+            }
+        }
+    }
+
+    /// Sets when its lifetime ends (from now).
+    pub fn set_lifetime(&self, lifetime: Duration) {
+        self.deadline.send_replace(tokio::time::Instant::now() + lifetime);
+    }
+
+    /// The process `pid`.
+    pub fn process(&self, pid: i32) -> Result<Arc<Process>, LiveError> {
+        self.procs().get(&pid).cloned().ok_or(LiveError::NoProcess(pid))
+    }
+
+    /// Its running processes, by pid.
+    pub fn processes(&self) -> Vec<Arc<Process>> {
+        let mut all: Vec<_> = self.procs().values().cloned().collect();
+        all.sort_by_key(|p| p.pid);
+        all
+    }
+
+    fn procs(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Arc<Process>>> {
+        self.processes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a process; it runs until it exits or the sandbox ends.
+    pub async fn start(&self, start: Start) -> Result<Arc<Process>, LiveError> {
+        check(&start)?;
+        if self.procs().len() >= MAX_PROCESSES {
+            return Err(LiveError::TooManyProcesses);
+        }
+        let stdio = match start.pty {
+            Some(size) => process::Stdio::pty(self.init_pid, size)?,
+            None => process::Stdio::pipes(start.stdin)?,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut env = self.env.clone();
+        env.extend(start.env.iter().cloned());
+        if start.pty.is_some() && !env.iter().any(|(k, _)| k == "TERM") {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
+        warren_isolation::spec::dedupe_env(&mut env);
+        let spawn = Spawn { id, argv: start.argv.clone(), env, cwd: start.cwd.clone().unwrap_or_else(|| HOME.to_string()), tty: start.pty.is_some() };
+        let (theirs, ours) = stdio.split();
+        let (pid, ended) = self.driver.spawn(spawn, theirs).await?.map_err(LiveError::StartFailed)?;
+        let p = ours.started(id, pid, start);
+        self.procs().insert(pid, p.clone());
+        let (table, process) = (self.processes.clone(), p.clone());
+        tokio::spawn(async move {
+            let e = ended.await.unwrap_or(crate::sandbox::Ended { code: 128 + libc::SIGKILL, signal: libc::SIGKILL });
+            // Gone from the list as it exits; its readers still get the rest.
+            table.lock().unwrap_or_else(|p| p.into_inner()).remove(&process.pid);
+            process.output.exit(e);
+        });
+        Ok(p)
+    }
+
+    /// Sends `signal` to process `pid` (and what it started).
+    pub async fn signal(&self, pid: i32, signal: i32) -> Result<(), LiveError> {
+        if !warren_isolation::wire::LIVE_SIGNALS.contains(&signal) {
+            return Err(LiveError::Invalid { field: "signal", why: format!("{signal} is not a signal a process may be sent") });
+        }
+        let p = self.process(pid)?;
+        Ok(self.driver.signal(p.id, signal).await?)
+    }
+}
+
+/// Checks a start: a program, bounded arguments and environment, an
+/// absolute working directory, a terminal of a sane size.
+fn check(s: &Start) -> Result<(), LiveError> {
+    let invalid = |field, why: &str| Err(LiveError::Invalid { field, why: why.into() });
+    if s.argv.first().is_none_or(|p| p.is_empty()) {
+        return invalid("cmd", "required");
+    }
+    let bytes: usize = s.argv.iter().map(String::len).sum::<usize>() + s.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
+    if bytes > MAX_START_BYTES {
+        return invalid("args", "arguments and environment exceed 1 MiB");
+    }
+    if s.argv.iter().chain(s.env.iter().flat_map(|(k, v)| [k, v])).any(|a| a.contains('\0')) {
+        return invalid("args", "a NUL byte");
+    }
+    if let Some((k, _)) = s.env.iter().find(|(k, _)| k.is_empty() || k.contains('=')) {
+        return invalid("envs", &format!("{k:?} is not a variable name"));
+    }
+    if s.cwd.as_deref().is_some_and(|c| !c.starts_with('/') || c.contains('\0')) {
+        return invalid("cwd", "an absolute path");
+    }
+    if let Some(size) = s.pty {
+        if size.rows == 0 || size.cols == 0 || size.rows > 1000 || size.cols > 1000 {
+            return invalid("pty.size", "rows and cols from 1 to 1000");
+        }
+    }
+    Ok(())
+}

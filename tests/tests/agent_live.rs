@@ -1,0 +1,279 @@
+//! Live sandboxes against the real agent binary: processes side by side
+//! and in the background, re-attaching, stdin, signals, terminals, the
+//! home saved at the end, lifetimes, and the walls between sandboxes.
+
+use std::time::Duration;
+
+use tonic::Code;
+use warren_e2e::{request, skip_unless_root, Agent};
+use warren_proto::agent::{self as pb, live_event::Event as Ev, node_agent_client::NodeAgentClient, Language};
+
+type Client = NodeAgentClient<tonic::transport::Channel>;
+
+const T: Duration = Duration::from_secs(30);
+
+fn live_ref(key: &str, id: &str) -> pb::LiveRef {
+    pb::LiveRef { r#ref: Some(pb::ThreadRef { namespace: "default".into(), key_name: key.into(), thread_id: id.into() }) }
+}
+
+fn thread(key: &str, id: &str) -> pb::ThreadOptions {
+    pb::ThreadOptions { r#ref: live_ref(key, id).r#ref, retention_seconds: 0, max_bytes: 64 << 20, max_threads: 0 }
+}
+
+/// Creates a live sandbox whose home is the thread `id` of `key`.
+async fn create(c: &mut Client, key: &str, id: &str, lifetime: Duration, limits: Option<pb::Limits>) -> Result<(), tonic::Status> {
+    let mut sandbox = request(Language::Bash, "", T);
+    sandbox.thread = Some(thread(key, id));
+    sandbox.limits = limits;
+    let req = pb::LiveCreateRequest { live: Some(live_ref(key, id)), sandbox: Some(sandbox), lifetime_ms: lifetime.as_millis() as u64 };
+    c.live_create(req).await.map(drop)
+}
+
+fn start(key: &str, id: &str, script: &str) -> pb::LiveStartRequest {
+    pb::LiveStartRequest { live: Some(live_ref(key, id)), argv: vec!["/bin/bash".into(), "-c".into(), script.into()], ..Default::default() }
+}
+
+/// What one process printed and how it ended.
+#[derive(Debug, Default)]
+struct Seen {
+    pid: i32,
+    stdout: String,
+    stderr: String,
+    pty: String,
+    ended: Option<(i32, i32)>,
+}
+
+async fn collect(mut s: tonic::Streaming<pb::LiveEvent>) -> Seen {
+    let mut seen = Seen::default();
+    while let Some(ev) = s.message().await.expect("the stream broke") {
+        match ev.event {
+            Some(Ev::Started(st)) => seen.pid = st.pid,
+            Some(Ev::Stdout(b)) => seen.stdout.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ev::Stderr(b)) => seen.stderr.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ev::Pty(b)) => seen.pty.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ev::Ended(e)) => seen.ended = Some((e.exit_code, e.signal)),
+            None => {}
+        }
+    }
+    seen
+}
+
+/// Runs `script` to its end.
+async fn run(c: &mut Client, key: &str, id: &str, script: &str) -> Seen {
+    let s = c.live_start(start(key, id, script)).await.expect("started").into_inner();
+    tokio::time::timeout(T, collect(s)).await.expect("the process ended")
+}
+
+/// The first event of a started process: its pid.
+async fn pid_of(s: &mut tonic::Streaming<pb::LiveEvent>) -> i32 {
+    match s.message().await.unwrap().and_then(|e| e.event) {
+        Some(Ev::Started(st)) => st.pid,
+        other => panic!("expected started, got {other:?}"),
+    }
+}
+
+/// Reads `s` until its output holds `want`.
+async fn read_until(s: &mut tonic::Streaming<pb::LiveEvent>, want: &str) -> String {
+    let mut text = String::new();
+    let read = async {
+        while !text.contains(want) {
+            match s.message().await.unwrap().and_then(|e| e.event) {
+                Some(Ev::Stdout(b) | Ev::Pty(b) | Ev::Stderr(b)) => text.push_str(&String::from_utf8_lossy(&b)),
+                Some(Ev::Ended(e)) => panic!("ended ({e:?}) before {want:?} in {text:?}"),
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(T, read).await.unwrap_or_else(|_| panic!("no {want:?} in {text:?}"));
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_share_the_sandbox_run_side_by_side_and_outlive_their_requests() {
+    if skip_unless_root("processes_share_the_sandbox_run_side_by_side_and_outlive_their_requests") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut c = agent.client().await.unwrap();
+    create(&mut c, "k", "live-1", T * 4, None).await.unwrap();
+
+    // A background server: its request goes away, it keeps running.
+    let mut bg = c.live_start(start("k", "live-1", "echo up; exec sleep 600")).await.unwrap().into_inner();
+    let bg_pid = pid_of(&mut bg).await;
+    read_until(&mut bg, "up").await;
+    drop(bg);
+
+    // /tmp, /var/tmp and the home are the sandbox's, shared by its processes.
+    let w = run(&mut c, "k", "live-1", "echo t > /tmp/a; echo v > /var/tmp/b; echo h > ~/c; export X=1").await;
+    assert_eq!(w.ended, Some((0, 0)), "{w:?}");
+    let r = run(&mut c, "k", "live-1", "cat /tmp/a /var/tmp/b ~/c; echo \"x=${X:-unset}\"").await;
+    assert_eq!(r.stdout, "t\nv\nh\nx=unset\n", "files persist, shell variables do not: {r:?}");
+
+    // The background process is still listed, and visible to the others.
+    let listed = c.live_list(live_ref("k", "live-1")).await.unwrap().into_inner().processes;
+    assert_eq!(listed.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![bg_pid]);
+    let ps = run(&mut c, "k", "live-1", &format!("test -d /proc/{bg_pid} && echo seen")).await;
+    assert_eq!(ps.stdout, "seen\n");
+
+    // Re-attaching replays what it printed and follows it to its end.
+    let mut again = c.live_connect(pb::LiveProcessRequest { live: Some(live_ref("k", "live-1")), pid: bg_pid }).await.unwrap().into_inner();
+    assert_eq!(pid_of(&mut again).await, bg_pid);
+    read_until(&mut again, "up").await;
+    c.live_signal(pb::LiveSignalRequest { live: Some(live_ref("k", "live-1")), pid: bg_pid, signal: libc::SIGTERM }).await.unwrap();
+    let rest = tokio::time::timeout(T, collect(again)).await.unwrap();
+    assert_eq!(rest.ended, Some((128 + libc::SIGTERM, libc::SIGTERM)));
+    assert!(c.live_list(live_ref("k", "live-1")).await.unwrap().into_inner().processes.is_empty());
+
+    // Two at once: each waits for the other's file.
+    let a = c.live_start(start("k", "live-1", "touch /tmp/from-a; while [ ! -e /tmp/from-b ]; do sleep 0.05; done; echo a")).await.unwrap().into_inner();
+    let b = c.live_start(start("k", "live-1", "touch /tmp/from-b; while [ ! -e /tmp/from-a ]; do sleep 0.05; done; echo b")).await.unwrap().into_inner();
+    let (a, b) = tokio::time::timeout(T, async { tokio::join!(collect(a), collect(b)) }).await.expect("both ended");
+    assert_eq!((a.stdout.as_str(), b.stdout.as_str()), ("a\n", "b\n"));
+
+    // Ending the sandbox saves its home into the thread; /tmp is gone.
+    let end = c.live_end(live_ref("k", "live-1")).await.unwrap().into_inner();
+    assert!(!end.save_failed);
+    let gone = c.live_start(start("k", "live-1", "true")).await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    let mut after = request(Language::Bash, "cat ~/c; ls /tmp", T);
+    after.thread = Some(thread("k", "live-1"));
+    let after = agent.run_request(after).await.unwrap();
+    assert_eq!(after.stdout, "h\n", "{after:?}");
+    wait_no_processes(&agent).await;
+}
+
+async fn wait_no_processes(agent: &Agent) -> bool {
+    for _ in 0..200 {
+        if agent.sandbox_processes().is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("sandbox processes left: {:?}", agent.sandbox_processes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_terminals_and_refusals() {
+    if skip_unless_root("stdin_terminals_and_refusals") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut c = agent.client().await.unwrap();
+    create(&mut c, "k", "live-2", T * 4, None).await.unwrap();
+    let lref = || Some(live_ref("k", "live-2"));
+    let input = |pid, input| pb::LiveInputRequest { live: lref(), pid, input: Some(input) };
+
+    // stdin: sent in pieces, then closed.
+    let mut req = start("k", "live-2", "tr a-z A-Z");
+    req.stdin = true;
+    let mut s = c.live_start(req).await.unwrap().into_inner();
+    let pid = pid_of(&mut s).await;
+    use pb::live_input_request::Input;
+    c.live_input(input(pid, Input::Data(b"hello ".to_vec()))).await.unwrap();
+    c.live_input(input(pid, Input::Data(b"world\n".to_vec()))).await.unwrap();
+    c.live_input(input(pid, Input::Close(true))).await.unwrap();
+    let seen = tokio::time::timeout(T, collect(s)).await.unwrap();
+    assert_eq!((seen.stdout.as_str(), seen.ended), ("HELLO WORLD\n", Some((0, 0))));
+
+    // Without stdin it reads nothing, and input is refused.
+    let mut s = c.live_start(start("k", "live-2", "cat; echo eof")).await.unwrap().into_inner();
+    let pid = pid_of(&mut s).await;
+    let refused = c.live_input(input(pid, Input::Data(b"x".to_vec()))).await;
+    assert!(matches!(refused.as_ref().map_err(|e| e.code()), Err(Code::FailedPrecondition | Code::NotFound)), "{refused:?}");
+    assert_eq!(tokio::time::timeout(T, collect(s)).await.unwrap().stdout, "eof\n");
+
+    // A terminal: an interactive shell, typed into and resized.
+    let req = pb::LiveStartRequest { live: lref(), argv: vec!["/bin/bash".into(), "-i".into()], pty: Some(pb::PtySize { rows: 24, cols: 80 }), ..Default::default() };
+    let mut s = c.live_start(req).await.unwrap().into_inner();
+    let pid = pid_of(&mut s).await;
+    c.live_input(input(pid, Input::Data(b"tty; stty size; echo $((6*7))\n".to_vec()))).await.unwrap();
+    let text = read_until(&mut s, "42").await;
+    assert!(text.contains("/dev/pts/0") && text.contains("24 80"), "{text:?}");
+    c.live_input(input(pid, Input::Resize(pb::PtySize { rows: 50, cols: 132 }))).await.unwrap();
+    c.live_input(input(pid, Input::Data(b"stty size\n".to_vec()))).await.unwrap();
+    read_until(&mut s, "50 132").await;
+    c.live_input(input(pid, Input::Data(b"exit 7\n".to_vec()))).await.unwrap();
+    assert_eq!(tokio::time::timeout(T, collect(s)).await.unwrap().ended, Some((7, 0)));
+
+    // Refusals: no program, a relative cwd, a signal that is not offered, an unknown pid.
+    let missing = c.live_start(pb::LiveStartRequest { live: lref(), argv: vec!["no-such-program".into()], ..Default::default() }).await.unwrap_err();
+    assert_eq!(missing.code(), Code::FailedPrecondition);
+    assert!(missing.message().contains("not found"), "{missing:?}");
+    let mut rel = start("k", "live-2", "true");
+    rel.cwd = "tmp".into();
+    assert_eq!(c.live_start(rel).await.unwrap_err().code(), Code::InvalidArgument);
+    let sig = c.live_signal(pb::LiveSignalRequest { live: lref(), pid: 1, signal: 31 }).await.unwrap_err();
+    assert_eq!(sig.code(), Code::InvalidArgument);
+    let unknown = c.live_signal(pb::LiveSignalRequest { live: lref(), pid: 99_999, signal: libc::SIGKILL }).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    // Its home's thread is the live sandbox's while it lives.
+    assert_eq!(create(&mut c, "k", "live-2", T, None).await.unwrap_err().code(), Code::Aborted);
+    c.live_end(live_ref("k", "live-2")).await.unwrap();
+    wait_no_processes(&agent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_are_walled_off_and_end_with_their_lifetime() {
+    if skip_unless_root("sandboxes_are_walled_off_and_end_with_their_lifetime") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut c = agent.client().await.unwrap();
+    let limits = pb::Limits { pids: 32, ..Default::default() };
+    create(&mut c, "a", "wall", T * 4, Some(limits)).await.unwrap();
+    create(&mut c, "b", "wall", T * 4, None).await.unwrap();
+
+    // B's process, and what A sees of it: nothing (own pid namespace, own /tmp).
+    let mut b = c.live_start(start("b", "wall", "echo secret > /tmp/s; echo up; exec sleep 600")).await.unwrap().into_inner();
+    let b_pid = pid_of(&mut b).await;
+    read_until(&mut b, "up").await;
+    let seen = run(&mut c, "a", "wall", "ls /proc | grep -c '^[0-9]'; cat /tmp/s 2>&1; kill -9 -1; echo done").await;
+    let procs: u32 = seen.stdout.lines().next().unwrap().parse().unwrap();
+    assert!(procs <= 4, "A sees only its own processes: {seen:?}");
+    assert!(seen.stdout.contains("No such file") && !seen.stdout.contains("secret"), "{seen:?}");
+    // A's `kill -9 -1` reached none of B's processes.
+    let b_list = |c: &mut Client| {
+        let mut c = c.clone();
+        async move { c.live_list(live_ref("b", "wall")).await.unwrap().into_inner().processes.iter().map(|p| p.pid).collect::<Vec<_>>() }
+    };
+    assert_eq!(b_list(&mut c).await, vec![b_pid]);
+
+    // A at its pids limit (the whole sandbox's): forks fail in A, B is unharmed.
+    let mut bomb = c.live_start(start("a", "wall", "for i in $(seq 64); do sleep 300 & done; wait")).await.unwrap().into_inner();
+    let bomb_pid = pid_of(&mut bomb).await;
+    read_until(&mut bomb, "Resource temporarily unavailable").await;
+    assert_eq!(run(&mut c, "b", "wall", "echo ok").await.stdout, "ok\n");
+    assert_eq!(b_list(&mut c).await, vec![b_pid]);
+    // Killing a process kills its group: what it started goes with it.
+    let _ = c.live_signal(pb::LiveSignalRequest { live: Some(live_ref("a", "wall")), pid: bomb_pid, signal: libc::SIGKILL }).await;
+    let _ = tokio::time::timeout(T, collect(bomb)).await.expect("the bomb ended");
+    let after = run(&mut c, "a", "wall", "ls /proc | grep -c '^[0-9]'").await;
+    assert!(after.stdout.trim().parse::<u32>().unwrap() <= 4, "its sleeps went with it: {after:?}");
+
+    // A sandbox ends with its lifetime: its processes end by SIGKILL, its name is gone.
+    create(&mut c, "c", "short", Duration::from_secs(1), None).await.unwrap();
+    let s = c.live_start(start("c", "short", "exec sleep 600")).await.unwrap().into_inner();
+    let rest = tokio::time::timeout(T, collect(s)).await.expect("it ended with its lifetime");
+    assert_eq!(rest.ended, Some((128 + libc::SIGKILL, libc::SIGKILL)));
+    for _ in 0..200 {
+        if c.live_list(live_ref("c", "short")).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.live_list(live_ref("c", "short")).await.unwrap_err().code(), Code::NotFound);
+    c.live_end(live_ref("a", "wall")).await.unwrap();
+    c.live_end(live_ref("b", "wall")).await.unwrap();
+    wait_no_processes(&agent).await;
+    wait_no_cgroups(&agent).await;
+}
+
+async fn wait_no_cgroups(agent: &Agent) -> bool {
+    for _ in 0..200 {
+        if agent.leftover_cgroups().is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cgroups left: {:?}", agent.leftover_cgroups());
+}
