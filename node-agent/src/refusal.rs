@@ -97,7 +97,8 @@ impl Refuses for crate::live::LiveError {
     fn class(&self) -> Class<'_> {
         use crate::live::LiveError as L;
         match self {
-            L::NotFound | L::NoProcess(_) | L::Gone => Class::new(Code::NotFound, Reason::LiveNotFound, ""),
+            L::NotFound | L::Gone => Class::new(Code::NotFound, Reason::LiveNotFound, ""),
+            L::NoProcess(_) => Class::new(Code::NotFound, Reason::LiveNotFound, "pid"),
             L::Exists => Class::new(Code::AlreadyExists, Reason::InvalidField, "live"),
             L::TooManyProcesses => Class::new(Code::ResourceExhausted, Reason::NodeBusy, ""),
             L::Invalid { field, .. } => Class::new(Code::InvalidArgument, Reason::InvalidField, field),

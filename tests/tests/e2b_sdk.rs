@@ -106,7 +106,7 @@ async fn python_check(venv: &Path) {
     assert!(out.status.success(), "E2B SDK checks failed:\n{stdout}\n{}\ngateway warnings: {warnings:#?}", String::from_utf8_lossy(&out.stderr));
     for check in [
         "check_create_run", "check_files", "check_connect_from_a_second_client", "check_info_list_timeout", "check_pause_resume",
-        "check_timeouts_and_limits", "check_isolation", "check_errors", "check_kill", "check_async", "check_code_interpreter",
+        "check_timeouts_and_limits", "check_live", "check_isolation", "check_errors", "check_kill", "check_async", "check_code_interpreter",
     ] {
         assert!(stdout.contains(&format!("ok {check}\n")), "{check} did not run:\n{stdout}");
     }

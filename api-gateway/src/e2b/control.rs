@@ -1,8 +1,9 @@
-//! The E2B control plane (`E2B_API_URL`, `X-API-KEY`): sandboxes are
-//! records naming a thread of the caller's key. Creating one starts
-//! nothing (the first command does, in a fresh sandbox, as every call);
-//! its timeout is when its thread is deleted; pause and resume only mark
-//! it, because nothing runs between calls anyway.
+//! The E2B control plane (`E2B_API_URL`, `X-API-KEY`): a sandbox is a
+//! record of the caller's key and a live sandbox on a node (see
+//! `crate::exec::live`) whose home is the thread of the same id. Creating
+//! one makes it live; pausing ends the live sandbox with its home saved
+//! (memory is not kept), resuming makes a new one from that home; its
+//! timeout ends it (paused with `autoPause`, else deleted with its thread).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -153,6 +154,7 @@ fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Resul
         started_ms: now,
         end_ms: now + timeout * 1000,
         auto_pause: v.get("autoPause").and_then(Value::as_bool).unwrap_or(false),
+        node: None,
     })
 }
 
@@ -166,14 +168,23 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
             return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
         }
         refuse_unsupported(&v, &key)?;
-        let s = record(&st, &key, &v, template)?;
+        let mut s = record(&st, &key, &v, template)?;
         // Counted and stored in one step: creates racing each other, on any
         // replica, never pass the key's limit.
         let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
         if !st.service.records.store().insert_sandbox_within(&s, most).await? {
             return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} live sandboxes, its most (maxThreads); kill one first")));
         }
-        tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox created");
+        match super::sandbox::make_live(&st, &key, &s).await {
+            Ok(node) => s.node = Some(node),
+            Err(e) => {
+                // Nothing of it runs: it is forgotten, its (empty) thread with it.
+                let _ = st.service.records.store().delete_sandbox(&s.id).await;
+                super::lifecycle::delete_thread(&st, &key, &s.id, crate::request_id::of(&headers)).await;
+                return Err(e);
+            }
+        }
+        tracing::info!(key = %key.qualified_name(), sandbox = %s.id, node = ?s.node, "e2b sandbox created");
         Ok((StatusCode::CREATED, axum::Json(created(&st, &s))))
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
@@ -212,11 +223,11 @@ pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path
         let key = key(&st, &headers)?;
         let s = owned(&st, &key, &id).await?;
         st.service.records.store().delete_sandbox(&s.id).await?;
-        // The id is unusable from here on; the home goes in the background
-        // (the caller does not wait for the node).
-        let (st2, key2, id, trace) = (st.clone(), key.clone(), s.id.clone(), crate::request_id::of(&headers).to_string());
-        tokio::spawn(async move { super::lifecycle::delete_thread(&st2, &key2, &id, &trace).await });
+        // The id is unusable from here on; its processes and home go in the
+        // background (the caller does not wait for the node).
+        let (st2, key2, trace) = (st.clone(), key.clone(), crate::request_id::of(&headers).to_string());
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
+        tokio::spawn(async move { super::lifecycle::forget(&st2, &key2, &s, &trace).await });
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
@@ -229,6 +240,7 @@ pub async fn set_timeout(State(st): State<AppState>, headers: HeaderMap, Path(id
         let s = owned(&st, &key, &id).await?;
         let t = timeout_of(&body(&st, b).await?, DEFAULT_TIMEOUT)?;
         st.service.records.store().update_sandbox(&s.id, now_ms() + t * 1000, &s.state).await?;
+        super::lifecycle::extend(&st, &key, &s, now_ms() + t * 1000).await;
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
@@ -241,16 +253,19 @@ pub async fn refresh(State(st): State<AppState>, headers: HeaderMap, Path(id): P
         let s = owned(&st, &key, &id).await?;
         let v = body(&st, b).await?;
         let d = v.get("duration").and_then(Value::as_i64).unwrap_or(60).clamp(0, MAX_TIMEOUT);
-        st.service.records.store().update_sandbox(&s.id, s.end_ms.max(now_ms() + d * 1000), &s.state).await?;
+        let end = s.end_ms.max(now_ms() + d * 1000);
+        st.service.records.store().update_sandbox(&s.id, end, &s.state).await?;
+        super::lifecycle::extend(&st, &key, &s, end).await;
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-/// Marks the sandbox `state`. Paused, it is kept like a sandbox paused at
-/// its timeout; resumed from a pause, it runs for the body's timeout (E2B's
-/// default without one); connected while running, a longer timeout
-/// extends it and a shorter one changes nothing.
+/// Moves the sandbox to `state`. Paused, its live sandbox ends with its
+/// home saved and it is kept like a sandbox paused at its timeout;
+/// resumed from a pause, it is made live again from that home and runs for
+/// the body's timeout (E2B's default without one); connected while
+/// running, a longer timeout extends it and a shorter one changes nothing.
 async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Option<Body>) -> Result<(Arc<EffectiveKey>, E2bSandbox), E2bError> {
     let key = key(st, headers)?;
     let mut s = owned(st, &key, id).await?;
@@ -259,12 +274,21 @@ async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Opti
         None => None,
     };
     let now = now_ms();
-    s.end_ms = match (state, s.state.as_str(), asked) {
+    let was = s.state.clone();
+    s.end_ms = match (state, was.as_str(), asked) {
         ("paused", _, _) => now + super::lifecycle::paused_kept(&key).as_millis() as i64,
         (_, "paused", t) => now + t.unwrap_or(DEFAULT_TIMEOUT) * 1000,
         (_, _, Some(t)) => s.end_ms.max(now + t * 1000),
         (_, _, None) => s.end_ms,
     };
+    match (state, was.as_str()) {
+        ("paused", "running") => super::lifecycle::pause(st, &key, &s).await?,
+        ("running", "paused") => {
+            s.node = Some(super::sandbox::make_live(st, &key, &s).await?);
+        }
+        ("running", _) => super::lifecycle::extend(st, &key, &s, s.end_ms).await,
+        _ => {}
+    }
     s.state = state.to_string();
     st.service.records.store().update_sandbox(&s.id, s.end_ms, state).await?;
     Ok((key, s))
@@ -287,8 +311,8 @@ pub async fn resume(State(st): State<AppState>, headers: HeaderMap, Path(id): Pa
     }
 }
 
-/// `POST /sandboxes/{id}/pause`: its home is already saved; the data plane
-/// refuses it until it is resumed (or connected to).
+/// `POST /sandboxes/{id}/pause`: its processes end and its home is saved;
+/// the data plane refuses it until it is resumed (or connected to).
 pub async fn pause(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     match mark(&st, &headers, &id, "paused", None).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),

@@ -1,12 +1,13 @@
-//! envd's `GET|POST /files`: a file of the sandbox's home, through the same
-//! node calls as Warren's Files API (the thread's size limit, 409 while a
-//! command holds the thread). Uploads are `application/octet-stream` (one
-//! file, `?path=`) or `multipart/form-data` (each part's filename is its
-//! path); both answer `[{name, type, path}]`. An octet-stream upload of
-//! known length streams to the node; a multipart form or a body without
-//! `Content-Length` is held in memory, up to [`BUFFERED`] bytes.
+//! envd's `GET|POST /files`: a file of the live sandbox, read and written
+//! by a process in it as its user (`cat`), so a path means what it means
+//! to the sandbox's own commands and a link leads only where they could go.
+//! Uploads are `application/octet-stream` (one file, `?path=`) or
+//! `multipart/form-data` (each part's filename is its path); both answer
+//! `[{name, type, path}]`. An octet-stream upload of known length streams
+//! to the node; a multipart form or a body without `Content-Length` is held
+//! in memory, up to [`BUFFERED`] bytes.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,10 +15,10 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::paths::{relative, reported};
-use super::sandbox::{open, Opened};
+use super::paths::{absolute, shown};
+use super::sandbox::open;
 use super::E2bError;
-use crate::files::FileAccess;
+use crate::exec::live::{Live, LiveEvent, LiveEvents, Start};
 use crate::uploads::body::{self, BodyError, Pace};
 use crate::uploads::Hold;
 use crate::state::AppState;
@@ -29,18 +30,17 @@ pub struct FileQuery {
     username: Option<String>,
 }
 
-fn access<'a>(st: &'a AppState, o: &'a Opened) -> Result<FileAccess<'a>, E2bError> {
-    Ok(FileAccess::new(st, &o.key, "thread", &o.sandbox.id)?)
+/// The file a query names (absolute in the sandbox; the home is not a file).
+fn file_path(p: Option<&str>) -> Result<String, E2bError> {
+    let abs = absolute(p.unwrap_or_default())?;
+    if abs == super::paths::HOME || abs == "/" {
+        return Err(E2bError::invalid("path: a file is required"));
+    }
+    Ok(abs)
 }
 
-/// The file path a query names (a file, not the home itself).
-fn file_path(p: Option<&str>) -> Result<String, E2bError> {
-    let rel = relative(p.unwrap_or_default())?;
-    if rel.is_empty() {
-        return Err(E2bError::invalid("path: a file in the home is required"));
-    }
-    Ok(rel)
-}
+/// Largest file one upload stores.
+const MAX_UPLOAD: u64 = 4 << 30;
 
 /// Most bytes of an upload held in the gateway's memory (multipart forms,
 /// bodies without Content-Length); octet-stream uploads of known size stream.
@@ -61,13 +61,103 @@ async fn held(st: &AppState, b: Body, limit: usize, hold: &mut Hold) -> Result<a
 }
 
 /// envd's `WriteInfo` of a stored file.
-fn written_info(rel: &str) -> serde_json::Value {
-    json!({"name": rel.rsplit('/').next().unwrap_or(rel), "type": "file", "path": reported(rel)})
+fn written_info(abs: &str) -> serde_json::Value {
+    json!({"name": abs.rsplit('/').next().unwrap_or(abs), "type": "file", "path": shown(abs)})
 }
 
-/// A refusal of the Files API as envd's error (404 stays 404).
-fn refused(e: crate::files::FileError) -> E2bError {
-    E2bError::from(e)
+/// A process of the file calls: `sh -c script sh path`, as the sandbox's user.
+fn file_process(script: &str, path: &str, stdin: bool) -> Start {
+    Start { argv: vec!["/bin/sh".into(), "-c".into(), script.into(), "sh".into(), path.into()], stdin, ..Start::default() }
+}
+
+/// What a failed file process said, as envd's error: 404 for a missing file.
+fn failed(path: &str, stderr: &[u8]) -> E2bError {
+    let said = String::from_utf8_lossy(stderr);
+    let said = said.lines().next().unwrap_or("failed").trim();
+    if said.contains("No such file") || said.contains("Not a directory") {
+        return E2bError::not_found(format!("{}: no such file", shown(path)));
+    }
+    if said.contains("Is a directory") {
+        return E2bError::invalid(format!("{}: is a directory", shown(path)));
+    }
+    E2bError::invalid(format!("{}: {}", shown(path), said.rsplit(": ").next().unwrap_or(said)))
+}
+
+/// The file's bytes, streamed once `cat` has shown it can read it.
+async fn read_file(live: &Live, path: &str) -> Result<Body, E2bError> {
+    let mut events = live.start(file_process("exec cat -- \"$1\"", path, false)).await?;
+    let mut first = Vec::new();
+    let mut err = Vec::new();
+    // Until the first bytes (or the end): a missing file answers 404, not an empty 200.
+    loop {
+        match events.next().await {
+            Some(Ok(LiveEvent::Stdout(b))) => {
+                first.push(b);
+                break;
+            }
+            Some(Ok(LiveEvent::Stderr(b))) => err.extend_from_slice(&b),
+            Some(Ok(LiveEvent::Ended(0, _))) => return Ok(Body::empty()),
+            Some(Ok(LiveEvent::Ended(..))) => return Err(failed(path, &err)),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(crate::exec::live::LiveError::NodeLost.into()),
+        }
+    }
+    let rest = events.filter_map(|e| async move {
+        match e {
+            Ok(LiveEvent::Stdout(b)) => Some(Ok(b)),
+            Ok(LiveEvent::Ended(0, _)) | Ok(_) => None,
+            Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+        }
+    });
+    Ok(Body::from_stream(futures_util::stream::iter(first.into_iter().map(Ok)).chain(rest)))
+}
+
+/// Stores `data` at `path` (its directories made), by a process in the sandbox.
+async fn write_file<S>(live: &Live, path: &str, data: S) -> Result<(), E2bError>
+where
+    S: futures_util::Stream<Item = Result<Bytes, E2bError>> + Send,
+{
+    let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\"";
+    let mut events = live.start(file_process(script, path, true)).await?;
+    let pid = match events.next().await {
+        Some(Ok(LiveEvent::Started(pid))) => pid,
+        Some(Err(e)) => return Err(e.into()),
+        _ => return Err(crate::exec::live::LiveError::NodeLost.into()),
+    };
+    let fed = async {
+        let mut data = std::pin::pin!(data);
+        while let Some(chunk) = data.next().await {
+            for piece in chunk?.chunks(1 << 20) {
+                live.write(pid, piece.to_vec()).await?;
+            }
+        }
+        live.close_stdin(pid).await?;
+        Ok::<_, E2bError>(())
+    };
+    let fed = fed.await;
+    if fed.is_err() {
+        let _ = live.signal(pid, crate::exec::live::SIGKILL).await;
+    }
+    let (code, err) = ended(events).await?;
+    fed?;
+    if code != 0 {
+        return Err(failed(path, &err));
+    }
+    Ok(())
+}
+
+/// A process's exit code and stderr.
+async fn ended(mut events: LiveEvents) -> Result<(i32, Vec<u8>), E2bError> {
+    let mut err = Vec::new();
+    while let Some(e) = events.next().await {
+        match e? {
+            LiveEvent::Stderr(b) if err.len() < 4096 => err.extend_from_slice(&b),
+            LiveEvent::Ended(code, _) => return Ok((code, err)),
+            _ => {}
+        }
+    }
+    Err(crate::exec::live::LiveError::NodeLost.into())
 }
 
 /// `GET /files?path=`: the file's bytes.
@@ -75,9 +165,8 @@ pub async fn download(State(st): State<AppState>, headers: HeaderMap, Query(q): 
     let run = async {
         let o = open(&st, &headers).await?;
         super::sandbox::user_is_default(q.username.as_deref())?;
-        let rel = file_path(q.path.as_deref())?;
-        let stream = access(&st, &o)?.read(&rel, crate::request_id::of(&headers)).await.map_err(refused)?;
-        let body = Body::from_stream(stream.map(|c| c.map_err(|s| std::io::Error::other(s.message().to_string()))));
+        let path = file_path(q.path.as_deref())?;
+        let body = read_file(&o.live(&st).await?, &path).await?;
         Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -88,13 +177,12 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
     let run = async {
         let o = open(&st, &headers).await?;
         super::sandbox::user_is_default(q.username.as_deref())?;
-        let files = access(&st, &o)?;
-        let trace = crate::request_id::of(&headers);
+        let live = o.live(&st).await?;
         if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
             return Err(E2bError::invalid("compressed uploads are not accepted (write without gzip)"));
         }
         let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let max = files.max_upload();
+        let max = MAX_UPLOAD;
         let too_large = || E2bError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the upload exceeds the largest file this sandbox stores ({max} bytes)"));
         let boundary = crate::multipart::boundary(ct);
         let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -103,9 +191,9 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
             if len > max {
                 return Err(too_large());
             }
-            let rel = file_path(q.path.as_deref())?;
-            files.write_stream(&rel, len, crate::files::upload_body(b, st.settings.body_timeout), trace).await.map_err(refused)?;
-            return Ok(axum::Json(vec![written_info(&rel)]).into_response());
+            let path = file_path(q.path.as_deref())?;
+            write_file(&live, &path, sized(b, len, st.settings.body_timeout)).await?;
+            return Ok(axum::Json(vec![written_info(&path)]).into_response());
         }
         // Multipart, or a body of unknown length: held, up to BUFFERED bytes,
         // reserved from the gateway's upload budget as they arrive.
@@ -124,12 +212,12 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
                 if part.data.len() as u64 > max {
                     return Err(too_large());
                 }
-                files.write(&rel, part.data, trace).await.map_err(refused)?;
+                write_file(&live, &rel, futures_util::stream::iter([Ok(Bytes::from(part.data))])).await?;
                 written.push(rel);
             }
         } else {
             let rel = file_path(q.path.as_deref())?;
-            files.write(&rel, bytes, trace).await.map_err(refused)?;
+            write_file(&live, &rel, futures_util::stream::iter([Ok(bytes)])).await?;
             written.push(rel);
         }
         if written.is_empty() {
@@ -138,4 +226,31 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
         Ok(axum::Json(written.iter().map(|r| written_info(r)).collect::<Vec<_>>()).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// An upload body of `len` bytes, each piece arriving within `idle`:
+/// shorter or longer is refused.
+fn sized(b: Body, len: u64, idle: std::time::Duration) -> impl futures_util::Stream<Item = Result<Bytes, E2bError>> + Send {
+    let mut data = b.into_data_stream();
+    async_stream::stream! {
+        let mut seen = 0u64;
+        loop {
+            match tokio::time::timeout(idle, data.next()).await {
+                Err(_) => { yield Err(E2bError::new(StatusCode::REQUEST_TIMEOUT, "the upload stopped arriving")); return; }
+                Ok(None) => break,
+                Ok(Some(Err(_))) => { yield Err(E2bError::invalid("the upload was cut")); return; }
+                Ok(Some(Ok(chunk))) => {
+                    seen += chunk.len() as u64;
+                    if seen > len {
+                        yield Err(E2bError::invalid("the upload is longer than its Content-Length"));
+                        return;
+                    }
+                    yield Ok(chunk);
+                }
+            }
+        }
+        if seen != len {
+            yield Err(E2bError::invalid("the upload is shorter than its Content-Length"));
+        }
+    }
 }

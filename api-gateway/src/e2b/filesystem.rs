@@ -1,8 +1,7 @@
-//! envd's filesystem service (`/filesystem.Filesystem/*`). Only the home
-//! persists, so every call works on the thread's home: `Stat`, `ListDir`,
-//! `MakeDir`, `Move` and `Remove` run `fs.py` (beside this file) in the
-//! sandbox — one short execution, exactly the filesystem a command sees.
-//! Watching a directory needs a process that outlives the call: refused.
+//! envd's filesystem service (`/filesystem.Filesystem/*`) in the live
+//! sandbox: `Stat`, `ListDir`, `MakeDir`, `Move` and `Remove` run `fs.py`
+//! (beside this file) as a process of the sandbox — exactly the filesystem
+//! its commands see, as their user.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -11,10 +10,9 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::connect;
-use super::paths::{in_sandbox, relative};
+use super::paths::absolute;
 use super::sandbox::{open, Program};
 use super::E2bError;
-use crate::exec::Delivery;
 use crate::state::AppState;
 
 /// The program the calls run (Python, in the sandbox).
@@ -38,7 +36,7 @@ pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): 
 async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Result<Value, E2bError> {
     let raw = super::read_body(st, b, 64 << 10).await?;
     let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the request is not JSON"))?;
-    let path = |field: &str| -> Result<String, E2bError> { Ok(in_sandbox(&relative(req.get(field).and_then(Value::as_str).unwrap_or_default())?)) };
+    let path = |field: &str| -> Result<String, E2bError> { absolute(req.get(field).and_then(Value::as_str).unwrap_or_default()) };
     let args = match method {
         "Stat" => json!({"op": "stat", "path": path("path")?}),
         "ListDir" => json!({"op": "list", "path": path("path")?, "depth": req.get("depth").and_then(Value::as_u64).unwrap_or(1).clamp(1, 32)}),
@@ -63,12 +61,12 @@ async fn run(st: &AppState, opened: &super::sandbox::Opened, args: &Value) -> Re
     }
     let literal = serde_json::to_string(&args.to_string()).unwrap_or_default();
     let program = Program { code: format!("{FS_PY}\nmain({literal})\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(TIMEOUT) };
-    let mut exec = opened.start(st, program, Delivery::Collected).await?;
-    let r = exec.collect().await?;
+    let r = opened.finish(st, program).await?;
     let answer = r.stdout.rsplit_once(MARK).and_then(|(_, a)| serde_json::from_str::<Value>(a.trim_end()).ok());
     let Some(answer) = answer else {
-        tracing::warn!(trace_id = %r.trace_id, exit_code = r.exit_code, error = ?r.error, "an E2B filesystem call gave no answer");
-        return Err(E2bError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the filesystem call failed in the sandbox ({})", r.error.as_deref().unwrap_or("no answer"))));
+        tracing::warn!(sandbox = %opened.sandbox.id, exit_code = r.exit_code, timed_out = r.timed_out, "an E2B filesystem call gave no answer");
+        let why = if r.timed_out { "it ran past its timeout" } else { "no answer" };
+        return Err(E2bError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the filesystem call failed in the sandbox ({why})")));
     };
     if let Some(code) = answer.get("err").and_then(Value::as_str) {
         let message = answer.get("message").and_then(Value::as_str).unwrap_or_default().to_string();

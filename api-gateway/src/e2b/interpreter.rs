@@ -11,10 +11,11 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use futures_util::StreamExt;
+
 use super::sandbox::{open, Program};
 use super::E2bError;
-use crate::exec::{Delivery, Lost, Run, RunEvent};
-use crate::result::{ExecuteResult, Outcome};
+use crate::exec::live::{LiveEvent, LiveEvents};
 use crate::state::AppState;
 
 const CELL_PY: &str = include_str!("cell.py");
@@ -46,8 +47,8 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) ->
             env,
             timeout: None,
         };
-        let run = opened.start(&st, program, Delivery::Streamed).await?;
-        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines(run, mark))).into_response())
+        let (_, _, events) = opened.program(&st, program).await?;
+        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines(events, mark))).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -120,42 +121,38 @@ fn text_line(kind: &str, bytes: &[u8]) -> Option<Bytes> {
 }
 
 /// The NDJSON lines of one run.
-fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+fn lines(mut events: LiveEvents, mark: String) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     async_stream::stream! {
         let mut stdout = Stdout::default();
         let (mut out_lines, mut err_lines) = (WholeLines::default(), WholeLines::default());
-        let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
-            match run.next().await {
-                Ok(RunEvent::Started) => {}
-                Ok(RunEvent::Stdout(c)) => {
+            match events.next().await {
+                Some(Ok(LiveEvent::Stdout(c) | LiveEvent::Pty(c))) => {
                     let shown = out_lines.push(&stdout.push(&c, mark.as_bytes()));
-                    out.extend_from_slice(&shown);
                     if let Some(l) = text_line("stdout", &shown) { yield Ok(l); }
                 }
-                Ok(RunEvent::Stderr(c)) => {
+                Some(Ok(LiveEvent::Stderr(c))) => {
                     let shown = err_lines.push(&c);
-                    err.extend_from_slice(&shown);
                     if let Some(l) = text_line("stderr", &shown) { yield Ok(l); }
                 }
-                Ok(RunEvent::Exited(x)) => {
+                Some(Ok(LiveEvent::Started(_))) => {}
+                Some(Ok(LiveEvent::Ended(code, signal))) => {
                     let report = stdout.report.take();
                     // Without a report, what was held as its possible start is output.
                     let mut rest = out_lines.push(&std::mem::take(&mut stdout.pending));
                     rest.extend(out_lines.rest());
-                    out.extend_from_slice(&rest);
                     if let Some(l) = text_line("stdout", &rest) { yield Ok(l); }
                     let rest = err_lines.rest();
-                    err.extend_from_slice(&rest);
                     if let Some(l) = text_line("stderr", &rest) { yield Ok(l); }
-                    let text = |raw: &[u8]| String::from_utf8_lossy(raw).into_owned();
-                    let (result, outcome) = run.end(&x, text(&out), text(&err));
-                    for l in ending(report.as_deref(), &result, outcome) { yield Ok(l); }
+                    for l in ending(report.as_deref(), code, signal) { yield Ok(l); }
                     return;
                 }
-                Err(Lost) => {
-                    let e = E2bError::from(run.lost());
-                    yield Ok(line(json!({"type": "error", "name": "WarrenNodeLost", "value": e.message, "traceback": ""})));
+                Some(Err(e)) => {
+                    yield Ok(line(json!({"type": "error", "name": "WarrenNodeLost", "value": e.to_string(), "traceback": ""})));
+                    yield Ok(line(json!({"type": "unexpected_end_of_execution"})));
+                    return;
+                }
+                None => {
                     yield Ok(line(json!({"type": "unexpected_end_of_execution"})));
                     return;
                 }
@@ -166,7 +163,7 @@ fn lines(mut run: Run, mark: String) -> impl futures_util::Stream<Item = Result<
 
 /// The closing lines: the cell's result or error (or, when the program
 /// never reported, what ended it), then the end of the execution.
-fn ending(report: Option<&[u8]>, r: &ExecuteResult, outcome: Outcome) -> Vec<Bytes> {
+fn ending(report: Option<&[u8]>, code: i32, signal: i32) -> Vec<Bytes> {
     let mut out = Vec::new();
     let parsed: Value = report.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
     if let Some(text) = parsed.get("result").and_then(Value::as_str) {
@@ -176,11 +173,10 @@ fn ending(report: Option<&[u8]>, r: &ExecuteResult, outcome: Outcome) -> Vec<Byt
         out.push(line(json!({"type": "error", "name": e["name"], "value": e["value"], "traceback": e["traceback"]})));
     } else if parsed.is_null() {
         // The program ended before its report: killed, out of memory, or it exited itself.
-        let (name, value) = match outcome.error_code() {
-            Some("timeout") => ("TimeoutError".to_string(), "the code ran past its timeout and was killed".to_string()),
-            Some(code) => ("WarrenError".to_string(), code.to_string()),
-            None if r.exit_code != 0 => ("SystemExit".to_string(), r.exit_code.to_string()),
-            None => (String::new(), String::new()),
+        let (name, value) = match (signal, code) {
+            (0, 0) => (String::new(), String::new()),
+            (0, code) => ("SystemExit".to_string(), code.to_string()),
+            (s, _) => ("WarrenError".to_string(), format!("the code was killed by signal {s}")),
         };
         if !name.is_empty() {
             out.push(line(json!({"type": "error", "name": name, "value": value, "traceback": ""})));

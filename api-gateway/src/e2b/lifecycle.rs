@@ -1,7 +1,7 @@
 //! How sandboxes end: past their timeout (a call that finds one, or each
-//! gateway's sweep) a sandbox is forgotten and its thread deleted — or,
-//! created with `autoPause`, paused and kept — and a killed sandbox's thread
-//! is deleted in the background.
+//! gateway's sweep) a sandbox's live sandbox ends and it is forgotten with
+//! its thread — or, created with `autoPause`, paused (its home saved) and
+//! kept — and a killed sandbox's processes and thread go in the background.
 
 use std::sync::Arc;
 
@@ -32,6 +32,51 @@ pub(super) async fn delete_thread(st: &AppState, key: &EffectiveKey, id: &str, t
     }
 }
 
+/// Ends the live sandbox of `s` (its home saved), wherever it runs; one
+/// already gone is no error.
+async fn end_live(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Result<(), crate::exec::live::LiveError> {
+    let Some(node) = &s.node else { return Ok(()) };
+    let live = st.service.live(key, &s.id, node)?;
+    match live.end().await {
+        Ok(true) | Err(crate::exec::live::LiveError::Gone) => Ok(()),
+        Ok(false) => {
+            tracing::warn!(sandbox = %s.id, "a sandbox's home could not be saved as it ended; its thread keeps its previous state");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Pauses `s`: its live sandbox ends with its home saved.
+pub(super) async fn pause(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Result<(), super::E2bError> {
+    end_live(st, key, s).await?;
+    st.service.records.store().set_sandbox_node(&s.id, None).await?;
+    tracing::info!(sandbox = %s.id, "e2b sandbox paused");
+    Ok(())
+}
+
+/// A forgotten (killed, or past its timeout) sandbox: its processes end
+/// and its thread is deleted.
+pub(super) async fn forget(st: &AppState, key: &EffectiveKey, s: &E2bSandbox, trace: &str) {
+    if let Err(e) = end_live(st, key, s).await {
+        tracing::warn!(sandbox = %s.id, error = %e, "ending a forgotten sandbox failed; its node ends it at its lifetime");
+    }
+    delete_thread(st, key, &s.id, trace).await;
+}
+
+/// Tells the node of a running sandbox its new end (`end_ms`).
+pub(super) async fn extend(st: &AppState, key: &EffectiveKey, s: &E2bSandbox, end_ms: i64) {
+    let Some(node) = &s.node else { return };
+    let left = std::time::Duration::from_millis((end_ms - now_ms()).max(1000) as u64);
+    let done = match st.service.live(key, &s.id, node) {
+        Ok(live) => live.set_lifetime(left).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = done {
+        tracing::warn!(sandbox = %s.id, error = %e, "a sandbox's node did not take its new timeout");
+    }
+}
+
 /// How long a sandbox paused at its timeout (`autoPause`) is kept when its
 /// Sandbox sets no thread retention (E2B keeps paused sandboxes too).
 const PAUSED_KEPT: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
@@ -53,13 +98,16 @@ pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
         if s.auto_pause && s.state == "running" {
             let kept = paused_kept(&key);
             if let Ok(true) = store.auto_pause(&s, now_ms() + kept.as_millis() as i64).await {
+                if let Err(e) = pause(&st, &key, &s).await {
+                    tracing::warn!(sandbox = %s.id, error = %e.message, "pausing a sandbox at its timeout failed; its node ends it at its lifetime");
+                }
                 tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
             }
             return;
         }
         if let Ok(true) = store.delete_sandbox(&s.id).await {
             tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
-            delete_thread(&st, &key, &s.id, "e2b-timeout").await;
+            forget(&st, &key, &s, "e2b-timeout").await;
         }
     });
 }

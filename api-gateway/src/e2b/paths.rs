@@ -1,8 +1,9 @@
 //! E2B paths and Warren's home. E2B's user is `user` with home
 //! `/home/user`; Warren's sandbox home is `/home/sandbox`. Either spelling,
 //! `~` and relative paths (E2B resolves them against the home) name the same
-//! saved home; nothing else persists between calls, so a path outside the
-//! home is refused with that reason. Pure; unit-tested.
+//! home. In a live sandbox every other absolute path is the sandbox's own
+//! ([`absolute`]); the saved home of a sandbox that is not running has only
+//! the home ([`relative`]). Pure; unit-tested.
 
 use super::E2bError;
 
@@ -44,14 +45,47 @@ pub fn relative(path: &str) -> Result<String, E2bError> {
     Ok(parts.join("/"))
 }
 
+/// The absolute path inside a live sandbox that `path` names: the home
+/// for `~`, relative paths and either home spelling; any other absolute
+/// path as it is, `.` and `..` resolved.
+pub fn absolute(path: &str) -> Result<String, E2bError> {
+    if !path.starts_with('/') || [HOME, E2B_HOME].iter().any(|h| path == *h || path.starts_with(&format!("{h}/"))) {
+        return relative(path).map(|r| in_sandbox(&r));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s if s.chars().any(|c| c.is_control() || c == '\\') => return Err(E2bError::invalid(format!("path {path:?}: no control characters or backslashes"))),
+            s => parts.push(s),
+        }
+    }
+    if parts.len() > 64 || path.len() > 1024 {
+        return Err(E2bError::invalid("a path has at most 1024 characters and 64 segments"));
+    }
+    let abs = format!("/{}", parts.join("/"));
+    // `/home/x/../user` resolves into the home: spelled as Warren's.
+    match [E2B_HOME].iter().find_map(|h| abs.strip_prefix(h).filter(|r| r.is_empty() || r.starts_with('/'))) {
+        Some(rest) => Ok(format!("{HOME}{rest}")),
+        None => Ok(abs),
+    }
+}
+
+/// An absolute path of a live sandbox as E2B callers see it (the home
+/// spelled `/home/user`).
+pub fn shown(abs: &str) -> String {
+    match abs.strip_prefix(HOME).filter(|r| r.is_empty() || r.starts_with('/')) {
+        Some(rest) => format!("{E2B_HOME}{rest}"),
+        None => abs.to_string(),
+    }
+}
+
 /// The absolute path inside the sandbox of a home-relative path.
 pub fn in_sandbox(rel: &str) -> String {
     if rel.is_empty() { HOME.to_string() } else { format!("{HOME}/{rel}") }
-}
-
-/// The path reported to E2B callers for a home-relative path.
-pub fn reported(rel: &str) -> String {
-    if rel.is_empty() { E2B_HOME.to_string() } else { format!("{E2B_HOME}/{rel}") }
 }
 
 fn outside(path: &str) -> E2bError {
@@ -80,7 +114,6 @@ mod tests {
             assert_eq!(relative(p).unwrap(), want, "{p}");
         }
         assert_eq!(in_sandbox("a"), "/home/sandbox/a");
-        assert_eq!(reported(""), "/home/user");
     }
 
     #[test]
@@ -90,5 +123,22 @@ mod tests {
             assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{p}");
         }
         assert!(relative("/tmp/x").unwrap_err().message.contains("only the home"));
+    }
+
+    #[test]
+    fn a_live_sandbox_has_every_absolute_path() {
+        for (p, want) in [
+            ("/tmp/x", "/tmp/x"),
+            ("/home/user/a", "/home/sandbox/a"),
+            ("a/b", "/home/sandbox/a/b"),
+            ("~", "/home/sandbox"),
+            ("/var/../etc/./hosts", "/etc/hosts"),
+            ("/../..", "/"),
+            ("/home/x/../user/y", "/home/sandbox/y"),
+        ] {
+            assert_eq!(absolute(p).unwrap(), want, "{p}");
+        }
+        assert!(absolute("/tmp/a\u{0}b").is_err() && absolute("../x").is_err());
+        assert_eq!((shown("/home/sandbox/a"), shown("/home/sandboxes"), shown("/tmp")), ("/home/user/a".into(), "/home/sandboxes".into(), "/tmp".into()));
     }
 }

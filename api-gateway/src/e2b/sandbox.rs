@@ -1,6 +1,6 @@
 //! The data plane's view of one sandbox: which sandbox a request names
-//! (`E2b-Sandbox-Id`), whether its `X-Access-Token` opens it, and running
-//! one execution in its thread.
+//! (`E2b-Sandbox-Id`), whether its `X-Access-Token` opens it, and the live
+//! sandbox that runs it (see `crate::exec::live`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,8 +11,10 @@ use axum::response::{IntoResponse, Response};
 use warren_config::EffectiveKey;
 use warren_core::Language;
 
+use futures_util::StreamExt;
+
 use super::E2bError;
-use crate::exec::{Delivery, ExecuteRequest, Run};
+use crate::exec::live::{Live, LiveError, LiveEvent, LiveEvents, Start};
 use crate::records::E2bSandbox;
 use crate::state::AppState;
 
@@ -83,7 +85,8 @@ pub async fn health(State(st): State<AppState>, headers: HeaderMap) -> Response 
     }
 }
 
-/// One execution to run in the sandbox's thread.
+/// A program Warren runs in the sandbox for a call (the filesystem
+/// calls, `run_code`): its text goes to the interpreter on stdin.
 pub struct Program {
     /// Program text.
     pub code: String,
@@ -91,35 +94,124 @@ pub struct Program {
     pub language: Language,
     /// The call's own variables (over the sandbox's).
     pub env: BTreeMap<String, String>,
-    /// Seconds; capped at the key's longest.
+    /// Seconds; it is killed past them.
     pub timeout: Option<u64>,
 }
 
+/// What a finished program printed and how it ended.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// Its stdout (lossy UTF-8).
+    pub stdout: String,
+    /// Its stderr (lossy UTF-8).
+    pub stderr: String,
+    /// Exit code (128 + signal when killed).
+    pub exit_code: i32,
+    /// It ran past its timeout and was killed.
+    pub timed_out: bool,
+}
+
+/// The interpreter's arguments that run the program text it reads on stdin.
+fn reads_stdin(language: Language) -> Vec<String> {
+    let argv: &[&str] = match language {
+        Language::Python => &["python3", "-c", "import sys; __warren_src = sys.stdin.read(); sys.stdin = open('/dev/null'); exec(compile(__warren_src, '<string>', 'exec'))"],
+        Language::Node => &["node", "-e", "const s = require('fs').readFileSync(0, 'utf8'); require('vm').runInThisContext(s)"],
+        Language::Bash => &["/bin/bash", "-c", "eval \"$(cat)\" </dev/null"],
+    };
+    argv.iter().map(|a| a.to_string()).collect()
+}
+
+impl From<LiveError> for E2bError {
+    fn from(e: LiveError) -> E2bError {
+        match e {
+            LiveError::Gone | LiveError::NodeLost => E2bError::new(StatusCode::BAD_GATEWAY, "the sandbox is not running"),
+            LiveError::NoProcess(pid) => E2bError::not_found(format!("process with pid {pid} not found")),
+            LiveError::Invalid(m) => E2bError::invalid(m),
+            LiveError::Refused(m) => E2bError::invalid(m).with_code("failed_precondition"),
+            LiveError::Busy(m) => E2bError::new(StatusCode::TOO_MANY_REQUESTS, m).retry_after(1),
+        }
+    }
+}
+
+/// Makes `s` live (created, resumed, or a record of an earlier release
+/// that names no node): on the home node of its thread, with its
+/// environment, until its end. Returns the node's name, recorded.
+pub async fn make_live(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Result<String, E2bError> {
+    let env = sandbox_env(st, s)?;
+    let left = (s.end_ms - crate::records::now_ms()).max(1000) as u64;
+    let node = st.service.live_create(key, &s.id, env, std::time::Duration::from_millis(left)).await?;
+    st.service.records.store().set_sandbox_node(&s.id, Some(&node)).await?;
+    Ok(node)
+}
+
+/// The sandbox's own environment, opened: a rotated signing key leaves
+/// it unopenable, and then nothing runs (never without its variables).
+fn sandbox_env(st: &AppState, s: &E2bSandbox) -> Result<BTreeMap<String, String>, E2bError> {
+    let owner = super::sealed::Owner { namespace: &s.namespace, key: &s.key_name, id: &s.id };
+    super::sealed::open(&st.files.signing_key.current(), owner, s.env.as_deref().unwrap_or_default())
+        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()).with_code("failed_precondition"))
+}
+
 impl Opened {
-    /// Starts `p` in the sandbox's thread; an error means nothing ran.
-    pub async fn start(&self, st: &AppState, p: Program, delivery: Delivery) -> Result<Run, E2bError> {
-        let mut env = self.env(st)?;
-        env.extend(p.env);
-        let max = u64::from(self.key.max_timeout_seconds.max(1));
-        let timeout = p.timeout.map(|t| t.clamp(1, max));
-        let mut req = ExecuteRequest::new(p.code, p.language);
-        req.thread_id = Some(self.sandbox.id.clone());
-        // A command after one the client cut off waits for its end.
-        req.wait_for_thread = true;
-        req.env_vars = env.into_iter().collect();
-        req.timeout = timeout.map(|t| u32::try_from(t).unwrap_or(u32::MAX));
-        req.metadata.insert("e2b_sandbox".into(), self.sandbox.id.clone());
-        let admitted = st.service.admit(&self.key, req, delivery).await?;
-        Ok(st.service.start(admitted).await?)
+    /// The live sandbox running it.
+    pub async fn live(&self, st: &AppState) -> Result<Live, E2bError> {
+        let node = match &self.sandbox.node {
+            Some(n) => n.clone(),
+            None => make_live(st, &self.key, &self.sandbox).await?,
+        };
+        Ok(st.service.live(&self.key, &self.sandbox.id, &node)?)
     }
 
-    /// The sandbox's own environment, opened: a rotated signing key leaves
-    /// it unopenable, and then nothing runs (never without its variables).
-    fn env(&self, st: &AppState) -> Result<BTreeMap<String, String>, E2bError> {
-        let s = &self.sandbox;
-        let owner = super::sealed::Owner { namespace: &s.namespace, key: &s.key_name, id: &s.id };
-        super::sealed::open(&st.files.signing_key.current(), owner, s.env.as_deref().unwrap_or_default())
-            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()).with_code("failed_precondition"))
+    /// Starts `p` in the sandbox; its events.
+    pub async fn program(&self, st: &AppState, p: Program) -> Result<(Live, i32, LiveEvents), E2bError> {
+        let live = self.live(st).await?;
+        let start = Start { argv: reads_stdin(p.language), env: p.env, stdin: true, ..Start::default() };
+        let mut events = live.start(start).await?;
+        let pid = match events.next().await {
+            Some(Ok(LiveEvent::Started(pid))) => pid,
+            Some(Err(e)) => return Err(e.into()),
+            _ => return Err(LiveError::NodeLost.into()),
+        };
+        for piece in p.code.as_bytes().chunks(1 << 20) {
+            live.write(pid, piece.to_vec()).await?;
+        }
+        live.close_stdin(pid).await?;
+        Ok((live, pid, events))
+    }
+
+    /// Runs `p` to its end (killed past its timeout).
+    pub async fn finish(&self, st: &AppState, p: Program) -> Result<Finished, E2bError> {
+        let timeout = std::time::Duration::from_secs(p.timeout.unwrap_or(u64::from(self.key.max_timeout_seconds.max(1))));
+        let (live, pid, mut events) = self.program(st, p).await?;
+        let mut done = Finished::default();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ev = match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(ev) => ev,
+                Err(_) if !done.timed_out => {
+                    done.timed_out = true;
+                    live.signal(pid, crate::exec::live::SIGKILL).await?;
+                    deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                    continue;
+                }
+                Err(_) => return Err(LiveError::NodeLost.into()),
+            };
+            match ev {
+                Some(Ok(LiveEvent::Stdout(b) | LiveEvent::Pty(b))) => out.extend_from_slice(&b),
+                Some(Ok(LiveEvent::Stderr(b))) => err.extend_from_slice(&b),
+                Some(Ok(LiveEvent::Ended(code, _))) => {
+                    done.exit_code = code;
+                    break;
+                }
+                Some(Ok(LiveEvent::Started(_))) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err(LiveError::NodeLost.into()),
+            }
+        }
+        done.stdout = String::from_utf8_lossy(&out).into_owned();
+        done.stderr = String::from_utf8_lossy(&err).into_owned();
+        Ok(done)
     }
 
     /// True when the key's Sandbox offers `language`.

@@ -11,6 +11,7 @@
 
 pub mod convert;
 pub mod keyslot;
+pub mod live;
 pub mod output;
 pub mod refusal;
 pub mod request;

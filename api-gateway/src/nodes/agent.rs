@@ -34,6 +34,33 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     /// letting the agent wait up to `wait_ms` for one; resolves once
     /// granted. The slot is held until the returned stream is dropped.
     fn hold_key_slot(&self, key: &str, limit: u32, wait_ms: u32) -> BoxFuture<'static, Result<HeldSlot, Status>>;
+    /// The live sandboxes of this agent (doubles may have none).
+    fn live(&self) -> Option<&dyn LiveAgent> {
+        None
+    }
+}
+
+/// A live process's events, as the agent sends them.
+pub type LiveStream = BoxStream<'static, Result<pb::LiveEvent, Status>>;
+
+/// The live-sandbox calls (see the agent's proto: `Live*`).
+pub trait LiveAgent: Send + Sync {
+    /// Makes a live sandbox.
+    fn create(&self, req: pb::LiveCreateRequest) -> BoxFuture<'static, Result<pb::LiveCreateResponse, Status>>;
+    /// Starts a process and streams it.
+    fn start(&self, req: pb::LiveStartRequest) -> BoxFuture<'static, Result<LiveStream, Status>>;
+    /// Re-attaches to a process.
+    fn connect(&self, req: pb::LiveProcessRequest) -> BoxFuture<'static, Result<LiveStream, Status>>;
+    /// Input, close or resize.
+    fn input(&self, req: pb::LiveInputRequest) -> BoxFuture<'static, Result<(), Status>>;
+    /// Signals a process.
+    fn signal(&self, req: pb::LiveSignalRequest) -> BoxFuture<'static, Result<(), Status>>;
+    /// Lists its processes.
+    fn list(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveListResponse, Status>>;
+    /// Sets its lifetime.
+    fn update(&self, req: pb::LiveUpdateRequest) -> BoxFuture<'static, Result<(), Status>>;
+    /// Ends it (its home saved).
+    fn end(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveEndResponse, Status>>;
 }
 
 /// A file's bytes, as the agent streams them.
@@ -110,6 +137,10 @@ impl Agent for GrpcAgent {
         Some(self)
     }
 
+    fn live(&self) -> Option<&dyn LiveAgent> {
+        Some(self)
+    }
+
     fn hold_key_slot(&self, key: &str, limit: u32, wait_ms: u32) -> BoxFuture<'static, Result<HeldSlot, Status>> {
         let msg = pb::KeySlotRequest { key: key.to_string(), limit, wait_ms };
         let (mut client, req) = (self.client.clone(), self.request(msg, ""));
@@ -122,6 +153,48 @@ impl Agent for GrpcAgent {
             }
         }
         .boxed()
+    }
+}
+
+impl LiveAgent for GrpcAgent {
+    fn create(&self, req: pb::LiveCreateRequest) -> BoxFuture<'static, Result<pb::LiveCreateResponse, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { Ok(client.live_create(req).await?.into_inner()) }.boxed()
+    }
+
+    fn start(&self, req: pb::LiveStartRequest) -> BoxFuture<'static, Result<LiveStream, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { Ok(client.live_start(req).await?.into_inner().boxed()) }.boxed()
+    }
+
+    fn connect(&self, req: pb::LiveProcessRequest) -> BoxFuture<'static, Result<LiveStream, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { Ok(client.live_connect(req).await?.into_inner().boxed()) }.boxed()
+    }
+
+    fn input(&self, req: pb::LiveInputRequest) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { client.live_input(req).await.map(drop) }.boxed()
+    }
+
+    fn signal(&self, req: pb::LiveSignalRequest) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { client.live_signal(req).await.map(drop) }.boxed()
+    }
+
+    fn list(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveListResponse, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { Ok(client.live_list(req).await?.into_inner()) }.boxed()
+    }
+
+    fn update(&self, req: pb::LiveUpdateRequest) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { client.live_update(req).await.map(drop) }.boxed()
+    }
+
+    fn end(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveEndResponse, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, ""));
+        async move { Ok(client.live_end(req).await?.into_inner()) }.boxed()
     }
 }
 

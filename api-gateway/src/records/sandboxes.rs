@@ -37,6 +37,8 @@ pub struct E2bSandbox {
     pub end_ms: i64,
     /// At its end a running sandbox is paused (kept) instead of deleted.
     pub auto_pause: bool,
+    /// The node its live sandbox runs on, while it runs.
+    pub node: Option<String>,
 }
 
 /// One page of a key's live sandboxes, oldest first, as a listing asks.
@@ -59,7 +61,7 @@ pub struct SandboxPage {
 }
 
 /// Every column but the environment.
-const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause";
+const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause, node";
 
 fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
     let metadata: String = r.try_get("metadata")?;
@@ -74,6 +76,7 @@ fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
         started_ms: r.try_get("started_ms")?,
         end_ms: r.try_get("end_ms")?,
         auto_pause: r.try_get::<i64, _>("auto_pause")? != 0,
+        node: r.try_get::<Option<String>, _>("node")?.filter(|n| !n.is_empty()),
     })
 }
 
@@ -99,7 +102,7 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause, node) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
             .bind(s.id.clone())
             .bind(s.namespace.clone())
             .bind(s.key_name.clone())
@@ -110,6 +113,7 @@ impl Store {
             .bind(s.started_ms)
             .bind(s.end_ms)
             .bind(i64::from(s.auto_pause))
+            .bind(s.node.clone().unwrap_or_default())
             .execute(&mut *tx)
             .await?;
         insert_metadata(&mut tx, s).await?;
@@ -153,6 +157,12 @@ impl Store {
             .bind(id.to_string())
             .execute(&self.pool)
             .await?;
+        Ok(())
+    }
+
+    /// Sets the node a sandbox's live sandbox runs on (`None`: none runs).
+    pub async fn set_sandbox_node(&self, id: &str, node: Option<&str>) -> Result<(), StoreError> {
+        sqlx::query("UPDATE warren_e2b_sandboxes SET node = $1 WHERE id = $2").bind(node.unwrap_or_default().to_string()).bind(id.to_string()).execute(&self.pool).await?;
         Ok(())
     }
 

@@ -158,6 +158,9 @@ const MIGRATIONS: &[&[&str]] = &[&[
         PRIMARY KEY (id, k)
     )",
     "CREATE INDEX IF NOT EXISTS warren_e2b_sandbox_metadata_kv ON warren_e2b_sandbox_metadata (k, v)",
+], &[
+    // The node holding an E2B sandbox while it is live (issue #46).
+    "ALTER TABLE warren_e2b_sandboxes ADD COLUMN node TEXT",
 ]];
 
 /// Columns read back into a [`Row`].

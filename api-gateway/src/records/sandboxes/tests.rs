@@ -20,6 +20,7 @@ fn sandbox(id: &str, key: &str, started_ms: i64, metadata: &[(&str, &str)]) -> E
         started_ms,
         end_ms: started_ms + 60_000,
         auto_pause: false,
+        node: None,
     }
 }
 
