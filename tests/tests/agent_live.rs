@@ -124,6 +124,12 @@ async fn processes_share_the_sandbox_run_side_by_side_and_outlive_their_requests
     assert_eq!(rest.ended, Some((128 + libc::SIGTERM, libc::SIGTERM)));
     assert!(c.live_list(live_ref("k", "live-1")).await.unwrap().into_inner().processes.is_empty());
 
+    // A process that prints and exits at once: its output is never lost to its end.
+    for i in 0..200 {
+        let quick = run(&mut c, "k", "live-1", &format!("echo quick-{i}")).await;
+        assert_eq!((quick.stdout, quick.ended), (format!("quick-{i}\n"), Some((0, 0))));
+    }
+
     // Two at once: each waits for the other's file.
     let a = c.live_start(start("k", "live-1", "touch /tmp/from-a; while [ ! -e /tmp/from-b ]; do sleep 0.05; done; echo a")).await.unwrap().into_inner();
     let b = c.live_start(start("k", "live-1", "touch /tmp/from-b; while [ ! -e /tmp/from-a ]; do sleep 0.05; done; echo b")).await.unwrap().into_inner();

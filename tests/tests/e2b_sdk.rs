@@ -282,11 +282,12 @@ async fn a_sandbox_past_its_timeout_is_swept_with_its_home() {
     let data_plane = [("Content-Type", "application/octet-stream"), ("E2b-Sandbox-Id", id.as_str()), ("X-Access-Token", token.as_str())];
     let up = request(gw.addr, "POST", "/files?path=/home/user/kept.txt", &data_plane, b"home");
     assert_eq!(up.status, 200, "{}", up.text());
-    // The thread exists (Warren's own Files API lists it)...
+    // The thread exists, held by the live sandbox (Warren's own Files API
+    // says it is busy)...
     let list = serde_json::json!({"source": "thread", "id": id}).to_string();
     let bearer = format!("Bearer {}", key("thr"));
     let listed = || warren_e2e::http::post(gw.addr, "/v1/files/list", &[("Authorization", bearer.as_str()), ("Content-Type", "application/json")], list.as_bytes());
-    assert_eq!(listed().status, 200);
+    assert_eq!(listed().status, 409, "{}", listed().text());
     // ...until the sweep ends the sandbox, with no E2B call to trigger it.
     let swept = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(60), || listed().status == 404);
     assert!(swept, "the thread outlived its sandbox: {}\n{:#?}", listed().text(), gw.logs());

@@ -138,8 +138,10 @@ async fn read(mut rx: pipe::Receiver, kind: Kind, output: Arc<Output>) {
     let mut exit = output.watch();
     loop {
         if output.ended().is_some() {
+            // A read(2) of its own: tokio's `try_read` trusts readiness it
+            // may not have been told of yet, and would miss the last output.
             let mut left = super::output::REPLAY_BYTES;
-            while let Ok(n) = rx.try_read(&mut buf) {
+            while let Ok(n) = nix::unistd::read(&rx, &mut buf) {
                 if n == 0 || left == 0 {
                     break;
                 }
