@@ -256,11 +256,25 @@ def check_code_interpreter():
     assert (ex.logs.stdout, ex.logs.stderr, ex.text) == (["hi\n"], ["oops\n"], "42"), ex
     ex = ci.run_code("def f():\n    return 1 / 0\nf()")
     assert ex.error.name == "ZeroDivisionError" and "f()" in ex.error.traceback, ex.error
-    ex = ci.run_code("x")
-    assert ex.error.name == "NameError" and "fresh interpreter" in ex.error.value, ex.error
+    # Variables live on between cells, as in a notebook.
+    assert ci.run_code("x + 1").text == "43"
     ci.files.write("state.txt", "kept")
     assert ci.run_code("open('state.txt').read()").text == "'kept'"
-    raises(SandboxException, ci.create_code_context, contains="Warren")
+    # Rich results: what display() shows and the last expression's formats.
+    ex = ci.run_code("class H:\n    def _repr_html_(self): return '<b>hi</b>'\ndisplay(H())\n{'a': 1}")
+    assert [r.html for r in ex.results][:1] == ["<b>hi</b>"] and ex.results[-1].is_main_result and ex.text == "{'a': 1}", ex.results
+    # Contexts: each its own variables; restart forgets them, remove ends it.
+    ctx = ci.create_code_context()
+    assert ci.run_code("x = 'other'", context=ctx).error is None
+    assert ci.run_code("x", context=ctx).text == "'other'" and ci.run_code("x").text == "42"
+    assert ctx.id in [c.id for c in ci.list_code_contexts()]
+    ci.restart_code_context(ctx)
+    assert ci.run_code("x", context=ctx).error.name == "NameError"
+    ci.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in ci.list_code_contexts()]
+    # A timeout interrupts the cell (KeyboardInterrupt); the context stays.
+    raises(TimeoutException, ci.run_code, "import time\nfor i in range(100): time.sleep(0.1)\ny = 1", timeout=1)
+    assert ci.run_code("x").text == "42"
     ci.kill()
 
 

@@ -102,13 +102,16 @@ fn new_id() -> String {
 
 /// `Sandbox` (create, connect, resume).
 fn created(st: &AppState, s: &E2bSandbox) -> Value {
-    let token = super::token::sign(&st.files.signing_key.current(), &s.namespace, &s.key_name, &s.id);
+    let signing = st.files.signing_key.current();
+    let token = super::token::sign(&signing, &s.namespace, &s.key_name, &s.id);
+    let traffic = super::token::sign_for(super::token::Scope::Traffic, &signing, &s.namespace, &s.key_name, &s.id);
     json!({
         "templateID": s.template,
         "sandboxID": s.id,
         "clientID": "warren",
         "envdVersion": super::ENVD_VERSION,
         "envdAccessToken": token,
+        "trafficAccessToken": traffic,
         "alias": s.template,
     })
 }

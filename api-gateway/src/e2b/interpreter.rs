@@ -1,54 +1,181 @@
-//! The code interpreter's `POST /execute` (`run_code`): the code runs as
-//! Python in a fresh interpreter in the sandbox's thread, wrapped by
-//! `cell.py` (beside this file) so that, as in a Jupyter cell, the value of
-//! a last expression is a `text` result and an uncaught exception an
-//! `error` with name, value and traceback. Output streams as NDJSON as it
-//! comes. Contexts (interpreter state kept between calls) are refused.
+//! The code interpreter's `POST /execute` (`run_code`) and contexts
+//! (`/contexts`): a context is a Python interpreter living in the sandbox
+//! (`kernel.py`, beside this file, a process tagged `warren-context-<id>`)
+//! that keeps its variables between cells, as a Jupyter kernel does. A
+//! `run_code` without a context uses the sandbox's default one, started at
+//! its first use. Each cell is handed over by a short process of its own,
+//! which prints what the cell prints and then the cell's report: the value
+//! of a last expression and what `display()` and matplotlib showed as
+//! results (`text`, `html`, `png`, `json`, …), or an uncaught exception as an
+//! error with name, value and traceback. Output streams as NDJSON as it
+//! comes. A caller that goes away (its timeout) interrupts the cell with
+//! SIGINT (`KeyboardInterrupt`); the context and its variables stay.
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use futures_util::StreamExt;
 
-use super::sandbox::{open, Program};
+use super::sandbox::{open_proxied, Opened, Program};
 use super::E2bError;
-use crate::exec::live::{LiveEvent, LiveEvents};
+use crate::exec::live::{Live, LiveEvent, LiveEvents};
 use crate::state::AppState;
 
-const CELL_PY: &str = include_str!("cell.py");
+const KERNEL_PY: &str = include_str!("kernel.py");
+/// The tag of a context's interpreter process.
+const TAG: &str = "warren-context-";
+/// The context `run_code` uses when it names none.
+const DEFAULT: &str = "default";
+/// Contexts one sandbox may hold.
+const MAX_CONTEXTS: usize = 16;
 
-/// Contexts: refused with the reason.
-pub async fn contexts() -> Response {
-    E2bError::unsupported("code contexts keep interpreter state between calls, which Warren does not (each run_code is a fresh interpreter; files in the home persist)").into_response()
+/// A context id: 1–64 of `[a-z0-9-]`.
+fn context_id(id: &str) -> Result<&str, E2bError> {
+    let ok = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then_some(id).ok_or_else(|| E2bError::not_found(format!("context {id:?} not found")))
+}
+
+/// The contexts running in the sandbox: (id, pid, cwd).
+async fn running(live: &Live) -> Result<Vec<(String, i32, String)>, E2bError> {
+    Ok(live
+        .list()
+        .await?
+        .into_iter()
+        .filter_map(|p| {
+            let id = p.start.tag.as_deref()?.strip_prefix(TAG)?.to_string();
+            Some((id, p.pid, super::paths::shown(p.start.cwd.as_deref().unwrap_or(super::paths::HOME))))
+        })
+        .collect())
+}
+
+/// Starts context `id`'s interpreter in `cwd`.
+async fn start_context(st: &AppState, opened: &Opened, id: &str, cwd: &str) -> Result<(), E2bError> {
+    if !opened.offers(warren_core::language::Language::Python) {
+        return Err(E2bError::unsupported("code contexts run Python in the sandbox, and this key's Sandbox does not offer python"));
+    }
+    let program = Program {
+        code: format!("{KERNEL_PY}\n__warren_kernel({}, {})\n", py_str(id), py_str(cwd)),
+        language: warren_core::language::Language::Python,
+        env: Default::default(),
+        timeout: None,
+        tag: Some(format!("{TAG}{id}")),
+    };
+    // Its stream is let go: the interpreter runs on until removed or restarted.
+    opened.program(st, program).await.map(drop)
+}
+
+fn context(id: &str, cwd: &str) -> Value {
+    json!({"id": id, "language": "python", "cwd": cwd})
+}
+
+/// `GET|POST /contexts`.
+pub async fn contexts_root(State(st): State<AppState>, headers: HeaderMap, method: Method, b: Body) -> Response {
+    context_call(st, headers, method, None, b).await
+}
+
+/// `DELETE /contexts/{id}`, `POST /contexts/{id}/restart`.
+pub async fn contexts(State(st): State<AppState>, headers: HeaderMap, method: Method, Path(id): Path<String>, b: Body) -> Response {
+    context_call(st, headers, method, Some(id), b).await
+}
+
+async fn context_call(st: AppState, headers: HeaderMap, method: Method, id: Option<String>, b: Body) -> Response {
+    let run = async {
+        let opened = open_proxied(&st, &headers).await?;
+        let live = opened.live(&st).await?;
+        let found = running(&live).await?;
+        match (method, id) {
+            (Method::GET, None) => Ok(axum::Json(found.iter().map(|(id, _, cwd)| context(id, cwd)).collect::<Vec<_>>()).into_response()),
+            (Method::POST, None) => {
+                let raw = super::read_body(&st, b, 64 << 10).await?;
+                let req: Value = if raw.is_empty() { json!({}) } else { serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the body is not JSON"))? };
+                match req.get("language").and_then(Value::as_str) {
+                    None | Some("python" | "python3") => {}
+                    Some(other) => return Err(E2bError::unsupported(&format!("language {other:?}: Warren's contexts run python"))),
+                }
+                if found.len() >= MAX_CONTEXTS {
+                    return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("the sandbox holds {MAX_CONTEXTS} contexts, its most; remove one first")));
+                }
+                let cwd = super::paths::absolute(req.get("cwd").and_then(Value::as_str).unwrap_or(super::paths::E2B_HOME))?;
+                let id = warren_core::ids::random_id("", 16, &mut |b: &mut [u8]| rand::fill(b)).to_ascii_lowercase();
+                start_context(&st, &opened, &id, &cwd).await?;
+                Ok(axum::Json(context(&id, &super::paths::shown(&cwd))).into_response())
+            }
+            (method, Some(id)) => {
+                let id = context_id(&id)?;
+                let (_, pid, cwd) = found.iter().find(|(i, ..)| i == id).ok_or_else(|| E2bError::not_found(format!("context {id:?} not found")))?;
+                live.signal(*pid, crate::exec::live::SIGKILL).await?;
+                if method == Method::POST {
+                    // Its socket is taken over by the new interpreter.
+                    start_context(&st, &opened, id, &super::paths::absolute(cwd)?).await?;
+                }
+                Ok(StatusCode::NO_CONTENT.into_response())
+            }
+            _ => Err(E2bError::not_found("no such contexts call")),
+        }
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Interrupts the cell of a run whose caller went away (its timeout).
+struct Interrupt {
+    live: Option<(Live, i32)>,
+}
+
+impl Interrupt {
+    /// The cell ended: nothing to interrupt.
+    fn disarm(&mut self) {
+        self.live = None;
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        let Some((live, pid)) = self.live.take() else { return };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = live.signal(pid, crate::exec::live::SIGINT).await;
+            });
+        }
+    }
 }
 
 /// `POST /execute` `{code, context_id, language, env_vars}`.
 pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
-        let opened = open(&st, &headers).await?;
+        let opened = open_proxied(&st, &headers).await?;
         let raw = super::read_body(&st, b, 2 << 20).await?;
         let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the body is not JSON"))?;
-        if req.get("context_id").is_some_and(|c| !c.is_null()) {
-            return Err(E2bError::unsupported("code contexts are not offered by Warren: each run_code is a fresh interpreter"));
-        }
         match req.get("language").and_then(Value::as_str) {
             None | Some("python" | "python3") => {}
             Some(other) => return Err(E2bError::unsupported(&format!("language {other:?}: Warren's run_code runs python (use commands.run for other programs)"))),
         }
         let code = req.get("code").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("code is required"))?;
+        let live = opened.live(&st).await?;
+        let asked = req.get("context_id").and_then(Value::as_str);
+        let id = context_id(asked.unwrap_or(DEFAULT))?;
+        let kernel = match running(&live).await?.into_iter().find(|(i, ..)| i == id) {
+            Some((_, pid, _)) => pid,
+            None if asked.is_none() => {
+                start_context(&st, &opened, id, super::paths::HOME).await?;
+                running(&live).await?.into_iter().find(|(i, ..)| i == id).map(|(_, pid, _)| pid).ok_or_else(|| E2bError::new(StatusCode::SERVICE_UNAVAILABLE, "the default context did not start"))?
+            }
+            None => return Err(E2bError::not_found(format!("context {id:?} not found"))),
+        };
         let env = super::string_entries(req.get("env_vars"));
         let mark = format!("\u{1e}warren-cell-{} ", warren_core::ids::random_id("", 16, &mut |b: &mut [u8]| rand::fill(b)));
         let program = Program {
-            code: format!("{CELL_PY}\n__warren_cell({}, {})\n", py_str(code), py_str(&mark)),
+            code: format!("{KERNEL_PY}\n__warren_cell({}, {}, {}, {})\n", py_str(id), py_str(code), serde_json::to_string(&env).unwrap_or_default(), py_str(&mark)),
             language: warren_core::language::Language::Python,
-            env,
+            env: Default::default(),
             timeout: None,
+            tag: None,
         };
         let (_, _, events) = opened.program(&st, program).await?;
-        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines(events, mark))).into_response())
+        let interrupt = Interrupt { live: Some((live, kernel)) };
+        Ok::<_, E2bError>(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines(events, mark, interrupt))).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -121,7 +248,7 @@ fn text_line(kind: &str, bytes: &[u8]) -> Option<Bytes> {
 }
 
 /// The NDJSON lines of one run.
-fn lines(mut events: LiveEvents, mark: String) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+fn lines(mut events: LiveEvents, mark: String, mut interrupt: Interrupt) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     async_stream::stream! {
         let mut stdout = Stdout::default();
         let (mut out_lines, mut err_lines) = (WholeLines::default(), WholeLines::default());
@@ -144,6 +271,7 @@ fn lines(mut events: LiveEvents, mark: String) -> impl futures_util::Stream<Item
                     if let Some(l) = text_line("stdout", &rest) { yield Ok(l); }
                     let rest = err_lines.rest();
                     if let Some(l) = text_line("stderr", &rest) { yield Ok(l); }
+                    interrupt.disarm();
                     for l in ending(report.as_deref(), code, signal) { yield Ok(l); }
                     return;
                 }
@@ -166,23 +294,26 @@ fn lines(mut events: LiveEvents, mark: String) -> impl futures_util::Stream<Item
 fn ending(report: Option<&[u8]>, code: i32, signal: i32) -> Vec<Bytes> {
     let mut out = Vec::new();
     let parsed: Value = report.and_then(|b| serde_json::from_slice(b).ok()).unwrap_or(Value::Null);
-    if let Some(text) = parsed.get("result").and_then(Value::as_str) {
-        out.push(line(json!({"type": "result", "text": text, "is_main_result": true})));
+    for r in parsed.get("results").and_then(Value::as_array).into_iter().flatten() {
+        let mut result = r.clone();
+        result["type"] = json!("result");
+        out.push(line(result));
     }
     if let Some(e) = parsed.get("error") {
         out.push(line(json!({"type": "error", "name": e["name"], "value": e["value"], "traceback": e["traceback"]})));
     } else if parsed.is_null() {
-        // The program ended before its report: killed, out of memory, or it exited itself.
+        // The program ended before its report: killed, or it exited itself.
         let (name, value) = match (signal, code) {
             (0, 0) => (String::new(), String::new()),
             (0, code) => ("SystemExit".to_string(), code.to_string()),
-            (s, _) => ("WarrenError".to_string(), format!("the code was killed by signal {s}")),
+            (s, _) => ("WarrenError".to_string(), format!("the cell's process was killed by signal {s}")),
         };
         if !name.is_empty() {
             out.push(line(json!({"type": "error", "name": name, "value": value, "traceback": ""})));
         }
     }
-    out.push(line(json!({"type": "number_of_executions", "execution_count": 1})));
+    let count = parsed.get("execution_count").and_then(Value::as_u64).unwrap_or(1);
+    out.push(line(json!({"type": "number_of_executions", "execution_count": count})));
     out.push(line(json!({"type": "end_of_execution"})));
     out
 }

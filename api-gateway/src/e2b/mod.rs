@@ -64,7 +64,7 @@ pub fn router() -> Router<AppState> {
         .route("/process.Process/{method}", post(process::call))
         .route("/filesystem.Filesystem/{method}", post(filesystem::call))
         .route("/execute", post(interpreter::execute))
-        .route("/contexts", post(interpreter::contexts).get(interpreter::contexts))
+        .route("/contexts", post(interpreter::contexts_root).get(interpreter::contexts_root))
         .route("/contexts/{id}", axum::routing::delete(interpreter::contexts))
         .route("/contexts/{id}/restart", post(interpreter::contexts))
 }

@@ -13,6 +13,7 @@ use warren_core::Language;
 
 use futures_util::StreamExt;
 
+use super::token::Scope;
 use super::E2bError;
 use crate::exec::live::{Live, LiveError, LiveEvent, LiveEvents, Start};
 use crate::records::E2bSandbox;
@@ -34,16 +35,31 @@ fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 /// it is running. Unknown ids, wrong tokens and ended sandboxes are all
 /// "not found" (502, as E2B's proxy answers), so nothing tells them apart.
 pub async fn open(st: &AppState, headers: &HeaderMap) -> Result<Opened, E2bError> {
+    open_with(st, headers, &[Scope::Envd]).await
+}
+
+/// Like [`open`], for what E2B reaches through its proxy (the code
+/// interpreter): its traffic token (`E2B-Traffic-Access-Token`) or its envd token opens it.
+pub async fn open_proxied(st: &AppState, headers: &HeaderMap) -> Result<Opened, E2bError> {
+    open_with(st, headers, &[Scope::Envd, Scope::Traffic]).await
+}
+
+async fn open_with(st: &AppState, headers: &HeaderMap, scopes: &[Scope]) -> Result<Opened, E2bError> {
     let id = header(headers, "e2b-sandbox-id").ok_or_else(|| E2bError::invalid("the E2b-Sandbox-Id header is required (set E2B_SANDBOX_URL to this gateway)"))?;
     if !warren_core::ids::is_thread_id(id) {
         return Err(E2bError::gone("(malformed id)"));
     }
-    let token = header(headers, "x-access-token").unwrap_or_default();
     let found = st.service.records.store().sandbox(id).await?;
     let Some(sandbox) = found else { return Err(E2bError::gone(id)) };
     let key = st.keys().named(&sandbox.namespace, &sandbox.key_name);
     let signing = st.files.signing_key.current();
-    let opens = super::token::verify(&signing, &sandbox.namespace, &sandbox.key_name, id, token);
+    let opens = scopes.iter().any(|&scope| {
+        let token = match scope {
+            Scope::Envd => header(headers, "x-access-token"),
+            Scope::Traffic => header(headers, "e2b-traffic-access-token"),
+        };
+        super::token::verify_for(scope, &signing, &sandbox.namespace, &sandbox.key_name, id, token.unwrap_or_default())
+    });
     let Some(key) = key.filter(|_| opens) else { return Err(E2bError::gone(id)) };
     if key.disabled {
         return Err(E2bError::new(StatusCode::FORBIDDEN, "the sandbox's API key is disabled"));
@@ -96,6 +112,8 @@ pub struct Program {
     pub env: BTreeMap<String, String>,
     /// Seconds; it is killed past them.
     pub timeout: Option<u64>,
+    /// Its tag (a process that outlives the call is found by it).
+    pub tag: Option<String>,
 }
 
 /// What a finished program printed and how it ended.
@@ -165,7 +183,7 @@ impl Opened {
     /// Starts `p` in the sandbox; its events.
     pub async fn program(&self, st: &AppState, p: Program) -> Result<(Live, i32, LiveEvents), E2bError> {
         let live = self.live(st).await?;
-        let start = Start { argv: reads_stdin(p.language), env: p.env, stdin: true, ..Start::default() };
+        let start = Start { argv: reads_stdin(p.language), env: p.env, stdin: true, tag: p.tag, ..Start::default() };
         let mut events = live.start(start).await?;
         let pid = match events.next().await {
             Some(Ok(LiveEvent::Started(pid))) => pid,

@@ -2,7 +2,10 @@
 //! `X-Access-Token`): an HMAC-SHA256 under the file-URL signing key over the
 //! sandbox id and its key, so it opens that one sandbox only, every replica
 //! checks it without a lookup of its own, and rotating the signing key ends
-//! every token. Pure; unit-tested.
+//! every token. The traffic token (`trafficAccessToken`, sent back as
+//! `E2B-Traffic-Access-Token`) opens what E2B reaches through its proxy —
+//! the code interpreter and the sandbox's ports — and nothing of envd's.
+//! Pure; unit-tested.
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -10,24 +13,53 @@ use sha2::Sha256;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-fn mac(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> Hmac<Sha256> {
+/// What a token opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// envd: commands, files, filesystem.
+    Envd,
+    /// The proxy: the code interpreter and ports.
+    Traffic,
+}
+
+impl Scope {
+    fn label(self) -> (&'static str, &'static str) {
+        match self {
+            Scope::Envd => ("warren e2b envd v1", "wet1_"),
+            Scope::Traffic => ("warren e2b traffic v1", "wtt1_"),
+        }
+    }
+}
+
+fn mac(signing_key: &[u8], scope: Scope, namespace: &str, key: &str, id: &str) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
-    for part in ["warren e2b envd v1", namespace, key, id] {
+    for part in [scope.label().0, namespace, key, id] {
         m.update(part.as_bytes());
         m.update(&[0]);
     }
     m
 }
 
-/// The token of sandbox `id` of ApiKey `namespace/key`.
+/// The envd token of sandbox `id` of ApiKey `namespace/key`.
 pub fn sign(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
-    format!("wet1_{}", B64.encode(mac(signing_key, namespace, key, id).finalize().into_bytes()))
+    sign_for(Scope::Envd, signing_key, namespace, key, id)
 }
 
-/// True when `token` is the token of that sandbox (constant time).
-pub fn verify(signing_key: &[u8], namespace: &str, key: &str, id: &str, token: &str) -> bool {
-    let Some(raw) = token.strip_prefix("wet1_").and_then(|t| B64.decode(t).ok()) else { return false };
-    mac(signing_key, namespace, key, id).verify_slice(&raw).is_ok()
+/// The token of `scope` of that sandbox.
+pub fn sign_for(scope: Scope, signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
+    format!("{}{}", scope.label().1, B64.encode(mac(signing_key, scope, namespace, key, id).finalize().into_bytes()))
+}
+
+/// True when `token` is the envd token of that sandbox (constant time).
+#[cfg(test)]
+fn verify(signing_key: &[u8], namespace: &str, key: &str, id: &str, token: &str) -> bool {
+    verify_for(Scope::Envd, signing_key, namespace, key, id, token)
+}
+
+/// True when `token` is the `scope` token of that sandbox (constant time).
+pub fn verify_for(scope: Scope, signing_key: &[u8], namespace: &str, key: &str, id: &str, token: &str) -> bool {
+    let Some(raw) = token.strip_prefix(scope.label().1).and_then(|t| B64.decode(t).ok()) else { return false };
+    mac(signing_key, scope, namespace, key, id).verify_slice(&raw).is_ok()
 }
 
 #[cfg(test)]
@@ -47,5 +79,17 @@ mod tests {
         assert!(!verify(k, "ns", "key", "sbx1", &t[..t.len() - 1]));
         // The separator keeps fields apart: ("a", "bc") is not ("ab", "c").
         assert_ne!(sign(k, "a", "bc", "x"), sign(k, "ab", "c", "x"));
+    }
+
+    #[test]
+    fn a_traffic_token_opens_no_envd_call_and_the_other_way_round() {
+        let k = b"0123456789abcdef0123456789abcdef";
+        let traffic = sign_for(Scope::Traffic, k, "ns", "key", "sbx1");
+        assert!(verify_for(Scope::Traffic, k, "ns", "key", "sbx1", &traffic));
+        assert!(!verify(k, "ns", "key", "sbx1", &traffic));
+        let envd = sign(k, "ns", "key", "sbx1");
+        assert!(!verify_for(Scope::Traffic, k, "ns", "key", "sbx1", &envd));
+        let forged = format!("wet1_{}", traffic.trim_start_matches("wtt1_"));
+        assert!(!verify(k, "ns", "key", "sbx1", &forged), "the scope is in the MAC, not only the prefix");
     }
 }
