@@ -134,6 +134,12 @@ pub struct Args {
     /// body timeout) are cut and their memory returned.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub upload_min_kib_per_sec: u64,
+    /// The domain live sandboxes' ports are reached under by name:
+    /// `<port>-<sandbox id>.<domain>` (point a wildcard DNS record at the
+    /// gateway). E2B's `get_host(port)` names it. Without it, ports are
+    /// reached by E2B's headers and by `/sandboxes/<id>/ports/<port>/`.
+    #[arg(long)]
+    pub sandbox_domain: Option<String>,
     /// Most HTTP connections open at once; more clients wait to be accepted.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -378,6 +384,7 @@ fn settings(args: &Args, record_lease: Duration) -> state::Settings {
         body_timeout: Duration::from_millis(args.body_timeout_ms),
         upload_min_rate: args.upload_min_kib_per_sec << 10,
         record_lease,
+        sandbox_domain: args.sandbox_domain.clone().map(|d| d.trim_matches('.').to_ascii_lowercase()).filter(|d| !d.is_empty()),
     }
 }
 

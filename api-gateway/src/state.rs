@@ -22,6 +22,10 @@ pub struct Settings {
     pub upload_min_rate: u64,
     /// A gateway silent this long is gone (its running executions end as `gateway_lost`).
     pub record_lease: Duration,
+    /// The domain a live sandbox's ports are reached under by name
+    /// (`<port>-<sandbox id>.<domain>`, wildcard DNS to the gateway); `None`:
+    /// by header and path only.
+    pub sandbox_domain: Option<String>,
 }
 
 /// Everything a handler needs; cheap to clone.

@@ -99,6 +99,7 @@ impl Refuses for crate::live::LiveError {
         match self {
             L::NotFound | L::Gone => Class::new(Code::NotFound, Reason::LiveNotFound, ""),
             L::NoProcess(_) => Class::new(Code::NotFound, Reason::LiveNotFound, "pid"),
+            L::NoListener(_) => Class::new(Code::FailedPrecondition, Reason::InvalidField, "port"),
             L::Exists => Class::new(Code::AlreadyExists, Reason::InvalidField, "live"),
             L::TooManyProcesses => Class::new(Code::ResourceExhausted, Reason::NodeBusy, ""),
             L::Invalid { field, .. } => Class::new(Code::InvalidArgument, Reason::InvalidField, field),

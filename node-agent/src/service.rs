@@ -420,6 +420,13 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         Ok(Response::new(live::end(&*self.live()?, req.into_inner()).instrument(span).await?))
     }
 
+    type LivePortStream = live::PortStream;
+
+    async fn live_port(&self, req: Request<tonic::Streaming<pb::LivePortRequest>>) -> Result<Response<live::PortStream>, Status> {
+        crate::auth::require_full(&req)?;
+        Ok(Response::new(live::port(&*self.live()?, req.into_inner()).await?))
+    }
+
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         let r = self.backend.report();
         Ok(Response::new(pb::StatusResponse {

@@ -168,6 +168,34 @@ def check_timeouts_and_limits(sbx):
     assert sbx.commands.run("id -un", user="user").exit_code == 0
 
 
+def check_ports(sbx):
+    # The server's port through the gateway: by get_host's name, by E2B's
+    # headers, and by path with a token of that port. Private: the sandbox's
+    # traffic token or the port's token, nothing else.
+    gateway = os.environ["E2B_SANDBOX_URL"]
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.sandbox.test", host
+    traffic = {"E2B-Traffic-Access-Token": sbx.traffic_access_token}
+    assert sbx.traffic_access_token
+    r = httpx.get(gateway + "/t.txt", headers={"Host": host, **traffic})
+    assert (r.status_code, r.text) == (200, "tmp"), (r.status_code, r.text)
+    r = httpx.get(gateway + "/t.txt", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", **traffic})
+    assert (r.status_code, r.text) == (200, "tmp"), (r.status_code, r.text)
+    api = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    url = httpx.get(os.environ["E2B_API_URL"] + f"/sandboxes/{sbx.sandbox_id}/ports/8000", headers=api).json()
+    r = httpx.get(gateway + url["path"] + "t.txt", params={"warren_token": url["token"]})
+    assert (r.status_code, r.text) == (200, "tmp"), (r.status_code, r.text)
+    # Refused: no token, the envd token, another port's token, another key's view.
+    other_port = httpx.get(os.environ["E2B_API_URL"] + f"/sandboxes/{sbx.sandbox_id}/ports/8001", headers=api).json()["token"]
+    for headers in ({"Host": host}, {"Host": host, "X-Access-Token": sbx._envd_access_token}, {"Host": host, "X-Warren-Port-Token": other_port}):
+        r = httpx.get(gateway + "/t.txt", headers=headers)
+        assert r.status_code == 502 and "tmp" not in r.text, (headers, r.status_code, r.text)
+    assert httpx.get(os.environ["E2B_API_URL"] + f"/sandboxes/{sbx.sandbox_id}/ports/8000", headers={"X-API-KEY": OTHER}).status_code == 404
+    # Nothing listening: a clear 502.
+    r = httpx.get(gateway + "/", headers={"Host": f"8001-{sbx.sandbox_id}.sandbox.test", **traffic})
+    assert r.status_code == 502 and "nothing listens" in r.text, (r.status_code, r.text)
+
+
 def check_live(sbx):
     # Two commands at once, each waiting for the other.
     a = sbx.commands.run("touch /tmp/a; while [ ! -e /tmp/b ]; do sleep 0.05; done; echo a", background=True)
@@ -179,6 +207,7 @@ def check_live(sbx):
     got = sbx.commands.run("for i in $(seq 100); do python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/t.txt').read().decode())\" 2>/dev/null && break; sleep 0.1; done")
     assert got.stdout == "tmp\n", got
     assert server.pid in [p.pid for p in sbx.commands.list()]
+    check_ports(sbx)
     # Another client re-attaches to a running command and sees its output.
     ticker = sbx.commands.run("echo first; read line; echo got $line", background=True, stdin=True)
     other = Sandbox.connect(sbx.sandbox_id)

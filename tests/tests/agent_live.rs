@@ -214,6 +214,32 @@ async fn stdin_terminals_and_refusals() {
     assert_eq!(unknown.code(), Code::NotFound);
     // Its home's thread is the live sandbox's while it lives.
     assert_eq!(create(&mut c, "k", "live-2", T, None).await.unwrap_err().code(), Code::Aborted);
+
+    // A server's port, reached through the agent: only the sandbox's own loopback.
+    let mut srv = c.live_start(start("k", "live-2", "echo -n hello > /tmp/i.txt; cd /tmp && exec python3 -m http.server 8000 --bind 127.0.0.1")).await.unwrap().into_inner();
+    pid_of(&mut srv).await;
+    let body = async {
+        loop {
+            let first = pb::LivePortRequest { live: lref(), port: 8000, data: b"GET /i.txt HTTP/1.0\r\n\r\n".to_vec() };
+            match c.live_port(futures_util::stream::iter([first])).await {
+                Ok(r) => {
+                    let mut s = r.into_inner();
+                    let mut got = Vec::new();
+                    while let Some(m) = s.message().await.unwrap() {
+                        got.extend(m.data);
+                    }
+                    return String::from_utf8_lossy(&got).into_owned();
+                }
+                // Not listening yet.
+                Err(e) if e.code() == Code::FailedPrecondition => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    };
+    let answer = tokio::time::timeout(T, body).await.expect("the server answered");
+    assert!(answer.starts_with("HTTP/1.0 200") && answer.ends_with("hello"), "{answer}");
+    let nothing = pb::LivePortRequest { live: lref(), port: 8001, data: vec![] };
+    assert_eq!(c.live_port(futures_util::stream::iter([nothing])).await.unwrap_err().code(), Code::FailedPrecondition);
     c.live_end(live_ref("k", "live-2")).await.unwrap();
     wait_no_processes(&agent).await;
 }

@@ -93,7 +93,8 @@ async fn the_e2b_python_sdks_before_2_51_work_against_warren() {
 /// gateway and agent; every check must pass.
 async fn python_check(venv: &Path) {
     let agent = Agent::start(&[]).await.unwrap();
-    let gw = Gateway::start(&[agent.address()], &[], true).await.unwrap();
+    // Ports by name: `<port>-<id>.sandbox.test`, sent as a Host header.
+    let gw = Gateway::start(&[agent.address()], &["--sandbox-domain", "sandbox.test"], true).await.unwrap();
     let versions = Command::new(venv.join("bin/python")).args(["-c", "import importlib.metadata as m; print(m.version('e2b'), m.version('e2b-code-interpreter'))"]).output().unwrap();
     println!("E2B Python SDKs: {}", String::from_utf8_lossy(&versions.stdout).trim());
     let mut cmd = Command::new(venv.join("bin/python"));

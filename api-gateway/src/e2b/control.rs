@@ -105,7 +105,7 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
     let signing = st.files.signing_key.current();
     let token = super::token::sign(&signing, &s.namespace, &s.key_name, &s.id);
     let traffic = super::token::sign_for(super::token::Scope::Traffic, &signing, &s.namespace, &s.key_name, &s.id);
-    json!({
+    let mut v = json!({
         "templateID": s.template,
         "sandboxID": s.id,
         "clientID": "warren",
@@ -113,7 +113,12 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
         "envdAccessToken": token,
         "trafficAccessToken": traffic,
         "alias": s.template,
-    })
+    });
+    // Where `get_host(port)` points: `<port>-<id>.<domain>`.
+    if let Some(d) = &st.settings.sandbox_domain {
+        v["domain"] = json!(d);
+    }
+    v
 }
 
 /// `ListedSandbox` (and, with the token, `SandboxDetail`).

@@ -27,6 +27,7 @@ mod interpreter;
 mod lifecycle;
 mod list;
 mod paths;
+pub mod ports;
 mod process;
 mod sandbox;
 mod sealed;
@@ -59,6 +60,9 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
+        .route("/sandboxes/{id}/ports/{port}", get(ports::port_url))
+        .route("/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::by_path_root))
+        .route("/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(ports::by_path))
         .route("/health", get(sandbox::health))
         .route("/files", get(files::download).post(files::upload))
         .route("/process.Process/{method}", post(process::call))

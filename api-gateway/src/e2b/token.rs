@@ -20,20 +20,23 @@ pub enum Scope {
     Envd,
     /// The proxy: the code interpreter and ports.
     Traffic,
+    /// One port of the sandbox.
+    Port(u16),
 }
 
 impl Scope {
-    fn label(self) -> (&'static str, &'static str) {
+    fn label(self) -> (String, &'static str) {
         match self {
-            Scope::Envd => ("warren e2b envd v1", "wet1_"),
-            Scope::Traffic => ("warren e2b traffic v1", "wtt1_"),
+            Scope::Envd => ("warren e2b envd v1".into(), "wet1_"),
+            Scope::Traffic => ("warren e2b traffic v1".into(), "wtt1_"),
+            Scope::Port(p) => (format!("warren e2b port v1 {p}"), "wpt1_"),
         }
     }
 }
 
 fn mac(signing_key: &[u8], scope: Scope, namespace: &str, key: &str, id: &str) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
-    for part in [scope.label().0, namespace, key, id] {
+    for part in [scope.label().0.as_str(), namespace, key, id] {
         m.update(part.as_bytes());
         m.update(&[0]);
     }
@@ -91,5 +94,8 @@ mod tests {
         assert!(!verify_for(Scope::Traffic, k, "ns", "key", "sbx1", &envd));
         let forged = format!("wet1_{}", traffic.trim_start_matches("wtt1_"));
         assert!(!verify(k, "ns", "key", "sbx1", &forged), "the scope is in the MAC, not only the prefix");
+        let port = sign_for(Scope::Port(8000), k, "ns", "key", "sbx1");
+        assert!(verify_for(Scope::Port(8000), k, "ns", "key", "sbx1", &port));
+        assert!(!verify_for(Scope::Port(8001), k, "ns", "key", "sbx1", &port) && !verify_for(Scope::Traffic, k, "ns", "key", "sbx1", &port));
     }
 }

@@ -259,6 +259,36 @@ impl Live {
         self.agent()?.update(pb::LiveUpdateRequest { live: self.name(), lifetime_ms }).await.map_err(|s| error(&s))
     }
 
+    /// A byte stream to `port` on the sandbox's own loopback (nothing else
+    /// is reachable this way): write to it and read from it as from the socket.
+    pub async fn port(&self, port: u16) -> Result<tokio::io::DuplexStream, LiveError> {
+        let (ours, theirs) = tokio::io::duplex(64 << 10);
+        let (mut from_caller, mut to_caller) = tokio::io::split(theirs);
+        // What the caller writes goes to the agent as messages.
+        let outgoing = async_stream::stream! {
+            use tokio::io::AsyncReadExt;
+            let mut buf = vec![0u8; 32 << 10];
+            loop {
+                match from_caller.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => yield pb::LivePortRequest { live: None, port: 0, data: buf[..n].to_vec() },
+                }
+            }
+        };
+        let first = pb::LivePortRequest { live: self.name(), port: u32::from(port), data: Vec::new() };
+        let mut incoming = self.agent()?.port(first, outgoing.boxed()).await.map_err(|s| error(&s))?;
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Some(Ok(m)) = incoming.next().await {
+                if to_caller.write_all(&m.data).await.is_err() {
+                    return;
+                }
+            }
+            let _ = to_caller.shutdown().await;
+        });
+        Ok(ours)
+    }
+
     /// Ends it; true when its home was saved.
     pub async fn end(&self) -> Result<bool, LiveError> {
         let r = self.agent()?.end(self.name.clone()).await.map_err(|s| error(&s))?;

@@ -99,6 +99,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn(crate::unread::close_when_unread))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::e2b::ports::route))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(TraceLayer::new_for_http().make_span_with(span_for))
         .layer(middleware::from_fn(crate::request_id::ensure))

@@ -61,7 +61,12 @@ pub trait LiveAgent: Send + Sync {
     fn update(&self, req: pb::LiveUpdateRequest) -> BoxFuture<'static, Result<(), Status>>;
     /// Ends it (its home saved).
     fn end(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveEndResponse, Status>>;
+    /// A connection to one of its ports: `first` names it, `rest` carries the caller's bytes.
+    fn port(&self, first: pb::LivePortRequest, rest: BoxStream<'static, pb::LivePortRequest>) -> BoxFuture<'static, Result<PortStream, Status>>;
 }
+
+/// The bytes a sandbox's port sends back.
+pub type PortStream = BoxStream<'static, Result<pb::LivePortData, Status>>;
 
 /// A file's bytes, as the agent streams them.
 pub type FileStream = BoxStream<'static, Result<bytes::Bytes, Status>>;
@@ -195,6 +200,33 @@ impl LiveAgent for GrpcAgent {
     fn end(&self, req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveEndResponse, Status>> {
         let (mut client, req) = (self.client.clone(), self.request(req, ""));
         async move { Ok(client.live_end(req).await?.into_inner()) }.boxed()
+    }
+
+    fn port(&self, first: pb::LivePortRequest, rest: BoxStream<'static, pb::LivePortRequest>) -> BoxFuture<'static, Result<PortStream, Status>> {
+        // A channel-fed stream of a concrete type, as for file writes.
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut rest = rest;
+            if tx.send(first).await.is_err() {
+                return;
+            }
+            while let Some(m) = rest.next().await {
+                if tx.send(m).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let (mut client, req) = (self.client.clone(), self.request(messages, ""));
+        async move {
+            let mut stream = client.live_port(req).await?.into_inner();
+            // The agent's first (empty) message says it connected.
+            match stream.message().await? {
+                Some(_) => Ok(stream.boxed()),
+                None => Err(Status::unavailable("the port's stream ended before it connected")),
+            }
+        }
+        .boxed()
     }
 }
 

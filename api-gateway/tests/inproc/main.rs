@@ -146,6 +146,7 @@ pub async fn gateway_of(mut agents: Vec<FakeAgent>) -> Gateway {
             body_timeout: Duration::from_secs(5),
             upload_min_rate: 64 << 10,
             record_lease: Duration::from_secs(30),
+            sandbox_domain: None,
         },
         webhooks: warren_api_gateway::webhook::Webhooks::new(&warren_api_gateway::webhook::Settings {
             allowed: Vec::new(),

@@ -36,6 +36,8 @@ pub const INPUT_WAIT: Duration = Duration::from_secs(10);
 /// Processes one live sandbox tracks at once (its pids limit bounds what
 /// they start).
 pub const MAX_PROCESSES: usize = 256;
+/// How long connecting to a sandbox's port may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest argument list plus environment of one process, bytes.
 const MAX_START_BYTES: usize = 1 << 20;
 
@@ -51,6 +53,9 @@ pub enum LiveError {
     /// No process by that pid runs in it.
     #[error("no process {0} runs in this sandbox")]
     NoProcess(i32),
+    /// Nothing listens on that port of the sandbox's loopback.
+    #[error("nothing listens on port {0} in the sandbox")]
+    NoListener(u16),
     /// It tracks [`MAX_PROCESSES`] already.
     #[error("the sandbox runs {MAX_PROCESSES} processes already")]
     TooManyProcesses,
@@ -144,6 +149,8 @@ pub struct LiveSandbox {
     pub name: String,
     driver: Driver,
     init_pid: i32,
+    /// Its network namespace (ports are dialled inside it).
+    netns: std::os::fd::OwnedFd,
     /// What every process starts with (Warren's, the image's, the request's).
     env: Vec<(String, String)>,
     processes: Arc<Mutex<HashMap<i32, Arc<Process>>>>,
@@ -171,10 +178,16 @@ pub struct Held {
 /// `lifetime`, when ended, or when its init dies; then its home is saved
 /// and everything it holds released.
 pub fn register(all: &Arc<LiveSandboxes>, name: String, driver: Driver, init_pid: i32, env: Vec<(String, String)>, lifetime: Duration, held: Held) -> Result<Arc<LiveSandbox>, (LiveError, Held)> {
+    // Opened while init surely lives (its pid cannot have been reused).
+    let netns = match warren_network::link::open_netns(init_pid) {
+        Ok(ns) => ns,
+        Err(e) => return Err((LiveError::Io(format!("opening the sandbox's network namespace: {e}")), held)),
+    };
     let sandbox = Arc::new(LiveSandbox {
         name: name.clone(),
         driver,
         init_pid,
+        netns,
         env,
         processes: Arc::default(),
         next_id: AtomicU64::new(1),
@@ -296,6 +309,28 @@ impl LiveSandbox {
             process.output.exit(e);
         });
         Ok(p)
+    }
+
+    /// A connection to `port` on the sandbox's own loopback: the socket is
+    /// made inside its network namespace and connects to 127.0.0.1 only, so
+    /// no port number or name can lead to the node, the agent or another
+    /// sandbox.
+    pub async fn dial(&self, port: u16) -> Result<tokio::net::TcpStream, LiveError> {
+        if port == 0 {
+            return Err(LiveError::Invalid { field: "port", why: "from 1 to 65535".into() });
+        }
+        let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let dialled = warren_network::link::in_netns(&self.netns, move || {
+            let s = std::net::TcpStream::connect_timeout(&to, DIAL_TIMEOUT)?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })
+        .await;
+        match dialled {
+            Ok(s) => tokio::net::TcpStream::from_std(s).map_err(|e| LiveError::Io(e.to_string())),
+            Err(_) if self.driver.is_gone() => Err(LiveError::Gone),
+            Err(_) => Err(LiveError::NoListener(port)),
+        }
     }
 
     /// Sends `signal` to process `pid` (and what it started).

@@ -144,3 +144,41 @@ pub async fn end(all: &LiveSandboxes, req: pb::LiveRef) -> Result<pb::LiveEndRes
     let report = sandbox(all, Some(req))?.end().await;
     Ok(pb::LiveEndResponse { save_failed: report.save_failed.is_some(), cpu_micros: report.cpu_micros })
 }
+
+/// `LivePort`: the first message names the sandbox and port; bytes flow
+/// both ways until either side ends.
+pub async fn port(all: &LiveSandboxes, mut input: tonic::Streaming<pb::LivePortRequest>) -> Result<PortStream, Status> {
+    let first = input.message().await?.ok_or_else(|| invalid("live", "the first message names the sandbox"))?;
+    let port = u16::try_from(first.port).ok().filter(|p| *p > 0).ok_or_else(|| invalid("port", "from 1 to 65535"))?;
+    let s = sandbox(all, first.live)?;
+    let conn = s.dial(port).await.map_err(status)?;
+    let (mut rd, mut wr) = conn.into_split();
+    // Caller → sandbox, on a task of its own; its end half-closes the connection.
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        if !first.data.is_empty() && wr.write_all(&first.data).await.is_err() {
+            return;
+        }
+        while let Ok(Some(m)) = input.message().await {
+            if wr.write_all(&m.data).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    Ok(Box::pin(async_stream::stream! {
+        use tokio::io::AsyncReadExt;
+        // Connected: said at once, so the caller knows before any byte.
+        yield Ok(pb::LivePortData { data: Vec::new() });
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => yield Ok(pb::LivePortData { data: buf[..n].to_vec() }),
+            }
+        }
+    }))
+}
+
+/// What a port connection sends back.
+pub type PortStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::LivePortData, Status>> + Send>>;
