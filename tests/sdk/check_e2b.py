@@ -11,6 +11,7 @@ the test fails with this script's output; each check prints "ok NAME".
 import asyncio
 import io
 import os
+import time
 
 import httpx
 
@@ -162,7 +163,6 @@ def check_timeouts_and_limits(sbx):
     assert sbx.commands.kill(running[0].pid) is True
     assert sbx.commands.kill(running[0].pid) is False
     # What Warren cannot do answers a clear error naming the limit.
-    raises(SandboxException, sbx.files.watch_dir, "/home/user", contains="Warren")
     raises(SandboxException, sbx.commands.run, "id", user="root", contains="unprivileged user")
     raises(SandboxException, sbx.files.read, "a.txt", user="root", contains="unprivileged user")
     assert sbx.commands.run("id -un", user="user").exit_code == 0
@@ -224,6 +224,21 @@ def check_live(sbx):
     # Kill by pid: the server, and what it started.
     assert sbx.commands.kill(server.pid) is True
     raises(CommandExitException, server.wait)
+    # watch_dir: what happens in a directory while the sandbox lives.
+    sbx.files.make_dir("/tmp/w")
+    watcher = sbx.files.watch_dir("/tmp/w")
+    sbx.files.write("/tmp/w/a.txt", "1")
+    sbx.commands.run("mv /tmp/w/a.txt /tmp/w/b.txt && rm /tmp/w/b.txt")
+    seen = set()
+    for _ in range(100):
+        seen |= {(e.name, e.type.value) for e in watcher.get_new_events()}
+        if ("b.txt", "remove") in seen:
+            break
+        time.sleep(0.05)
+    assert {("a.txt", "create"), ("a.txt", "write"), ("a.txt", "rename"), ("b.txt", "remove")} <= seen, seen
+    watcher.stop()
+    raises(SandboxException, watcher.get_new_events)
+    raises(NotFoundException, sbx.files.watch_dir, "/tmp/no-such-dir")
     # A terminal: an interactive shell, typed into and resized.
     out = []
     term = sbx.pty.create(PtySize(rows=24, cols=80))
@@ -273,6 +288,16 @@ def check_async():
         assert r.stdout == "async\n", r
         await sbx.files.write("a.txt", "from async")
         assert await sbx.files.read("/home/user/a.txt") == "from async"
+        # The async SDK watches with envd's stream.
+        events = []
+        handle = await sbx.files.watch_dir("/tmp", on_event=events.append)
+        await sbx.files.write("/tmp/x.txt", "1")
+        for _ in range(100):
+            if any(e.name == "x.txt" for e in events):
+                break
+            await asyncio.sleep(0.05)
+        await handle.stop()
+        assert any(e.name == "x.txt" and e.type.value == "create" for e in events), events
         assert await sbx.kill() is True
 
     asyncio.run(run())

@@ -1,7 +1,7 @@
 //! envd's filesystem service (`/filesystem.Filesystem/*`) in the live
 //! sandbox: `Stat`, `ListDir`, `MakeDir`, `Move` and `Remove` run `fs.py`
 //! (beside this file) as a process of the sandbox — exactly the filesystem
-//! its commands see, as their user.
+//! its commands see, as their user. Watching is `watch.rs`.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -24,8 +24,8 @@ const TIMEOUT: u64 = 30;
 
 /// `POST /filesystem.Filesystem/{method}` (unary, JSON).
 pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): Path<String>, b: Body) -> Response {
-    if matches!(method.as_str(), "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher") {
-        return connect::unary_error(&E2bError::unsupported("watching a directory needs a process between calls, which Warren does not keep"));
+    if method == "WatchDir" {
+        return watching(&st, &headers, b).await.unwrap_or_else(|e| connect::stream_error(&e));
     }
     match unary(&st, &headers, &method, b).await {
         Ok(v) => connect::unary_ok(&v),
@@ -33,10 +33,26 @@ pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): 
     }
 }
 
+/// `WatchDir` (a server stream).
+async fn watching(st: &AppState, headers: &HeaderMap, b: Body) -> Result<Response, E2bError> {
+    let raw = super::read_body(st, b, 64 << 10).await?;
+    let req = super::watch::request(&raw, true)?;
+    let opened = open(st, headers).await?;
+    let path = absolute(req.get("path").and_then(Value::as_str).unwrap_or_default())?;
+    super::watch::stream(st, &opened, &path, req.get("recursive").and_then(Value::as_bool).unwrap_or(false)).await
+}
+
 async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Result<Value, E2bError> {
     let raw = super::read_body(st, b, 64 << 10).await?;
     let req: Value = serde_json::from_slice(&raw).map_err(|_| E2bError::invalid("the request is not JSON"))?;
     let path = |field: &str| -> Result<String, E2bError> { absolute(req.get(field).and_then(Value::as_str).unwrap_or_default()) };
+    let watcher = || req.get("watcherId").and_then(Value::as_str).unwrap_or_default().to_string();
+    match method {
+        "CreateWatcher" => return super::watch::create(st, &open(st, headers).await?, &path("path")?, req.get("recursive").and_then(Value::as_bool).unwrap_or(false)).await,
+        "GetWatcherEvents" => return super::watch::take(st, &open(st, headers).await?, &watcher()).await,
+        "RemoveWatcher" => return super::watch::remove(st, &open(st, headers).await?, &watcher()).await,
+        _ => {}
+    }
     let args = match method {
         "Stat" => json!({"op": "stat", "path": path("path")?}),
         "ListDir" => json!({"op": "list", "path": path("path")?, "depth": req.get("depth").and_then(Value::as_u64).unwrap_or(1).clamp(1, 32)}),

@@ -32,6 +32,7 @@ mod process;
 mod sandbox;
 mod sealed;
 mod token;
+mod watch;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
