@@ -25,6 +25,11 @@ const fn owned(path: &'static str) -> Writable {
     Writable { path, mode: 0o755, owned: true, only_where_missing: true }
 }
 
+/// `/workspace`, where some platforms' programs keep their files (Sandbase's
+/// examples write `/workspace/data.csv`): a link to the home, added to a
+/// root that has none.
+pub const WORKSPACE: (&str, &str) = ("workspace", "/home/sandbox");
+
 /// Every writable place; all of them share one tmpfs of the sandbox's tmp
 /// size, gone with the sandbox. `/var/run` and `/var/lock` link to `/run`
 /// and `/run/lock` as on Debian.

@@ -19,16 +19,21 @@ use super::E2bError;
 use crate::records::{now_ms, rfc3339, E2bSandbox};
 use crate::state::AppState;
 
-/// The E2B SDKs' default templates: both name the key's own Sandbox.
-const DEFAULT_TEMPLATES: &[&str] = &["base", "code-interpreter-v1"];
+/// The E2B SDKs' default templates (and Sandbase's): all name the key's own Sandbox.
+const DEFAULT_TEMPLATES: &[&str] = &["base", "code-interpreter-v1", "code_interpreter"];
 /// A sandbox's timeout when `create` names none (E2B's default), seconds.
 pub(super) const DEFAULT_TIMEOUT: i64 = 300;
 /// The longest timeout, seconds (a day).
 const MAX_TIMEOUT: i64 = 86_400;
 /// Live sandboxes of a key whose ApiKey sets no `maxThreads`.
 const DEFAULT_MAX_SANDBOXES: u64 = 1000;
-pub(super) fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError> {
-    Ok(st.keys().authenticate_e2b(headers)?)
+/// The caller's key: E2B's `X-API-KEY` (its alias or the key), or the
+/// key as `Authorization: Bearer` (what Sandbase's clients send).
+pub(crate) fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey>, E2bError> {
+    match headers.contains_key("x-api-key") {
+        true => Ok(st.keys().authenticate_e2b(headers)?),
+        false => Ok(st.keys().authenticate(headers)?),
+    }
 }
 
 /// A small JSON body (64 KiB at most, bounded in time); empty is `{}`.
@@ -199,7 +204,7 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
 }
 
 /// The caller's sandbox `id` while it lives; an ended one is deleted now.
-pub(super) async fn owned(st: &AppState, key: &Arc<EffectiveKey>, id: &str) -> Result<E2bSandbox, E2bError> {
+pub(crate) async fn owned(st: &AppState, key: &Arc<EffectiveKey>, id: &str) -> Result<E2bSandbox, E2bError> {
     let missing = || E2bError::not_found(format!("sandbox {id} not found"));
     if !warren_core::ids::is_thread_id(id) {
         return Err(missing());

@@ -84,7 +84,7 @@ fn failed(path: &str, stderr: &[u8]) -> E2bError {
 }
 
 /// The file's bytes, streamed once `cat` has shown it can read it.
-async fn read_file(live: &Live, path: &str) -> Result<Body, E2bError> {
+pub(crate) async fn read_file(live: &Live, path: &str) -> Result<Body, E2bError> {
     let mut events = live.start(file_process("exec cat -- \"$1\"", path, false)).await?;
     let mut first = Vec::new();
     let mut err = Vec::new();
@@ -114,7 +114,7 @@ async fn read_file(live: &Live, path: &str) -> Result<Body, E2bError> {
 }
 
 /// Stores `data` at `path` (its directories made), by a process in the sandbox.
-async fn write_file<S>(live: &Live, path: &str, data: S) -> Result<(), E2bError>
+pub(crate) async fn write_file<S>(live: &Live, path: &str, data: S) -> Result<(), E2bError>
 where
     S: futures_util::Stream<Item = Result<Bytes, E2bError>> + Send,
 {

@@ -20,16 +20,16 @@
 //! answers an error that names the limit (docs/src/e2b.md).
 
 mod connect;
-mod control;
-mod files;
+pub(crate) mod control;
+pub(crate) mod files;
 mod filesystem;
 mod interpreter;
 mod lifecycle;
 mod list;
-mod paths;
+pub(crate) mod paths;
 pub mod ports;
 mod process;
-mod sandbox;
+pub(crate) mod sandbox;
 mod sealed;
 mod token;
 mod watch;
@@ -62,6 +62,8 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/ports/{port}", get(ports::port_url))
+        .route("/sandboxes/{id}/processes", post(crate::sandbase::run_process))
+        .route("/sandboxes/{id}/files", get(crate::sandbase::download).post(crate::sandbase::upload))
         .route("/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::by_path_root))
         .route("/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(ports::by_path))
         .route("/health", get(sandbox::health))

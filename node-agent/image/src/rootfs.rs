@@ -90,6 +90,10 @@ pub fn build_top(top: &Path, base: &Path) -> io::Result<()> {
         fs::set_permissions(&path, fs::Permissions::from_mode(*mode))?;
     }
     writable_mount_points(top, base)?;
+    let (workspace, home) = warren_core::layout::WORKSPACE;
+    if fs::symlink_metadata(base.join(workspace)).is_err() {
+        std::os::unix::fs::symlink(home, top.join(workspace))?;
+    }
     let passwd = read_in_root(base, "etc/passwd", MAX_ID_FILE)?.unwrap_or_default();
     let group = read_in_root(base, "etc/group", MAX_ID_FILE)?.unwrap_or_default();
     let files = [

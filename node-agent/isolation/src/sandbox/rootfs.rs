@@ -146,7 +146,7 @@ fn host_mount_points(root: &Path) -> Result<()> {
     for w in WRITABLE {
         mkdir(&root.join(w.path), w.mode)?;
     }
-    for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock")] {
+    for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock"), warren_core::layout::WORKSPACE] {
         let path = root.join(link);
         symlink(to, &path).map_err(ctx("symlink", &path))?;
     }
