@@ -1,5 +1,9 @@
 """The E2B SDK's sandbox round trip next to the Baponi SDK's execute, same
 gateway, same key, same run (tests/benches/e2b_sdk.rs starts them).
+An E2B sandbox is a live sandbox: (2) is a process of a sandbox that stays
+up, next to (7) a bare `bash -c 'echo 1'` on this machine; (8) is create →
+first `commands.run("echo 1")` timed to its answer; (9) `run_code("x = 1")`
+then `run_code("x + 1")` in one code context.
 
 Each iteration, interleaved: (1) E2B `Sandbox.create()` +
 `commands.run("echo 1")` + `kill()`; (2) E2B `commands.run("echo 1")` on a
@@ -16,6 +20,7 @@ import time
 
 from baponi import Baponi
 from e2b import Sandbox
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 RUNS = int(os.environ.get("WARREN_BENCH_RUNS", "100"))
 baponi = Baponi(api_key=os.environ["WARREN_BENCH_KEY"], base_url=os.environ["E2B_API_URL"])
@@ -69,8 +74,29 @@ def bare_node():
     assert r.stdout.startswith("v"), r
 
 
+def bare_bash():
+    r = subprocess.run(["bash", "-c", "echo 1"], capture_output=True, text=True, check=True)
+    assert r.stdout == "1\n", r
+
+
+def e2b_first_echo():
+    s = Sandbox.create()
+    r = s.commands.run("echo 1")
+    assert r.stdout == "1\n", r
+    return s
+
+
+ci = CodeSandbox.create(timeout=3600)
+
+
+def run_code_pair():
+    assert ci.run_code("x = 1").error is None
+    assert ci.run_code("x + 1").text == "2"
+
+
 cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute),
-         ("baponi, new thread", baponi_new_thread), ("e2b create→node -v", e2b_first_node), ("bare node -v", bare_node)]
+         ("baponi, new thread", baponi_new_thread), ("e2b create→node -v", e2b_first_node), ("bare node -v", bare_node),
+         ("bare bash -c echo 1", bare_bash), ("e2b create→echo 1", e2b_first_echo), ("run_code x=1; x+1", run_code_pair)]
 times = {name: [] for name, _ in cases}
 for i in range(RUNS + 5):
     for name, fn in cases:
@@ -81,6 +107,7 @@ for i in range(RUNS + 5):
         if left is not None:
             left.kill()
 kept.kill()
+ci.kill()
 
 
 def pct(xs, p):
@@ -98,3 +125,7 @@ print("the round trip's phases (p50, ms): " + ", ".join(f"{n} {pct(xs[5:], 0.5):
 node = (pct(times["bare node -v"], 0.5), pct(times["bare node -v"], 0.99))
 first = times["e2b create→node -v"]
 print(f"e2b create→first node -v / bare node -v: p50 {pct(first, 0.5) / node[0]:.2f}x, p99 {pct(first, 0.99) / node[1]:.2f}x")
+bash = (pct(times["bare bash -c echo 1"], 0.5), pct(times["bare bash -c echo 1"], 0.99))
+live = (pct(times["e2b commands.run"], 0.5), pct(times["e2b commands.run"], 0.99))
+print(f"e2b commands.run in a live sandbox - bare bash -c: p50 +{live[0] - bash[0]:.2f} ms, p99 +{live[1] - bash[1]:.2f} ms; "
+      f"ratio p50 {live[0] / bash[0]:.2f}x, p99 {live[1] / bash[1]:.2f}x")
