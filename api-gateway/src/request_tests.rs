@@ -26,6 +26,8 @@ fn key() -> EffectiveKey {
         max_timeout_seconds: 30,
         max_concurrency: 2,
         max_threads: 1000,
+        max_live_sandboxes: 100,
+        max_live_seconds: 86_400,
         audit_namespace: false,
         webhook_secret: None,
         storage: Vec::new(),

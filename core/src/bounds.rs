@@ -51,6 +51,10 @@ pub const THREAD_BYTES: Bound<u64> = Bound { min: MIB, max: 100 * GIB, default: 
 pub const CONCURRENCY: Bound<u32> = Bound { min: 1, max: 1024, default: 10 };
 /// Live threads one API key keeps.
 pub const THREADS: Bound<u32> = Bound { min: 1, max: 100_000, default: 1000 };
+/// Live sandboxes (running, not paused) one API key holds at once.
+pub const LIVE_SANDBOXES: Bound<u32> = Bound { min: 1, max: 10_000, default: 100 };
+/// Longest life a live sandbox may be given, seconds (from now, each time).
+pub const LIVE_SECONDS: Bound<u32> = Bound { min: 60, max: 86_400, default: 86_400 };
 
 #[cfg(test)]
 mod tests {

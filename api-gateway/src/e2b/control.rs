@@ -58,6 +58,19 @@ fn timeout_of(v: &Value, default: i64) -> Result<i64, E2bError> {
     }
 }
 
+/// A timeout `key` may give a sandbox (its `maxLiveSeconds`); a negative one (none asked) passes.
+fn within_key(key: &EffectiveKey, t: i64) -> Result<i64, E2bError> {
+    let most = i64::from(key.live_seconds());
+    match t > most {
+        true => Err(E2bError::invalid(format!("timeout: at most {most} seconds for this API key (its maxLiveSeconds)"))),
+        false => Ok(t),
+    }
+}
+
+fn too_many_running(most: u64) -> E2bError {
+    E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} running sandboxes, its most (maxLiveSandboxes); pause or kill one first"))
+}
+
 fn strings(v: &Value, field: &str) -> Result<BTreeMap<String, String>, E2bError> {
     match v.get(field) {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
@@ -151,7 +164,7 @@ fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Resul
     // The execute request's own rules (names, sizes, reserved variables).
     crate::exec::request::check_metadata(&metadata)?;
     crate::exec::request::check_env(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-    let timeout = timeout_of(v, DEFAULT_TIMEOUT)?;
+    let timeout = within_key(key, timeout_of(v, DEFAULT_TIMEOUT.min(i64::from(key.live_seconds())))?)?;
     let now = now_ms();
     let id = new_id();
     let owner = super::sealed::Owner { namespace: &key.namespace, key: &key.name, id: &id };
@@ -185,8 +198,11 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
         // Counted and stored in one step: creates racing each other, on any
         // replica, never pass the key's limit.
         let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
-        if !st.service.records.store().insert_sandbox_within(&s, most).await? {
-            return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} live sandboxes, its most (maxThreads); kill one first")));
+        let running = u64::from(key.live_sandboxes());
+        match st.service.records.store().insert_sandbox_within(&s, most, running).await? {
+            crate::records::Inserted::Yes => {}
+            crate::records::Inserted::TooMany => return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} sandboxes, its most (maxThreads); kill one first"))),
+            crate::records::Inserted::TooManyRunning => return Err(too_many_running(running)),
         }
         match super::sandbox::make_live(&st, &key, &s).await {
             Ok(node) => s.node = Some(node),
@@ -251,7 +267,7 @@ pub async fn set_timeout(State(st): State<AppState>, headers: HeaderMap, Path(id
     let run = async {
         let key = key(&st, &headers)?;
         let s = owned(&st, &key, &id).await?;
-        let t = timeout_of(&body(&st, b).await?, DEFAULT_TIMEOUT)?;
+        let t = within_key(&key, timeout_of(&body(&st, b).await?, DEFAULT_TIMEOUT.min(i64::from(key.live_seconds())))?)?;
         st.service.records.store().update_sandbox(&s.id, now_ms() + t * 1000, &s.state).await?;
         super::lifecycle::extend(&st, &key, &s, now_ms() + t * 1000).await;
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
@@ -265,7 +281,7 @@ pub async fn refresh(State(st): State<AppState>, headers: HeaderMap, Path(id): P
         let key = key(&st, &headers)?;
         let s = owned(&st, &key, &id).await?;
         let v = body(&st, b).await?;
-        let d = v.get("duration").and_then(Value::as_i64).unwrap_or(60).clamp(0, MAX_TIMEOUT);
+        let d = v.get("duration").and_then(Value::as_i64).unwrap_or(60).clamp(0, i64::from(key.live_seconds()));
         let end = s.end_ms.max(now_ms() + d * 1000);
         st.service.records.store().update_sandbox(&s.id, end, &s.state).await?;
         super::lifecycle::extend(&st, &key, &s, end).await;
@@ -283,20 +299,24 @@ async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Opti
     let key = key(st, headers)?;
     let mut s = owned(st, &key, id).await?;
     let asked = match b {
-        Some(b) => Some(timeout_of(&body(st, b).await?, -1)?).filter(|t| *t >= 0),
+        Some(b) => Some(within_key(&key, timeout_of(&body(st, b).await?, -1)?)?).filter(|t| *t >= 0),
         None => None,
     };
     let now = now_ms();
     let was = s.state.clone();
     s.end_ms = match (state, was.as_str(), asked) {
         ("paused", _, _) => now + super::lifecycle::paused_kept(&key).as_millis() as i64,
-        (_, "paused", t) => now + t.unwrap_or(DEFAULT_TIMEOUT) * 1000,
+        (_, "paused", t) => now + t.unwrap_or(DEFAULT_TIMEOUT.min(i64::from(key.live_seconds()))) * 1000,
         (_, _, Some(t)) => s.end_ms.max(now + t * 1000),
         (_, _, None) => s.end_ms,
     };
     match (state, was.as_str()) {
         ("paused", "running") => super::lifecycle::pause(st, &key, &s).await?,
         ("running", "paused") => {
+            let most = key.live_sandboxes();
+            if st.service.records.store().running_sandboxes(&key.namespace, &key.name, now).await? >= u64::from(most) {
+                return Err(too_many_running(u64::from(most)));
+            }
             s.node = Some(super::sandbox::make_live(st, &key, &s).await?);
         }
         ("running", _) => super::lifecycle::extend(st, &key, &s, s.end_ms).await,

@@ -172,7 +172,7 @@ mod tests {
         let d = Some("sbx.example.com");
         assert_eq!(target(d, &headers(&[("host", &format!("8000-{id}.sbx.example.com"))])), Some((id.into(), 8000)));
         assert_eq!(target(d, &headers(&[("host", &format!("8000-{id}.SBX.example.com:443"))])), Some((id.into(), 8000)));
-        for bad in [format!("0-{id}.sbx.example.com"), format!("99999-{id}.sbx.example.com"), format!("8000-{id}.other.com"), format!("8000-{id}x.sbx.example.com"), format!("8000-../{id}.sbx.example.com"), "sbx.example.com".into()] {
+        for bad in [format!("0-{id}.sbx.example.com"), format!("99999-{id}.sbx.example.com"), format!("8000-{id}.other.com"), format!("8000-{id}/x.sbx.example.com"), format!("8000-{id}@evil.sbx.example.com"), format!("8000-../{id}.sbx.example.com"), "sbx.example.com".into()] {
             assert_eq!(target(d, &headers(&[("host", &bad)])), None, "{bad}");
         }
         assert_eq!(target(None, &headers(&[("host", &format!("8000-{id}.sbx.example.com"))])), None, "no domain, no Host routing");

@@ -19,7 +19,7 @@ mod view;
 mod writer;
 
 pub use model::{cut, Action, Filter, Finished, Mode, NewRecord, Row, Stats, Status};
-pub use sandboxes::{E2bSandbox, SandboxPage};
+pub use sandboxes::{E2bSandbox, Inserted, SandboxPage};
 pub use store::{Store, StoreError};
 pub use sweep::{sweep_loop, Redeliver, Retention};
 pub use view::ExecutionStatus;

@@ -41,6 +41,17 @@ pub struct E2bSandbox {
     pub node: Option<String>,
 }
 
+/// What [`Store::insert_sandbox_within`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// Stored.
+    Yes,
+    /// The key has its most sandboxes.
+    TooMany,
+    /// The key has its most running.
+    TooManyRunning,
+}
+
 /// One page of a key's live sandboxes, oldest first, as a listing asks.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxPage {
@@ -85,11 +96,11 @@ fn json(m: &BTreeMap<String, String>) -> String {
 }
 
 impl Store {
-    /// Stores a new sandbox unless its key already has `most` live ones
-    /// (ending after it starts); false then. The count and the insert are one
-    /// step under the key's lock, so concurrent creates — through any
-    /// replica sharing the database — never pass `most`.
-    pub async fn insert_sandbox_within(&self, s: &E2bSandbox, most: u64) -> Result<bool, StoreError> {
+    /// Stores a new sandbox unless its key already has `most` sandboxes
+    /// (ending after it starts) or `running` of them running. The counts and
+    /// the insert are one step under the key's lock, so concurrent creates —
+    /// through any replica sharing the database — never pass either.
+    pub async fn insert_sandbox_within(&self, s: &E2bSandbox, most: u64, running: u64) -> Result<Inserted, StoreError> {
         let mut tx = self.begin_locked(&format!("e2b-sandboxes/{}/{}", s.namespace, s.key_name)).await?;
         let live: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3")
             .bind(s.namespace.clone())
@@ -100,7 +111,18 @@ impl Store {
             .try_get("n")?;
         if live.max(0) as u64 >= most {
             tx.rollback().await?;
-            return Ok(false);
+            return Ok(Inserted::TooMany);
+        }
+        let run: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3 AND state = 'running'")
+            .bind(s.namespace.clone())
+            .bind(s.key_name.clone())
+            .bind(s.started_ms)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get("n")?;
+        if run.max(0) as u64 >= running {
+            tx.rollback().await?;
+            return Ok(Inserted::TooManyRunning);
         }
         sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause, node) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
             .bind(s.id.clone())
@@ -118,7 +140,7 @@ impl Store {
             .await?;
         insert_metadata(&mut tx, s).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(Inserted::Yes)
     }
 
     /// One sandbox by id, with its environment.
@@ -158,6 +180,18 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// How many of a key's sandboxes run (not paused) at `now`.
+    pub async fn running_sandboxes(&self, namespace: &str, key_name: &str, now: i64) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3 AND state = 'running'")
+            .bind(namespace.to_string())
+            .bind(key_name.to_string())
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?;
+        Ok(n.max(0) as u64)
     }
 
     /// Sets the node a sandbox's live sandbox runs on (`None`: none runs).

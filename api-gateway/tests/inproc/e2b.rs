@@ -38,23 +38,39 @@ fn held_upload(id: &str, token: &str) -> (Request<Body>, tokio::sync::mpsc::Send
 
 const MIB: usize = 1 << 20;
 
-/// The attack: creates fired at once against a key allowed 2 sandboxes,
-/// each counting the live ones before any is stored. Exactly 2 are made;
-/// the rest are told the limit.
+/// The attack: creates fired at once against a key allowed 2 sandboxes of
+/// which 1 running, each counting before any is stored. Exactly 1 is made
+/// (the running limit); the rest are told the limit. Paused, it lets a
+/// second run; a third is past maxThreads; resuming the first is past
+/// maxLiveSandboxes. A lifetime past the key's maxLiveSeconds is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racing_creates_never_pass_the_keys_max_threads() {
+async fn racing_creates_never_pass_the_keys_sandbox_limits() {
     let g = gateway().await;
     // Every connection of the pool open first, so the creates really run at once.
     let list = || Request::get("/v2/sandboxes").header("x-api-key", alias(FEW)).body(Body::empty()).unwrap();
     futures_util::future::join_all((0..8).map(|_| g.send(list()))).await;
     let sends = (0..16).map(|_| g.send(create_request(FEW, &json!({"templateID": "base"}))));
     let answers = futures_util::future::join_all(sends).await;
-    let created = answers.iter().filter(|a| a.status.as_u16() == 201).count();
-    assert_eq!(created, 2, "{:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
+    let created: Vec<_> = answers.iter().filter(|a| a.status.as_u16() == 201).collect();
+    assert_eq!(created.len(), 1, "{:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
     for a in answers.iter().filter(|a| a.status.as_u16() != 201) {
         assert_eq!(a.status.as_u16(), 429);
-        assert!(a.json()["message"].as_str().unwrap().contains("maxThreads"), "{}", a.json());
+        assert!(a.json()["message"].as_str().unwrap().contains("maxLiveSandboxes"), "{}", a.json());
     }
+    let first = created[0].json()["sandboxID"].as_str().unwrap().to_string();
+    let control = |method: &str, path: String, body: Value| Request::builder().method(method).uri(path).header("x-api-key", alias(FEW)).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap();
+    assert_eq!(g.send(control("POST", format!("/sandboxes/{first}/pause"), json!({}))).await.status.as_u16(), 204);
+    let (second, _) = create(&g, FEW, json!({"templateID": "base"})).await;
+    let third = g.send(create_request(FEW, &json!({"templateID": "base"}))).await;
+    assert_eq!(third.status.as_u16(), 429);
+    assert!(third.json()["message"].as_str().unwrap().contains("maxThreads"), "{}", third.json());
+    let resumed = g.send(control("POST", format!("/sandboxes/{first}/resume"), json!({}))).await;
+    assert_eq!(resumed.status.as_u16(), 429, "{}", String::from_utf8_lossy(&resumed.body));
+    assert!(resumed.json()["message"].as_str().unwrap().contains("maxLiveSandboxes"), "{}", resumed.json());
+    let long = g.send(control("POST", format!("/sandboxes/{second}/timeout"), json!({"timeout": 601}))).await;
+    assert_eq!(long.status.as_u16(), 400);
+    assert!(long.json()["message"].as_str().unwrap().contains("maxLiveSeconds"), "{}", long.json());
+    assert_eq!(g.send(control("POST", format!("/sandboxes/{second}/timeout"), json!({"timeout": 600}))).await.status.as_u16(), 204);
 }
 
 /// The attack: the records file read for a sandbox's variables (often
@@ -76,7 +92,8 @@ async fn environment_variables_are_sealed_in_the_records_and_still_reach_command
         .body(Body::from(framed))
         .unwrap();
     assert_eq!(g.send(run).await.status.as_u16(), 200);
-    assert_eq!(g.last_execute().env.get("API_TOKEN").map(String::as_str), Some(CANARY), "the command gets the variable");
+    let sandbox = g.last_live_create().sandbox.expect("the live sandbox's contract");
+    assert_eq!(sandbox.env.get("API_TOKEN").map(String::as_str), Some(CANARY), "the sandbox's processes get the variable");
     // Every file of the database (the WAL too) is free of it.
     for entry in std::fs::read_dir(g._records.path()).unwrap() {
         let bytes = std::fs::read(entry.unwrap().path()).unwrap();

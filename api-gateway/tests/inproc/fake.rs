@@ -8,6 +8,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use tonic::{Code, Status};
 use warren_api_gateway::exec::agent::{Agent, EventStream, HeldSlot};
+use warren_api_gateway::nodes::agent::{LiveAgent, LiveStream, PortStream};
 use warren_proto::agent::{self as pb, execute_event::Event, RefusalReason};
 use warren_proto::refusal::refuse;
 
@@ -35,6 +36,10 @@ pub struct Seen {
     pub delete_traces: Vec<String>,
     /// Every cancel, by execution id.
     pub cancels: Vec<String>,
+    /// Every live sandbox made.
+    pub live_creates: Vec<pb::LiveCreateRequest>,
+    /// Every live process started.
+    pub live_starts: Vec<pb::LiveStartRequest>,
     /// Key slots held now, by key.
     pub key_slots: std::collections::HashMap<String, u32>,
     /// The most key slots each key held at once.
@@ -278,6 +283,10 @@ impl Agent for FakeAgent {
         .boxed()
     }
 
+    fn live(&self) -> Option<&dyn LiveAgent> {
+        Some(self)
+    }
+
     fn status(&self) -> BoxFuture<'static, Result<pb::StatusResponse, Status>> {
         let (down, capacity, name) = (self.down, self.capacity, self.name);
         let images = self.images.iter().map(|r| pb::WarmImageInfo { reference: r.to_string(), digest: format!("sha256:{}", "c".repeat(64)) }).collect();
@@ -288,6 +297,49 @@ impl Agent for FakeAgent {
             Ok(pb::StatusResponse { node_name: name.unwrap_or("fake-node").into(), max_executions: capacity, images, ..Default::default() })
         }
         .boxed()
+    }
+}
+
+/// Live sandboxes that take every call: a process starts as pid 7 and
+/// ends at once with exit 0, printing nothing.
+impl LiveAgent for FakeAgent {
+    fn create(&self, req: pb::LiveCreateRequest) -> BoxFuture<'static, Result<pb::LiveCreateResponse, Status>> {
+        self.seen.lock().unwrap().live_creates.push(req);
+        async { Ok(pb::LiveCreateResponse { node_name: String::new() }) }.boxed()
+    }
+
+    fn start(&self, req: pb::LiveStartRequest) -> BoxFuture<'static, Result<LiveStream, Status>> {
+        self.seen.lock().unwrap().live_starts.push(req);
+        let events = [pb::live_event::Event::Started(pb::live_event::Started { pid: 7 }), pb::live_event::Event::Ended(pb::live_event::Ended { exit_code: 0, signal: 0 })];
+        async move { Ok(futures_util::stream::iter(events.map(|e| Ok(pb::LiveEvent { event: Some(e) }))).boxed()) }.boxed()
+    }
+
+    fn connect(&self, _req: pb::LiveProcessRequest) -> BoxFuture<'static, Result<LiveStream, Status>> {
+        async { Err(refuse(Code::NotFound, RefusalReason::LiveNotFound, "pid", "no process")) }.boxed()
+    }
+
+    fn input(&self, _req: pb::LiveInputRequest) -> BoxFuture<'static, Result<(), Status>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn signal(&self, _req: pb::LiveSignalRequest) -> BoxFuture<'static, Result<(), Status>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn list(&self, _req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveListResponse, Status>> {
+        async { Ok(pb::LiveListResponse::default()) }.boxed()
+    }
+
+    fn update(&self, _req: pb::LiveUpdateRequest) -> BoxFuture<'static, Result<(), Status>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn end(&self, _req: pb::LiveRef) -> BoxFuture<'static, Result<pb::LiveEndResponse, Status>> {
+        async { Ok(pb::LiveEndResponse::default()) }.boxed()
+    }
+
+    fn port(&self, _first: pb::LivePortRequest, _rest: futures_util::stream::BoxStream<'static, pb::LivePortRequest>) -> BoxFuture<'static, Result<PortStream, Status>> {
+        async { Err(refuse(Code::FailedPrecondition, RefusalReason::InvalidField, "port", "nothing listens")) }.boxed()
     }
 }
 

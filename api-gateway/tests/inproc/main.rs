@@ -90,7 +90,7 @@ spec: {sandboxRef: {name: img}, secretRef: {name: img}}
 apiVersion: warren.dev/v1alpha1
 kind: ApiKey
 metadata: {name: few}
-spec: {sandboxRef: {name: sb}, secretRef: {name: few}, maxThreads: 2}
+spec: {sandboxRef: {name: sb}, secretRef: {name: few}, maxThreads: 2, maxLiveSandboxes: 1, maxLiveSeconds: 600}
 "#;
 
 fn secrets() -> String {
@@ -238,6 +238,10 @@ impl Gateway {
     }
 
     /// The last execute request the agent received.
+    pub fn last_live_create(&self) -> warren_proto::agent::LiveCreateRequest {
+        self.agent.seen.lock().unwrap().live_creates.last().cloned().expect("a live sandbox was made")
+    }
+
     pub fn last_execute(&self) -> warren_proto::agent::ExecuteRequest {
         self.agent.seen.lock().unwrap().executes.last().cloned().expect("the agent was called")
     }

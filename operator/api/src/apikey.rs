@@ -74,6 +74,14 @@ pub struct ApiKeySpec {
     /// before anything runs. Deleted and expired threads do not count.
     #[schemars(range(min = 1, max = 100000))]
     pub max_threads: Option<u32>,
+    /// Most live sandboxes (running, not paused) the key holds at once,
+    /// 1–10000 (default 100): one more is refused with 429 (E2B, Sandbase).
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_live_sandboxes: Option<u32>,
+    /// Longest life a live sandbox of this key may be given at a time, in
+    /// seconds, 60–86400 (default 86400): a longer timeout is refused.
+    #[schemars(range(min = 60, max = 86400))]
+    pub max_live_seconds: Option<u32>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
     /// An egress allowlist within the Sandbox's: every rule must be covered

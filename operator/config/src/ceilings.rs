@@ -20,6 +20,10 @@ pub const MAX_CONCURRENCY: &str = "warren.dev/max-concurrency";
 pub const MAX_THREAD_SIZE: &str = "warren.dev/max-thread-size";
 /// Live threads per key.
 pub const MAX_THREADS: &str = "warren.dev/max-threads";
+/// Most live sandboxes one key of the namespace may hold at once.
+pub const MAX_LIVE_SANDBOXES: &str = "warren.dev/max-live-sandboxes";
+/// Longest life a key of the namespace may give a live sandbox, seconds.
+pub const MAX_LIVE_SECONDS: &str = "warren.dev/max-live-seconds";
 /// Bytes one storage mount may stage on the node in one call
 /// (`maxWriteBytes`; `1Gi`): what a namespace's calls can spool.
 pub const MAX_STORAGE_WRITE: &str = "warren.dev/max-storage-write";
@@ -41,6 +45,10 @@ pub struct Ceilings {
     pub thread_bytes: Option<u64>,
     /// Live threads per key.
     pub threads: Option<u64>,
+    /// Live sandboxes at once, per key.
+    pub live_sandboxes: Option<u64>,
+    /// Longest life of a live sandbox at a time, seconds.
+    pub live_seconds: Option<u64>,
     /// Bytes one mount may stage per call.
     pub storage_write_bytes: Option<u64>,
     /// The admin lent the node's cloud identity to the namespace's storage
@@ -65,6 +73,8 @@ impl Ceilings {
             concurrency: read(MAX_CONCURRENCY, |s| s.trim().parse().ok(), "10")?,
             thread_bytes: read(MAX_THREAD_SIZE, quantity::bytes, "1Gi")?,
             threads: read(MAX_THREADS, |s| s.trim().parse().ok(), "1000")?,
+            live_sandboxes: read(MAX_LIVE_SANDBOXES, |s| s.trim().parse().ok(), "100")?,
+            live_seconds: read(MAX_LIVE_SECONDS, |s| s.trim().parse().ok(), "3600")?,
             storage_write_bytes: read(MAX_STORAGE_WRITE, quantity::bytes, "1Gi")?,
             ambient_identity: match annotations.get(AMBIENT_IDENTITY).map(|v| v.trim()) {
                 None | Some("false") => false,
@@ -84,6 +94,8 @@ impl Ceilings {
             .or_else(|| over(self.concurrency, u64::from(key.max_concurrency), MAX_CONCURRENCY, "spec.maxConcurrency", "maxConcurrency"))
             .or_else(|| over(self.thread_bytes, key.thread_max_bytes, MAX_THREAD_SIZE, "spec.sandboxRef.name", "the Sandbox's threadMaxSize (bytes)"))
             .or_else(|| over(self.threads, u64::from(key.max_threads), MAX_THREADS, "spec.maxThreads", "maxThreads"))
+            .or_else(|| over(self.live_sandboxes, u64::from(key.max_live_sandboxes), MAX_LIVE_SANDBOXES, "spec.maxLiveSandboxes", "maxLiveSandboxes"))
+            .or_else(|| over(self.live_seconds, u64::from(key.max_live_seconds), MAX_LIVE_SECONDS, "spec.maxLiveSeconds", "maxLiveSeconds"))
             .or_else(|| {
                 let widest = key.storage.iter().max_by_key(|m| m.max_write_bytes)?;
                 over(self.storage_write_bytes, widest.max_write_bytes, MAX_STORAGE_WRITE, "spec.sandboxRef.name", &format!("the Sandbox's mount {} maxWriteBytes", widest.name))
@@ -101,8 +113,9 @@ mod tests {
 
     #[test]
     fn annotations_parse_and_typos_are_errors() {
-        let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), (MAX_THREADS, "50"), ("other", "x")])).unwrap();
-        assert_eq!(c, Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50), storage_write_bytes: None, ambient_identity: false });
+        let c = Ceilings::from_annotations(&ann(&[(MAX_CPU, "500m"), (MAX_MEMORY, "1Gi"), (MAX_CONCURRENCY, "4"), (MAX_THREAD_SIZE, "2Gi"), (MAX_THREADS, "50"), (MAX_LIVE_SANDBOXES, "5"), (MAX_LIVE_SECONDS, "600"), ("other", "x")])).unwrap();
+        let want = Ceilings { cpu_millis: Some(500), memory_bytes: Some(1 << 30), concurrency: Some(4), thread_bytes: Some(2 << 30), threads: Some(50), live_sandboxes: Some(5), live_seconds: Some(600), storage_write_bytes: None, ambient_identity: false };
+        assert_eq!(c, want);
         assert_eq!(Ceilings::from_annotations(&ann(&[(MAX_STORAGE_WRITE, "256Mi")])).unwrap().storage_write_bytes, Some(256 << 20));
         assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "true")])).unwrap().ambient_identity);
         assert!(Ceilings::from_annotations(&ann(&[(AMBIENT_IDENTITY, "yes")])).is_err(), "a typo grants nothing");

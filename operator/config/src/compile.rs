@@ -497,6 +497,8 @@ pub fn effective_key(
     };
     let max_concurrency = c.bound("spec.maxConcurrency", k.max_concurrency, bounds::CONCURRENCY)?;
     let max_threads = c.bound("spec.maxThreads", k.max_threads, bounds::THREADS)?;
+    let max_live_sandboxes = c.bound("spec.maxLiveSandboxes", k.max_live_sandboxes, bounds::LIVE_SANDBOXES)?;
+    let max_live_seconds = c.bound("spec.maxLiveSeconds", k.max_live_seconds, bounds::LIVE_SECONDS)?;
     // Narrowing only: Unrestricted may become Blocked, never the reverse.
     let network = sb
         .network
@@ -523,6 +525,8 @@ pub fn effective_key(
         max_timeout_seconds,
         max_concurrency,
         max_threads,
+        max_live_sandboxes,
+        max_live_seconds,
         webhook_secret,
         audit_namespace: k.audit_scope == Some(warren_api::apikey::AuditScope::Namespace),
         image: sb.image.clone(),

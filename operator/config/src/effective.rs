@@ -43,6 +43,14 @@ pub struct EffectiveKey {
     /// field) means no limit.
     #[serde(default)]
     pub max_threads: u32,
+    /// Most live sandboxes at once; 0 (published by an operator older than
+    /// the field) means the default.
+    #[serde(default)]
+    pub max_live_sandboxes: u32,
+    /// Longest life given to a live sandbox at a time, seconds; 0 (an
+    /// older operator) means the default.
+    #[serde(default)]
+    pub max_live_seconds: u32,
     /// Root filesystem: `host` or an OCI reference.
     pub image: String,
     /// The manifest digest the operator resolved the image to (warm on
@@ -83,6 +91,16 @@ pub struct EffectiveKey {
 }
 
 impl EffectiveKey {
+    /// Most live sandboxes at once (the default where an older operator published none).
+    pub fn live_sandboxes(&self) -> u32 {
+        if self.max_live_sandboxes == 0 { warren_core::bounds::LIVE_SANDBOXES.default } else { self.max_live_sandboxes }
+    }
+
+    /// Longest life given to a live sandbox at a time, seconds (the default where none was published).
+    pub fn live_seconds(&self) -> u32 {
+        if self.max_live_seconds == 0 { warren_core::bounds::LIVE_SECONDS.default } else { self.max_live_seconds }
+    }
+
     /// `namespace/name`, as logs name keys.
     pub fn qualified_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

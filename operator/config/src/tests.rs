@@ -360,6 +360,11 @@ fn namespace_ceilings_refuse_keys_that_would_get_more() {
         ("", "  maxThreads: 200\n", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
         // The default of 1000 threads is over a lower ceiling: declare fewer.
         ("", "", "warren.dev/max-threads: '100'", "warren.dev/max-threads=100"),
+        // Live sandboxes (#46): how many run at once, how long each may be given.
+        ("", "  maxLiveSandboxes: 20\n", "warren.dev/max-live-sandboxes: '10'", "warren.dev/max-live-sandboxes=10"),
+        ("", "  maxLiveSeconds: 7200\n", "warren.dev/max-live-seconds: '3600'", "warren.dev/max-live-seconds=3600"),
+        // The default of 86 400 s is over a lower ceiling: declare less.
+        ("", "", "warren.dev/max-live-seconds: '3600'", "warren.dev/max-live-seconds=3600"),
         // What one mount may spool on the node per call (#26).
         ("  storage: [{name: scratch, volume: work, mode: ReadWrite, maxWriteBytes: 2Gi}]\n", "", "warren.dev/max-storage-write: 1Gi", "warren.dev/max-storage-write=1073741824"),
     ] {

@@ -33,16 +33,29 @@ async fn racing_creates_never_pass_the_keys_sandbox_limit() {
     let now = crate::records::now_ms();
     let creates = (0..24).map(|i| {
         let (store, s) = (store.clone(), sandbox(&format!("race{i:02}"), "k", now, &[]));
-        tokio::spawn(async move { store.insert_sandbox_within(&s, 3).await.unwrap() })
+        tokio::spawn(async move { store.insert_sandbox_within(&s, 3, 1000).await.unwrap() == Inserted::Yes })
     });
     let stored = futures_util::future::join_all(creates).await.into_iter().filter(|r| *r.as_ref().unwrap()).count();
     assert_eq!(stored, 3);
     let page = SandboxPage { namespace: "ns".into(), key_name: "k".into(), now, limit: 100, ..Default::default() };
     assert_eq!(store.sandbox_page(&page).await.unwrap().len(), 3);
     // Another key has a limit of its own; an ended sandbox does not count.
-    assert!(store.insert_sandbox_within(&sandbox("other1", "k2", now, &[]), 1).await.unwrap());
-    assert!(!store.insert_sandbox_within(&sandbox("other2", "k2", now, &[]), 1).await.unwrap());
-    assert!(store.insert_sandbox_within(&sandbox("later1", "k2", now + 120_000, &[]), 1).await.unwrap(), "the first ended by then");
+    assert_eq!(store.insert_sandbox_within(&sandbox("other1", "k2", now, &[]), 1, 1000).await.unwrap(), Inserted::Yes);
+    assert_eq!(store.insert_sandbox_within(&sandbox("other2", "k2", now, &[]), 1, 1000).await.unwrap(), Inserted::TooMany);
+    assert_eq!(store.insert_sandbox_within(&sandbox("later1", "k2", now + 120_000, &[]), 1, 1000).await.unwrap(), Inserted::Yes, "the first ended by then");
+}
+
+/// Running sandboxes have a limit of their own; a paused one does not count.
+#[tokio::test]
+async fn running_sandboxes_are_counted_apart_from_paused_ones() {
+    let (store, _dir) = store().await;
+    let now = crate::records::now_ms();
+    assert_eq!(store.insert_sandbox_within(&sandbox("run1", "k", now, &[]), 10, 1).await.unwrap(), Inserted::Yes);
+    assert_eq!(store.insert_sandbox_within(&sandbox("run2", "k", now, &[]), 10, 1).await.unwrap(), Inserted::TooManyRunning);
+    store.update_sandbox("run1", now + 60_000, "paused").await.unwrap();
+    assert_eq!(store.running_sandboxes("ns", "k", now).await.unwrap(), 0);
+    assert_eq!(store.insert_sandbox_within(&sandbox("run2", "k", now, &[]), 10, 1).await.unwrap(), Inserted::Yes);
+    assert_eq!(store.running_sandboxes("ns", "k", now).await.unwrap(), 1);
 }
 
 /// A listing's filters, order and cut are the database's: a page holds
@@ -56,12 +69,12 @@ async fn a_listing_reads_one_page_filtered_in_the_database() {
         let team = if i % 4 == 0 { "a" } else { "b" };
         let mut s = sandbox(&format!("sbx{i:02}"), "k", now + i, &[("team", team), ("n", &i.to_string())]);
         s.env = Some("wse1.sealed".into());
-        assert!(store.insert_sandbox_within(&s, 1000).await.unwrap());
+        assert_eq!(store.insert_sandbox_within(&s, 1000, 1000).await.unwrap(), Inserted::Yes);
     }
-    assert!(store.insert_sandbox_within(&sandbox("theirs", "k2", now, &[("team", "a")]), 1000).await.unwrap());
+    assert_eq!(store.insert_sandbox_within(&sandbox("theirs", "k2", now, &[("team", "a")]), 1000, 1000).await.unwrap(), Inserted::Yes);
     let mut ended = sandbox("ended", "k", now - 120_000, &[("team", "a")]);
     ended.end_ms = now - 1;
-    assert!(store.insert_sandbox_within(&ended, 1000).await.unwrap());
+    assert_eq!(store.insert_sandbox_within(&ended, 1000, 1000).await.unwrap(), Inserted::Yes);
     store.update_sandbox("sbx08", now + 60_000, "paused").await.unwrap();
 
     let ask = |after: Option<(i64, String)>| SandboxPage {
