@@ -32,6 +32,7 @@ pub mod multipart;
 pub mod nodes;
 pub mod request;
 pub mod result;
+pub mod terminal;
 pub mod sandbase;
 pub mod state;
 pub mod threads;

@@ -132,6 +132,8 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
         "trafficAccessToken": traffic,
         "alias": s.template,
     });
+    // A browser terminal's WebSocket (Banata's `terminalUrl`), a path on this gateway.
+    v["terminalUrl"] = json!(crate::terminal::url(&signing, &s.namespace, &s.key_name, &s.id));
     // Where `get_host(port)` points: `<port>-<id>.<domain>`.
     if let Some(d) = &st.settings.sandbox_domain {
         v["domain"] = json!(d);

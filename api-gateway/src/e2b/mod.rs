@@ -31,7 +31,7 @@ pub mod ports;
 mod process;
 pub(crate) mod sandbox;
 mod sealed;
-mod token;
+pub(crate) mod token;
 mod watch;
 
 use axum::http::StatusCode;
@@ -63,6 +63,7 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route("/sandboxes/{id}/processes", post(crate::sandbase::run_process))
+        .route("/sandboxes/{id}/terminal", get(crate::terminal::terminal))
         .route("/sandboxes/{id}/files", get(crate::sandbase::download).post(crate::sandbase::upload))
         .route("/sandboxes/{id}/ports/{port}/", axum::routing::any(ports::by_path_root))
         .route("/sandboxes/{id}/ports/{port}/{*path}", axum::routing::any(ports::by_path))

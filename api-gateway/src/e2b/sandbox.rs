@@ -57,7 +57,7 @@ async fn open_with(st: &AppState, headers: &HeaderMap, scopes: &[Scope]) -> Resu
         let token = match scope {
             Scope::Envd => header(headers, "x-access-token"),
             Scope::Traffic => header(headers, "e2b-traffic-access-token"),
-            Scope::Port(_) => None,
+            Scope::Port(_) | Scope::Terminal => None,
         };
         super::token::verify_for(scope, &signing, &sandbox.namespace, &sandbox.key_name, id, token.unwrap_or_default())
     });

@@ -22,6 +22,8 @@ pub enum Scope {
     Traffic,
     /// One port of the sandbox.
     Port(u16),
+    /// Its terminal WebSocket (`terminalUrl`).
+    Terminal,
 }
 
 impl Scope {
@@ -30,6 +32,7 @@ impl Scope {
             Scope::Envd => ("warren e2b envd v1".into(), "wet1_"),
             Scope::Traffic => ("warren e2b traffic v1".into(), "wtt1_"),
             Scope::Port(p) => (format!("warren e2b port v1 {p}"), "wpt1_"),
+            Scope::Terminal => ("warren terminal v1".into(), "wtm1_"),
         }
     }
 }
