@@ -21,6 +21,14 @@ use crate::e2b::E2bError;
 use crate::exec::live::{LiveEvent, Start, SIGKILL};
 use crate::state::AppState;
 
+/// Sandbase's own routes (its create, pause, resume and delete are the E2B control plane's).
+pub fn router() -> axum::Router<AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/sandboxes/{id}/processes", post(run_process))
+        .route("/sandboxes/{id}/files", get(download).post(upload))
+}
+
 /// Largest request (a process's arguments).
 const MAX_REQUEST: usize = 2 << 20;
 /// Most output a synchronous process returns per stream (the rest is cut, and said so).

@@ -40,12 +40,6 @@ pub struct TerminalQuery {
     cols: Option<u32>,
 }
 
-/// The path and token of sandbox `id`'s terminal (what `terminalUrl` is).
-pub fn url(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
-    let token = crate::e2b::token::sign_for(Scope::Terminal, signing_key, namespace, key, id);
-    format!("/sandboxes/{id}/terminal?warren_token={token}")
-}
-
 /// `GET /sandboxes/{id}/terminal` (a WebSocket upgrade).
 pub async fn terminal(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>, Query(q): Query<TerminalQuery>, ws: WebSocketUpgrade) -> Response {
     let run = async {
@@ -76,7 +70,7 @@ struct Control {
 }
 
 /// Carries one shell until either end goes.
-async fn session(socket: WebSocket, live: Live, (rows, cols): (u32, u32)) {
+pub(crate) async fn session(socket: WebSocket, live: Live, (rows, cols): (u32, u32)) {
     let (mut tx, mut rx) = socket.split();
     let start = Start { argv: vec!["/bin/bash".into(), "-i".into(), "-l".into()], pty: Some((rows, cols)), ..Start::default() };
     let mut events = match live.start(start).await {

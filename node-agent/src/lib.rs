@@ -15,6 +15,7 @@ pub mod images;
 pub mod keyslots;
 pub mod lifecycle;
 pub mod live;
+pub mod live_rpc;
 pub mod output;
 pub mod pool;
 pub mod refusal;

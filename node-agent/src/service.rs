@@ -18,7 +18,7 @@ use warren_isolation::spec::Language;
 use warren_proto::agent::{self as pb, execute_event::Event as PbEvent, node_agent_server::NodeAgent};
 
 use crate::convert;
-use crate::live::rpc as live;
+use crate::live_rpc as live;
 use crate::refusal;
 use crate::executor::{Admission, ExecError, Executor, WarmedImage};
 use crate::keyslots::KeySlots;

@@ -145,6 +145,11 @@ impl Browser {
         self.session_call("POST", &format!("/element/{element}/value"), Some(json!({"text": text}))).map(drop)
     }
 
+    /// Types `text` into the element as it is (WebDriver keys: `\u{E007}` is Enter).
+    pub fn send_keys(&self, element: &str, text: &str) -> anyhow::Result<()> {
+        self.session_call("POST", &format!("/element/{element}/value"), Some(json!({"text": text}))).map(drop)
+    }
+
     /// Runs `script` in the page (the driver's channel, not the page's
     /// policy) and returns its value.
     pub fn eval(&self, script: &str) -> anyhow::Result<Value> {

@@ -221,8 +221,10 @@ fn cases() -> Vec<Case> {
         bash("minimal_environment", "env | cut -d= -f1 | sort | tr '\\n' ' '", |r| {
             ensure(r.stdout == "HOME LANG LOGNAME PATH PWD SHELL SHLVL USER _ " || r.stdout == "HOME LANG LOGNAME OLDPWD PATH PWD SHELL SHLVL USER _ ", "only the spec's variables", r)
         }),
-        py("dev_is_minimal", "print(sorted(os.listdir('/dev')))\nopen('/dev/null', 'w').write('x'); print(len(open('/dev/urandom', 'rb').read(16)))", |r| {
-            ensure(r.stdout.starts_with("['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']\n16"), "/dev has exactly the safe devices", r)
+        // `pts` is where a live sandbox mounts its own terminals: empty here
+        // (`ptmx` leads nowhere), so a call has no terminal to open.
+        py("dev_is_minimal", "print(sorted(os.listdir('/dev')), os.listdir('/dev/pts'), os.path.exists('/dev/ptmx'))\nopen('/dev/null', 'w').write('x'); print(len(open('/dev/urandom', 'rb').read(16)))", |r| {
+            ensure(r.stdout.starts_with("['fd', 'full', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero'] [] False\n16"), "/dev has exactly the safe devices", r)
         }),
     ]
 }

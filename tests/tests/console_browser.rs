@@ -195,3 +195,56 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     assert!(b.url().unwrap().contains("/signin?return=%2F"), "signed out: {}", b.url().unwrap());
     println!("screenshots in {}", shots.display());
 }
+
+/// A terminal in the console (issue #46): the local admin opens a live
+/// sandbox of a key from the Terminal page, types into xterm.js in the
+/// real browser and reads the shell's answer back from the page; a
+/// WebSocket from another site's page is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_types_into_a_terminal_in_the_browser() {
+    if skip_unless_root("a_user_types_into_a_terminal_in_the_browser") {
+        return;
+    }
+    let agent = Agent::start(&[]).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let link_file = dir.path().join("console-link");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let _gw = Gateway::start(&[agent.address()], &["--console-listen", &listen, "--console-link-file", link_file.to_str().unwrap()], true).await.unwrap();
+    let shots = screenshot_dir();
+    let b = Browser::start().unwrap();
+    b.goto(&std::fs::read_to_string(&link_file).unwrap().trim().to_string()).unwrap();
+    b.goto(&format!("http://{listen}/terminal")).unwrap();
+    b.click(&b.find("form.terminal option[value='default/main']").unwrap()).unwrap();
+    b.click_to(&b.find("form.terminal button").unwrap(), |u| u.contains("/terminal/")).unwrap();
+    let id = b.url().unwrap().rsplit('/').next().unwrap().to_string();
+    let rows = "return (document.querySelector('.xterm-rows') || {}).textContent || ''";
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || b.eval(rows).is_ok_and(|t| t.as_str().is_some_and(|t| t.contains('$')))), "no prompt: {:?}", b.eval(rows));
+    let input = b.find(".xterm-helper-textarea").unwrap();
+    b.send_keys(&input, "echo $((6*7)) from $(hostname)\u{E007}").unwrap();
+    let answered = warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || b.eval(rows).is_ok_and(|t| t.as_str().is_some_and(|t| t.contains("42 from sandbox"))));
+    assert!(answered, "the shell's answer never showed: {:?}", b.eval(rows));
+    b.screenshot(&shots, "terminal").unwrap();
+    // Another site's page cannot open it with the user's cookie.
+    let cookie = b.cookie("warren_console").unwrap();
+    let console: std::net::SocketAddr = listen.parse().unwrap();
+    let upgrade = |origin: &str| {
+        let req = format!(
+            "GET /terminal/{id}/ws HTTP/1.1\r\nHost: {listen}\r\nCookie: {cookie}\r\nOrigin: {origin}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        );
+        // Only the status line: an accepted upgrade keeps the connection open.
+        use std::io::{BufRead, Write};
+        let mut s = std::net::TcpStream::connect(console).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok()).unwrap_or(0)
+    };
+    assert_eq!(upgrade("http://evil.example"), 403);
+    assert_eq!(upgrade(&format!("http://{listen}")), 101, "the console's own page may");
+    // The shell's exit ends the session, said in the page.
+    b.send_keys(&input, "exit\u{E007}").unwrap();
+    let closed = "return document.querySelector('#terminal').getAttribute('data-closed')";
+    assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || b.eval(closed).is_ok_and(|v| v.as_str() == Some("exit 0"))), "{:?}", b.eval(closed));
+}

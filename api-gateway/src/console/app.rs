@@ -21,6 +21,9 @@ pub use super::frame::{Console, Settings, SignIn};
 
 const CSS: &str = include_str!("console.css");
 const JS: &str = include_str!("console.js");
+/// xterm.js 5.5.0 (MIT, `vendor/XTERM-LICENSE`): the terminal page's emulator.
+const XTERM_JS: &str = include_str!("vendor/xterm.js");
+const XTERM_CSS: &str = include_str!("vendor/xterm.css");
 
 /// The console's routes. Every request carrying a body passes the
 /// session [`body::gate`] first; a response sent before its request's body
@@ -39,6 +42,9 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/objects/{kind}", get(super::objects::list))
         .route("/objects/{kind}/{namespace}/{name}", get(super::objects::show))
         .route("/playground", get(super::playground::form).post(super::playground::run))
+        .route("/terminal", get(super::terminal::form).post(super::terminal::open))
+        .route("/terminal/{id}", get(super::terminal::show))
+        .route("/terminal/{id}/ws", get(super::terminal::socket))
         .route("/files/{namespace}/{key}/{source}/{id}", get(super::files::list))
         .route("/files/{namespace}/{key}/{source}/{id}/download", get(super::files::download))
         .route("/files/{namespace}/{key}/{source}/{id}/delete", post(super::files::delete_thread))
@@ -52,6 +58,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/signout", post(sign_out))
         .route("/assets/console.css", get(css))
         .route("/assets/console.js", get(js))
+        .route("/assets/xterm.js", get(xterm_js))
+        .route("/assets/xterm.css", get(xterm_css))
         .fallback(not_found)
         // Only for an extractor reading the body whole without a bound of
         // its own; the console's own ([`Form`], [`body::read`]) bound per route.
@@ -75,6 +83,14 @@ async fn css() -> Response {
 
 async fn js() -> Response {
     ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], JS).into_response()
+}
+
+async fn xterm_js() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], XTERM_JS).into_response()
+}
+
+async fn xterm_css() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], XTERM_CSS).into_response()
 }
 
 async fn not_found() -> Response {

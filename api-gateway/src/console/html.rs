@@ -115,7 +115,7 @@ fn document(title: &str, user: Option<(&str, &str)>, body: &Html, live: bool) ->
     }
     h.push_markup("</head><body><header><strong>Warren</strong>");
     if let Some((user, csrf)) = user {
-        h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a><a href=\"/objects/sandboxes\">Objects</a><a href=\"/playground\">Playground</a><a href=\"/activity\">Activity</a></nav><span class=\"user\">");
+        h.push_markup("<nav><a href=\"/\">Overview</a><a href=\"/executions\">Executions</a><a href=\"/keys\">API keys</a><a href=\"/sandboxes\">Sandboxes</a><a href=\"/objects/sandboxes\">Objects</a><a href=\"/playground\">Playground</a><a href=\"/terminal\">Terminal</a><a href=\"/activity\">Activity</a></nav><span class=\"user\">");
         h.push_text(user);
         h.push_markup("</span><form method=\"post\" action=\"/signout\"><input type=\"hidden\" name=\"csrf\" value=\"");
         h.push(&Html::attr(csrf));

@@ -17,6 +17,8 @@
 //!   browser, bounded per client), sessions, CSRF tokens, cookies, return
 //!   paths that stay inside the console;
 //! - `signin`: the sign-in's routes (start, callback, the local link);
+//! - `terminal`: a shell in a live sandbox of a key the user may `use`,
+//!   in the page (xterm.js) over the console's own WebSocket;
 //! - `files`: a key's threads and managed volumes (list, download,
 //!   delete a thread), through the Files API's node calls;
 //! - [`html`]: pages escaped by construction, and the security headers;
@@ -45,5 +47,6 @@ pub mod provider;
 pub mod query;
 pub mod session;
 mod signin;
+mod terminal;
 pub mod views;
 mod writes;

@@ -28,7 +28,7 @@ const MAX_USER: usize = 256;
 
 /// The keys `v`'s user may run code with: enabled, in namespaces where
 /// they may `use` Sandboxes.
-async fn usable(c: &Console, v: &Viewer<'_>) -> Vec<(String, String)> {
+pub(super) async fn usable(c: &Console, v: &Viewer<'_>) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for ns in &v.namespaces {
         if !c.access.may(&v.session.identity, "use", "sandboxes", ns).await.unwrap_or(false) {

@@ -133,7 +133,7 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
         "alias": s.template,
     });
     // A browser terminal's WebSocket (Banata's `terminalUrl`), a path on this gateway.
-    v["terminalUrl"] = json!(crate::terminal::url(&signing, &s.namespace, &s.key_name, &s.id));
+    v["terminalUrl"] = json!(super::token::terminal_url(&signing, &s.namespace, &s.key_name, &s.id));
     // Where `get_host(port)` points: `<port>-<id>.<domain>`.
     if let Some(d) = &st.settings.sandbox_domain {
         v["domain"] = json!(d);
@@ -191,34 +191,42 @@ pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> 
     let run = async {
         let key = key(&st, &headers)?;
         let v = body(&st, b).await?;
-        let template = v.get("templateID").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("templateID is required"))?;
-        if template != key.sandbox && !DEFAULT_TEMPLATES.contains(&template) {
-            return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
-        }
-        refuse_unsupported(&v, &key)?;
-        let mut s = record(&st, &key, &v, template)?;
-        // Counted and stored in one step: creates racing each other, on any
-        // replica, never pass the key's limit.
-        let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
-        let running = u64::from(key.live_sandboxes());
-        match st.service.records.store().insert_sandbox_within(&s, most, running).await? {
-            crate::records::Inserted::Yes => {}
-            crate::records::Inserted::TooMany => return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} sandboxes, its most (maxThreads); kill one first"))),
-            crate::records::Inserted::TooManyRunning => return Err(too_many_running(running)),
-        }
-        match super::sandbox::make_live(&st, &key, &s).await {
-            Ok(node) => s.node = Some(node),
-            Err(e) => {
-                // Nothing of it runs: it is forgotten, its (empty) thread with it.
-                let _ = st.service.records.store().delete_sandbox(&s.id).await;
-                super::lifecycle::delete_thread(&st, &key, &s.id, crate::request_id::of(&headers)).await;
-                return Err(e);
-            }
-        }
-        tracing::info!(key = %key.qualified_name(), sandbox = %s.id, node = ?s.node, "e2b sandbox created");
-        Ok((StatusCode::CREATED, axum::Json(created(&st, &s))))
+        let s = create_sandbox(&st, &key, &v, crate::request_id::of(&headers)).await?;
+        Ok::<_, E2bError>((StatusCode::CREATED, axum::Json(created(&st, &s))))
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// Makes a sandbox of `key` as the create body `v` asks (`templateID`,
+/// `timeout`, `metadata`, `envVars`, `autoPause`): counted against the key's
+/// limits, recorded, live on a node. What every front end's create calls.
+pub(crate) async fn create_sandbox(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, trace: &str) -> Result<E2bSandbox, E2bError> {
+    let template = v.get("templateID").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("templateID is required"))?;
+    if template != key.sandbox && !DEFAULT_TEMPLATES.contains(&template) {
+        return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
+    }
+    refuse_unsupported(v, key)?;
+    let mut s = record(st, key, v, template)?;
+    // Counted and stored in one step: creates racing each other, on any
+    // replica, never pass the key's limits.
+    let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };
+    let running = u64::from(key.live_sandboxes());
+    match st.service.records.store().insert_sandbox_within(&s, most, running).await? {
+        crate::records::Inserted::Yes => {}
+        crate::records::Inserted::TooMany => return Err(E2bError::new(StatusCode::TOO_MANY_REQUESTS, format!("this API key has {most} sandboxes, its most (maxThreads); kill one first"))),
+        crate::records::Inserted::TooManyRunning => return Err(too_many_running(running)),
+    }
+    match super::sandbox::make_live(st, key, &s).await {
+        Ok(node) => s.node = Some(node),
+        Err(e) => {
+            // Nothing of it runs: it is forgotten, its (empty) thread with it.
+            let _ = st.service.records.store().delete_sandbox(&s.id).await;
+            super::lifecycle::delete_thread(st, key, &s.id, trace).await;
+            return Err(e);
+        }
+    }
+    tracing::info!(key = %key.qualified_name(), sandbox = %s.id, node = ?s.node, "sandbox created");
+    Ok(s)
 }
 
 /// The caller's sandbox `id` while it lives; an ended one is deleted now.

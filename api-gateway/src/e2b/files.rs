@@ -212,7 +212,7 @@ pub async fn upload(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
                 if part.data.len() as u64 > max {
                     return Err(too_large());
                 }
-                write_file(&live, &rel, futures_util::stream::iter([Ok(Bytes::from(part.data))])).await?;
+                write_file(&live, &rel, futures_util::stream::iter([Ok(part.data)])).await?;
                 written.push(rel);
             }
         } else {

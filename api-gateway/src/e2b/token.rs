@@ -46,6 +46,13 @@ fn mac(signing_key: &[u8], scope: Scope, namespace: &str, key: &str, id: &str) -
     m
 }
 
+/// The path and token of sandbox `id`'s terminal WebSocket (`terminalUrl`,
+/// served by the gateway's terminal module).
+pub fn terminal_url(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
+    let token = sign_for(Scope::Terminal, signing_key, namespace, key, id);
+    format!("/sandboxes/{id}/terminal?warren_token={token}")
+}
+
 /// The envd token of sandbox `id` of ApiKey `namespace/key`.
 pub fn sign(signing_key: &[u8], namespace: &str, key: &str, id: &str) -> String {
     sign_for(Scope::Envd, signing_key, namespace, key, id)

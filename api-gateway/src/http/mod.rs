@@ -96,6 +96,8 @@ pub fn app(state: AppState) -> Router {
     router
         .merge(crate::mcp::router(state.clone()))
         .merge(crate::e2b::router())
+        .merge(crate::sandbase::router())
+        .route("/sandboxes/{id}/terminal", axum::routing::get(crate::terminal::terminal))
         .fallback(|| async { ApiError::not_found("no such endpoint; see /openapi.json") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn(crate::unread::close_when_unread))

@@ -91,6 +91,16 @@ fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
     })
 }
 
+/// A key's sandboxes ending after `now` (only the running ones with `running`).
+async fn count<'e>(db: impl sqlx::Executor<'e, Database = sqlx::Any>, namespace: &str, key_name: &str, now: i64, running: bool) -> Result<u64, StoreError> {
+    let sql = match running {
+        true => "SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3 AND state = 'running'",
+        false => "SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3",
+    };
+    let n: i64 = sqlx::query(sql).bind(namespace.to_string()).bind(key_name.to_string()).bind(now).fetch_one(db).await?.try_get("n")?;
+    Ok(n.max(0) as u64)
+}
+
 fn json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
 }
@@ -102,25 +112,11 @@ impl Store {
     /// through any replica sharing the database — never pass either.
     pub async fn insert_sandbox_within(&self, s: &E2bSandbox, most: u64, running: u64) -> Result<Inserted, StoreError> {
         let mut tx = self.begin_locked(&format!("e2b-sandboxes/{}/{}", s.namespace, s.key_name)).await?;
-        let live: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3")
-            .bind(s.namespace.clone())
-            .bind(s.key_name.clone())
-            .bind(s.started_ms)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get("n")?;
-        if live.max(0) as u64 >= most {
+        if count(&mut *tx, &s.namespace, &s.key_name, s.started_ms, false).await? >= most {
             tx.rollback().await?;
             return Ok(Inserted::TooMany);
         }
-        let run: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3 AND state = 'running'")
-            .bind(s.namespace.clone())
-            .bind(s.key_name.clone())
-            .bind(s.started_ms)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get("n")?;
-        if run.max(0) as u64 >= running {
+        if count(&mut *tx, &s.namespace, &s.key_name, s.started_ms, true).await? >= running {
             tx.rollback().await?;
             return Ok(Inserted::TooManyRunning);
         }
@@ -184,14 +180,7 @@ impl Store {
 
     /// How many of a key's sandboxes run (not paused) at `now`.
     pub async fn running_sandboxes(&self, namespace: &str, key_name: &str, now: i64) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM warren_e2b_sandboxes WHERE namespace = $1 AND key_name = $2 AND end_ms > $3 AND state = 'running'")
-            .bind(namespace.to_string())
-            .bind(key_name.to_string())
-            .bind(now)
-            .fetch_one(&self.pool)
-            .await?
-            .try_get("n")?;
-        Ok(n.max(0) as u64)
+        count(&self.pool, namespace, key_name, now, true).await
     }
 
     /// Sets the node a sandbox's live sandbox runs on (`None`: none runs).

@@ -15,7 +15,6 @@
 
 pub mod output;
 pub mod process;
-pub mod rpc;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

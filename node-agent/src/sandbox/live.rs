@@ -131,7 +131,7 @@ type Starting = (oneshot::Sender<Result<i32, String>>, oneshot::Sender<Ended>);
 
 /// Serves the driver's asks and init's reports until the sandbox ends: every
 /// driver dropped (init is then killed with the supervisor), or init gone.
-// One select loop: the asks, init's reports and the supervisor's must be polled together.
+// Long: one select loop; the asks, init's reports and the supervisor's must be polled together.
 async fn drive(p: &mut Prepared, mut asks: mpsc::Receiver<Ask>) {
     let mut starting: HashMap<u64, Starting> = HashMap::new();
     let mut running: HashMap<u64, oneshot::Sender<Ended>> = HashMap::new();

@@ -1,5 +1,6 @@
 //! The live-sandbox RPCs over [`LiveSandboxes`]: proto in, domain call,
-//! proto out. Creation goes through the backend's admission (in
+//! proto out (the gRPC adapter's half for live sandboxes; `crate::service`
+//! calls it). Creation goes through the backend's admission (in
 //! `crate::service`); everything else is here.
 
 use std::sync::Arc;
@@ -9,8 +10,8 @@ use futures_util::Stream;
 use tonic::Status;
 use warren_proto::agent::{self as pb, live_event::Event as Ev};
 
-use super::output::{Chunk, Item};
-use super::{LiveError, LiveSandbox, LiveSandboxes, Process, Size, Start};
+use crate::live::output::{Chunk, Item};
+use crate::live::{LiveError, LiveSandbox, LiveSandboxes, Process, Size, Start};
 use crate::refusal::{self, invalid};
 
 /// The agent's longest live-sandbox lifetime.
