@@ -41,6 +41,45 @@ pub(super) async fn usable(c: &Console, v: &Viewer<'_>) -> Vec<(String, String)>
     out
 }
 
+/// The start of a form posting to `action` with the session's CSRF token
+/// and a choice of `keys` (the caller adds its fields and button, and
+/// closes it).
+pub(super) fn key_form(v: &Viewer<'_>, class: &str, action: &str, keys: &[(String, String)]) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<form class=\"");
+    h.push(&Html::attr(class));
+    h.push_markup("\" method=\"post\" action=\"");
+    h.push(&Html::attr(action));
+    h.push_markup("\"><input type=\"hidden\" name=\"csrf\" value=\"");
+    h.push(&Html::attr(&v.session.csrf));
+    h.push_markup("\"><label>key <select name=\"key\">");
+    for (ns, name) in keys {
+        let both = format!("{ns}/{name}");
+        h.push_markup("<option value=\"");
+        h.push(&Html::attr(&both));
+        h.push_markup("\">");
+        h.push_text(&both);
+        h.push_markup("</option>");
+    }
+    h.push_markup("</select></label> ");
+    h
+}
+
+/// The key a posted form chose (`key` = `namespace/name`), when the user may
+/// use it; the answer to send otherwise. The form's CSRF token is checked first.
+pub(super) async fn chosen_key(c: &Console, v: &Viewer<'_>, title: &str, body: &axum::body::Bytes) -> Result<Arc<warren_config::EffectiveKey>, Response> {
+    let refuse = |status, why: &str| page(status, title, Some(&v.session), &Html::text(why));
+    if !csrf_ok(&v.session, body) {
+        return Err(refuse(StatusCode::FORBIDDEN, "This form did not come from your console session."));
+    }
+    let chosen = url::form_urlencoded::parse(body).find(|(k, _)| k == "key").map(|(_, v)| v.into_owned()).unwrap_or_default();
+    let usable = usable(c, v).await;
+    let Some((ns, name)) = usable.iter().find(|(ns, name)| chosen == format!("{ns}/{name}")) else {
+        return Err(refuse(StatusCode::FORBIDDEN, "You may not use this key."));
+    };
+    v.warren.keys().named(ns, name).ok_or_else(|| refuse(StatusCode::NOT_FOUND, "No such key."))
+}
+
 /// The form: a key, a language, the code.
 pub(super) async fn form(State(c): State<Arc<Console>>, headers: HeaderMap, uri: Uri) -> Response {
     let v = match c.viewer(&headers, &uri).await {
@@ -51,19 +90,8 @@ pub(super) async fn form(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
     if keys.is_empty() {
         return v.page("Playground", &Html::text("No API key you may run code with (the RBAC verb `use` on Sandboxes in its namespace)."));
     }
-    let mut h = Html::default();
-    h.push_markup("<form class=\"playground\" method=\"post\" action=\"/playground\"><input type=\"hidden\" name=\"csrf\" value=\"");
-    h.push(&Html::attr(&v.session.csrf));
-    h.push_markup("\"><label>key <select name=\"key\">");
-    for (ns, name) in &keys {
-        let both = format!("{ns}/{name}");
-        h.push_markup("<option value=\"");
-        h.push(&Html::attr(&both));
-        h.push_markup("\">");
-        h.push_text(&both);
-        h.push_markup("</option>");
-    }
-    h.push_markup("</select></label> <label>language <select name=\"language\"><option>python</option><option>node</option><option>bash</option></select></label>");
+    let mut h = key_form(&v, "playground", "/playground", &keys);
+    h.push_markup("<label>language <select name=\"language\"><option>python</option><option>node</option><option>bash</option></select></label>");
     h.push_markup("<textarea name=\"code\" rows=\"12\" cols=\"100\" spellcheck=\"false\">print(\"hello from Warren\")</textarea><button type=\"submit\">Run</button></form>");
     v.page("Playground", &h)
 }
@@ -75,16 +103,13 @@ pub(super) async fn run(State(c): State<Arc<Console>>, headers: HeaderMap, uri: 
         Err(r) => return r,
     };
     let refuse = |status, why: &str| page(status, "Playground", Some(&v.session), &Html::text(why));
-    if !csrf_ok(&v.session, &body) {
-        return refuse(StatusCode::FORBIDDEN, "This form did not come from your console session.");
-    }
-    let field = |name: &str| url::form_urlencoded::parse(&body).find(|(k, _)| k == name).map(|(_, v)| v.into_owned()).unwrap_or_default();
-    let (chosen, language, code) = (field("key"), field("language"), field("code"));
-    let usable = usable(&c, &v).await;
-    let Some((ns, name)) = usable.iter().find(|(ns, name)| chosen == format!("{ns}/{name}")) else {
-        return refuse(StatusCode::FORBIDDEN, "You may not run code with this key.");
+    let key = match chosen_key(&c, &v, "Playground", &body).await {
+        Ok(k) => k,
+        Err(r) => return r,
     };
-    let Some(key) = v.warren.keys().named(ns, name) else { return refuse(StatusCode::NOT_FOUND, "No such key.") };
+    let (ns, name) = (key.namespace.clone(), key.name.clone());
+    let field = |name: &str| url::form_urlencoded::parse(&body).find(|(k, _)| k == name).map(|(_, v)| v.into_owned()).unwrap_or_default();
+    let (language, code) = (field("language"), field("code"));
     let Some(language) = Language::parse(&language) else { return refuse(StatusCode::BAD_REQUEST, "language: must be one of python, node, bash") };
     let user: String = v.session.identity.user.chars().take(MAX_USER).collect();
     let mut request = ExecuteRequest::new(code, language);

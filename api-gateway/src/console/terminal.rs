@@ -15,9 +15,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::body::Form;
-use super::frame::{csrf_ok, page, see_other, Console};
+use super::frame::{page, see_other, Console};
 use super::html::Html;
-use super::playground::usable;
+use super::playground::{chosen_key, key_form, usable};
 
 /// A console terminal's life, seconds.
 const LIFETIME: i64 = 1800;
@@ -34,19 +34,8 @@ pub(super) async fn form(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
     if keys.is_empty() {
         return v.page("Terminal", &Html::text("No API key you may open a terminal with (the RBAC verb `use` on Sandboxes in its namespace)."));
     }
-    let mut h = Html::default();
-    h.push_markup("<form class=\"terminal\" method=\"post\" action=\"/terminal\"><input type=\"hidden\" name=\"csrf\" value=\"");
-    h.push(&Html::attr(&v.session.csrf));
-    h.push_markup("\"><label>key <select name=\"key\">");
-    for (ns, name) in &keys {
-        let both = format!("{ns}/{name}");
-        h.push_markup("<option value=\"");
-        h.push(&Html::attr(&both));
-        h.push_markup("\">");
-        h.push_text(&both);
-        h.push_markup("</option>");
-    }
-    h.push_markup("</select></label> <button type=\"submit\">Open a terminal</button></form>");
+    let mut h = key_form(&v, "terminal", "/terminal", &keys);
+    h.push_markup("<button type=\"submit\">Open a terminal</button></form>");
     h.push_markup("<p>");
     h.push_text("A live sandbox of the key's Sandbox starts for 30 minutes: a shell as its user, its home saved when it ends.");
     h.push_markup("</p>");
@@ -60,15 +49,11 @@ pub(super) async fn open(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
         Err(r) => return r,
     };
     let refuse = |status, why: &str| page(status, "Terminal", Some(&v.session), &Html::text(why));
-    if !csrf_ok(&v.session, &body) {
-        return refuse(StatusCode::FORBIDDEN, "This form did not come from your console session.");
-    }
-    let chosen = url::form_urlencoded::parse(&body).find(|(k, _)| k == "key").map(|(_, v)| v.into_owned()).unwrap_or_default();
-    let usable = usable(&c, &v).await;
-    let Some((ns, name)) = usable.iter().find(|(ns, name)| chosen == format!("{ns}/{name}")) else {
-        return refuse(StatusCode::FORBIDDEN, "You may not open a terminal with this key.");
+    let key = match chosen_key(&c, &v, "Terminal", &body).await {
+        Ok(k) => k,
+        Err(r) => return r,
     };
-    let Some(key) = v.warren.keys().named(ns, name) else { return refuse(StatusCode::NOT_FOUND, "No such key.") };
+    let (ns, name) = (key.namespace.clone(), key.name.clone());
     let user: String = v.session.identity.user.chars().take(256).collect();
     let ask = json!({"templateID": key.sandbox, "timeout": LIFETIME.min(i64::from(key.live_seconds())), "metadata": {"console.user": user}});
     match crate::e2b::control::create_sandbox(v.warren, &key, &ask, "console").await {
