@@ -45,14 +45,14 @@ const events = [];
 await sbx.files.makeDir("/tmp/jsw");
 const watcher = await sbx.files.watchDir("/tmp/jsw", (e) => events.push(e));
 await sbx.files.write("/tmp/jsw/f.txt", "x");
-for (let i = 0; i < 100 && !events.some((e) => e.name === "f.txt"); i++) await new Promise((r) => setTimeout(r, 50));
+for (let i = 0; i < 600 && !events.some((e) => e.name === "f.txt"); i++) await new Promise((r) => setTimeout(r, 50));
 await watcher.stop();
 assert.ok(events.some((e) => e.name === "f.txt" && e.type === "create"), JSON.stringify(events));
 // A server's port through the gateway, by E2B's header routing.
 await sbx.files.write("/tmp/site/i.txt", "port ok");
 const server = await sbx.commands.run("cd /tmp/site && exec python3 -m http.server 8000 --bind 127.0.0.1", { background: true });
 let body = "";
-for (let i = 0; i < 100 && body !== "port ok"; i++) {
+for (let i = 0; i < 600 && body !== "port ok"; i++) {
   const res = await fetch(`${process.env.E2B_SANDBOX_URL}/i.txt`, { headers: { "E2b-Sandbox-Id": sbx.sandboxId, "E2b-Sandbox-Port": "8000", "E2B-Traffic-Access-Token": sbx.trafficAccessToken } });
   body = await res.text();
   if (body !== "port ok") await new Promise((r) => setTimeout(r, 50));

@@ -106,7 +106,7 @@ async fn context_call(st: AppState, headers: HeaderMap, method: Method, id: Opti
             (method, Some(id)) => {
                 let id = context_id(&id)?;
                 let (_, pid, cwd) = found.iter().find(|(i, ..)| i == id).ok_or_else(|| E2bError::not_found(format!("context {id:?} not found")))?;
-                live.signal(*pid, crate::exec::live::SIGKILL).await?;
+                live.kill(*pid).await?;
                 if method == Method::POST {
                     // Its socket is taken over by the new interpreter.
                     start_context(&st, &opened, id, &super::paths::absolute(cwd)?).await?;

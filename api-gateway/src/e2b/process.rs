@@ -130,7 +130,11 @@ async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Res
             live.write(pid, bytes).await?;
         }
         "CloseStdin" => live.close_stdin(pid).await?,
-        "SendSignal" => live.signal(pid, signal_of(req.get("signal"))?).await?,
+        // A kill answers once the process is gone (a listing right after no longer shows it).
+        "SendSignal" => match signal_of(req.get("signal"))? {
+            crate::exec::live::SIGKILL => live.kill(pid).await?,
+            signal => live.signal(pid, signal).await?,
+        },
         "Update" => {
             let size = req.get("pty").and_then(|p| p.get("size")).ok_or_else(|| E2bError::invalid("pty.size is required"))?;
             let n = |f: &str| size.get(f).and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);

@@ -97,7 +97,7 @@ pub async fn take(st: &AppState, opened: &Opened, id: &str) -> Result<Value, E2b
 pub async fn remove(st: &AppState, opened: &Opened, id: &str) -> Result<Value, E2bError> {
     let live = opened.live(st).await?;
     let (_, pid) = kept(&live).await?.into_iter().find(|(i, _)| i == id).ok_or_else(|| E2bError::not_found(format!("watcher {id:?} not found")))?;
-    live.signal(pid, SIGKILL).await?;
+    live.kill(pid).await?;
     Ok(json!({}))
 }
 

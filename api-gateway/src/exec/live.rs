@@ -234,6 +234,26 @@ impl Live {
         self.agent()?.signal(req).await.map_err(|s| no_process(pid, error(&s)))
     }
 
+    /// Kills process `pid` (and what it started) and waits, at most 10 s,
+    /// until it is gone: a listing right after no longer shows it.
+    pub async fn kill(&self, pid: i32) -> Result<(), LiveError> {
+        self.signal(pid, SIGKILL).await?;
+        let mut events = match self.connect(pid).await {
+            Ok(e) => e,
+            Err(LiveError::NoProcess(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let ended = async {
+            while let Some(e) = events.next().await {
+                if matches!(e, Ok(LiveEvent::Ended(..)) | Err(_)) {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), ended).await;
+        Ok(())
+    }
+
     /// Its running processes.
     pub async fn list(&self) -> Result<Vec<Listed>, LiveError> {
         let r = self.agent()?.list(self.name.clone()).await.map_err(|s| error(&s))?;
