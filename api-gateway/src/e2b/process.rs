@@ -140,7 +140,7 @@ async fn unary(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> Res
             let n = |f: &str| size.get(f).and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
             live.resize(pid, n("rows"), n("cols")).await?;
         }
-        _ => unreachable!("routed above"),
+        _ => return Err(E2bError::not_found(format!("process.Process/{method} does not exist")).with_code("unimplemented")),
     }
     Ok(json!({}))
 }
