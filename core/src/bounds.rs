@@ -55,6 +55,8 @@ pub const THREADS: Bound<u32> = Bound { min: 1, max: 100_000, default: 1000 };
 pub const LIVE_SANDBOXES: Bound<u32> = Bound { min: 1, max: 10_000, default: 100 };
 /// Longest life a live sandbox may be given, seconds (from now, each time).
 pub const LIVE_SECONDS: Bound<u32> = Bound { min: 60, max: 86_400, default: 86_400 };
+/// Idle seconds before a live sandbox is paused, when a key sets it (0: never).
+pub const LIVE_IDLE_SECONDS: Bound<u32> = Bound { min: 30, max: 86_400, default: 0 };
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@ use tonic::Status;
 use warren_proto::agent::{self as pb, live_event::Event as Ev};
 
 use crate::live::output::{Chunk, Item};
-use crate::live::{LiveError, LiveSandbox, LiveSandboxes, Process, Size, Start};
+use crate::live::{Attached, LiveError, LiveSandbox, LiveSandboxes, Process, Size, Start};
 use crate::refusal::{self, invalid};
 
 /// The agent's longest live-sandbox lifetime.
@@ -61,8 +61,10 @@ fn event(item: Item) -> pb::LiveEvent {
 /// A caller that goes away only stops reading; the process runs on.
 pub type Events = std::pin::Pin<Box<dyn Stream<Item = Result<pb::LiveEvent, Status>> + Send>>;
 
-fn follow(p: Arc<Process>, mut cursor: u64) -> Events {
+/// Follows `p` while the stream lives (the sandbox is not idle meanwhile).
+fn follow(attached: Attached, p: Arc<Process>, mut cursor: u64) -> Events {
     Box::pin(async_stream::stream! {
+        let _attached = attached;
         yield Ok(pb::LiveEvent { event: Some(Ev::Started(pb::live_event::Started { pid: p.pid })) });
         loop {
             let item = p.output.next(&mut cursor).await;
@@ -87,13 +89,14 @@ pub async fn start(all: &LiveSandboxes, req: pb::LiveStartRequest) -> Result<Eve
         tag: Some(req.tag).filter(|t| !t.is_empty()),
     };
     let p = s.start(start).await.map_err(status)?;
-    Ok(follow(p, 0))
+    Ok(follow(s.attach(), p, 0))
 }
 
 /// `LiveConnect`.
 pub fn connect(all: &LiveSandboxes, req: pb::LiveProcessRequest) -> Result<Events, Status> {
-    let p = sandbox(all, req.live)?.process(req.pid).map_err(status)?;
-    Ok(follow(p, 0))
+    let s = sandbox(all, req.live)?;
+    let p = s.process(req.pid).map_err(status)?;
+    Ok(follow(s.attach(), p, 0))
 }
 
 /// `LiveInput`.
@@ -153,6 +156,7 @@ pub async fn port(all: &LiveSandboxes, mut input: tonic::Streaming<pb::LivePortR
     let port = u16::try_from(first.port).ok().filter(|p| *p > 0).ok_or_else(|| invalid("port", "from 1 to 65535"))?;
     let s = sandbox(all, first.live)?;
     let conn = s.dial(port).await.map_err(status)?;
+    let attached = s.attach();
     let (mut rd, mut wr) = conn.into_split();
     // Caller → sandbox, on a task of its own; its end half-closes the connection.
     tokio::spawn(async move {
@@ -169,6 +173,7 @@ pub async fn port(all: &LiveSandboxes, mut input: tonic::Streaming<pb::LivePortR
     });
     Ok(Box::pin(async_stream::stream! {
         use tokio::io::AsyncReadExt;
+        let _attached = attached;
         // Connected: said at once, so the caller knows before any byte.
         yield Ok(pb::LivePortData { data: Vec::new() });
         let mut buf = vec![0u8; 32 * 1024];
@@ -179,6 +184,22 @@ pub async fn port(all: &LiveSandboxes, mut input: tonic::Streaming<pb::LivePortR
             }
         }
     }))
+}
+
+/// The node's live sandboxes and those that ended lately, for its status.
+pub fn summaries(all: &LiveSandboxes) -> (Vec<pb::LiveSummary>, Vec<pb::LiveEnded>) {
+    let live_ref = |name: &str| {
+        let mut parts = name.splitn(3, '/');
+        let (namespace, key_name, thread_id) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        Some(pb::LiveRef { r#ref: Some(pb::ThreadRef { namespace: namespace.into(), key_name: key_name.into(), thread_id: thread_id.into() }) })
+    };
+    let live = all
+        .summaries()
+        .into_iter()
+        .map(|s| pb::LiveSummary { live: live_ref(&s.name), idle_ms: s.idle.as_millis().min(u128::from(u64::MAX)) as u64, busy: s.busy })
+        .collect();
+    let ended = all.ended().into_iter().map(|(name, why)| pb::LiveEnded { live: live_ref(&name), reason: why.as_str().into() }).collect();
+    (live, ended)
 }
 
 /// What a port connection sends back.

@@ -429,6 +429,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
 
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         let r = self.backend.report();
+        let (live, live_ended) = self.backend.live().map(|all| live::summaries(&all)).unwrap_or_default();
         Ok(Response::new(pb::StatusResponse {
             node_name: r.node_name,
             features: Some(convert::features(&r.features, r.network)),
@@ -442,6 +443,8 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             warm_starts: r.warm_starts,
             idle_cpu_ms: r.idle.0 / 1000,
             idle_discards: r.idle.1,
+            live,
+            live_ended,
         }))
     }
 

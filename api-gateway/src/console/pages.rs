@@ -255,7 +255,15 @@ pub(super) async fn sandboxes(State(c): State<Arc<Console>>, headers: HeaderMap,
         Err(r) => return r,
     };
     let keys = v.keys();
-    v.page("Sandboxes", &views::sandboxes(&keys.iter().map(|k| &**k).collect::<Vec<_>>()))
+    let mut h = views::sandboxes(&keys.iter().map(|k| &**k).collect::<Vec<_>>());
+    match v.warren.service.records.store().sandboxes_in(&v.namespaces, crate::records::now_ms(), 200).await {
+        Ok(live) => {
+            let rows: Vec<_> = live.iter().map(|s| (s, crate::e2b::reconcile::status(v.warren, s).as_str())).collect();
+            h.push(&views::live_sandboxes(&rows));
+        }
+        Err(e) => return v.unavailable(e),
+    }
+    v.page("Sandboxes", &h)
 }
 
 #[cfg(test)]

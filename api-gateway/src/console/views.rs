@@ -237,6 +237,27 @@ pub fn sandboxes(keys: &[&EffectiveKey]) -> Html {
     table(&["sandbox", "via key", "image", "languages", "limits", "network", "storage", "connectors", "env (names)"], rows)
 }
 
+/// The live sandboxes (E2B's, Sandbase's, the console's terminals), newest
+/// first, with their lifecycle status (Banata's names) and why Warren
+/// paused one or it failed.
+pub fn live_sandboxes(rows: &[(&crate::records::E2bSandbox, &str)]) -> Html {
+    let mut h = Html::default();
+    h.push_markup("<h2>Live sandboxes</h2>");
+    let body = rows.iter().map(|(s, status)| {
+        vec![
+            Html::text(&s.id),
+            Html::text(&format!("{}/{}", s.namespace, s.key_name)),
+            Html::text(status),
+            Html::text(&s.reason),
+            Html::text(s.node.as_deref().unwrap_or("")),
+            Html::text(&rfc3339(s.started_ms)),
+            Html::text(&rfc3339(s.end_ms)),
+        ]
+    });
+    h.push(&table(&["sandbox", "key", "status", "why", "node", "created (UTC)", "ends (UTC)"], body));
+    h
+}
+
 /// The audit log's table: one row per execution, newest first as given.
 pub fn executions(rows: &[Row]) -> Html {
     let body = rows.iter().map(|r| {

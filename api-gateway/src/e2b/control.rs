@@ -141,9 +141,11 @@ fn created(st: &AppState, s: &E2bSandbox) -> Value {
     v
 }
 
-/// `ListedSandbox` (and, with the token, `SandboxDetail`).
-pub(super) fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
-    json!({
+/// `ListedSandbox` (and, with the token, `SandboxDetail`), with the
+/// lifecycle's name (`status`, Banata's) and, when Warren paused it or it
+/// failed, why (`statusReason`).
+pub(super) fn listed(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Value {
+    let mut v = json!({
         "templateID": s.template,
         "sandboxID": s.id,
         "clientID": "warren",
@@ -154,9 +156,14 @@ pub(super) fn listed(key: &EffectiveKey, s: &E2bSandbox) -> Value {
         "memoryMB": key.limits.memory_bytes >> 20,
         "diskSizeMB": key.limits.home_bytes.max(key.thread_max_bytes) >> 20,
         "state": s.state,
+        "status": super::reconcile::status(st, s).as_str(),
         "envdVersion": super::ENVD_VERSION,
         "metadata": s.metadata,
-    })
+    });
+    if !s.reason.is_empty() {
+        v["statusReason"] = json!(s.reason);
+    }
+    v
 }
 
 /// The record of a new sandbox of `key` as `create`'s body `v` asks,
@@ -183,6 +190,9 @@ fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Resul
         end_ms: now + timeout * 1000,
         auto_pause: v.get("autoPause").and_then(Value::as_bool).unwrap_or(false),
         node: None,
+        status: String::new(),
+        reason: String::new(),
+        live_ms: 0,
     })
 }
 
@@ -226,6 +236,7 @@ pub(crate) async fn create_sandbox(st: &AppState, key: &Arc<EffectiveKey>, v: &V
         }
     }
     tracing::info!(key = %key.qualified_name(), sandbox = %s.id, node = ?s.node, "sandbox created");
+    super::reconcile::log(st, &s, &super::reconcile::by_key(key), "sandbox.create", &format!("on {}", s.node.as_deref().unwrap_or("?")));
     Ok(s)
 }
 
@@ -248,7 +259,7 @@ pub async fn get_info(State(st): State<AppState>, headers: HeaderMap, Path(id): 
     let run = async {
         let key = key(&st, &headers)?;
         let s = owned(&st, &key, &id).await?;
-        let mut v = listed(&key, &s);
+        let mut v = listed(&st, &key, &s);
         v["envdAccessToken"] = created(&st, &s)["envdAccessToken"].clone();
         Ok::<_, E2bError>(axum::Json(v))
     };
@@ -266,6 +277,7 @@ pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path
         // background (the caller does not wait for the node).
         let (st2, key2, trace) = (st.clone(), key.clone(), crate::request_id::of(&headers).to_string());
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
+        super::reconcile::log(&st, &s, &super::reconcile::by_key(&key), "sandbox.kill", "");
         tokio::spawn(async move { super::lifecycle::forget(&st2, &key2, &s, &trace).await });
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
@@ -331,6 +343,10 @@ async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Opti
         }
         ("running", _) => super::lifecycle::extend(st, &key, &s, s.end_ms).await,
         _ => {}
+    }
+    if state != was {
+        let action = if state == "paused" { "sandbox.pause" } else { "sandbox.resume" };
+        super::reconcile::log(st, &s, &super::reconcile::by_key(&key), action, s.node.as_deref().map(|n| format!("on {n}")).as_deref().unwrap_or(""));
     }
     s.state = state.to_string();
     st.service.records.store().update_sandbox(&s.id, s.end_ms, state).await?;

@@ -47,10 +47,17 @@ async fn end_live(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Result<(
     }
 }
 
-/// Pauses `s`: its live sandbox ends with its home saved.
+/// Pauses `s`: `pausing` (no sweep takes it for failed meanwhile) while
+/// its live sandbox ends with its home saved; a node that cannot be reached
+/// leaves it running, for the sweep to find failed.
 pub(super) async fn pause(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Result<(), super::E2bError> {
-    end_live(st, key, s).await?;
-    st.service.records.store().set_sandbox_node(&s.id, None).await?;
+    let store = st.service.records.store();
+    store.set_sandbox_status(&s.id, "pausing").await?;
+    if let Err(e) = end_live(st, key, s).await {
+        let _ = store.set_sandbox_status(&s.id, "").await;
+        return Err(e.into());
+    }
+    store.set_sandbox_node(&s.id, None).await?;
     tracing::info!(sandbox = %s.id, "e2b sandbox paused");
     Ok(())
 }
@@ -102,11 +109,13 @@ pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
                     tracing::warn!(sandbox = %s.id, error = %e.message, "pausing a sandbox at its timeout failed; its node ends it at its lifetime");
                 }
                 tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
+                super::reconcile::log(&st, &s, "warren", "sandbox.pause", "at its timeout (autoPause)");
             }
             return;
         }
         if let Ok(true) = store.delete_sandbox(&s.id).await {
             tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
+            super::reconcile::log(&st, &s, "warren", "sandbox.end", "at its timeout");
             forget(&st, &key, &s, "e2b-timeout").await;
         }
     });
@@ -120,9 +129,11 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// gets there first. A sandbox whose key is gone loses its record; the
 /// key's threads are the agents' to collect.
 pub async fn sweep_loop(st: AppState) {
+    let since = now_ms();
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         seal_earlier_rows(&st).await;
+        super::reconcile::sweep(&st, since).await;
         let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
             Ok(ended) => ended,
             Err(e) => {

@@ -74,7 +74,7 @@ async fn page(st: &AppState, headers: &HeaderMap, q: ListQuery) -> Result<(Vec<V
     // A full page says there may be more; the last page of exactly `limit`
     // then gives one empty page, as E2B's own paging does.
     let next = rows.last().filter(|_| rows.len() == limit as usize).map(|s| B64.encode(format!("{}:{}", s.started_ms, s.id)));
-    Ok((rows.iter().map(|s| listed(&key, s)).collect(), next))
+    Ok((rows.iter().map(|s| listed(st, &key, s)).collect(), next))
 }
 
 /// Percent-decoding (`urllib.parse.quote`'s inverse); bad escapes stay as they are.

@@ -29,6 +29,7 @@ mod list;
 pub(crate) mod paths;
 pub mod ports;
 mod process;
+pub(crate) mod reconcile;
 pub(crate) mod sandbox;
 mod sealed;
 pub(crate) mod token;

@@ -112,6 +112,30 @@ async fn opened(st: &AppState, headers: &HeaderMap, query: Option<&str>, id: &st
     Ok((key, s))
 }
 
+/// Logs a port's use in the activity log, once a minute per sandbox and
+/// port on each gateway at most (a page loads many resources).
+fn log_use(st: &AppState, key: &warren_config::EffectiveKey, s: &E2bSandbox, port: u16) {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+    static RECENT: std::sync::Mutex<Option<HashMap<(String, u16), Instant>>> = std::sync::Mutex::new(None);
+    {
+        let mut recent = RECENT.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = recent.get_or_insert_with(HashMap::new);
+        if recent.get(&(s.id.clone(), port)).is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        // Bounded: the stale entries go when it grows.
+        if recent.len() >= 10_000 {
+            recent.retain(|_, at| at.elapsed() < Duration::from_secs(60));
+            if recent.len() >= 10_000 {
+                recent.clear();
+            }
+        }
+        recent.insert((s.id.clone(), port), Instant::now());
+    }
+    super::reconcile::log(st, s, &format!("{} (port token)", super::reconcile::by_key(key)), "sandbox.port", &format!("port {port}"));
+}
+
 /// Carries `req` to `port` of sandbox `id` as `path`, and its answer back
 /// (a WebSocket's upgrade included).
 async fn proxy(st: &AppState, id: &str, port: u16, path: String, mut req: Request) -> Result<Response, E2bError> {
@@ -122,6 +146,7 @@ async fn proxy(st: &AppState, id: &str, port: u16, path: String, mut req: Reques
         other => other.into(),
     })?;
     tracing::info!(sandbox = %id, key = %key.qualified_name(), port, "e2b port used");
+    log_use(st, &key, &s, port);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| upstream(port, &e))?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;

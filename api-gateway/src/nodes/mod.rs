@@ -35,6 +35,21 @@ pub struct Node {
     warm: std::sync::RwLock<std::collections::HashSet<String>>,
     /// Its last `Status` answer (the console shows it).
     last: std::sync::RwLock<Option<warren_proto::agent::StatusResponse>>,
+    /// When that answer was asked for, Unix ms (0: never answered).
+    last_asked_ms: std::sync::atomic::AtomicI64,
+    /// When this gateway began watching it, Unix ms.
+    since_ms: i64,
+}
+
+/// What a node's last status says of the time since `after`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Heard {
+    /// It answered a status check asked after `after`.
+    Status(Box<warren_proto::agent::StatusResponse>),
+    /// Nothing yet from a check asked after `after`.
+    NotYet,
+    /// It has not answered (nor been healthy) for this long.
+    Silent(Duration),
 }
 
 impl Node {
@@ -48,6 +63,8 @@ impl Node {
             in_flight: AtomicU32::new(0),
             warm: Default::default(),
             last: Default::default(),
+            last_asked_ms: Default::default(),
+            since_ms: crate::records::now_ms(),
         })
     }
 
@@ -82,6 +99,20 @@ impl Node {
     /// running executions, warm images).
     pub fn last_status(&self) -> Option<warren_proto::agent::StatusResponse> {
         self.last.read().ok().and_then(|l| l.clone())
+    }
+
+    /// Its last status, when healthy and asked after `after` (Unix ms);
+    /// unhealthy, how long since its last answer (or `after`, or this
+    /// gateway's start, whichever is later).
+    pub fn heard_since(&self, after: i64, now: i64) -> Heard {
+        let asked = self.last_asked_ms.load(Ordering::Acquire);
+        if !self.is_healthy() {
+            return Heard::Silent(Duration::from_millis((now - asked.max(self.since_ms).max(after)).max(0) as u64));
+        }
+        match (asked > after).then(|| self.last_status()).flatten() {
+            Some(s) => Heard::Status(Box::new(s)),
+            None => Heard::NotYet,
+        }
     }
 
     fn free(&self) -> u32 {
@@ -338,6 +369,7 @@ fn rendezvous(node: &str, thread: &str) -> u64 {
 }
 
 async fn check(node: &Node) {
+    let asked = crate::records::now_ms();
     let result = tokio::time::timeout(Duration::from_secs(2), node.agent.status()).await;
     match result {
         Ok(Ok(s)) => {
@@ -351,6 +383,7 @@ async fn check(node: &Node) {
             if let Ok(mut last) = node.last.write() {
                 *last = Some(s.clone());
             }
+            node.last_asked_ms.fetch_max(asked, Ordering::AcqRel);
             if !node.healthy.swap(true, Ordering::AcqRel) {
                 info!(node = %node.address, name = %s.node_name, capacity = s.max_executions, "node-agent healthy");
             }

@@ -39,6 +39,13 @@ pub struct E2bSandbox {
     pub auto_pause: bool,
     /// The node its live sandbox runs on, while it runs.
     pub node: Option<String>,
+    /// Beyond `state`: `pausing` while a pause ends its live sandbox,
+    /// `failed` when its live sandbox was lost; empty otherwise.
+    pub status: String,
+    /// Why it failed or was paused by Warren (idle), for its caller.
+    pub reason: String,
+    /// When it last went live, Unix milliseconds (0: never).
+    pub live_ms: i64,
 }
 
 /// What [`Store::insert_sandbox_within`] did.
@@ -72,7 +79,7 @@ pub struct SandboxPage {
 }
 
 /// Every column but the environment.
-const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause, node";
+const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause, node, status, reason, live_ms";
 
 fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
     let metadata: String = r.try_get("metadata")?;
@@ -88,6 +95,9 @@ fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
         end_ms: r.try_get("end_ms")?,
         auto_pause: r.try_get::<i64, _>("auto_pause")? != 0,
         node: r.try_get::<Option<String>, _>("node")?.filter(|n| !n.is_empty()),
+        status: r.try_get("status")?,
+        reason: r.try_get("reason")?,
+        live_ms: r.try_get("live_ms")?,
     })
 }
 
@@ -183,10 +193,84 @@ impl Store {
         count(&self.pool, namespace, key_name, now, true).await
     }
 
-    /// Sets the node a sandbox's live sandbox runs on (`None`: none runs).
+    /// Sets the node a sandbox's live sandbox runs on (`None`: none runs),
+    /// and when it went live; either way it is no longer pausing or failed.
     pub async fn set_sandbox_node(&self, id: &str, node: Option<&str>) -> Result<(), StoreError> {
-        sqlx::query("UPDATE warren_e2b_sandboxes SET node = $1 WHERE id = $2").bind(node.unwrap_or_default().to_string()).bind(id.to_string()).execute(&self.pool).await?;
+        let q = match node {
+            Some(n) => sqlx::query("UPDATE warren_e2b_sandboxes SET node = $1, live_ms = $2, status = '', reason = '' WHERE id = $3").bind(n.to_string()).bind(super::now_ms()),
+            None => sqlx::query("UPDATE warren_e2b_sandboxes SET node = '', live_ms = 0, status = CASE WHEN status = 'pausing' THEN '' ELSE status END WHERE id = $1"),
+        };
+        q.bind(id.to_string()).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Sets a sandbox's `status` (`pausing`, or empty).
+    pub async fn set_sandbox_status(&self, id: &str, status: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE warren_e2b_sandboxes SET status = $1 WHERE id = $2").bind(status.to_string()).bind(id.to_string()).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Marks `s` (as read, live on its node) `pausing`; false when it
+    /// changed meanwhile (paused, resumed elsewhere, or already pausing).
+    pub async fn begin_pause(&self, s: &E2bSandbox) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE warren_e2b_sandboxes SET status = 'pausing' WHERE id = $1 AND state = 'running' AND node = $2 AND live_ms = $3 AND status <> 'pausing'")
+            .bind(s.id.clone())
+            .bind(s.node.clone().unwrap_or_default())
+            .bind(s.live_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// A sandbox Warren paused (not its caller): paused until `end_ms`, and why.
+    pub async fn paused_by_warren(&self, id: &str, end_ms: i64, reason: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE warren_e2b_sandboxes SET state = 'paused', node = '', status = '', reason = $1, end_ms = $2 WHERE id = $3")
+            .bind(reason.to_string())
+            .bind(end_ms)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// `s` (as read, live on its node) lost its live sandbox: failed, kept
+    /// like a paused one until `end_ms` (its home at its last save); false
+    /// when it changed meanwhile (a pause, a resume, a kill).
+    pub async fn fail_sandbox(&self, s: &E2bSandbox, reason: &str, end_ms: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE warren_e2b_sandboxes SET state = 'paused', node = '', status = 'failed', reason = $1, end_ms = $2 \
+             WHERE id = $3 AND state = 'running' AND node = $4 AND live_ms = $5 AND status <> 'pausing'",
+        )
+        .bind(reason.to_string())
+        .bind(end_ms)
+        .bind(s.id.clone())
+        .bind(s.node.clone().unwrap_or_default())
+        .bind(s.live_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Running sandboxes live on a node, oldest live first, at most `limit`
+    /// (without their environment): what the gateways watch.
+    pub async fn live_on_nodes(&self, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE state = 'running' AND node <> '' ORDER BY live_ms LIMIT $1");
+        let rows = sqlx::query(AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r, false).map_err(StoreError::from)).collect()
+    }
+
+    /// The newest `limit` sandboxes (running or paused) of keys in `namespaces`
+    /// ending after `now`, without their environment (the console's list).
+    pub async fn sandboxes_in(&self, namespaces: &[String], now: i64, limit: u32) -> Result<Vec<E2bSandbox>, StoreError> {
+        if namespaces.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut w = Where::namespaces(namespaces);
+        w.and("end_ms > ?", vec![Bind::Int(now)]);
+        let limit = w.bind(Bind::Int(i64::from(limit)));
+        let sql = format!("SELECT {COLUMNS} FROM warren_e2b_sandboxes WHERE {} ORDER BY started_ms DESC LIMIT {limit}", w.sql);
+        let rows = w.query(sql).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| decode(r, false).map_err(StoreError::from)).collect()
     }
 
     /// Pauses a sandbox that reached its end while running, until `end_ms`;

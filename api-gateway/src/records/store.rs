@@ -161,6 +161,12 @@ const MIGRATIONS: &[&[&str]] = &[&[
 ], &[
     // The node holding an E2B sandbox while it is live (issue #46).
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN node TEXT",
+], &[
+    // A live sandbox's lifecycle beyond running/paused: `pausing`, `failed`
+    // and why, and when it last went live (issue #46).
+    "ALTER TABLE warren_e2b_sandboxes ADD COLUMN status TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE warren_e2b_sandboxes ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE warren_e2b_sandboxes ADD COLUMN live_ms BIGINT NOT NULL DEFAULT 0",
 ]];
 
 /// Columns read back into a [`Row`].
@@ -463,7 +469,7 @@ impl Store {
     }
 
     /// Drops the output of records ended before `output_before` and whole
-    /// records ended before `record_before`.
+    /// records (and activity) from before `record_before`.
     pub async fn expire(&self, output_before: i64, record_before: i64) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let old = "SELECT trace_id FROM warren_executions WHERE completed_ms < $1 AND output_expired = 0";
@@ -476,6 +482,9 @@ impl Store {
         sqlx::query(AssertSqlSafe(format!("DELETE FROM warren_execution_metadata WHERE trace_id IN ({gone})"))).bind(record_before).execute(&mut *tx).await?;
         sqlx::query(AssertSqlSafe(format!("DELETE FROM warren_execution_events WHERE trace_id IN ({gone})"))).bind(record_before).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM warren_executions WHERE completed_ms < $1").bind(record_before).execute(&mut *tx).await?;
+        // The activity log (console actions, live sandboxes' processes,
+        // terminals and ports) is kept as long as the records.
+        sqlx::query("DELETE FROM warren_console_actions WHERE at_ms < $1").bind(record_before).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -502,7 +511,7 @@ impl Where {
     }
 
     /// `namespace IN (…)`, every name bound.
-    fn namespaces(namespaces: &[String]) -> Where {
+    pub(super) fn namespaces(namespaces: &[String]) -> Where {
         let mut w = Where { sql: String::new(), binds: Vec::new() };
         let marks = namespaces.iter().map(|_| "?").collect::<Vec<_>>().join(", ");
         w.push(&format!("namespace IN ({marks})"), namespaces.iter().map(|n| Bind::Text(n.clone())).collect());
@@ -550,6 +559,7 @@ pub(super) enum Write {
     Finish(String, Box<Finished>),
     Line(String, u64, String),
     Webhook(String, &'static str, u32),
+    Action(Box<Action>),
 }
 
 impl Write {
@@ -558,6 +568,7 @@ impl Write {
         let s = |o: &Option<String>| o.as_ref().map_or(0, String::len);
         match self {
             Write::Insert(_) | Write::Webhook(..) => 1024,
+            Write::Action(a) => 64 + a.user.len() + a.action.len() + a.namespace.len() + a.object.len(),
             Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error) + s(&f.blocked_egress),
             Write::Line(id, _, line) => 64 + id.len() + line.len(),
         }
@@ -621,6 +632,12 @@ impl Write {
             Write::Line(id, seq, line) => {
                 vec![sqlx::query("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES ($1, $2, $3)").bind(id.clone()).bind(*seq as i64).bind(line.clone())]
             }
+            Write::Action(a) => vec![sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
+                .bind(a.at_ms)
+                .bind(a.user.clone())
+                .bind(a.action.clone())
+                .bind(a.namespace.clone())
+                .bind(a.object.clone())],
         }
     }
 }

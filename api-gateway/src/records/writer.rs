@@ -83,6 +83,11 @@ impl Recorder {
         self.send(Op::Write(Write::Webhook(trace_id.to_string(), status, attempts), None));
     }
 
+    /// Queues an entry of the activity log (what a user or key did to an object).
+    pub fn action(&self, a: super::model::Action) {
+        self.send(Op::Write(Write::Action(Box::new(a)), None));
+    }
+
     /// Resolves once everything queued before it is committed (or failed).
     pub async fn flush(&self) {
         let (ack, done) = oneshot::channel();

@@ -17,7 +17,8 @@ pub mod output;
 pub mod process;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -114,16 +115,73 @@ pub enum EndReason {
     Died,
 }
 
+impl EndReason {
+    /// As the node's status names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Ended => "ended",
+            EndReason::Lifetime => "lifetime",
+            EndReason::Died => "died",
+        }
+    }
+}
+
+/// How long an ended sandbox stays in [`LiveSandboxes::ended`].
+const ENDED_KEPT: Duration = Duration::from_secs(600);
+/// Most ended sandboxes kept there.
+const ENDED_MAX: usize = 256;
+/// Process tags of Warren's own helpers (code contexts, file watchers),
+/// which do not make a sandbox busy.
+pub const HELPER_TAG: &str = "warren-";
+
 /// The node's live sandboxes, by name (`<namespace>/<key>/<id>`).
 #[derive(Default)]
 pub struct LiveSandboxes {
     map: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+    /// Those that ended lately, oldest first: (name, why, when).
+    ended: Mutex<VecDeque<(String, EndReason, std::time::Instant)>>,
+}
+
+/// A live sandbox as the node's status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Its name.
+    pub name: String,
+    /// Since a call last reached it (zero while a stream of it is open).
+    pub idle: Duration,
+    /// Processes running that a caller started (not Warren's helpers).
+    pub busy: u32,
 }
 
 impl LiveSandboxes {
-    /// The live sandbox `name`.
+    /// The live sandbox `name`, for a call: it is touched (not idle).
     pub fn get(&self, name: &str) -> Result<Arc<LiveSandbox>, LiveError> {
-        self.lock().get(name).cloned().ok_or(LiveError::NotFound)
+        let s = self.lock().get(name).cloned().ok_or(LiveError::NotFound)?;
+        s.touch();
+        Ok(s)
+    }
+
+    /// Every live sandbox, as the node's status reports them.
+    pub fn summaries(&self) -> Vec<Summary> {
+        let all: Vec<_> = self.lock().values().cloned().collect();
+        all.iter().map(|s| Summary { name: s.name.clone(), idle: s.idle(), busy: s.busy() }).collect()
+    }
+
+    /// Those that ended in the last ten minutes, oldest first, and why.
+    pub fn ended(&self) -> Vec<(String, EndReason)> {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        while ended.front().is_some_and(|(_, _, at)| at.elapsed() > ENDED_KEPT) {
+            ended.pop_front();
+        }
+        ended.iter().map(|(n, r, _)| (n.clone(), *r)).collect()
+    }
+
+    fn remember_end(&self, name: &str, reason: EndReason) {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        if ended.len() >= ENDED_MAX {
+            ended.pop_front();
+        }
+        ended.push_back((name.to_string(), reason, std::time::Instant::now()));
     }
 
     /// How many live.
@@ -160,6 +218,20 @@ pub struct LiveSandbox {
     ended: watch::Sender<Option<EndReport>>,
     /// Asked to end.
     ending: watch::Sender<bool>,
+    /// When a call last reached it.
+    touched: Mutex<std::time::Instant>,
+    /// Streams of it open now (a caller following a process, a port connection).
+    attached: AtomicUsize,
+}
+
+/// An open stream of a live sandbox: while one is held, the sandbox is not idle.
+pub struct Attached(Arc<LiveSandbox>);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.attached.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What a live sandbox holds until it has ended: its node slot, its
@@ -193,6 +265,8 @@ pub fn register(all: &Arc<LiveSandboxes>, name: String, driver: Driver, init_pid
         deadline: watch::Sender::new(tokio::time::Instant::now() + lifetime),
         ended: watch::Sender::new(None),
         ending: watch::Sender::new(false),
+        touched: Mutex::new(std::time::Instant::now()),
+        attached: AtomicUsize::new(0),
     });
     {
         let mut map = all.lock();
@@ -210,6 +284,7 @@ async fn life(all: Arc<LiveSandboxes>, s: Arc<LiveSandbox>, held: Held) {
     let Held { permit, mut resources, teardown } = held;
     let reason = s.until_end().await;
     all.lock().remove(&s.name);
+    all.remember_end(&s.name, reason);
     s.driver.end().await;
     let teardown = teardown.await;
     let cpu_micros = teardown.as_ref().ok().and_then(|t| t.usage()).map_or(0, |u| u.cpu_micros);
@@ -227,6 +302,30 @@ async fn life(all: Arc<LiveSandboxes>, s: Arc<LiveSandbox>, held: Held) {
 }
 
 impl LiveSandbox {
+    fn touch(&self) {
+        *self.touched.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+    }
+
+    /// Holds it attached (not idle) until the guard drops.
+    pub fn attach(self: &Arc<Self>) -> Attached {
+        self.attached.fetch_add(1, Ordering::AcqRel);
+        Attached(self.clone())
+    }
+
+    /// Since a call last reached it; zero while a stream of it is open.
+    pub fn idle(&self) -> Duration {
+        match self.attached.load(Ordering::Acquire) {
+            0 => self.touched.lock().unwrap_or_else(|p| p.into_inner()).elapsed(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Processes running that a caller started (not Warren's helpers).
+    pub fn busy(&self) -> u32 {
+        let helper = |p: &Process| p.start.tag.as_deref().is_some_and(|t| t.starts_with(HELPER_TAG));
+        self.procs().values().filter(|p| !helper(p)).count() as u32
+    }
+
     async fn until_end(&self) -> EndReason {
         let (mut deadline, mut ending) = (self.deadline.subscribe(), self.ending.subscribe());
         loop {

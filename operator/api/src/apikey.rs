@@ -82,6 +82,13 @@ pub struct ApiKeySpec {
     /// seconds, 60–86400 (default 86400): a longer timeout is refused.
     #[schemars(range(min = 60, max = 86400))]
     pub max_live_seconds: Option<u32>,
+    /// Pauses a live sandbox of this key (its home saved, its processes
+    /// ended) once no call has reached it and no stream of it (a followed
+    /// process, a terminal, a port connection) has been open for this many
+    /// seconds, 30–86400; background processes alone do not keep it
+    /// running. Unset: never paused for idleness, only at its timeout.
+    #[schemars(range(min = 30, max = 86400))]
+    pub live_idle_seconds: Option<u32>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
     /// An egress allowlist within the Sandbox's: every rule must be covered

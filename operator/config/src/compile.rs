@@ -499,6 +499,8 @@ pub fn effective_key(
     let max_threads = c.bound("spec.maxThreads", k.max_threads, bounds::THREADS)?;
     let max_live_sandboxes = c.bound("spec.maxLiveSandboxes", k.max_live_sandboxes, bounds::LIVE_SANDBOXES)?;
     let max_live_seconds = c.bound("spec.maxLiveSeconds", k.max_live_seconds, bounds::LIVE_SECONDS)?;
+    let b = bounds::LIVE_IDLE_SECONDS;
+    let live_idle_seconds = k.live_idle_seconds.map(|v| c.range("spec.liveIdleSeconds", v, (b.min, b.max))).transpose()?.unwrap_or(b.default);
     // Narrowing only: Unrestricted may become Blocked, never the reverse.
     let network = sb
         .network
@@ -527,6 +529,7 @@ pub fn effective_key(
         max_threads,
         max_live_sandboxes,
         max_live_seconds,
+        live_idle_seconds,
         webhook_secret,
         audit_namespace: k.audit_scope == Some(warren_api::apikey::AuditScope::Namespace),
         image: sb.image.clone(),

@@ -51,6 +51,9 @@ pub struct EffectiveKey {
     /// older operator) means the default.
     #[serde(default)]
     pub max_live_seconds: u32,
+    /// Idle seconds after which a live sandbox is paused; 0: never.
+    #[serde(default)]
+    pub live_idle_seconds: u32,
     /// Root filesystem: `host` or an OCI reference.
     pub image: String,
     /// The manifest digest the operator resolved the image to (warm on

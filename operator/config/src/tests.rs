@@ -72,6 +72,16 @@ fn a_key_may_not_widen_its_timeout() {
 }
 
 #[test]
+fn an_idle_pause_is_off_unless_a_key_sets_it_within_its_range() {
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox(""), api_key("k", ""), secret("k-key", KEY_A)))]);
+    assert_eq!(c.keys[0].live_idle_seconds, 0, "never paused for idleness by default");
+    let c = run(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox(""), api_key("k", "  liveIdleSeconds: 900\n"), secret("k-key", KEY_A)))]);
+    assert_eq!(c.keys[0].live_idle_seconds, 900);
+    let e = one_error(&[("a.yaml", format!("{}---\n{}---\n{}", sandbox(""), api_key("k", "  liveIdleSeconds: 5\n"), secret("k-key", KEY_A)))]);
+    assert_eq!(e, "a.yaml: ApiKey default/k: spec.liveIdleSeconds: 5 is outside 30–86400");
+}
+
+#[test]
 fn errors_name_file_object_and_field() {
     let cases: Vec<(String, &str)> = vec![
         (sandbox("  timout: 5\n"), "Sandbox default/sb: spec.timout: unknown field `timout`"),

@@ -759,6 +759,36 @@ pub struct StatusResponse {
     /// Ready sandboxes discarded for using CPU while they should have waited.
     #[prost(uint64, tag = "12")]
     pub idle_discards: u64,
+    /// The live sandboxes on this node now (at most its max_executions).
+    #[prost(message, repeated, tag = "13")]
+    pub live: ::prost::alloc::vec::Vec<LiveSummary>,
+    /// Live sandboxes that ended in the last ten minutes, newest last (at most 256).
+    #[prost(message, repeated, tag = "14")]
+    pub live_ended: ::prost::alloc::vec::Vec<LiveEnded>,
+}
+/// A live sandbox as the node sees it.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveSummary {
+    #[prost(message, optional, tag = "1")]
+    pub live: ::core::option::Option<LiveRef>,
+    /// Milliseconds since a call last reached it or a stream of it was last
+    /// open (0 while a caller follows a process or holds a port connection).
+    #[prost(uint64, tag = "2")]
+    pub idle_ms: u64,
+    /// Processes running that a caller started (tags beginning `warren-`
+    /// are Warren's own helpers, such as code contexts, and are not counted).
+    #[prost(uint32, tag = "3")]
+    pub busy: u32,
+}
+/// A live sandbox that ended, and why.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveEnded {
+    #[prost(message, optional, tag = "1")]
+    pub live: ::core::option::Option<LiveRef>,
+    /// `ended` (asked), `lifetime` (its lifetime ran out) or `died` (its init
+    /// died: killed, or out of memory).
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IsolationFeatures {

@@ -21,6 +21,9 @@ fn sandbox(id: &str, key: &str, started_ms: i64, metadata: &[(&str, &str)]) -> E
         end_ms: started_ms + 60_000,
         auto_pause: false,
         node: None,
+        status: String::new(),
+        reason: String::new(),
+        live_ms: 0,
     }
 }
 
@@ -121,4 +124,47 @@ async fn rows_of_an_earlier_release_are_sealed_and_get_their_metadata_rows() {
     assert!(store.unsealed_sandboxes(10).await.unwrap().is_empty());
     let page = SandboxPage { namespace: "ns".into(), key_name: "k".into(), metadata: vec![("team".into(), "a".into())], now, limit: 10, ..Default::default() };
     assert_eq!(store.sandbox_page(&page).await.unwrap().len(), 1);
+}
+
+/// A sweep's verdict is a compare-and-swap on the record as it read it: a
+/// sandbox pausing, paused, or live again elsewhere meanwhile is not marked
+/// failed; one that is marks once, frees its running slot, and keeps its home.
+#[tokio::test]
+async fn a_failure_is_recorded_once_and_never_over_a_pause_or_a_resume() {
+    let (store, _dir) = store().await;
+    let now = crate::records::now_ms();
+    assert_eq!(store.insert_sandbox_within(&sandbox("sb1", "k", now, &[]), 10, 1).await.unwrap(), Inserted::Yes);
+    store.set_sandbox_node("sb1", Some("node-a")).await.unwrap();
+    let read = store.sandbox("sb1").await.unwrap().unwrap();
+    assert!(read.live_ms > 0 && read.node.as_deref() == Some("node-a"));
+    // A pause in progress wins over the sweep.
+    store.set_sandbox_status("sb1", "pausing").await.unwrap();
+    assert!(!store.fail_sandbox(&read, "lost", now + 1000).await.unwrap());
+    assert!(!store.begin_pause(&read).await.unwrap(), "already pausing");
+    store.set_sandbox_status("sb1", "").await.unwrap();
+    // Live again (a resume) since the sweep read it: not the sandbox it judged.
+    store.set_sandbox_node("sb1", None).await.unwrap();
+    store.set_sandbox_node("sb1", Some("node-b")).await.unwrap();
+    assert!(!store.fail_sandbox(&read, "lost", now + 1000).await.unwrap());
+    let read = store.sandbox("sb1").await.unwrap().unwrap();
+    assert!(store.fail_sandbox(&read, "node node-b lost", now + 1000).await.unwrap());
+    assert!(!store.fail_sandbox(&read, "node node-b lost", now + 1000).await.unwrap(), "once");
+    let failed = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!((failed.state.as_str(), failed.status.as_str(), failed.reason.as_str(), failed.node.as_deref()), ("paused", "failed", "node node-b lost", None));
+    assert_eq!(store.running_sandboxes("ns", "k", now).await.unwrap(), 0, "a failed sandbox holds no running slot");
+    // Resumed, it is running again and neither failed nor explained.
+    store.set_sandbox_node("sb1", Some("node-c")).await.unwrap();
+    store.update_sandbox("sb1", now + 60_000, "running").await.unwrap();
+    let back = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!((back.status.as_str(), back.reason.as_str()), ("", ""));
+    // Idle: pausing once, then paused by Warren with the reason.
+    assert!(store.begin_pause(&back).await.unwrap());
+    assert!(!store.begin_pause(&back).await.unwrap(), "one replica pauses it");
+    store.set_sandbox_node("sb1", None).await.unwrap();
+    store.paused_by_warren("sb1", now + 1000, "idle").await.unwrap();
+    let idle = store.sandbox("sb1").await.unwrap().unwrap();
+    assert_eq!((idle.state.as_str(), idle.status.as_str(), idle.reason.as_str()), ("paused", "", "idle"));
+    assert_eq!(store.live_on_nodes(10).await.unwrap().len(), 0);
+    assert_eq!(store.sandboxes_in(&["ns".into()], now, 10).await.unwrap().len(), 1);
+    assert!(store.sandboxes_in(&["other".into()], now, 10).await.unwrap().is_empty());
 }
