@@ -29,6 +29,7 @@ fn key() -> EffectiveKey {
         max_live_sandboxes: 100,
         max_live_seconds: 86_400,
         live_idle_seconds: 0,
+        public_ports: false,
         audit_namespace: false,
         webhook_secret: None,
         storage: Vec::new(),

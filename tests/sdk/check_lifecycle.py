@@ -1,8 +1,13 @@
 """A live sandbox's lifecycle as its callers see it (issue #46), with the
 unmodified E2B SDK (e2b from PyPI) and its info as JSON: run by
 tests/tests/live_lifecycle.rs against a key whose ApiKey sets
-liveIdleSeconds: 30. E2B_API_URL/E2B_SANDBOX_URL name the gateway,
-E2B_API_KEY the key. Prints "ok lifecycle" when every check passed.
+liveIdleSeconds: 30 and publicPorts: true. E2B_API_URL/E2B_SANDBOX_URL
+name the gateway, E2B_API_KEY the key, WARREN_E2B_OTHER_KEY a key without
+publicPorts. Prints "ok lifecycle" when every check passed.
+
+- public ports: a sandbox created with allowPublicTraffic answers on its
+  port without a token, one created without does not, and a key without
+  publicPorts cannot ask for it;
 
 - `status` (Banata's names) in the sandbox's info: ready, active while a
   process a caller started runs, ready again once it ended;
@@ -15,6 +20,7 @@ E2B_API_KEY the key. Prints "ok lifecycle" when every check passed.
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 
 from e2b import Sandbox
@@ -41,6 +47,37 @@ def until(what, test, bound):
         assert time.monotonic() < end, f"{what}: not within {bound} s"
         time.sleep(0.5)
 
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def serve(s):
+    s.files.write("/tmp/site/t.txt", "public")
+    s.commands.run("python3 -m http.server 8000 --bind 127.0.0.1", background=True, cwd="/tmp/site")
+    s.commands.run("for i in $(seq 300); do python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/t.txt')\" 2>/dev/null && break; sleep 0.1; done")
+    return f"{os.environ['E2B_SANDBOX_URL']}/sandboxes/{s.sandbox_id}/ports/8000/t.txt"
+
+
+public = Sandbox.create(network={"allow_public_traffic": True})
+assert info(public.sandbox_id)["status"] in ("ready", "active")
+assert fetch(serve(public)) == (200, "public")
+private = Sandbox.create()
+got = fetch(serve(private))
+assert got[0] == 502 and "public" not in got[1], got
+try:
+    Sandbox.create(network={"allow_public_traffic": True}, api_key=os.environ["WARREN_E2B_OTHER_KEY"])
+    raise AssertionError("a key without publicPorts made a public sandbox")
+except Exception as e:
+    assert "publicPorts" in str(e), e
+public_url = f"{os.environ['E2B_SANDBOX_URL']}/sandboxes/{public.sandbox_id}/ports/8000/t.txt"
+public.kill()
+private.kill()
+assert fetch(public_url)[0] == 502, "a killed sandbox's public port still answers"
 
 sbx = Sandbox.create(timeout=900)
 sid = sbx.sandbox_id

@@ -15,10 +15,11 @@ use warren_e2e::{skip_unless_root, Agent};
 /// The pinned Python SDK (as tests/tests/e2b_sdk.rs pins it).
 const PINNED: &str = "e2b==2.63.0 e2b-code-interpreter==2.11.5";
 
-/// An ApiKey of the `threads` Sandbox whose live sandboxes pause after 30 s idle.
+/// An ApiKey of the `threads` Sandbox whose live sandboxes pause after 30 s
+/// idle and may have public ports.
 fn idle_key_manifest() -> String {
     format!(
-        "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: idle}}\nspec: {{sandboxRef: {{name: threads}}, liveIdleSeconds: 30}}\n---\n\
+        "apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: idle}}\nspec: {{sandboxRef: {{name: threads}}, liveIdleSeconds: 30, publicPorts: true}}\n---\n\
          apiVersion: v1\nkind: Secret\nmetadata: {{name: idle-key}}\nstringData: {{key: {}}}\n",
         key("idle")
     )
@@ -37,8 +38,8 @@ fn activity(gw: &Gateway, id: &str) -> Vec<(String, String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_live_sandbox_is_paused_and_calls_keep_one_running() {
-    if skip_unless_root("an_idle_live_sandbox_is_paused_and_calls_keep_one_running") {
+async fn an_idle_live_sandbox_is_paused_calls_keep_one_running_and_public_ports_need_the_key() {
+    if skip_unless_root("an_idle_live_sandbox_is_paused_calls_keep_one_running_and_public_ports_need_the_key") {
         return;
     }
     let venv = warren_e2e::python::venv("e2b-venv", PINNED);
@@ -50,7 +51,7 @@ async fn an_idle_live_sandbox_is_paused_and_calls_keep_one_running() {
     let url = format!("http://{}", gw.addr);
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/check_lifecycle.py"));
-    cmd.env("E2B_API_URL", &url).env("E2B_SANDBOX_URL", &url).env("E2B_API_KEY", &alias).env_remove("E2B_DOMAIN").env_remove("E2B_DEBUG");
+    cmd.env("E2B_API_URL", &url).env("E2B_SANDBOX_URL", &url).env("E2B_API_KEY", &alias).env("WARREN_E2B_OTHER_KEY", warren_config::key::e2b_alias(&key("thr"))).env_remove("E2B_DOMAIN").env_remove("E2B_DEBUG");
     let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("ok lifecycle\n"), "{stdout}\n{}\n{:#?}", String::from_utf8_lossy(&out.stderr), gw.logs());

@@ -83,8 +83,9 @@ fn strings(v: &Value, field: &str) -> Result<BTreeMap<String, String>, E2bError>
 }
 
 /// Refuses what `create` asks that Warren cannot give: a network other than
-/// the Sandbox's (a key's policy is only narrowed by its manifests), MCP
-/// servers, volume mounts and IAM inside the sandbox.
+/// the Sandbox's (a key's policy is only narrowed by its manifests; of
+/// `network`, only `allowPublicTraffic` is taken), MCP servers, volume
+/// mounts and IAM inside the sandbox.
 fn refuse_unsupported(v: &Value, key: &EffectiveKey) -> Result<(), E2bError> {
     let present = |f: &str| v.get(f).is_some_and(|x| !x.is_null() && x != &json!({}) && x != &json!([]));
     for (field, what) in [("mcp", "MCP servers inside a sandbox"), ("volumeMounts", "volume mounts chosen at create (declare storage on the Sandbox)"), ("iam", "IAM workload tokens")] {
@@ -92,8 +93,12 @@ fn refuse_unsupported(v: &Value, key: &EffectiveKey) -> Result<(), E2bError> {
             return Err(E2bError::unsupported(&format!("{field}: {what} are not offered by Warren")));
         }
     }
-    if present("network") {
-        return Err(E2bError::unsupported("network: the network policy is the Sandbox's (spec.network, spec.egress), not chosen per sandbox"));
+    if let Some(n) = v.get("network").filter(|_| present("network")) {
+        let fields = n.as_object().ok_or_else(|| E2bError::invalid("network: an object"))?;
+        let chosen = |(k, x): (&String, &Value)| k != "allowPublicTraffic" && !x.is_null() && x != &json!([]) && x != &json!({});
+        if fields.iter().any(chosen) {
+            return Err(E2bError::unsupported("network: the network policy is the Sandbox's (spec.network, spec.egress), not chosen per sandbox; only allowPublicTraffic is taken"));
+        }
     }
     // Asking for no internet where the Sandbox allows it must not be ignored;
     // `true` is E2B's default (older SDKs always send it): the Sandbox's
@@ -166,6 +171,20 @@ pub(super) fn listed(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Value
     v
 }
 
+/// Whether create's body `v` asks for public ports (`network.allowPublicTraffic`),
+/// which only a key whose ApiKey sets `publicPorts` may; unset is private.
+fn public_ports(key: &EffectiveKey, v: &Value) -> Result<bool, E2bError> {
+    let asked = match v.get("network").and_then(|n| n.get("allowPublicTraffic")) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(E2bError::invalid("network.allowPublicTraffic: true or false")),
+    };
+    if asked && !key.public_ports {
+        return Err(E2bError::invalid("network.allowPublicTraffic: this API key's sandbox ports are private (its ApiKey does not set publicPorts); use the traffic token"));
+    }
+    Ok(asked)
+}
+
 /// The record of a new sandbox of `key` as `create`'s body `v` asks,
 /// checked by the execute request's rules, its environment sealed.
 fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Result<E2bSandbox, E2bError> {
@@ -193,6 +212,7 @@ fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Resul
         status: String::new(),
         reason: String::new(),
         live_ms: 0,
+        public_ports: public_ports(key, v)?,
     })
 }
 
@@ -261,6 +281,7 @@ pub async fn get_info(State(st): State<AppState>, headers: HeaderMap, Path(id): 
         let s = owned(&st, &key, &id).await?;
         let mut v = listed(&st, &key, &s);
         v["envdAccessToken"] = created(&st, &s)["envdAccessToken"].clone();
+        v["network"] = json!({"allowPublicTraffic": s.public_ports && key.public_ports});
         Ok::<_, E2bError>(axum::Json(v))
     };
     run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)

@@ -105,7 +105,8 @@ async fn opened(st: &AppState, headers: &HeaderMap, query: Option<&str>, id: &st
     let from_query = query.and_then(|q| url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == TOKEN_PARAM).map(|(_, v)| v.into_owned())).unwrap_or_default();
     let verify = |scope, token: &str| super::token::verify_for(scope, &signing, &s.namespace, &s.key_name, id, token);
     let opens = verify(Scope::Traffic, text(TRAFFIC_HEADER)) || verify(Scope::Port(port), text(TOKEN_HEADER)) || verify(Scope::Port(port), &from_query);
-    let key = st.keys().named(&s.namespace, &s.key_name).filter(|k| opens && !k.disabled).ok_or_else(gone)?;
+    // Public ports need no token while the key still allows them.
+    let key = st.keys().named(&s.namespace, &s.key_name).filter(|k| (opens || (s.public_ports && k.public_ports)) && !k.disabled).ok_or_else(gone)?;
     if s.end_ms <= crate::records::now_ms() || s.state != "running" {
         return Err(gone());
     }
@@ -133,7 +134,7 @@ fn log_use(st: &AppState, key: &warren_config::EffectiveKey, s: &E2bSandbox, por
         }
         recent.insert((s.id.clone(), port), Instant::now());
     }
-    super::reconcile::log(st, s, &format!("{} (port token)", super::reconcile::by_key(key)), "sandbox.port", &format!("port {port}"));
+    super::reconcile::log(st, s, &format!("{} (port URL)", super::reconcile::by_key(key)), "sandbox.port", &format!("port {port}"));
 }
 
 /// Carries `req` to `port` of sandbox `id` as `path`, and its answer back

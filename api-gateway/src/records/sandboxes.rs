@@ -46,6 +46,8 @@ pub struct E2bSandbox {
     pub reason: String,
     /// When it last went live, Unix milliseconds (0: never).
     pub live_ms: i64,
+    /// Its ports answer without a token (while its key allows it).
+    pub public_ports: bool,
 }
 
 /// What [`Store::insert_sandbox_within`] did.
@@ -79,7 +81,7 @@ pub struct SandboxPage {
 }
 
 /// Every column but the environment.
-const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause, node, status, reason, live_ms";
+const COLUMNS: &str = "id, namespace, key_name, template, metadata, state, started_ms, end_ms, auto_pause, node, status, reason, live_ms, public_ports";
 
 fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
     let metadata: String = r.try_get("metadata")?;
@@ -98,6 +100,7 @@ fn decode(r: &AnyRow, with_env: bool) -> Result<E2bSandbox, sqlx::Error> {
         status: r.try_get("status")?,
         reason: r.try_get("reason")?,
         live_ms: r.try_get("live_ms")?,
+        public_ports: r.try_get::<i64, _>("public_ports")? != 0,
     })
 }
 
@@ -130,7 +133,7 @@ impl Store {
             tx.rollback().await?;
             return Ok(Inserted::TooManyRunning);
         }
-        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause, node) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+        sqlx::query("INSERT INTO warren_e2b_sandboxes (id, namespace, key_name, template, metadata, env, state, started_ms, end_ms, auto_pause, node, public_ports) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
             .bind(s.id.clone())
             .bind(s.namespace.clone())
             .bind(s.key_name.clone())
@@ -142,6 +145,7 @@ impl Store {
             .bind(s.end_ms)
             .bind(i64::from(s.auto_pause))
             .bind(s.node.clone().unwrap_or_default())
+            .bind(i64::from(s.public_ports))
             .execute(&mut *tx)
             .await?;
         insert_metadata(&mut tx, s).await?;

@@ -167,6 +167,8 @@ const MIGRATIONS: &[&[&str]] = &[&[
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN status TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN live_ms BIGINT NOT NULL DEFAULT 0",
+    // Its ports answer without a token (its key allows it, and create asked).
+    "ALTER TABLE warren_e2b_sandboxes ADD COLUMN public_ports BIGINT NOT NULL DEFAULT 0",
 ]];
 
 /// Columns read back into a [`Row`].

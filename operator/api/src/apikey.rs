@@ -89,6 +89,12 @@ pub struct ApiKeySpec {
     /// running. Unset: never paused for idleness, only at its timeout.
     #[schemars(range(min = 30, max = 86400))]
     pub live_idle_seconds: Option<u32>,
+    /// Lets a live sandbox of this key be created with public ports (E2B's
+    /// `network.allowPublicTraffic: true`): its ports then answer without a
+    /// token. Off (default): every port needs the sandbox's traffic token or
+    /// that port's token, and asking for public ports is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ports: Option<bool>,
     /// Network policy; may only be stricter than the Sandbox's.
     pub network: Option<Network>,
     /// An egress allowlist within the Sandbox's: every rule must be covered

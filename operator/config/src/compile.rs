@@ -530,6 +530,7 @@ pub fn effective_key(
         max_live_sandboxes,
         max_live_seconds,
         live_idle_seconds,
+        public_ports: k.public_ports.unwrap_or(false),
         webhook_secret,
         audit_namespace: k.audit_scope == Some(warren_api::apikey::AuditScope::Namespace),
         image: sb.image.clone(),

@@ -54,6 +54,9 @@ pub struct EffectiveKey {
     /// Idle seconds after which a live sandbox is paused; 0: never.
     #[serde(default)]
     pub live_idle_seconds: u32,
+    /// Its live sandboxes may be created with public ports.
+    #[serde(default)]
+    pub public_ports: bool,
     /// Root filesystem: `host` or an OCI reference.
     pub image: String,
     /// The manifest digest the operator resolved the image to (warm on

@@ -20,6 +20,7 @@ fn sandbox(state: &str, status: &str, node: Option<&str>) -> E2bSandbox {
         status: status.into(),
         reason: String::new(),
         live_ms: 1,
+        public_ports: false,
     }
 }
 

@@ -24,6 +24,7 @@ fn sandbox(id: &str, key: &str, started_ms: i64, metadata: &[(&str, &str)]) -> E
         status: String::new(),
         reason: String::new(),
         live_ms: 0,
+        public_ports: false,
     }
 }
 
