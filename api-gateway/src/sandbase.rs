@@ -61,7 +61,7 @@ pub async fn run_process(State(st): State<AppState>, headers: HeaderMap, Path(id
         let start = Start { argv: std::iter::once(cmd.to_string()).chain(args).collect(), env: crate::e2b::string_entries(req.get("env")), cwd, ..Start::default() };
         let live = opened.live(&st).await?;
         tracing::info!(sandbox = %id, key = %opened.key.qualified_name(), program = %cmd, "sandbase process started");
-        crate::e2b::reconcile::log(&st, &opened.sandbox, &crate::e2b::reconcile::by_key(&opened.key), "sandbox.process", &start.argv.join(" "));
+        crate::e2b::activity::log(&st, &opened.sandbox, &crate::e2b::activity::by_key(&opened.key), "sandbox.process", &start.argv.join(" "));
         let mut events = live.start(start).await?;
         let (mut out, mut err, mut cut) = (Vec::new(), Vec::new(), false);
         let mut keep = |buf: &mut Vec<u8>, b: &Bytes| {

@@ -57,7 +57,7 @@ pub async fn terminal(State(st): State<AppState>, headers: HeaderMap, Path(id): 
         let live = st.service.live(&key, &id, node)?;
         let size = (q.rows.unwrap_or(24).clamp(1, 1000), q.cols.unwrap_or(80).clamp(1, 1000));
         tracing::info!(sandbox = %id, key = %key.qualified_name(), "terminal session opened");
-        crate::e2b::reconcile::log(&st, &s, &crate::e2b::reconcile::by_key(&key), "sandbox.terminal", "WebSocket terminal");
+        crate::e2b::activity::log(&st, &s, &crate::e2b::activity::by_key(&key), "sandbox.terminal", "WebSocket terminal");
         Ok::<_, E2bError>(ws.max_frame_size(MAX_FRAME).max_message_size(MAX_FRAME).on_upgrade(move |socket| session(socket, live, size)))
     };
     run.await.unwrap_or_else(IntoResponse::into_response)

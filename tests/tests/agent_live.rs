@@ -309,3 +309,80 @@ async fn wait_no_cgroups(agent: &Agent) -> bool {
     }
     panic!("cgroups left: {:?}", agent.leftover_cgroups());
 }
+
+/// Asks `port` of live sandbox `key/id` for `/`; the error's code when refused.
+async fn dial(c: &mut Client, key: &str, id: &str, port: u32) -> Result<String, Code> {
+    let first = pb::LivePortRequest { live: Some(live_ref(key, id)), port, data: b"GET / HTTP/1.0\r\n\r\n".to_vec() };
+    let mut s = c.live_port(futures_util::stream::iter([first])).await.map_err(|e| e.code())?.into_inner();
+    let mut got = Vec::new();
+    while let Ok(Some(m)) = s.message().await {
+        got.extend(m.data);
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// The attacks on a live sandbox's ports and limits: a port number can lead
+/// only to the sandbox's own loopback — never to a server on the node's
+/// loopback, nor to another sandbox listening on the same port — and a
+/// sandbox at its memory limit harms no other. The node's status reports
+/// each live sandbox (busy with a caller's process, not with Warren's
+/// helpers; not idle while a stream of it is open) and why one ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_reaches_only_its_own_sandbox_and_a_memory_hog_harms_no_other() {
+    if skip_unless_root("a_port_reaches_only_its_own_sandbox_and_a_memory_hog_harms_no_other") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    let mut c = agent.client().await.unwrap();
+    // A server on the node's own loopback, which no sandbox port may reach.
+    let node = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    node.set_nonblocking(true).unwrap();
+    let node_port = u32::from(node.local_addr().unwrap().port());
+    create(&mut c, "a", "ports", T * 4, Some(pb::Limits { memory_bytes: 64 << 20, ..Default::default() })).await.unwrap();
+    create(&mut c, "b", "ports", T * 4, None).await.unwrap();
+    let mut srv = c.live_start(start("b", "ports", "cd /tmp && exec python3 -m http.server 8000 --bind 127.0.0.1")).await.unwrap().into_inner();
+    pid_of(&mut srv).await;
+    let up = async {
+        loop {
+            match dial(&mut c.clone(), "b", "ports", 8000).await {
+                Ok(a) => return a,
+                Err(Code::FailedPrecondition) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    };
+    assert!(tokio::time::timeout(T, up).await.expect("B's server answered").starts_with("HTTP/1.0 200"));
+
+    // A's port 8000 is A's own loopback: B's server is not there; nor is the node's.
+    assert_eq!(dial(&mut c, "a", "ports", 8000).await, Err(Code::FailedPrecondition));
+    assert_eq!(dial(&mut c, "a", "ports", node_port).await, Err(Code::FailedPrecondition));
+    assert_eq!(node.accept().map(drop).unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "a connection reached the node's loopback");
+    for bad in [0, 65_536, u32::MAX] {
+        assert_eq!(dial(&mut c, "a", "ports", bad).await, Err(Code::InvalidArgument), "port {bad}");
+    }
+
+    // The node's status: B busy (its server, a caller's process) and not idle
+    // while its stream is open; A not busy; a helper process is not business.
+    let mut helper = start("a", "ports", "exec sleep 600");
+    helper.tag = "warren-context-x".into();
+    let mut helper = c.live_start(helper).await.unwrap().into_inner();
+    pid_of(&mut helper).await;
+    let status = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let of = |key: &str| status.live.iter().find(|l| l.live.as_ref().and_then(|r| r.r#ref.as_ref()).is_some_and(|t| t.key_name == key)).cloned().unwrap();
+    assert_eq!((of("b").busy, of("b").idle_ms), (1, 0), "{status:?}");
+    assert_eq!(of("a").busy, 0, "{status:?}");
+
+    // A at its memory limit: its hog is killed (or A dies); B serves on.
+    let hog = run(&mut c, "a", "ports", "python3 -c 'b = bytearray(512 << 20); print(len(b))'").await;
+    assert!(hog.ended != Some((0, 0)) && !hog.stdout.contains("536870912"), "{hog:?}");
+    assert!(dial(&mut c, "b", "ports", 8000).await.unwrap().starts_with("HTTP/1.0 200"));
+
+    // Ended, each is gone from the status and listed as ended, with why.
+    let _ = c.live_end(live_ref("a", "ports")).await;
+    c.live_end(live_ref("b", "ports")).await.unwrap();
+    let status = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert!(status.live.is_empty(), "{status:?}");
+    let ended: Vec<_> = status.live_ended.iter().filter_map(|e| Some((e.live.as_ref()?.r#ref.as_ref()?.key_name.clone(), e.reason.clone()))).collect();
+    assert!(ended.contains(&("b".to_string(), "ended".to_string())), "{ended:?}");
+    wait_no_processes(&agent).await;
+}

@@ -247,4 +247,14 @@ async fn a_user_types_into_a_terminal_in_the_browser() {
     b.send_keys(&input, "exit\u{E007}").unwrap();
     let closed = "return document.querySelector('#terminal').getAttribute('data-closed')";
     assert!(warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || b.eval(closed).is_ok_and(|v| v.as_str() == Some("exit 0"))), "{:?}", b.eval(closed));
+    // The Sandboxes page lists the live sandbox with its status (its shell
+    // gone: ready); the Activity page has the session, by the signed-in user.
+    let text = "return document.body.textContent";
+    let shows = |path: &str, want: &[&str]| {
+        warren_e2e::gateway::wait_for(std::time::Duration::from_secs(20), || {
+            b.goto(&format!("http://{listen}{path}")).is_ok() && b.eval(text).is_ok_and(|t| t.as_str().is_some_and(|t| want.iter().all(|w| t.contains(w))))
+        })
+    };
+    assert!(shows("/sandboxes", &["Live sandboxes", &id, "ready"]), "{:?}", b.eval(text));
+    assert!(shows("/activity", &["sandbox.create", "sandbox.terminal", &format!("main/{id}: console terminal")]), "{:?}", b.eval(text));
 }

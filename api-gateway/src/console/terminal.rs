@@ -114,6 +114,6 @@ pub(super) async fn socket(State(c): State<Arc<Console>>, headers: HeaderMap, ur
         Err(_) => return StatusCode::BAD_GATEWAY.into_response(),
     };
     tracing::info!(user = %v.session.identity.user, sandbox = %s.id, key = %key.qualified_name(), "console: terminal session opened");
-    crate::e2b::reconcile::log(v.warren, &s, &v.session.identity.user, "sandbox.terminal", "console terminal");
+    crate::e2b::activity::log(v.warren, &s, &v.session.identity.user, "sandbox.terminal", "console terminal");
     ws.on_upgrade(move |socket| crate::terminal::session(socket, live, (24, 80)))
 }

@@ -256,7 +256,7 @@ pub(crate) async fn create_sandbox(st: &AppState, key: &Arc<EffectiveKey>, v: &V
         }
     }
     tracing::info!(key = %key.qualified_name(), sandbox = %s.id, node = ?s.node, "sandbox created");
-    super::reconcile::log(st, &s, &super::reconcile::by_key(key), "sandbox.create", &format!("on {}", s.node.as_deref().unwrap_or("?")));
+    super::activity::log(st, &s, &super::activity::by_key(key), "sandbox.create", &format!("on {}", s.node.as_deref().unwrap_or("?")));
     Ok(s)
 }
 
@@ -298,7 +298,7 @@ pub async fn kill(State(st): State<AppState>, headers: HeaderMap, Path(id): Path
         // background (the caller does not wait for the node).
         let (st2, key2, trace) = (st.clone(), key.clone(), crate::request_id::of(&headers).to_string());
         tracing::info!(key = %key.qualified_name(), sandbox = %s.id, "e2b sandbox killed");
-        super::reconcile::log(&st, &s, &super::reconcile::by_key(&key), "sandbox.kill", "");
+        super::activity::log(&st, &s, &super::activity::by_key(&key), "sandbox.kill", "");
         tokio::spawn(async move { super::lifecycle::forget(&st2, &key2, &s, &trace).await });
         Ok::<_, E2bError>(StatusCode::NO_CONTENT)
     };
@@ -367,7 +367,7 @@ async fn mark(st: &AppState, headers: &HeaderMap, id: &str, state: &str, b: Opti
     }
     if state != was {
         let action = if state == "paused" { "sandbox.pause" } else { "sandbox.resume" };
-        super::reconcile::log(st, &s, &super::reconcile::by_key(&key), action, s.node.as_deref().map(|n| format!("on {n}")).as_deref().unwrap_or(""));
+        super::activity::log(st, &s, &super::activity::by_key(&key), action, s.node.as_deref().map(|n| format!("on {n}")).as_deref().unwrap_or(""));
     }
     s.state = state.to_string();
     st.service.records.store().update_sandbox(&s.id, s.end_ms, state).await?;

@@ -109,53 +109,22 @@ pub fn expire(st: &AppState, key: &Arc<EffectiveKey>, s: &E2bSandbox) {
                     tracing::warn!(sandbox = %s.id, error = %e.message, "pausing a sandbox at its timeout failed; its node ends it at its lifetime");
                 }
                 tracing::info!(sandbox = %s.id, "e2b sandbox paused at its timeout");
-                super::reconcile::log(&st, &s, "warren", "sandbox.pause", "at its timeout (autoPause)");
+                super::activity::log(&st, &s, "warren", "sandbox.pause", "at its timeout (autoPause)");
             }
             return;
         }
         if let Ok(true) = store.delete_sandbox(&s.id).await {
             tracing::info!(sandbox = %s.id, "e2b sandbox reached its timeout");
-            super::reconcile::log(&st, &s, "warren", "sandbox.end", "at its timeout");
+            super::activity::log(&st, &s, "warren", "sandbox.end", "at its timeout");
             forget(&st, &key, &s, "e2b-timeout").await;
         }
     });
 }
 
-/// How often each gateway looks for sandboxes past their timeout.
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Ends sandboxes past their timeout that no call touched (a call ends
-/// them itself): their records and threads are deleted, whichever replica
-/// gets there first. A sandbox whose key is gone loses its record; the
-/// key's threads are the agents' to collect.
-pub async fn sweep_loop(st: AppState) {
-    let since = now_ms();
-    loop {
-        tokio::time::sleep(SWEEP_EVERY).await;
-        seal_earlier_rows(&st).await;
-        super::reconcile::sweep(&st, since).await;
-        let ended = match st.service.records.store().ended_sandboxes(now_ms(), 200).await {
-            Ok(ended) => ended,
-            Err(e) => {
-                tracing::warn!(error = %e, "looking for ended e2b sandboxes failed");
-                continue;
-            }
-        };
-        for s in ended {
-            match st.keys().named(&s.namespace, &s.key_name) {
-                Some(key) => expire(&st, &key, &s),
-                None => {
-                    let _ = st.service.records.store().delete_sandbox(&s.id).await;
-                }
-            }
-        }
-    }
-}
-
 /// Seals the environment of sandboxes an earlier release (or a replica of
 /// it, during a rolling upgrade) stored in plain JSON, and gives their
 /// metadata its rows: after this, no variable is readable in the records.
-async fn seal_earlier_rows(st: &AppState) {
+pub(super) async fn seal_earlier_rows(st: &AppState) {
     let store = st.service.records.store();
     let rows = match store.unsealed_sandboxes(100).await {
         Ok(rows) => rows,

@@ -19,6 +19,7 @@
 //! terminals, exposed ports, interpreter state between `run_code` calls —
 //! answers an error that names the limit (docs/src/e2b.md).
 
+pub(crate) mod activity;
 mod connect;
 pub(crate) mod control;
 pub(crate) mod files;
@@ -32,6 +33,7 @@ mod process;
 pub(crate) mod reconcile;
 pub(crate) mod sandbox;
 mod sealed;
+mod sweep;
 pub(crate) mod token;
 mod watch;
 
@@ -44,7 +46,7 @@ use crate::exec_error::ExecError;
 use crate::files::FileError;
 use crate::state::AppState;
 
-pub use lifecycle::sweep_loop;
+pub use sweep::sweep_loop;
 
 /// The envd version Warren's data plane answers like: octet-stream and
 /// multipart uploads (≥ 0.5.7), no file metadata or watch entries (0.6.x).

@@ -134,7 +134,7 @@ fn log_use(st: &AppState, key: &warren_config::EffectiveKey, s: &E2bSandbox, por
         }
         recent.insert((s.id.clone(), port), Instant::now());
     }
-    super::reconcile::log(st, s, &format!("{} (port URL)", super::reconcile::by_key(key)), "sandbox.port", &format!("port {port}"));
+    super::activity::log(st, s, &format!("{} (port URL)", super::activity::by_key(key)), "sandbox.port", &format!("port {port}"));
 }
 
 /// Carries `req` to `port` of sandbox `id` as `path`, and its answer back

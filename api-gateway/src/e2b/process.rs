@@ -93,7 +93,7 @@ async fn streamed(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> 
         let start = start_of(&req)?;
         tracing::info!(sandbox = %opened.sandbox.id, key = %opened.key.qualified_name(), program = %start.argv[0], pty = start.pty.is_some(), "e2b process started");
         let what = if start.pty.is_some() { "sandbox.terminal" } else { "sandbox.process" };
-        super::reconcile::log(st, &opened.sandbox, &super::reconcile::by_key(&opened.key), what, &start.argv.join(" "));
+        super::activity::log(st, &opened.sandbox, &super::activity::by_key(&opened.key), what, &start.argv.join(" "));
         live.start(start).await?
     } else {
         let pid = selected(&live, &req).await?;

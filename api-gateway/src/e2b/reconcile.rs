@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use warren_proto::agent as pb;
 
+use super::activity::log;
 use crate::nodes::Heard;
-use crate::records::{now_ms, Action, E2bSandbox};
+use crate::records::{now_ms, E2bSandbox};
 use crate::state::AppState;
 
 /// How long a node may stay silent before its live sandboxes have failed.
@@ -184,22 +185,6 @@ async fn idle_pause(st: &AppState, key: &std::sync::Arc<warren_config::Effective
         tracing::info!(sandbox = %s.id, key = %key.qualified_name(), idle_s = secs, "idle sandbox paused");
         log(&st, &s, "warren", "sandbox.idle-pause", &why);
     });
-}
-
-/// Who a call made with `key` was: the key (the console names its user instead).
-pub fn by_key(key: &warren_config::EffectiveKey) -> String {
-    format!("key {}", key.name)
-}
-
-/// Adds to the activity log: `who` did `action` to sandbox `s` (`detail`
-/// says what, at most 200 characters; never a variable's value).
-pub fn log(st: &AppState, s: &E2bSandbox, who: &str, action: &str, detail: &str) {
-    let detail: String = detail.chars().take(200).collect();
-    let object = match detail.is_empty() {
-        true => format!("{}/{}", s.key_name, s.id),
-        false => format!("{}/{}: {detail}", s.key_name, s.id),
-    };
-    st.service.records.action(Action { at_ms: now_ms(), user: who.chars().take(256).collect(), action: action.into(), namespace: s.namespace.clone(), object });
 }
 
 #[cfg(test)]

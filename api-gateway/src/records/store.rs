@@ -395,14 +395,7 @@ impl Store {
 
     /// Records that `a.user` did `a.action` to `a.object` in `a.namespace`.
     pub async fn record_action(&self, a: &Action) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
-            .bind(a.at_ms)
-            .bind(a.user.clone())
-            .bind(a.action.clone())
-            .bind(a.namespace.clone())
-            .bind(a.object.clone())
-            .execute(&self.pool)
-            .await?;
+        insert_action(a).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -578,34 +571,7 @@ impl Write {
 
     fn statements(&self) -> Vec<Q<'_>> {
         match self {
-            Write::Insert(r) => {
-                let metadata = serde_json::to_string(&r.metadata).unwrap_or_else(|_| "{}".into());
-                let mut out = vec![sqlx::query(
-                    "INSERT INTO warren_executions (trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, \
-                     node, owner, timeout_secs, webhook_url, webhook_status, created_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14)",
-                )
-                .bind(r.trace_id.clone())
-                .bind(r.namespace.clone())
-                .bind(r.key_name.clone())
-                .bind(r.sandbox.clone())
-                .bind(r.language.to_string())
-                .bind(r.thread_id.clone())
-                .bind(metadata)
-                .bind(r.mode.as_str().to_string())
-                .bind(r.node.clone())
-                .bind(r.owner.clone())
-                .bind(i64::from(r.timeout_secs))
-                .bind(r.webhook_url.clone())
-                .bind(r.webhook_url.as_ref().map(|_| "pending".to_string()))
-                .bind(r.created_ms)];
-                for (k, v) in &r.metadata {
-                    out.push(
-                        sqlx::query("INSERT INTO warren_execution_metadata (trace_id, k, v) VALUES ($1, $2, $3)").bind(r.trace_id.clone()).bind(k.clone()).bind(v.clone()),
-                    );
-                }
-                out
-            }
+            Write::Insert(r) => insert_record(r),
             Write::Finish(id, f) => vec![sqlx::query(
                 "UPDATE warren_executions SET \
                  status = CASE WHEN cancel_requested = 1 AND $2 <> 'success' THEN 'cancelled' ELSE $3 END, \
@@ -634,14 +600,49 @@ impl Write {
             Write::Line(id, seq, line) => {
                 vec![sqlx::query("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES ($1, $2, $3)").bind(id.clone()).bind(*seq as i64).bind(line.clone())]
             }
-            Write::Action(a) => vec![sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
-                .bind(a.at_ms)
-                .bind(a.user.clone())
-                .bind(a.action.clone())
-                .bind(a.namespace.clone())
-                .bind(a.object.clone())],
+            Write::Action(a) => vec![insert_action(a)],
         }
     }
+}
+
+/// The inserts of a new execution record and its metadata rows.
+fn insert_record(r: &NewRecord) -> Vec<Q<'static>> {
+    let metadata = serde_json::to_string(&r.metadata).unwrap_or_else(|_| "{}".into());
+    let mut out = vec![sqlx::query(
+        "INSERT INTO warren_executions (trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, \
+         node, owner, timeout_secs, webhook_url, webhook_status, created_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(r.trace_id.clone())
+    .bind(r.namespace.clone())
+    .bind(r.key_name.clone())
+    .bind(r.sandbox.clone())
+    .bind(r.language.to_string())
+    .bind(r.thread_id.clone())
+    .bind(metadata)
+    .bind(r.mode.as_str().to_string())
+    .bind(r.node.clone())
+    .bind(r.owner.clone())
+    .bind(i64::from(r.timeout_secs))
+    .bind(r.webhook_url.clone())
+    .bind(r.webhook_url.as_ref().map(|_| "pending".to_string()))
+    .bind(r.created_ms)];
+    for (k, v) in &r.metadata {
+        out.push(
+            sqlx::query("INSERT INTO warren_execution_metadata (trace_id, k, v) VALUES ($1, $2, $3)").bind(r.trace_id.clone()).bind(k.clone()).bind(v.clone()),
+        );
+    }
+    out
+}
+
+/// The insert of one activity-log entry.
+fn insert_action(a: &Action) -> Q<'static> {
+    sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
+        .bind(a.at_ms)
+        .bind(a.user.clone())
+        .bind(a.action.clone())
+        .bind(a.namespace.clone())
+        .bind(a.object.clone())
 }
 
 fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
