@@ -401,3 +401,18 @@ pub async fn wait_agent_running(agent: &crate::Agent, n: u32) -> bool {
     }
     false
 }
+
+/// Two node-agents, `node-a` and `node-b`, sharing a thread store (a
+/// directory, removed with the returned guard), behind one gateway that
+/// sees both healthy. Bound in this order, they drop gateway first, store last.
+pub async fn two_nodes_sharing_a_store() -> (tempfile::TempDir, [crate::Agent; 2], Gateway) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = format!("dir:{}", store_dir.path().display());
+    let agents = [
+        crate::Agent::start(&["--node-name", "node-a", "--thread-store", &store]).await.unwrap(),
+        crate::Agent::start(&["--node-name", "node-b", "--thread-store", &store]).await.unwrap(),
+    ];
+    let gw = Gateway::start(&[agents[0].address(), agents[1].address()], &[], true).await.unwrap();
+    assert!(wait_for(Duration::from_secs(10), || http::get(gw.addr, "/metrics").text().contains("warren_gateway_healthy_nodes 2")));
+    (store_dir, agents, gw)
+}

@@ -105,14 +105,7 @@ async fn a_live_sandbox_on_a_lost_node_fails_and_resumes_elsewhere_from_its_last
     if skip_unless_root("a_live_sandbox_on_a_lost_node_fails_and_resumes_elsewhere_from_its_last_save") {
         return;
     }
-    let store_dir = tempfile::tempdir().unwrap();
-    let store = format!("dir:{}", store_dir.path().display());
-    let mut agents = [
-        Agent::start(&["--node-name", "node-a", "--thread-store", &store]).await.unwrap(),
-        Agent::start(&["--node-name", "node-b", "--thread-store", &store]).await.unwrap(),
-    ];
-    let gw = Gateway::start(&[agents[0].address(), agents[1].address()], &[], true).await.unwrap();
-    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || warren_e2e::http::get(gw.addr, "/metrics").text().contains("warren_gateway_healthy_nodes 2")));
+    let (_store, mut agents, gw) = warren_e2e::gateway::two_nodes_sharing_a_store().await;
     let created = call(&gw, "POST", "/sandboxes", &json!({"templateID": "base", "timeout": 900}));
     assert_eq!(created.status, 201, "{}", created.text());
     let id = created.json()["sandboxID"].as_str().unwrap().to_string();

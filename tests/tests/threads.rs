@@ -229,14 +229,7 @@ async fn a_thread_stays_on_its_node_and_moves_when_the_node_is_gone() {
     if skip_unless_root("a_thread_stays_on_its_node_and_moves_when_the_node_is_gone") {
         return;
     }
-    let store_dir = tempfile::tempdir().unwrap();
-    let store = format!("dir:{}", store_dir.path().display());
-    let mut agents = [
-        Agent::start(&["--node-name", "node-a", "--thread-store", &store]).await.unwrap(),
-        Agent::start(&["--node-name", "node-b", "--thread-store", &store]).await.unwrap(),
-    ];
-    let gw = Gateway::start(&[agents[0].address(), agents[1].address()], &[], true).await.unwrap();
-    assert!(warren_e2e::gateway::wait_for(Duration::from_secs(10), || http::get(gw.addr, "/metrics").text().contains("warren_gateway_healthy_nodes 2")));
+    let (_store, mut agents, gw) = warren_e2e::gateway::two_nodes_sharing_a_store().await;
     for i in 0..5 {
         assert_eq!(ok(&run(&gw, "thr", "bash", &format!("echo {i} >> ~/log; echo ok"), Some("sticky"))), "ok\n");
     }

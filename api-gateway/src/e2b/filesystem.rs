@@ -76,7 +76,7 @@ async fn run(st: &AppState, opened: &super::sandbox::Opened, args: &Value) -> Re
         return Err(E2bError::unsupported("the filesystem calls run Python in the sandbox, and this key's Sandbox does not offer python"));
     }
     let literal = serde_json::to_string(&args.to_string()).unwrap_or_default();
-    let program = Program { code: format!("{FS_PY}\nmain({literal})\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(TIMEOUT), tag: None };
+    let program = Program { code: format!("{FS_PY}\nmain({literal})\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(TIMEOUT), tag: None, helper: true };
     let r = opened.finish(st, program).await?;
     let answer = r.stdout.rsplit_once(MARK).and_then(|(_, a)| serde_json::from_str::<Value>(a.trim_end()).ok());
     let Some(answer) = answer else {

@@ -62,6 +62,8 @@ async fn start_context(st: &AppState, opened: &Opened, id: &str, cwd: &str) -> R
         env: Default::default(),
         timeout: None,
         tag: Some(format!("{TAG}{id}")),
+        // The context runs the caller's code: its site-packages are needed.
+        helper: false,
     };
     // Its stream is let go: the interpreter runs on until removed or restarted.
     opened.program(st, program).await.map(drop)
@@ -172,6 +174,7 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, b: Body) ->
             env: Default::default(),
             timeout: None,
             tag: None,
+            helper: true,
         };
         let (_, _, events) = opened.program(&st, program).await?;
         let interrupt = Interrupt { live: Some((live, kernel)) };

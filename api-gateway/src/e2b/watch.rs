@@ -29,7 +29,7 @@ fn py_str(s: &str) -> String {
 }
 
 fn program(code: String, tag: Option<String>) -> Program {
-    Program { code: format!("{WATCH_PY}\n{code}\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(30), tag }
+    Program { code: format!("{WATCH_PY}\n{code}\n"), language: warren_core::language::Language::Python, env: Default::default(), timeout: Some(30), tag, helper: true }
 }
 
 fn python(opened: &Opened) -> Result<(), E2bError> {
