@@ -3,7 +3,8 @@ gateway, same key, same run (tests/benches/e2b_sdk.rs starts them).
 An E2B sandbox is a live sandbox: (2) is a process of a sandbox that stays
 up, next to (7) a bare `bash -c 'echo 1'` on this machine; (8) is create →
 first `commands.run("echo 1")` timed to its answer; (9) `run_code("x = 1")`
-then `run_code("x + 1")` in one code context.
+then `run_code("x + 1")` in one code context; (10) `files.list` of a directory
+(envd's ListDir, a Python helper in the sandbox).
 
 Each iteration, interleaved: (1) E2B `Sandbox.create()` +
 `commands.run("echo 1")` + `kill()`; (2) E2B `commands.run("echo 1")` on a
@@ -43,6 +44,7 @@ def e2b_round_trip():
 
 
 kept = Sandbox.create(timeout=3600)
+kept.files.write("/home/user/kept.txt", "kept")
 
 
 def e2b_command():
@@ -94,9 +96,15 @@ def run_code_pair():
     assert ci.run_code("x + 1").text == "2"
 
 
+def files_list():
+    # envd's ListDir: one of Warren's Python helpers in the sandbox.
+    assert any(e.name == "kept.txt" for e in kept.files.list("/home/user"))
+
+
 cases = [("e2b create+run+kill", e2b_round_trip), ("e2b commands.run", e2b_command), ("baponi execute", baponi_execute),
          ("baponi, new thread", baponi_new_thread), ("e2b create→node -v", e2b_first_node), ("bare node -v", bare_node),
-         ("bare bash -c echo 1", bare_bash), ("e2b create→echo 1", e2b_first_echo), ("run_code x=1; x+1", run_code_pair)]
+         ("bare bash -c echo 1", bare_bash), ("e2b create→echo 1", e2b_first_echo), ("run_code x=1; x+1", run_code_pair),
+         ("e2b files.list", files_list)]
 times = {name: [] for name, _ in cases}
 for i in range(RUNS + 5):
     for name, fn in cases:

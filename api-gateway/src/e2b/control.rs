@@ -413,6 +413,31 @@ mod tests {
         assert_ne!(a, new_id());
     }
 
+    fn compiled_key(extra: &str) -> EffectiveKey {
+        let text = format!(
+            "apiVersion: warren.dev/v1alpha1\nkind: Sandbox\nmetadata: {{name: a}}\nspec: {{image: host}}\n---\n\
+             apiVersion: warren.dev/v1alpha1\nkind: ApiKey\nmetadata: {{name: k}}\nspec: {{sandboxRef: {{name: a}}{extra}}}\n---\n\
+             apiVersion: v1\nkind: Secret\nmetadata: {{name: k-key}}\nstringData: {{key: sk-wrn-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA}}\n"
+        );
+        let c = warren_config::compile(&[warren_config::Source { file: "t.yaml", text: &text }]);
+        assert!(c.errors.is_empty(), "{:?}", c.errors);
+        c.keys.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn public_ports_need_the_key_and_of_network_nothing_else_is_taken() {
+        let (private, public) = (compiled_key(""), compiled_key(", publicPorts: true"));
+        assert!(!public_ports(&private, &json!({})).unwrap(), "private unless asked");
+        assert!(!public_ports(&private, &json!({"network": {"allowPublicTraffic": false}})).unwrap());
+        assert!(public_ports(&private, &json!({"network": {"allowPublicTraffic": true}})).unwrap_err().message.contains("publicPorts"));
+        assert!(public_ports(&public, &json!({"network": {"allowPublicTraffic": true}})).unwrap());
+        assert!(public_ports(&public, &json!({"network": {"allowPublicTraffic": "yes"}})).is_err());
+        assert!(refuse_unsupported(&json!({"network": {"allowPublicTraffic": true}}), &public).is_ok());
+        assert!(refuse_unsupported(&json!({"network": {"allowPublicTraffic": null, "allowOut": []}}), &public).is_ok(), "empty is unset");
+        assert!(refuse_unsupported(&json!({"network": {"allowPublicTraffic": true, "denyOut": ["0.0.0.0/0"]}}), &public).is_err());
+        assert!(refuse_unsupported(&json!({"network": "open"}), &public).is_err());
+    }
+
     #[test]
     fn timeouts_are_bounded() {
         assert_eq!(timeout_of(&json!({}), 300).unwrap(), 300);
