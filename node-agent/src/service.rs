@@ -443,6 +443,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             warm_starts: r.warm_starts,
             idle_cpu_ms: r.idle.0 / 1000,
             idle_discards: r.idle.1,
+            reports_live: self.backend.live().is_some(),
             live,
             live_ended,
         }))

@@ -369,6 +369,7 @@ async fn a_port_reaches_only_its_own_sandbox_and_a_memory_hog_harms_no_other() {
     pid_of(&mut helper).await;
     let status = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
     let of = |key: &str| status.live.iter().find(|l| l.live.as_ref().and_then(|r| r.r#ref.as_ref()).is_some_and(|t| t.key_name == key)).cloned().unwrap();
+    assert!(status.reports_live);
     assert_eq!((of("b").busy, of("b").idle_ms), (1, 0), "{status:?}");
     assert_eq!(of("a").busy, 0, "{status:?}");
 

@@ -109,6 +109,8 @@ pub fn verdict(s: &E2bSandbox, node: &str, heard: Option<Heard>, idle_limit: u32
         Some(Heard::NotYet) => return Verdict::Keep,
         Some(Heard::Silent(d)) if d >= LOST_AFTER => return Verdict::Failed(format!("its node {node} stopped answering ({} s)", d.as_secs())),
         Some(Heard::Silent(_)) => return Verdict::Keep,
+        // An agent older than its live report: only its silence says anything.
+        Some(Heard::Status(status)) if !status.reports_live => return Verdict::Keep,
         Some(Heard::Status(status)) => status,
     };
     if let Some(l) = summary(s, &status) {

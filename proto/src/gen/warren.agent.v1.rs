@@ -765,6 +765,10 @@ pub struct StatusResponse {
     /// Live sandboxes that ended in the last ten minutes, newest last (at most 256).
     #[prost(message, repeated, tag = "14")]
     pub live_ended: ::prost::alloc::vec::Vec<LiveEnded>,
+    /// This agent reports its live sandboxes in `live` (an older one does
+    /// not: an empty `live` from it says nothing).
+    #[prost(bool, tag = "15")]
+    pub reports_live: bool,
 }
 /// A live sandbox as the node sees it.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -32,6 +32,7 @@ fn report(live: &[(&str, u64, u32)], ended: &[(&str, &str)]) -> Option<Heard> {
     Some(Heard::Status(Box::new(pb::StatusResponse {
         live: live.iter().map(|(id, idle_ms, busy)| pb::LiveSummary { live: live_ref(id), idle_ms: *idle_ms, busy: *busy }).collect(),
         live_ended: ended.iter().map(|(id, why)| pb::LiveEnded { live: live_ref(id), reason: (*why).into() }).collect(),
+        reports_live: true,
         ..Default::default()
     })))
 }
@@ -56,9 +57,17 @@ fn a_sandbox_its_node_still_runs_is_kept_until_idle_past_its_key_s_limit() {
     // Another key's sandbox of the same id is not this one.
     let other = Some(Heard::Status(Box::new(pb::StatusResponse {
         live: vec![pb::LiveSummary { live: Some(pb::LiveRef { r#ref: Some(pb::ThreadRef { namespace: "ns".into(), key_name: "other".into(), thread_id: "sb1".into() }) }), idle_ms: 0, busy: 0 }],
+        reports_live: true,
         ..Default::default()
     })));
     assert!(matches!(verdict(&s, "n", other, 30), Verdict::Failed(_)));
+}
+
+#[test]
+fn an_agent_older_than_its_live_report_is_no_evidence_of_loss() {
+    let s = sandbox("running", "", Some("n"));
+    let old = Some(Heard::Status(Box::new(pb::StatusResponse::default())));
+    assert_eq!(verdict(&s, "n", old, 30), Verdict::Keep, "an empty report from an old agent fails nothing (a rolling upgrade)");
 }
 
 #[test]
