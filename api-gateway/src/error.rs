@@ -87,6 +87,12 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, code, message)
     }
 
+    /// 422: well-formed, but it contradicts what was asked before (an
+    /// idempotency key reused for another request).
+    pub fn unprocessable(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+    }
+
     /// 411: an upload must declare its length.
     pub fn length_required() -> Self {
         Self::new(StatusCode::LENGTH_REQUIRED, "length_required", "send the upload with a Content-Length header")

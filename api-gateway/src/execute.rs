@@ -6,6 +6,8 @@
 //! concurrency, output memory and a node slot; no reachable node is 503.
 //! Nothing reaches a node before all pass.
 
+pub mod idempotent;
+
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -38,6 +40,7 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
     params(
         ("Accept" = Option<String>, Header, description = "application/x-ndjson to stream events"),
         ("Prefer" = Option<String>, Header, description = "respond-async: answer 202 at once; the execution runs on and is read with /v1/executions/{trace_id}"),
+        ("Idempotency-Key" = Option<String>, Header, description = "1–255 visible ASCII characters: a retry with the same key and the same request (body, Accept, Prefer) within 24 h answers what the first call answered (same trace_id and output; header Idempotent-Replayed: true) without running again; per API key"),
     ),
     responses(
         (status = 200, description = "The execution ran (whatever its exit code); NDJSON lines when streaming",
@@ -45,7 +48,8 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
         (status = 400, description = "Invalid request; `field` names what to fix", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or unknown API key", body = crate::error::ErrorBody),
         (status = 403, description = "API key disabled", body = crate::error::ErrorBody),
-        (status = 409, description = "The thread is running another execution", body = crate::error::ErrorBody),
+        (status = 409, description = "The thread is running another execution (`thread_busy`), or the call with this Idempotency-Key still runs (`idempotency_key_in_use`, see Retry-After)", body = crate::error::ErrorBody),
+        (status = 422, description = "This Idempotency-Key was used with another request in the last 24 h (`idempotency_key_reused`); nothing ran", body = crate::error::ErrorBody),
         (status = 408, description = "The body did not arrive in time", body = crate::error::ErrorBody),
         (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
         (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
@@ -64,6 +68,9 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     } else {
         Delivery::Collected
     };
+    if headers.contains_key(idempotent::HEADER) {
+        return idempotent::execute(&st, &headers, body, delivery).await;
+    }
     let t0 = Instant::now();
     let (run, hook) = match admit_and_start(&st, &headers, body, delivery).await {
         Ok(started) => started,
@@ -85,22 +92,28 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     resp
 }
 
-/// Everything before the program runs: the key, the body, the service. An
-/// async execution starts only once its record is committed (its 202
-/// promises that the status can be read); a stream's headers wait for it
-/// too (they carry the trace id a client resumes with), while the program
-/// already starts.
+/// Everything before the program runs: the key, the body, the service.
 async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<(Run, Option<Hook>), ApiError> {
     let t0 = Instant::now();
     let key = st.keys().authenticate(headers)?;
     let t_key = t0.elapsed();
-    let req = read_request(st, headers, body, delivery).await?;
+    let req = parse_request(&read_json(st, headers, body).await?, delivery)?;
     let t_body = t0.elapsed();
-    let hook = req.webhook_url.as_deref().map(|url| hook(st, &key, url)).transpose()?;
-    let mut admitted = st.service.admit(&key, req, delivery).await?;
-    let t_admit = t0.elapsed();
     let us = |d: Duration| d.as_micros() as u64;
-    tracing::debug!(key_us = us(t_key), body_us = us(t_body - t_key), admit_us = us(t_admit - t_body), "admission phases");
+    tracing::debug!(key_us = us(t_key), body_us = us(t_body - t_key), "request phases");
+    start_request(st, &key, req, delivery, crate::exec::new_trace_id()).await
+}
+
+/// Admits `req` of `key` as execution `id` and starts it. An
+/// async execution starts only once its record is committed (its 202
+/// promises that the status can be read); a stream's headers wait for it
+/// too (they carry the trace id a client resumes with), while the program
+/// already starts.
+pub(crate) async fn start_request(st: &AppState, key: &warren_config::EffectiveKey, req: ExecuteRequest, delivery: Delivery, id: String) -> Result<(Run, Option<Hook>), ApiError> {
+    let t0 = Instant::now();
+    let hook = req.webhook_url.as_deref().map(|url| hook(st, key, url)).transpose()?;
+    let mut admitted = st.service.admit_as(key, req, delivery, id).await?;
+    tracing::debug!(admit_us = t0.elapsed().as_micros() as u64, "admission phases");
     let (_, recorded) = tokio::sync::oneshot::channel();
     let mut recorded = std::mem::replace(&mut admitted.recorded, recorded);
     if matches!(delivery, Delivery::Async | Delivery::Console) && !(&mut recorded).await.unwrap_or(false) {
@@ -126,13 +139,17 @@ fn hook(st: &AppState, key: &warren_config::EffectiveKey, url: &str) -> Result<H
     Ok(Hook { url, secret })
 }
 
-/// The body as a request; options this server does not offer are refused.
-async fn read_request(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery) -> Result<ExecuteRequest, ApiError> {
+/// The body of a JSON request, bounded in size and time.
+pub(crate) async fn read_json(st: &AppState, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::unsupported_media_type());
     }
-    let bytes = read_body(headers, body, st.settings.body_timeout).await?;
-    let req = request::read(&bytes)?;
+    read_body(headers, body, st.settings.body_timeout).await
+}
+
+/// The body as a request; options this server does not offer are refused.
+pub(crate) fn parse_request(bytes: &[u8], delivery: Delivery) -> Result<ExecuteRequest, ApiError> {
+    let req = request::read(bytes)?;
     if req.webhook_url.is_some() && delivery != Delivery::Async {
         return Err(ApiError::invalid("webhook_url", "needs the Prefer: respond-async header"));
     }
@@ -172,7 +189,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: Duration) -> Result<b
     })
 }
 
-async fn collected(mut run: Run) -> Response {
+pub(crate) async fn collected(mut run: Run) -> Response {
     match run.collect().await {
         Ok(result) => (StatusCode::OK, axum::Json(result)).into_response(),
         Err(e) => ApiError::from(e).into_response(),
@@ -185,7 +202,7 @@ async fn collected(mut run: Run) -> Response {
 /// detaches: the execution runs on to its end (within its timeout, holding
 /// its key slot) and the client resumes with `GET …/output?after_seq=N`,
 /// or stops it with `POST …/cancel`. The gateway's shutdown waits for it.
-fn streamed(run: Run, st: &AppState) -> Response {
+pub(crate) fn streamed(run: Run, st: &AppState) -> Response {
     let (tx, resp) = ndjson::response();
     let tape = Tape::new(st.service.records.clone(), &run.id);
     st.tasks.spawn(relay(run, tx, tape, st.settings.keepalive, st.settings.stream_stall));
@@ -224,11 +241,16 @@ async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration
 
 /// 202: the execution runs on in a task of the gateway, its lines recorded,
 /// then its webhook delivered (the gateway's shutdown waits for both).
-fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
-    let body = Accepted { trace_id: run.id.clone(), status: crate::records::Status::RUNNING.into() };
-    let location = format!("/v1/executions/{}", run.id);
+pub(crate) fn accepted(run: Run, st: &AppState, hook: Option<Hook>) -> Response {
+    let id = run.id.clone();
     run_on(run, st, hook);
-    (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+    accepted_answer(&id)
+}
+
+/// The 202 of async execution `id` (also what a retry of it is answered).
+pub(crate) fn accepted_answer(id: &str) -> Response {
+    let body = Accepted { trace_id: id.to_string(), status: crate::records::Status::RUNNING.into() };
+    (StatusCode::ACCEPTED, [(header::LOCATION, format!("/v1/executions/{id}"))], axum::Json(body)).into_response()
 }
 
 /// Drives `run` to its end in a task of the gateway, recording its lines.

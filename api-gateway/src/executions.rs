@@ -221,7 +221,15 @@ fn is_result_line(line: &str) -> bool {
 
 /// The `result` line of an ended execution, from its record.
 fn result_line(row: &Row, seq: u64) -> StreamEvent {
-    let result = ExecuteResult {
+    let result = result_of(row);
+    let output_truncated = row.stdout_truncated || row.stderr_truncated;
+    StreamEvent::Result { trace_id: row.trace_id.clone(), status: row.status.clone(), result, output_truncated, seq }
+}
+
+/// An ended execution's result, from its record (the signal and the
+/// unsynced paths are not kept).
+pub fn result_of(row: &Row) -> ExecuteResult {
+    ExecuteResult {
         success: row.status == "success",
         stdout: row.stdout.clone().unwrap_or_default(),
         stderr: row.stderr.clone().unwrap_or_default(),
@@ -238,9 +246,7 @@ fn result_line(row: &Row, seq: u64) -> StreamEvent {
         signal: None,
         stdout_truncated: row.stdout_truncated,
         stderr_truncated: row.stderr_truncated,
-    };
-    let output_truncated = row.stdout_truncated || row.stderr_truncated;
-    StreamEvent::Result { trace_id: row.trace_id.clone(), status: row.status.clone(), result, output_truncated, seq }
+    }
 }
 
 /// Query of the audit list. Besides these, `metadata.<name>=<value>`

@@ -5,6 +5,7 @@ liveIdleSeconds: 30 and publicPorts: true. E2B_API_URL/E2B_SANDBOX_URL
 name the gateway, E2B_API_KEY the key, WARREN_E2B_OTHER_KEY a key without
 publicPorts. Prints "ok lifecycle" when every check passed.
 
+- an idempotent create: the same key twice is one sandbox;
 - public ports: a sandbox created with allowPublicTraffic answers on its
   port without a token, one created without does not, and a key without
   publicPorts cannot ask for it;
@@ -62,6 +63,19 @@ def serve(s):
     s.commands.run("for i in $(seq 300); do python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/t.txt')\" 2>/dev/null && break; sleep 0.1; done")
     return f"{os.environ['E2B_SANDBOX_URL']}/sandboxes/{s.sandbox_id}/ports/8000/t.txt"
 
+
+# Idempotent create (#47): a retry with the same key answers the same
+# sandbox; the key with another request is refused.
+once = Sandbox.create(idempotency_key="lifecycle-once", timeout=600)
+assert Sandbox.create(idempotency_key="lifecycle-once", timeout=600).sandbox_id == once.sandbox_id
+try:
+    Sandbox.create(idempotency_key="lifecycle-once", timeout=601)
+    raise AssertionError("the key made a second sandbox for another request")
+except AssertionError:
+    raise
+except Exception as e:
+    assert "Idempotency-Key" in str(e), e
+once.kill()
 
 public = Sandbox.create(network={"allow_public_traffic": True})
 assert info(public.sandbox_id)["status"] in ("ready", "active")

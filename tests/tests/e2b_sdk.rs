@@ -431,7 +431,7 @@ async fn stalled_held_uploads_stay_within_the_gateways_budget_and_are_cut() {
         assert_eq!(a.header("retry-after"), Some("1"), "{}", a.text());
         assert!(a.text().contains("upload memory"), "{}", a.text());
     }
-    assert!(!refused.is_empty() && !cut.is_empty(), "some held, the excess refused");
+    assert!(!refused.is_empty() && !cut.is_empty(), "some held, the excess refused: {:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
     for a in &cut {
         assert_eq!(a.status, 408, "{}", a.text());
         assert!(a.text().contains("stopped arriving"), "{}", a.text());

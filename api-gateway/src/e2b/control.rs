@@ -185,16 +185,15 @@ fn public_ports(key: &EffectiveKey, v: &Value) -> Result<bool, E2bError> {
     Ok(asked)
 }
 
-/// The record of a new sandbox of `key` as `create`'s body `v` asks,
+/// The record of new sandbox `id` of `key` as `create`'s body `v` asks,
 /// checked by the execute request's rules, its environment sealed.
-fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Result<E2bSandbox, E2bError> {
+fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str, id: String) -> Result<E2bSandbox, E2bError> {
     let (metadata, env) = (strings(v, "metadata")?, strings(v, "envVars")?);
     // The execute request's own rules (names, sizes, reserved variables).
     crate::exec::request::check_metadata(&metadata)?;
     crate::exec::request::check_env(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let timeout = within_key(key, timeout_of(v, DEFAULT_TIMEOUT.min(i64::from(key.live_seconds())))?)?;
     let now = now_ms();
-    let id = new_id();
     let owner = super::sealed::Owner { namespace: &key.namespace, key: &key.name, id: &id };
     let env = super::sealed::seal(&st.files.signing_key.current(), owner, &env).ok_or_else(|| E2bError::new(StatusCode::SERVICE_UNAVAILABLE, "the sandbox's environment could not be sealed; retry"))?;
     Ok(E2bSandbox {
@@ -216,27 +215,66 @@ fn record(st: &AppState, key: &EffectiveKey, v: &Value, template: &str) -> Resul
     })
 }
 
-/// `POST /sandboxes` (SDK ≤ 2.50) and `POST /v2/sandboxes`.
+/// `POST /sandboxes` (SDK ≤ 2.50) and `POST /v2/sandboxes`; with an
+/// `Idempotency-Key` (as E2B's SDKs send it), a retry of the same create
+/// within 24 h answers the first one's sandbox instead of making another.
 pub async fn create(State(st): State<AppState>, headers: HeaderMap, b: Body) -> Response {
     let run = async {
         let key = key(&st, &headers)?;
         let v = body(&st, b).await?;
-        let s = create_sandbox(&st, &key, &v, crate::request_id::of(&headers)).await?;
-        Ok::<_, E2bError>((StatusCode::CREATED, axum::Json(created(&st, &s))))
+        let trace = crate::request_id::of(&headers);
+        match crate::execute::idempotent::key_of(&headers).map_err(E2bError::invalid)? {
+            Some(idem) => create_once(&st, &key, &v, &idem, trace).await,
+            None => {
+                let s = create_sandbox(&st, &key, &v, trace).await?;
+                Ok((StatusCode::CREATED, axum::Json(created(&st, &s))).into_response())
+            }
+        }
     };
-    run.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A create with idempotency key `idem`: claimed before anything is made
+/// (one of racing retries makes the sandbox), its answer stored with it.
+async fn create_once(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, idem: &str, trace: &str) -> Result<Response, E2bError> {
+    use crate::records::Claimed;
+    let k = crate::records::IdemKey { namespace: &key.namespace, key_name: &key.name, scope: "e2b-create", key: idem };
+    let store = st.service.records.store();
+    let id = new_id();
+    match store.claim_idempotency(&k, &crate::execute::idempotent::request_hash("e2b-create", v.to_string().as_bytes()), &id, now_ms()).await? {
+        Claimed::Different => Err(E2bError::new(StatusCode::UNPROCESSABLE_ENTITY, "this Idempotency-Key was used with another create request in the last 24 hours")),
+        Claimed::Same { answer: Some(a), .. } => Ok(crate::execute::idempotent::stored(&a)),
+        Claimed::Same { answer: None, .. } => Err(E2bError::new(StatusCode::CONFLICT, "a create with this Idempotency-Key is still running; retry").retry_after(1)),
+        Claimed::New => match create_sandbox_as(st, key, v, trace, id).await {
+            Ok(s) => {
+                let body = created(st, &s);
+                let _ = store.answer_idempotency(&k, &crate::execute::idempotent::answer(StatusCode::CREATED, &body.to_string())).await;
+                Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+            }
+            Err(e) => {
+                // Nothing was made: the retry makes it.
+                let _ = store.release_idempotency(&k).await;
+                Err(e)
+            }
+        },
+    }
 }
 
 /// Makes a sandbox of `key` as the create body `v` asks (`templateID`,
 /// `timeout`, `metadata`, `envVars`, `autoPause`): counted against the key's
 /// limits, recorded, live on a node. What every front end's create calls.
 pub(crate) async fn create_sandbox(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, trace: &str) -> Result<E2bSandbox, E2bError> {
+    create_sandbox_as(st, key, v, trace, new_id()).await
+}
+
+/// [`create_sandbox`] with id `id`.
+async fn create_sandbox_as(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, trace: &str, id: String) -> Result<E2bSandbox, E2bError> {
     let template = v.get("templateID").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("templateID is required"))?;
     if template != key.sandbox && !DEFAULT_TEMPLATES.contains(&template) {
         return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));
     }
     refuse_unsupported(v, key)?;
-    let mut s = record(st, key, v, template)?;
+    let mut s = record(st, key, v, template, id)?;
     // Counted and stored in one step: creates racing each other, on any
     // replica, never pass the key's limits.
     let most = if key.max_threads > 0 { u64::from(key.max_threads) } else { DEFAULT_MAX_SANDBOXES };

@@ -104,9 +104,15 @@ impl ExecutionService {
     /// queue wait ends (429 then), the key's turn, a first step of output
     /// memory, a node slot and the key's slot (or its request, taken with
     /// the execution). Nothing has reached a node when this returns.
-    pub async fn admit(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
+    pub async fn admit(&self, key: &EffectiveKey, req: ExecuteRequest, delivery: Delivery) -> Result<Admitted, ExecError> {
+        self.admit_as(key, req, delivery, super::new_trace_id()).await
+    }
+
+    /// [`ExecutionService::admit`] as execution `id` (a `trc_…` id the
+    /// caller made: an idempotent call's, claimed before it runs).
+    pub async fn admit_as(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery, id: String) -> Result<Admitted, ExecError> {
         let deadline = tokio::time::Instant::now() + self.queue_wait;
-        let spec = ExecutionSpec::new(super::new_trace_id(), key, &mut req, delivery)?;
+        let spec = ExecutionSpec::new(id, key, &mut req, delivery)?;
         let qualified = key.qualified_name();
         let thread = match &spec.contract.thread {
             Some(t) if req.wait_for_thread => Some(self.admission.thread_until(&qualified, &t.id, deadline).await?),

@@ -11,6 +11,7 @@
 //! Writes leave the request path through a channel: a synchronous execute
 //! never waits for the database.
 
+mod idempotency;
 mod model;
 mod sandboxes;
 mod store;
@@ -18,6 +19,7 @@ mod sweep;
 mod view;
 mod writer;
 
+pub use idempotency::{Claimed, IdemKey, KEPT_MS as IDEMPOTENCY_KEPT_MS};
 pub use model::{cut, Action, Filter, Finished, Mode, NewRecord, Row, Stats, Status};
 pub use sandboxes::{E2bSandbox, Inserted, SandboxPage};
 pub use store::{Store, StoreError};

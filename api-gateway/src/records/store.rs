@@ -169,6 +169,20 @@ const MIGRATIONS: &[&[&str]] = &[&[
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN live_ms BIGINT NOT NULL DEFAULT 0",
     // Its ports answer without a token (its key allows it, and create asked).
     "ALTER TABLE warren_e2b_sandboxes ADD COLUMN public_ports BIGINT NOT NULL DEFAULT 0",
+], &[
+    // Idempotency keys: the first call's request hash, id and answer (issue #47).
+    "CREATE TABLE IF NOT EXISTS warren_idempotency (
+        namespace TEXT NOT NULL,
+        key_name TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        idem_key TEXT NOT NULL,
+        request_hash TEXT NOT NULL,
+        id TEXT NOT NULL,
+        created_ms BIGINT NOT NULL,
+        answer TEXT,
+        PRIMARY KEY (namespace, key_name, scope, idem_key)
+    )",
+    "CREATE INDEX IF NOT EXISTS warren_idempotency_by_age ON warren_idempotency (created_ms)",
 ]];
 
 /// Columns read back into a [`Row`].
@@ -481,6 +495,7 @@ impl Store {
         // terminals and ports) is kept as long as the records.
         sqlx::query("DELETE FROM warren_console_actions WHERE at_ms < $1").bind(record_before).execute(&mut *tx).await?;
         tx.commit().await?;
+        self.expire_idempotency(super::now_ms() - super::IDEMPOTENCY_KEPT_MS).await?;
         Ok(())
     }
 }
