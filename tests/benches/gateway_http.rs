@@ -6,14 +6,18 @@
 //!    interleaved with N bare spawns of the interpreter; p50/p99 of both and
 //!    the difference. Before each call the warm pool has refilled (warm
 //!    interpreters included), as between an agent's tool calls.
-//! 2. Throughput: C clients (own connections) call `echo 1` in bash as fast
+//! 2. `Idempotency-Key`: bash `echo 1` without a key, with a fresh key each
+//!    call and with a key already answered (a replay), interleaved with bare
+//!    spawns.
+//! 3. Throughput: C clients (own connections) call `echo 1` in bash as fast
 //!    as they can for S seconds; executions/s and errors (anything but a 200
 //!    with stdout "1\n").
 //!
 //! Needs root and release binaries (`cargo build --release --workspace --bins`):
 //! `cargo bench -p warren-e2e --bench gateway_http`
 //! (WARREN_BENCH_RUNS default 200, WARREN_BENCH_CLIENTS default 64,
-//! WARREN_BENCH_SECONDS default 30).
+//! WARREN_BENCH_SECONDS default 30; WARREN_BENCH_IDEMPOTENCY=0 skips part 2,
+//! for a baseline gateway without it).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +43,10 @@ async fn main() {
     let agent = Agent::start(&agent_args).await.expect("agent starts");
     let gw = Gateway::start(&[agent.address()], &[], true).await.expect("gateway starts");
     latency(&gw, &agent, env_or("WARREN_BENCH_RUNS", 200) as usize).await;
+    // A baseline gateway older than the Idempotency-Key skips it.
+    if env_or("WARREN_BENCH_IDEMPOTENCY", 1) == 1 {
+        idempotent(&gw, &agent, env_or("WARREN_BENCH_RUNS", 200) as usize).await;
+    }
     throughput(&gw, env_or("WARREN_BENCH_CLIENTS", 64) as usize, Duration::from_secs(env_or("WARREN_BENCH_SECONDS", 30))).await;
 }
 
@@ -84,6 +92,56 @@ async fn latency(gw: &Gateway, agent: &Agent, runs: usize) {
             ms(hp99) - ms(bp99)
         );
     }
+}
+
+/// Bash `echo 1` without an Idempotency-Key, with a fresh one (claimed,
+/// run, answer stored) and with one already answered (a replay: nothing
+/// runs), interleaved with bare spawns.
+async fn idempotent(gw: &Gateway, agent: &Agent, runs: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("bench-idem");
+    std::fs::write(&script, "echo 1").unwrap();
+    let mut conn = Conn::open(gw.addr).await.unwrap();
+    let (k, body) = (key("main"), serde_json::json!({"code": "echo 1", "language": "bash"}).to_string());
+    let (_, first) = conn.execute_with(&k, body.as_bytes(), &[("idempotency-key", "bench-replayed")]).await.unwrap();
+    let mut rows: [(&str, Vec<Duration>); 4] = [("bare", vec![]), ("no key", vec![]), ("fresh key", vec![]), ("replayed", vec![])];
+    let full = pool_settled(agent).await.0;
+    for i in 0..runs + 5 {
+        pool_refilled(agent, full).await;
+        let fresh = format!("bench-{i}");
+        let times = [
+            bare("/bin/bash", &script),
+            timed(&mut conn, &k, &body, &[]).await,
+            timed(&mut conn, &k, &body, &[("idempotency-key", &fresh)]).await,
+            timed(&mut conn, &k, &body, &[("idempotency-key", "bench-replayed")]).await,
+        ];
+        if i >= 5 {
+            rows.iter_mut().zip(times).for_each(|((_, v), t)| v.push(t));
+        }
+    }
+    let (_, again) = conn.execute_with(&k, body.as_bytes(), &[("idempotency-key", "bench-replayed")]).await.unwrap();
+    assert_eq!(again, first, "a replay answers the first call's answer");
+    println!("Idempotency-Key, bash `echo 1`, {runs} calls each, interleaved");
+    let bare_p50 = ms(percentile(&sorted(&rows[0].1), 0.5));
+    for (name, v) in &rows {
+        let v = sorted(v);
+        println!("{name:<10} p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}× bare p50)", ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)), ms(percentile(&v, 0.5)) / bare_p50);
+    }
+}
+
+fn sorted(v: &[Duration]) -> Vec<Duration> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+/// One call's round trip, checked.
+async fn timed(conn: &mut Conn, k: &str, body: &str, headers: &[(&str, &str)]) -> Duration {
+    let t = Instant::now();
+    let (status, resp) = conn.execute_with(k, body.as_bytes(), headers).await.unwrap();
+    let d = t.elapsed();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
+    d
 }
 
 async fn throughput(gw: &Gateway, clients: usize, duration: Duration) {
