@@ -6,6 +6,8 @@
 
 use sqlx::Row as _;
 
+type Q<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
 use super::{Store, StoreError};
 
 /// How long a key holds its answer, milliseconds (24 h).
@@ -40,34 +42,29 @@ pub enum Claimed {
     Different,
 }
 
+/// `q` with `k` bound as `$1`…`$4` (namespace, key name, scope, key).
+fn keyed<'q>(q: Q<'q>, k: &IdemKey<'_>) -> Q<'q> {
+    q.bind(k.namespace.to_string()).bind(k.key_name.to_string()).bind(k.scope.to_string()).bind(k.key.to_string())
+}
+
+/// Names one row by its key.
+const WHERE_KEY: &str = "namespace = $1 AND key_name = $2 AND scope = $3 AND idem_key = $4";
+
 impl Store {
     /// Claims `k` for a request hashing to `hash`, as `id`: one step, so of
     /// calls racing with one key (through any replicas) exactly one is new.
     pub async fn claim_idempotency(&self, k: &IdemKey<'_>, hash: &str, id: &str, now: i64) -> Result<Claimed, StoreError> {
         for _ in 0..2 {
-            let inserted = sqlx::query(
+            let insert = sqlx::query(
                 "INSERT INTO warren_idempotency (namespace, key_name, scope, idem_key, request_hash, id, created_ms) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                  ON CONFLICT (namespace, key_name, scope, idem_key) DO NOTHING",
-            )
-            .bind(k.namespace.to_string())
-            .bind(k.key_name.to_string())
-            .bind(k.scope.to_string())
-            .bind(k.key.to_string())
-            .bind(hash.to_string())
-            .bind(id.to_string())
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
+            );
+            let inserted = keyed(insert, k).bind(hash.to_string()).bind(id.to_string()).bind(now).execute(&self.pool).await?;
             if inserted.rows_affected() == 1 {
                 return Ok(Claimed::New);
             }
-            let row = sqlx::query("SELECT request_hash, id, answer, created_ms FROM warren_idempotency WHERE namespace = $1 AND key_name = $2 AND scope = $3 AND idem_key = $4")
-                .bind(k.namespace.to_string())
-                .bind(k.key_name.to_string())
-                .bind(k.scope.to_string())
-                .bind(k.key.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
+            let select = format!("SELECT request_hash, id, answer, created_ms FROM warren_idempotency WHERE {WHERE_KEY}");
+            let row = keyed(sqlx::query(sqlx::AssertSqlSafe(select)), k).fetch_optional(&self.pool).await?;
             let Some(row) = row else { continue };
             if row.try_get::<i64, _>("created_ms")? <= now - KEPT_MS {
                 // Expired: gone, then claimed afresh (a racing claim may win).
@@ -85,26 +82,15 @@ impl Store {
 
     /// Stores the answer of the call that claimed `k`.
     pub async fn answer_idempotency(&self, k: &IdemKey<'_>, answer: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE warren_idempotency SET answer = $1 WHERE namespace = $2 AND key_name = $3 AND scope = $4 AND idem_key = $5")
-            .bind(answer.to_string())
-            .bind(k.namespace.to_string())
-            .bind(k.key_name.to_string())
-            .bind(k.scope.to_string())
-            .bind(k.key.to_string())
-            .execute(&self.pool)
-            .await?;
+        let update = format!("UPDATE warren_idempotency SET answer = $5 WHERE {WHERE_KEY}");
+        keyed(sqlx::query(sqlx::AssertSqlSafe(update)), k).bind(answer.to_string()).execute(&self.pool).await?;
         Ok(())
     }
 
     /// Forgets `k` (its call ran nothing: a retry may run it).
     pub async fn release_idempotency(&self, k: &IdemKey<'_>) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM warren_idempotency WHERE namespace = $1 AND key_name = $2 AND scope = $3 AND idem_key = $4")
-            .bind(k.namespace.to_string())
-            .bind(k.key_name.to_string())
-            .bind(k.scope.to_string())
-            .bind(k.key.to_string())
-            .execute(&self.pool)
-            .await?;
+        let delete = format!("DELETE FROM warren_idempotency WHERE {WHERE_KEY}");
+        keyed(sqlx::query(sqlx::AssertSqlSafe(delete)), k).execute(&self.pool).await?;
         Ok(())
     }
 
