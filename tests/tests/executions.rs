@@ -116,4 +116,21 @@ async fn postgresql_holds_the_records_of_every_replica() {
     let list = b.get(&key("main"), "/v1/executions?metadata.suite=pg&status=success").json();
     let ids: Vec<&str> = list["executions"].as_array().unwrap().iter().map(|e| e["trace_id"].as_str().unwrap()).collect();
     assert_eq!(ids, [inline.as_str()], "{list}");
+    // An Idempotency-Key sent to both replicas at once: one call runs, both
+    // answer it; another request with the key is refused (422).
+    let once = |gw: &Gateway, code: &str| {
+        let (auth, body) = (format!("Bearer {}", key("main")), json!({"code": code, "language": "bash"}).to_string());
+        http::request(gw.addr, "POST", "/v1/sandbox/execute", &[("authorization", &auth), ("content-type", "application/json"), ("idempotency-key", "pg-once")], body.as_bytes())
+    };
+    let (x, y) = std::thread::scope(|s| {
+        let x = s.spawn(|| once(&a, "date +%s%N"));
+        let y = s.spawn(|| once(&b, "date +%s%N"));
+        (x.join().unwrap(), y.join().unwrap())
+    });
+    let answered: Vec<_> = [&x, &y].iter().filter(|r| r.status == 200).map(|r| r.json()).collect();
+    assert!([&x, &y].iter().all(|r| r.status == 200 || (r.status == 409 && r.header("retry-after") == Some("1"))), "{} / {}", x.text(), y.text());
+    assert!(answered.windows(2).all(|w| w[0] == w[1]), "one run, one answer: {answered:?}");
+    let replay = once(&b, "date +%s%N");
+    assert_eq!((replay.status, replay.header("idempotent-replayed")), (200, Some("true")), "{}", replay.text());
+    assert_eq!(once(&a, "echo other").status, 422);
 }
