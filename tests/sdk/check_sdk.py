@@ -182,7 +182,9 @@ def check_async_execution():
 def check_cancel():
     """A running async execution is cancelled where it runs; wait() sees it."""
     c = client()
-    h = c.execute_webhook("import time\nprint('up', flush=True)\ntime.sleep(300)", timeout=60)
+    # One write of the whole line: print() writes "up" and "\n" apart
+    # (unbuffered), and a cancel between the two would cut the line.
+    h = c.execute_webhook("import sys, time\nsys.stdout.write('up\\n')\nsys.stdout.flush()\ntime.sleep(300)", timeout=60)
     with c.reconnect_stream(h.trace_id) as s:
         for ev in s:
             if isinstance(ev, OutputEvent):
