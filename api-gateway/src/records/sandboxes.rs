@@ -217,13 +217,18 @@ impl Store {
     /// Marks `s` (as read, live on its node) `pausing`; false when it
     /// changed meanwhile (paused, resumed elsewhere, or already pausing).
     pub async fn begin_pause(&self, s: &E2bSandbox) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE warren_e2b_sandboxes SET status = 'pausing' WHERE id = $1 AND state = 'running' AND node = $2 AND live_ms = $3 AND status <> 'pausing'")
-            .bind(s.id.clone())
-            .bind(s.node.clone().unwrap_or_default())
-            .bind(s.live_ms)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        self.update_as_read(s, "status = 'pausing'", None).await
+    }
+
+    /// Sets `set` (with `$4`, `$5` bound to `values`) on `s` only while it is
+    /// as read: running on its node since the same moment, and not pausing.
+    async fn update_as_read(&self, s: &E2bSandbox, set: &str, values: Option<(&str, i64)>) -> Result<bool, StoreError> {
+        let sql = format!("UPDATE warren_e2b_sandboxes SET {set} WHERE id = $1 AND state = 'running' AND node = $2 AND live_ms = $3 AND status <> 'pausing'");
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(s.id.clone()).bind(s.node.clone().unwrap_or_default()).bind(s.live_ms);
+        if let Some((text, n)) = values {
+            q = q.bind(text.to_string()).bind(n);
+        }
+        Ok(q.execute(&self.pool).await?.rows_affected() > 0)
     }
 
     /// A sandbox Warren paused (not its caller): paused until `end_ms`, and why.
@@ -241,18 +246,7 @@ impl Store {
     /// like a paused one until `end_ms` (its home at its last save); false
     /// when it changed meanwhile (a pause, a resume, a kill).
     pub async fn fail_sandbox(&self, s: &E2bSandbox, reason: &str, end_ms: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE warren_e2b_sandboxes SET state = 'paused', node = '', status = 'failed', reason = $1, end_ms = $2 \
-             WHERE id = $3 AND state = 'running' AND node = $4 AND live_ms = $5 AND status <> 'pausing'",
-        )
-        .bind(reason.to_string())
-        .bind(end_ms)
-        .bind(s.id.clone())
-        .bind(s.node.clone().unwrap_or_default())
-        .bind(s.live_ms)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        self.update_as_read(s, "state = 'paused', node = '', status = 'failed', reason = $4, end_ms = $5", Some((reason, end_ms))).await
     }
 
     /// Running sandboxes live on a node, oldest live first, at most `limit`
