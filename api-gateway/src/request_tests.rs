@@ -53,6 +53,7 @@ fn key() -> EffectiveKey {
         env: vec![("A".into(), "key".into()), ("B".into(), "key".into())],
         thread_retention: Default::default(),
         thread_max_bytes: 1 << 30,
+        thread_history: 50,
     }
 }
 

@@ -47,6 +47,8 @@ pub const OPEN_FILES: Bound<u32> = Bound { min: 32, max: 65536, default: 1024 };
 pub const FILE_SIZE_BYTES: Bound<u64> = Bound { min: MIB, max: 4 * GIB, default: 512 * MIB };
 /// Largest saved home of one thread (file sizes + 512 bytes per entry).
 pub const THREAD_BYTES: Bound<u64> = Bound { min: MIB, max: 100 * GIB, default: GIB };
+/// Versions a thread's history keeps (restore and fork targets).
+pub const THREAD_HISTORY: Bound<u32> = Bound { min: 1, max: 1000, default: 50 };
 /// Executions one API key may run at once.
 pub const CONCURRENCY: Bound<u32> = Bound { min: 1, max: 1024, default: 10 };
 /// Live threads one API key keeps.
@@ -73,6 +75,7 @@ mod tests {
         assert!(OPEN_FILES.contains(OPEN_FILES.default));
         assert!(FILE_SIZE_BYTES.contains(FILE_SIZE_BYTES.default));
         assert!(THREAD_BYTES.contains(THREAD_BYTES.default));
+        assert!(THREAD_HISTORY.contains(THREAD_HISTORY.default));
         assert!(CONCURRENCY.contains(CONCURRENCY.default));
         assert!(THREADS.contains(THREADS.default));
         assert!(!PIDS.contains(7) && !PIDS.contains(4097));

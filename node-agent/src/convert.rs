@@ -84,12 +84,12 @@ mod tests {
     #[test]
     fn file_threads_are_read_and_checked() {
         let r = |ns: &str, id: &str| Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() });
-        let ok = thread_options(pb::ThreadOptions { r#ref: r("default", "t-1"), retention_seconds: 0, max_bytes: 10, max_threads: 0 }).unwrap();
+        let ok = thread_options(pb::ThreadOptions { r#ref: r("default", "t-1"), retention_seconds: 0, max_bytes: 10, max_threads: 0, history_versions: 0 }).unwrap();
         assert_eq!((ok.retention, ok.max_bytes, ok.max_threads, ok.key.rel().as_str()), (None, 10, None, "default/k/t-1"));
         for bad in [
-            pb::ThreadOptions { r#ref: r("default", "../x"), retention_seconds: 0, max_bytes: 1, max_threads: 0 },
-            pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0, max_threads: 0 },
-            pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1, max_threads: 0 },
+            pb::ThreadOptions { r#ref: r("default", "../x"), retention_seconds: 0, max_bytes: 1, max_threads: 0, history_versions: 0 },
+            pb::ThreadOptions { r#ref: r("default", "t"), retention_seconds: 0, max_bytes: 0, max_threads: 0, history_versions: 0 },
+            pb::ThreadOptions { r#ref: None, retention_seconds: 0, max_bytes: 1, max_threads: 0, history_versions: 0 },
         ] {
             let s = thread_options(bad).unwrap_err();
             assert_eq!((s.code(), refusal_of(&s).0), (Code::InvalidArgument, Reason::InvalidField));

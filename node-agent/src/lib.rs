@@ -23,6 +23,7 @@ pub mod running;
 pub mod sandbox;
 pub mod service;
 pub mod slots;
+pub mod thread_rpc;
 pub mod threads;
 pub mod warm_counts;
 

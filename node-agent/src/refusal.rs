@@ -116,6 +116,8 @@ impl Refuses for ThreadError {
         match self {
             ThreadError::Busy | ThreadError::Conflict => Class::new(Code::Aborted, Reason::ThreadBusy, ""),
             ThreadError::NotFound => Class::new(Code::NotFound, Reason::ThreadNotFound, ""),
+            ThreadError::VersionNotFound => Class::new(Code::NotFound, Reason::ThreadNotFound, "at"),
+            ThreadError::Exists => Class::new(Code::AlreadyExists, Reason::ThreadBusy, "thread_id"),
             ThreadError::TooLarge { .. } => Class::new(Code::ResourceExhausted, Reason::ThreadStore, ""),
             ThreadError::Limit { .. } => Class::new(Code::FailedPrecondition, Reason::ThreadStore, ""),
             ThreadError::Io { .. } | ThreadError::DiskLow { .. } => Class::private(Code::Unavailable, Reason::ThreadStore, "the thread store failed; retry shortly"),

@@ -83,6 +83,11 @@ pub trait Backend: Send + Sync + 'static {
     fn files(&self) -> Option<crate::files::Files> {
         None
     }
+    /// The thread store, for forks, restores and histories, when this
+    /// backend offers them.
+    fn threads(&self) -> Option<Arc<crate::threads::Threads>> {
+        None
+    }
     /// Makes an admitted request's sandbox live as `name` (see [`crate::live`]).
     fn go_live(&self, _a: Self::Admitted, _name: String, _lifetime: Duration) -> impl Future<Output = Result<(), ExecError>> + Send {
         async { Err(ExecError::MissingFeature("live sandboxes are not offered by this agent".into())) }
@@ -143,6 +148,10 @@ impl Backend for Executor {
 
     fn files(&self) -> Option<crate::files::Files> {
         Some(Executor::files(self))
+    }
+
+    fn threads(&self) -> Option<Arc<crate::threads::Threads>> {
+        Some(Executor::threads(self).clone())
     }
 
     async fn go_live(&self, a: Admission, name: String, lifetime: Duration) -> Result<(), ExecError> {
@@ -209,6 +218,10 @@ impl<B: Backend> AgentService<B> {
 
     fn files(&self) -> Result<crate::files::Files, Status> {
         self.backend.files().ok_or_else(|| Status::unimplemented("this agent does not serve files"))
+    }
+
+    fn threads(&self) -> Result<Arc<crate::threads::Threads>, Status> {
+        self.backend.threads().ok_or_else(|| Status::unimplemented("this agent does not keep thread versions"))
     }
 
     fn live(&self) -> Result<Arc<crate::live::LiveSandboxes>, Status> {
@@ -282,6 +295,26 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         }
         .instrument(span)
         .await
+    }
+
+    async fn fork_thread(&self, req: Request<pb::ForkThreadRequest>) -> Result<Response<pb::ForkThreadResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("fork_thread", trace_id = %trace_of(&req));
+        let threads = self.threads()?;
+        Ok(Response::new(crate::thread_rpc::fork(&threads, req.into_inner()).instrument(span).await?))
+    }
+
+    async fn restore_thread(&self, req: Request<pb::RestoreThreadRequest>) -> Result<Response<pb::RestoreThreadResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let span = info_span!("restore_thread", trace_id = %trace_of(&req));
+        let threads = self.threads()?;
+        Ok(Response::new(crate::thread_rpc::restore(&threads, req.into_inner()).instrument(span).await?))
+    }
+
+    async fn thread_history(&self, req: Request<pb::ThreadHistoryRequest>) -> Result<Response<pb::ThreadHistoryResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let threads = self.threads()?;
+        Ok(Response::new(crate::thread_rpc::history(&threads, req.into_inner()).await?))
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {

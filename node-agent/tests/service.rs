@@ -160,6 +160,7 @@ fn thread(id: &str) -> pb::ThreadOptions {
         max_bytes: 1 << 20,
         retention_seconds: 0,
         max_threads: 0,
+        history_versions: 0,
     }
 }
 

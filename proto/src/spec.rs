@@ -248,6 +248,7 @@ fn thread_options(t: Thread) -> pb::ThreadOptions {
         retention_seconds: t.retention.map_or(0, |d| d.as_secs()),
         max_bytes: t.max_bytes,
         max_threads: t.max_threads.unwrap_or(0),
+        history_versions: t.history,
     }
 }
 
@@ -266,9 +267,19 @@ impl TryFrom<pb::ThreadOptions> for Thread {
             retention: (t.retention_seconds > 0).then(|| Duration::from_secs(t.retention_seconds)),
             max_bytes: t.max_bytes,
             max_threads: (t.max_threads > 0).then_some(t.max_threads),
+            history: match t.history_versions {
+                0 => DEFAULT_HISTORY,
+                n if n > MAX_HISTORY => return Err(invalid("thread.history_versions", "must be at most 1000")),
+                n => n,
+            },
         })
     }
 }
+
+/// Versions a thread keeps when the request does not say.
+pub const DEFAULT_HISTORY: u32 = 50;
+/// Most versions a thread may keep.
+pub const MAX_HISTORY: u32 = 1000;
 
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,7 @@ async fn main() {
     let mut client = agent.client().await.expect("client");
     let live = pb::LiveRef { r#ref: Some(pb::ThreadRef { namespace: "default".into(), key_name: "bench".into(), thread_id: "live-bench".into() }) };
     let mut sandbox = request(Language::Bash, ":", Duration::from_secs(30));
-    sandbox.thread = Some(pb::ThreadOptions { r#ref: live.r#ref.clone(), retention_seconds: 0, max_bytes: 64 << 20, max_threads: 0 });
+    sandbox.thread = Some(pb::ThreadOptions { r#ref: live.r#ref.clone(), retention_seconds: 0, max_bytes: 64 << 20, max_threads: 0, history_versions: 0 });
     client.live_create(pb::LiveCreateRequest { live: Some(live.clone()), sandbox: Some(sandbox), lifetime_ms: 3_600_000 }).await.expect("live sandbox");
     println!("live sandbox overhead: {runs} runs, interleaved with bare spawns");
     println!("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}", "command", "bare p50", "bare p99", "live p50", "live p99", "Δ p50", "Δ p99");

@@ -31,6 +31,7 @@ fn call(code: &str, thread: Option<&str>) -> pb::ExecuteRequest {
         retention_seconds: 0,
         max_bytes: 4 << 30,
         max_threads: 0,
+        history_versions: 0,
     });
     req
 }

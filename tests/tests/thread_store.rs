@@ -17,7 +17,7 @@ fn thread_ref(id: &str) -> pb::ThreadRef {
 
 fn on_thread(code: &str, id: &str) -> pb::ExecuteRequest {
     let mut req = request(pb::Language::Bash, code, Duration::from_secs(30));
-    req.thread = Some(pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 });
+    req.thread = Some(pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0, history_versions: 0 });
     req
 }
 
@@ -206,7 +206,7 @@ async fn malformed_thread_references_are_refused() {
     let agent = Agent::start(&[]).await.unwrap();
     for (ns, id, max) in [("team", "../etc", 1u64), ("Team", "t", 1), ("team", "t", 0)] {
         let mut req = on_thread("echo x", id);
-        req.thread = Some(pb::ThreadOptions { r#ref: Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() }), retention_seconds: 0, max_bytes: max, max_threads: 0 });
+        req.thread = Some(pb::ThreadOptions { r#ref: Some(pb::ThreadRef { namespace: ns.into(), key_name: "k".into(), thread_id: id.into() }), retention_seconds: 0, max_bytes: max, max_threads: 0, history_versions: 0 });
         let err = agent.run_request(req).await.unwrap_err();
         let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{ns}/{id}/{max}");

@@ -103,6 +103,7 @@ impl ExecutionSpec {
                 retention: key.thread_retention.duration(),
                 max_bytes: key.thread_max_bytes,
                 max_threads: (key.max_threads > 0).then_some(key.max_threads),
+                history: key.thread_history,
             }),
             warm_modules: key.warm.of(req.language).to_vec(),
         };

@@ -190,6 +190,7 @@ pub(super) fn place(key: &EffectiveKey, source: &str, id: &str) -> Result<Place,
                 retention_seconds: key.thread_retention.duration().map_or(0, |d| d.as_secs()),
                 max_bytes: key.thread_max_bytes,
                 max_threads: key.max_threads,
+                history_versions: key.thread_history,
             };
             Ok(Place { target: pb::files_request::Target::Thread(options), thread: Some(placement_key(&tenant, id)), writable: true, max: key.thread_max_bytes })
         }

@@ -155,6 +155,8 @@ pub struct Thread {
     pub max_bytes: u64,
     /// Most live threads of the key; `None`: no limit.
     pub max_threads: Option<u32>,
+    /// Most versions its history keeps (1..=1000).
+    pub history: u32,
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ fn network(spec: &Spec) -> Result<NetworkRequest, SpecError> {
 /// A thread, its reference checked (it becomes paths and object keys).
 pub fn thread_options(t: Thread) -> Result<ThreadOptions, SpecError> {
     let key = ThreadKey::new(&t.namespace, &t.key_name, &t.id).map_err(|e| SpecError::new("thread.ref", e.to_string()))?;
-    Ok(ThreadOptions { key, retention: t.retention, max_bytes: t.max_bytes, max_threads: t.max_threads })
+    Ok(ThreadOptions { key, retention: t.retention, max_bytes: t.max_bytes, max_threads: t.max_threads, history: t.history })
 }
 
 /// The connectors of a spec, checked and named once each.
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn threads_are_validated() {
-        let t = |ns: &str, id: &str| Thread { namespace: ns.into(), key_name: "k".into(), id: id.into(), retention: None, max_bytes: 10, max_threads: None };
+        let t = |ns: &str, id: &str| Thread { namespace: ns.into(), key_name: "k".into(), id: id.into(), retention: None, max_bytes: 10, max_threads: None, history: 50 };
         let ok = thread_options(Thread { retention: Some(Duration::from_secs(604800)), max_threads: Some(5), ..t("default", "t-1") }).unwrap();
         assert_eq!((ok.retention, ok.max_bytes, ok.max_threads, ok.key.rel().as_str()), (Some(Duration::from_secs(604800)), 10, Some(5), "default/k/t-1"));
         for bad in [t("default", "../x"), t("Bad", "t")] {

@@ -13,7 +13,7 @@ use warren_isolation::wire::{Go, Home};
 use super::{Resource, SandboxView};
 use crate::sandbox::{Failure, Outcome};
 use crate::threads::layer::IdMap;
-use crate::threads::{Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
+use crate::threads::{Kind, Produced, Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
 
 /// One call's use of a thread. Holds the thread's lock from admission until
 /// the save is done.
@@ -23,6 +23,8 @@ pub struct ThreadHomeResource {
     claim: Option<(ThreadOptions, ThreadLock)>,
     restored: Option<Restored>,
     mounted: Option<Mounted>,
+    /// The execution's trace id, recorded with the version it saves.
+    trace_id: String,
 }
 
 struct Mounted {
@@ -35,7 +37,7 @@ impl ThreadHomeResource {
     /// A resource for the thread `options` names, locked by `lock`; `work_root`
     /// holds the per-sandbox overlay work dirs.
     pub fn new(threads: Arc<Threads>, work_root: PathBuf, options: ThreadOptions, lock: ThreadLock) -> ThreadHomeResource {
-        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None }
+        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None, trace_id: String::new() }
     }
 
     fn mount(&self, sandbox: &SandboxView<'_>, r: &Restored) -> std::io::Result<Mounted> {
@@ -62,12 +64,12 @@ impl ThreadHomeResource {
     /// Saves what the program left in its home. A failed save fails the call
     /// and keeps the previous state. The home stays mounted (released after
     /// the answer) unless the diff has to be applied to the warm copy under it.
-    async fn save(threads: &Threads, r: &Restored, m: &mut Mounted, outcome: &mut Outcome) {
+    async fn save(threads: &Threads, r: &Restored, m: &mut Mounted, outcome: &mut Outcome, trace_id: String) {
         let upper = m.home.upper();
         let changed = std::fs::read_dir(&upper).map_or(true, |mut d| d.next().is_some());
         let unmounted = if changed { m.home.unmount_view() } else { Ok(()) };
         let saved = match unmounted {
-            Ok(()) => threads.save(r, &upper, m.ids).await,
+            Ok(()) => threads.save(r, &upper, m.ids, Produced { trace_id, kind: Kind::Execution, exit: Some(outcome.exit_code) }).await,
             Err(e) => Err(ThreadError::Io { step: "unmounting the thread home", source: e }),
         };
         match saved {
@@ -114,6 +116,7 @@ impl Resource for ThreadHomeResource {
         })?;
         debug!(execution_id = %sandbox.spec.id, mount_us = t.elapsed().as_micros() as u64, "thread home mounted");
         self.mounted = Some(mounted);
+        self.trace_id = sandbox.spec.id.clone();
         Ok(())
     }
 
@@ -125,7 +128,7 @@ impl Resource for ThreadHomeResource {
         let (Some(r), Some(m)) = (self.restored.take(), self.mounted.as_mut()) else { return };
         // A program that never started changed nothing worth a save.
         if !(outcome.exit_code == -1 && outcome.failure.is_some()) {
-            Self::save(&self.threads, &r, m, outcome).await;
+            Self::save(&self.threads, &r, m, outcome, std::mem::take(&mut self.trace_id)).await;
         }
         // Dropping `r` frees the thread for its next call now. Its old home
         // is unmounted after the answer (that costs an RCU grace period or

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use warren_confined::dir::not_a_dir;
 use warren_confined::{Dir, Kind};
+use super::history::Produced;
 use super::manifest::{new_id, ThreadOptions};
 use super::{blocking, io_err, layer, mkdir_private, Restored, Saved, ThreadError, Threads};
 
@@ -95,7 +96,7 @@ impl Threads {
         let upper = self.spool.join(format!("delete-{}", new_id()));
         mkdir_private(&upper).map_err(io_err("staging the deletion"))?;
         let saved = match whiteout(&upper, rel).map_err(io_err("staging the deletion")) {
-            Ok(()) => self.save_measured(&home, &upper, layer::IdMap::CANONICAL, Some(4096)).await,
+            Ok(()) => self.save_measured(&home, &upper, layer::IdMap::CANONICAL, Some(4096), Produced::files()).await,
             Err(e) => Err(e),
         };
         let _ = std::fs::remove_dir_all(&upper);
@@ -130,7 +131,7 @@ impl Threads {
         let size = staged.file.metadata().map_err(io_err("sizing the upload"))?.len();
         let lock = self.lock(&options.key).await?;
         let home = self.restore(options, lock).await?;
-        self.save_measured(&home, &staged.upper, layer::IdMap::CANONICAL, Some(size + 4096)).await
+        self.save_measured(&home, &staged.upper, layer::IdMap::CANONICAL, Some(size + 4096), Produced::files()).await
     }
 }
 

@@ -66,13 +66,18 @@ impl ThreadKey {
         format!("threads/{}/layers/{id}.tar", self.rel())
     }
 
-    /// True when `key` is one of this thread's layer keys (as
-    /// [`ThreadKey::layer_key`] makes them, from a [`new_id`]).
-    pub fn owns_layer(&self, key: &str) -> bool {
-        let prefix = format!("threads/{}/layers/", self.rel());
-        key.strip_prefix(&prefix)
-            .and_then(|k| k.strip_suffix(".tar"))
-            .is_some_and(|id| id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    /// True when `key` is a layer key (as [`ThreadKey::layer_key`] makes
+    /// them, from a [`new_id`]) of any thread of this thread's ApiKey: a
+    /// fork names its source's layers, never another key's.
+    pub fn may_name_layer(&self, key: &str) -> bool {
+        let Some((thread, file)) = key.strip_prefix(&self.key_prefix()).and_then(|rest| rest.split_once("/layers/")) else { return false };
+        warren_core::ids::is_thread_id(thread)
+            && file.strip_suffix(".tar").is_some_and(|id| id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+    }
+
+    /// Folder of the key's fork leases (see `super::gc`).
+    pub fn lease_prefix(&self) -> String {
+        format!("leases/{}/{}/", self.namespace, self.key_name)
     }
 }
 
@@ -87,6 +92,15 @@ pub struct ThreadOptions {
     pub max_bytes: u64,
     /// Most live threads the key keeps; a call creating one more is refused.
     pub max_threads: Option<u32>,
+    /// Most versions the thread's history keeps (≥ 1).
+    pub history: u32,
+}
+
+impl ThreadOptions {
+    /// How many versions the thread keeps, and for how long.
+    pub fn keep(&self) -> super::history::Keep {
+        super::history::Keep { count: self.history, max_age: self.retention.map(|d| d.as_secs()) }
+    }
 }
 
 /// One layer of a manifest.
@@ -116,6 +130,14 @@ pub struct Manifest {
     pub updated_at: u64,
     /// Retention in seconds counted from `updated_at`; `None` is forever.
     pub retention_secs: Option<u64>,
+    /// The versions a restore or fork may return to, oldest first; the last
+    /// is the current one (see [`super::history`]). Empty in a manifest
+    /// written before histories existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<super::history::Version>,
+    /// Layers that only past versions name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool: Vec<LayerRef>,
 }
 
 impl Manifest {
@@ -128,7 +150,17 @@ impl Manifest {
     /// retention is never 0). It keeps a slot for compare-and-swap, so a save
     /// racing the deletion fails instead of resurrecting half a thread.
     pub fn tombstone(now: u64) -> Manifest {
-        Manifest { version: 1, id: new_id(), layers: Vec::new(), bytes: 0, updated_at: now, retention_secs: Some(0) }
+        Manifest { retention_secs: Some(0), ..Manifest::empty(now) }
+    }
+
+    /// A manifest of no layers and no history, kept forever.
+    pub fn empty(now: u64) -> Manifest {
+        Manifest { version: 1, id: new_id(), layers: Vec::new(), bytes: 0, updated_at: now, retention_secs: None, history: Vec::new(), pool: Vec::new() }
+    }
+
+    /// Every layer the manifest keeps: the current ones, then the pool.
+    pub fn all_layers(&self) -> impl Iterator<Item = &LayerRef> {
+        self.layers.iter().chain(self.pool.iter())
     }
 
     /// This is a deleted thread's tombstone.
@@ -137,17 +169,17 @@ impl Manifest {
     }
 
     /// Parses the stored manifest of thread `owner`. Every layer it names
-    /// must be one of that thread's own: the agent reads (and at deletion
-    /// removes) them, so a manifest naming another thread's objects would
-    /// hand them over.
+    /// must be one of the owner's ApiKey's: the agent reads them, so a
+    /// manifest naming another key's objects would hand them over.
     pub fn parse(bytes: &[u8], owner: &ThreadKey) -> Result<Manifest, String> {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if m.version != 1 {
             return Err(format!("manifest version {} is not supported", m.version));
         }
-        if let Some(l) = m.layers.iter().find(|l| !owner.owns_layer(&l.key)) {
-            return Err(format!("the manifest names layer {:?}, which is not this thread's", l.key));
+        if let Some(l) = m.all_layers().find(|l| !owner.may_name_layer(&l.key)) {
+            return Err(format!("the manifest names layer {:?}, which is not this key's", l.key));
         }
+        super::history::check(&m)?;
         Ok(m)
     }
 }
@@ -179,7 +211,7 @@ mod tests {
 
     #[test]
     fn expiry_counts_from_the_last_save() {
-        let m = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: 1000, retention_secs: Some(86400) };
+        let m = Manifest { updated_at: 1000, retention_secs: Some(86400), ..Manifest::empty(0) };
         assert!(!m.expired(1000 + 86399));
         assert!(m.expired(1000 + 86400));
         let forever = Manifest { retention_secs: None, ..m.clone() };
@@ -194,17 +226,22 @@ mod tests {
     }
 
     #[test]
-    fn a_manifest_may_name_only_its_own_thread_s_layers() {
+    fn a_manifest_may_name_only_its_own_key_s_layers() {
         let k = ThreadKey::new("a", "k", "t").unwrap();
         let own = k.layer_key(&new_id());
         let with = |key: &str| {
-            let m = Manifest { version: 1, id: new_id(), layers: vec![LayerRef { key: own.clone(), size: 1 }, LayerRef { key: key.into(), size: 1 }], bytes: 0, updated_at: 0, retention_secs: None };
+            let m = Manifest { layers: vec![LayerRef { key: own.clone(), size: 1 }, LayerRef { key: key.into(), size: 1 }], ..Manifest::empty(0) };
             Manifest::parse(&serde_json::to_vec(&m).unwrap(), &k)
         };
         assert!(with(&k.layer_key(&new_id())).is_ok());
-        let other = ThreadKey::new("a", "k", "t2").unwrap();
+        assert!(with(&ThreadKey::new("a", "k", "t2").unwrap().layer_key(&new_id())).is_ok(), "a fork names its source's layers");
+        let pooled = Manifest { pool: vec![LayerRef { key: ThreadKey::new("a", "other", "t").unwrap().layer_key(&new_id()), size: 1 }], ..Manifest::empty(0) };
+        assert!(Manifest::parse(&serde_json::to_vec(&pooled).unwrap(), &k).unwrap_err().contains("not this key's"), "the pool is checked too");
         for foreign in [
-            other.layer_key(&new_id()),
+            ThreadKey::new("a", "other", "t").unwrap().layer_key(&new_id()),
+            ThreadKey::new("b", "k", "t").unwrap().layer_key(&new_id()),
+            format!("threads/a/k/-t/layers/{}.tar", new_id()),
+            format!("threads/a/k/t/x/layers/{}.tar", new_id()),
             "threads/a/k/t/manifest.json".to_string(),
             format!("threads/a/k/t/layers/../../t2/layers/{}.tar", new_id()),
             "threads/a/k/t/layers/ab.tar".to_string(),
@@ -212,7 +249,7 @@ mod tests {
             format!("threads/a/k/t/layers/{}.tar.x", new_id()),
         ] {
             let err = with(&foreign).expect_err(&foreign);
-            assert!(err.contains("not this thread's"), "{err}");
+            assert!(err.contains("not this key's"), "{err}");
         }
     }
 }

@@ -16,10 +16,13 @@
 
 pub mod disk;
 pub mod files;
+mod gc;
+pub mod history;
 pub mod layer;
 mod lock;
 pub mod manifest;
 pub mod store;
+pub mod versions;
 
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -31,14 +34,17 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+pub use history::{Kind, Produced};
 pub use manifest::{Manifest, ThreadKey, ThreadOptions};
 pub use lock::ThreadLock;
 use lock::Locks;
 use manifest::{new_id, unix_now, LayerRef, MAX_LAYERS};
 use store::BlobStore;
 
-/// Leftover objects (of a crashed save or an interrupted delete) younger
-/// than this are left alone: a save may be uploading them right now.
+/// Objects no manifest names (of a crashed save, a compaction, a deleted
+/// thread) younger than this are left alone: a save may be uploading them
+/// right now. It is also how long a fork's lease holds the collector off
+/// (see [`gc`]).
 const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
 /// How long a deleted thread's tombstone stays: longer than any call runs,
 /// so no save that restored the thread before its deletion can still land.
@@ -65,6 +71,12 @@ pub enum ThreadError {
         /// The limit.
         limit: u64,
     },
+    /// A fork's new thread already exists.
+    #[error("a thread by that id already exists")]
+    Exists,
+    /// The thread keeps no version by that trace id.
+    #[error("the thread keeps no version produced by that execution")]
+    VersionNotFound,
     /// Creating this thread would give its key more than `max` threads.
     #[error("the key keeps its maximum of {max} threads; delete one before creating another")]
     Limit {
@@ -147,6 +159,9 @@ pub struct Threads {
     boot_id: String,
     /// Bytes of the state disk thread data never uses (0: no floor).
     reserve: u64,
+    /// Test-only steps of a fork (see [`versions::Step`]).
+    #[cfg(test)]
+    hook: Option<versions::Hook>,
 }
 
 /// A thread ready to be mounted: its warm state matches the published manifest.
@@ -199,7 +214,16 @@ impl Threads {
         }
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
         info!(store = %store.describe(), cache = %cache.display(), "thread store ready");
-        Ok(Threads { store, cache: cache.to_path_buf(), spool, locks: Locks::default(), boot_id, reserve: 0 })
+        Ok(Threads {
+            store,
+            cache: cache.to_path_buf(),
+            spool,
+            locks: Locks::default(),
+            boot_id,
+            reserve: 0,
+            #[cfg(test)]
+            hook: None,
+        })
     }
 
     /// Keeps `bytes` of the state disk free (see [`disk`]).
@@ -363,18 +387,19 @@ impl Threads {
     }
 
     /// Saves the diff in `upper` (written by the sandbox whose host ids are
-    /// `ids`) as the thread's new state: durable when this returns `Ok`. On
-    /// error the previous state stays published.
-    pub async fn save(&self, restored: &Restored, upper: &Path, ids: layer::IdMap) -> Result<Saved, ThreadError> {
-        self.save_measured(restored, upper, ids, None).await
+    /// `ids`) as the thread's new state, a new version of it by `produced`:
+    /// durable when this returns `Ok`. On error the previous state stays
+    /// published.
+    pub async fn save(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, produced: Produced) -> Result<Saved, ThreadError> {
+        self.save_measured(restored, upper, ids, None, produced).await
     }
 
     /// [`Threads::save`] of an upper directory whose size is known
     /// (`diff_bytes`; `None`: the whole filesystem of `upper`, a call's own tmpfs).
-    async fn save_measured(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, diff_bytes: Option<u64>) -> Result<Saved, ThreadError> {
+    async fn save_measured(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, diff_bytes: Option<u64>, produced: Produced) -> Result<Saved, ThreadError> {
         let key = &restored.options.key;
         let spool = self.spool.join(new_id());
-        let result = self.save_inner(restored, upper, ids, &spool, diff_bytes).await;
+        let result = self.save_inner(restored, upper, ids, &spool, diff_bytes, produced).await;
         let _ = std::fs::remove_file(&spool);
         if result.is_err() {
             // The warm copy may be ahead of what is published: rebuild next time.
@@ -383,8 +408,8 @@ impl Threads {
         result
     }
 
-// Long: the save's steps in order (diff, room, charge, layer, publish, warm mark, old layers), each a call; timing spans them.
-    async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path, diff_bytes: Option<u64>) -> Result<Saved, ThreadError> {
+// Long: the save's steps in order (diff, room, charge, layer, publish, warm mark), each a call; timing spans them.
+    async fn save_inner(&self, restored: &Restored, upper: &Path, ids: layer::IdMap, spool: &Path, diff_bytes: Option<u64>, produced: Produced) -> Result<Saved, ThreadError> {
         let (key, state) = (&restored.options.key, restored.state.clone());
         let prev = restored.manifest.as_ref();
         let t0 = std::time::Instant::now();
@@ -430,7 +455,10 @@ impl Threads {
             maybe_pause("layer-uploaded").await;
         }
         let t_layer = t0.elapsed();
-        let manifest = Manifest { version: 1, id, layers, bytes, updated_at: unix_now(), retention_secs };
+        // A call that changed nothing adds no version; one creating the thread does.
+        let version = (!unchanged || prev.is_none()).then_some(produced);
+        let next = Manifest { id, layers, bytes, updated_at: unix_now(), retention_secs, ..Manifest::empty(0) };
+        let manifest = history::advance(prev, next, version, restored.options.keep());
         match self.publish(restored, &manifest).await {
             // Nothing of this call is lost when it changed nothing.
             Err(ThreadError::Conflict) if unchanged => return Ok(Saved { layer_bytes: 0, home_bytes: old_bytes, skipped: 0 }),
@@ -445,12 +473,8 @@ impl Threads {
             layer_bytes,
             "thread saved"
         );
-        // Layers a compaction replaced are garbage now.
-        if let Some(prev) = prev {
-            for old in prev.layers.iter().filter(|l| !manifest.layers.contains(l)) {
-                let _ = self.store.delete(&old.key).await;
-            }
-        }
+        // Layers a compaction replaced may still be named by a kept version
+        // or a fork: the collector removes them once nothing does.
         Ok(Saved { layer_bytes, home_bytes: bytes, skipped: delta.skipped })
     }
 
@@ -487,110 +511,6 @@ impl Threads {
         layers.push(LayerRef { key: layer_key, size });
         Ok(size)
     }
-
-    /// Deletes a thread. Its manifest is first replaced by a tombstone
-    /// (compare-and-swap, so a save racing on another node fails instead of
-    /// being half-deleted); then the layers that manifest named go.
-    pub async fn delete(&self, key: &ThreadKey) -> Result<(), ThreadError> {
-        let _lock = self.lock(key).await?;
-        let _ = std::fs::remove_dir_all(self.dir(key));
-        let (manifest, version) = self.manifest(key).await?;
-        let Some(manifest) = manifest else { return Err(ThreadError::NotFound) };
-        if !self.bury(key, &manifest, version).await? {
-            return Err(ThreadError::Busy);
-        }
-        info!(thread = %key.rel(), "thread deleted");
-        Ok(())
-    }
-
-    /// Replaces `manifest` (at `version`) by a tombstone, then deletes its
-    /// layers. `Ok(false)`: the thread changed meanwhile; nothing deleted.
-    async fn bury(&self, key: &ThreadKey, manifest: &Manifest, version: Option<store::Version>) -> Result<bool, ThreadError> {
-        let tomb = Bytes::from(serde_json::to_vec(&Manifest::tombstone(unix_now())).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
-        if !self.store.put_if(&key.manifest_key(), tomb, version).await.map_err(io_err("replacing the thread manifest"))? {
-            return Ok(false);
-        }
-        for layer in &manifest.layers {
-            let _ = self.store.delete(&layer.key).await;
-        }
-        Ok(true)
-    }
-
-    /// One collector pass: deletes threads past their retention, leftovers
-    /// of crashed saves, and warm copies idle longer than `warm_idle`.
-    pub async fn collect(&self, warm_idle: Duration) -> Result<CollectReport, ThreadError> {
-        let now = unix_now();
-        let objects = self.store.list("threads/").await.map_err(io_err("listing threads"))?;
-        let mut by_thread: std::collections::BTreeMap<String, Vec<store::Listed>> = Default::default();
-        for o in objects {
-            let parts: Vec<&str> = o.key.splitn(5, '/').collect();
-            if parts.len() == 5 {
-                by_thread.entry(parts[1..4].join("/")).or_default().push(o);
-            }
-        }
-        let mut report = CollectReport::default();
-        for (rel, objects) in by_thread {
-            let manifest_key = format!("threads/{rel}/manifest.json");
-            let owner = match rel.split('/').collect::<Vec<_>>()[..] {
-                [ns, name, id] => ThreadKey::new(ns, name, id).ok(),
-                _ => None,
-            };
-            let current = match self.store.get_versioned(&manifest_key).await {
-                Ok(Some((b, v))) => owner.as_ref().and_then(|k| Manifest::parse(&b, k).ok()).map(|m| (m, v)),
-                Ok(None) => None,
-                Err(_) => continue, // the store is unwell: try again next pass
-            };
-            let old = |o: &store::Listed| o.modified.elapsed().is_ok_and(|age| age >= ORPHAN_GRACE);
-            let referenced = |o: &store::Listed| o.key == manifest_key || current.as_ref().is_some_and(|(m, _)| m.layers.iter().any(|l| l.key == o.key));
-            match &current {
-                // No call restores for a day: nothing can still be about to
-                // publish over this tombstone.
-                Some((m, _)) if m.is_tombstone() && now.saturating_sub(m.updated_at) >= TOMBSTONE_KEEP.as_secs() => {
-                    let _ = self.store.delete(&manifest_key).await;
-                }
-                Some((m, _)) if m.is_tombstone() => {}
-                Some((m, v)) if m.expired(now) => {
-                    // A manifest was parsed, so its owner is known.
-                    if let Some(key) = &owner {
-                        if let Some(_lock) = self.locks.for_collector(key) {
-                            if self.bury(key, m, Some(v.clone())).await.unwrap_or(false) {
-                                report.expired += 1;
-                                info!(thread = %rel, "thread expired and was deleted");
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-            // Layers of crashed saves, of replaced manifests, of deleted threads.
-            for o in objects.iter().filter(|o| !referenced(o) && old(o)) {
-                let _ = self.store.delete(&o.key).await;
-                report.orphans += 1;
-            }
-        }
-        report.warm_removed = self.collect_warm(warm_idle, now);
-        Ok(report)
-    }
-
-    fn collect_warm(&self, idle: Duration, now: u64) -> u64 {
-        let mut removed = 0;
-        let level = |p: &Path| std::fs::read_dir(p).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect::<Vec<_>>();
-        for ns in level(&self.cache).into_iter().filter(|p| !p.ends_with(".spool")) {
-            for name in level(&ns) {
-                for thread in level(&name) {
-                    let (Some(n), Some(k), Some(t)) = (ns.file_name(), name.file_name(), thread.file_name()) else { continue };
-                    let Ok(key) = ThreadKey::new(&n.to_string_lossy(), &k.to_string_lossy(), &t.to_string_lossy()) else { continue };
-                    let Some(_lock) = self.locks.for_collector(&key) else { continue };
-                    let used = self.read_warm(&key).map_or(0, |w| w.used_at);
-                    if now.saturating_sub(used) >= idle.as_secs() {
-                        let _ = std::fs::remove_dir_all(&thread);
-                        removed += 1;
-                    }
-                }
-            }
-        }
-        removed
-    }
 }
 
 /// What a collector pass removed.
@@ -614,7 +534,7 @@ mod tests {
 
     #[test]
     fn unchanged_calls_republish_only_when_the_last_use_record_is_stale() {
-        let m = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: 10_000, retention_secs: Some(86_400) };
+        let m = Manifest { updated_at: 10_000, retention_secs: Some(86_400), ..Manifest::empty(0) };
         assert!(!touch_due(&m, Some(86_400), 10_000 + 3_599), "within an hour of a 24h retention");
         assert!(touch_due(&m, Some(86_400), 10_000 + 3_600));
         assert!(touch_due(&m, Some(7 * 86_400), 10_001), "the Sandbox's retention changed");
@@ -632,7 +552,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn BlobStore> = Arc::new(store::DirStore::open(&dir.path().join("store")).unwrap());
         let threads = Threads::new(store.clone(), &dir.path().join("cache")).unwrap();
-        let live = Manifest { version: 1, id: new_id(), layers: vec![], bytes: 0, updated_at: unix_now(), retention_secs: None };
+        let live = Manifest::empty(unix_now());
         publish_raw(&*store, "a", &live).await;
         publish_raw(&*store, "b", &live).await;
         publish_raw(&*store, "deleted", &Manifest::tombstone(unix_now())).await;

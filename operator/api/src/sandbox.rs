@@ -87,6 +87,12 @@ pub struct SandboxSpec {
     /// `thread_state_too_large` and the previous state is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_max_size: Option<Quantity>,
+    /// Versions of a thread kept for restore and fork, 1–1000 (default
+    /// 50): one per execution that changed the home. Versions older than
+    /// `threadRetention` go too; the current one always stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub thread_history: Option<u32>,
     /// Buckets mounted under `/data/<name>` in every execution.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]

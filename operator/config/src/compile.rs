@@ -67,6 +67,8 @@ pub struct SandboxConfig {
     pub thread_retention: crate::types::ThreadRetention,
     /// Largest saved home of one thread.
     pub thread_max_bytes: u64,
+    /// Versions a thread's history keeps.
+    pub thread_history: u32,
     /// Storage mounts (validated syntactically).
     pub storage: Vec<crate::types::StorageMount>,
     /// Connector names.
@@ -386,6 +388,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         env: s.env.clone(),
         thread_retention: s.thread_retention,
         thread_max_bytes: c.bytes("spec.threadMaxSize", s.thread_max_size.as_ref(), bounds::THREAD_BYTES.default, bounds::THREAD_BYTES)?,
+        thread_history: c.bound("spec.threadHistory", s.thread_history, bounds::THREAD_HISTORY)?,
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
         warm,
@@ -543,6 +546,7 @@ pub fn effective_key(
         env: env.into_iter().collect(),
         thread_retention: sb.thread_retention,
         thread_max_bytes: sb.thread_max_bytes,
+        thread_history: sb.thread_history,
         storage,
         connectors,
         warm: sb.warm.clone(),

@@ -84,6 +84,10 @@ pub struct EffectiveKey {
     pub thread_retention: ThreadRetention,
     /// Largest saved home of one thread.
     pub thread_max_bytes: u64,
+    /// Versions a thread's history keeps (absent in keys published before
+    /// histories: the default).
+    #[serde(default = "default_thread_history")]
+    pub thread_history: u32,
     /// Storage mounts under `/data` (absent in keys published before mounts).
     #[serde(default)]
     pub storage: Vec<warren_core::contract::Mount>,
@@ -111,4 +115,8 @@ impl EffectiveKey {
     pub fn qualified_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+}
+
+fn default_thread_history() -> u32 {
+    warren_core::bounds::THREAD_HISTORY.default
 }

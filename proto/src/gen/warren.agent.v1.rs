@@ -544,6 +544,9 @@ pub struct ThreadOptions {
     /// nodes may overshoot by the number that raced.
     #[prost(uint32, tag = "4")]
     pub max_threads: u32,
+    /// Most versions its history keeps (1..=1000); 0: 50.
+    #[prost(uint32, tag = "5")]
+    pub history_versions: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DeleteThreadRequest {
@@ -552,6 +555,73 @@ pub struct DeleteThreadRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DeleteThreadResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ForkThreadRequest {
+    /// The source; its options (retention, size, limit, history) are the
+    /// new threads' too.
+    #[prost(message, optional, tag = "1")]
+    pub source: ::core::option::Option<ThreadOptions>,
+    /// Ids of the new threads, of the source's key (1..=32).
+    #[prost(string, repeated, tag = "2")]
+    pub targets: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Fork the version this execution (trace id) produced; empty: the
+    /// current one.
+    #[prost(string, tag = "3")]
+    pub at: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ForkThreadResponse {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RestoreThreadRequest {
+    #[prost(message, optional, tag = "1")]
+    pub thread: ::core::option::Option<ThreadOptions>,
+    /// The trace id of the execution whose version to return to.
+    #[prost(string, tag = "2")]
+    pub at: ::prost::alloc::string::String,
+    /// The restore's own trace id, recorded with the version it makes.
+    #[prost(string, tag = "3")]
+    pub trace_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RestoreThreadResponse {
+    /// The version the restore made.
+    #[prost(message, optional, tag = "1")]
+    pub version: ::core::option::Option<ThreadVersion>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadHistoryRequest {
+    #[prost(message, optional, tag = "1")]
+    pub thread: ::core::option::Option<ThreadRef>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ThreadHistoryResponse {
+    /// Newest first.
+    #[prost(message, repeated, tag = "1")]
+    pub versions: ::prost::alloc::vec::Vec<ThreadVersion>,
+}
+/// One saved state of a thread.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ThreadVersion {
+    /// The call that produced it; empty when unknown.
+    #[prost(string, tag = "1")]
+    pub trace_id: ::prost::alloc::string::String,
+    /// "execution", "files" or "restore".
+    #[prost(string, tag = "2")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub at_unix: u64,
+    /// Charged size of the home.
+    #[prost(uint64, tag = "4")]
+    pub bytes: u64,
+    /// An execution's exit code.
+    #[prost(int32, optional, tag = "5")]
+    pub exit_code: ::core::option::Option<i32>,
+    #[prost(uint32, tag = "6")]
+    pub layers: u32,
+    /// The thread's current state.
+    #[prost(bool, tag = "7")]
+    pub current: bool,
+}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CancelRequest {
     /// The execution's id (`ExecuteRequest.execution_id`).
@@ -1322,6 +1392,85 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "DeleteThread"));
             self.inner.unary(req, path, codec).await
         }
+        /// ForkThread makes new threads of the same key start as a thread's saved
+        /// state (or an earlier version of it), naming its layers: no layer bytes
+        /// are copied. NOT_FOUND: no such thread (field "at": no such version);
+        /// ALREADY_EXISTS: a target exists (nothing is left made).
+        pub async fn fork_thread(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ForkThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ForkThreadResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/ForkThread",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "ForkThread"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// RestoreThread sets a thread back to an earlier version, as a new
+        /// version. NOT_FOUND as ForkThread's; ABORTED while it runs.
+        pub async fn restore_thread(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RestoreThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::RestoreThreadResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/RestoreThread",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "RestoreThread"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// ThreadHistory lists a thread's kept versions, newest first.
+        pub async fn thread_history(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ThreadHistoryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ThreadHistoryResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/ThreadHistory",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "ThreadHistory"));
+            self.inner.unary(req, path, codec).await
+        }
         /// Cancel kills execution `execution_id` if it runs on this node and
         /// answers once its sandbox is gone (at once when nothing by that id runs),
         /// so a caller that let go of an execution early knows when it has ended.
@@ -1795,6 +1944,34 @@ pub mod node_agent_server {
             tonic::Response<super::DeleteThreadResponse>,
             tonic::Status,
         >;
+        /// ForkThread makes new threads of the same key start as a thread's saved
+        /// state (or an earlier version of it), naming its layers: no layer bytes
+        /// are copied. NOT_FOUND: no such thread (field "at": no such version);
+        /// ALREADY_EXISTS: a target exists (nothing is left made).
+        async fn fork_thread(
+            &self,
+            request: tonic::Request<super::ForkThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ForkThreadResponse>,
+            tonic::Status,
+        >;
+        /// RestoreThread sets a thread back to an earlier version, as a new
+        /// version. NOT_FOUND as ForkThread's; ABORTED while it runs.
+        async fn restore_thread(
+            &self,
+            request: tonic::Request<super::RestoreThreadRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::RestoreThreadResponse>,
+            tonic::Status,
+        >;
+        /// ThreadHistory lists a thread's kept versions, newest first.
+        async fn thread_history(
+            &self,
+            request: tonic::Request<super::ThreadHistoryRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ThreadHistoryResponse>,
+            tonic::Status,
+        >;
         /// Cancel kills execution `execution_id` if it runs on this node and
         /// answers once its sandbox is gone (at once when nothing by that id runs),
         /// so a caller that let go of an execution early knows when it has ended.
@@ -2168,6 +2345,141 @@ pub mod node_agent_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = DeleteThreadSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/ForkThread" => {
+                    #[allow(non_camel_case_types)]
+                    struct ForkThreadSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::ForkThreadRequest>
+                    for ForkThreadSvc<T> {
+                        type Response = super::ForkThreadResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ForkThreadRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::fork_thread(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ForkThreadSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/RestoreThread" => {
+                    #[allow(non_camel_case_types)]
+                    struct RestoreThreadSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::RestoreThreadRequest>
+                    for RestoreThreadSvc<T> {
+                        type Response = super::RestoreThreadResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RestoreThreadRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::restore_thread(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RestoreThreadSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/ThreadHistory" => {
+                    #[allow(non_camel_case_types)]
+                    struct ThreadHistorySvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::ThreadHistoryRequest>
+                    for ThreadHistorySvc<T> {
+                        type Response = super::ThreadHistoryResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ThreadHistoryRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::thread_history(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ThreadHistorySvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
