@@ -17,7 +17,7 @@ fn live_ref(key: &str, id: &str) -> pb::LiveRef {
 }
 
 fn thread(key: &str, id: &str) -> pb::ThreadOptions {
-    pb::ThreadOptions { r#ref: live_ref(key, id).r#ref, retention_seconds: 0, max_bytes: 64 << 20, max_threads: 0 }
+    pb::ThreadOptions { r#ref: live_ref(key, id).r#ref, retention_seconds: 0, max_bytes: 64 << 20, max_threads: 0, history_versions: 0 }
 }
 
 /// Creates a live sandbox whose home is the thread `id` of `key`.

@@ -106,7 +106,7 @@ async fn run_in(agent: &Agent, language: Language, code: &str, thread: Option<&s
 /// Thread `id` of one test key.
 fn thread_options(id: &str) -> pb::ThreadOptions {
     let r#ref = pb::ThreadRef { namespace: "default".into(), key_name: "k".into(), thread_id: id.into() };
-    pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0 }
+    pb::ThreadOptions { r#ref: Some(r#ref), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0, history_versions: 0 }
 }
 
 /// Waits until the agent's pool is full (two per shape: plain sandboxes

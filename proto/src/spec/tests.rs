@@ -69,6 +69,7 @@ impl Gen {
             retention: self.flag().then(|| Duration::from_secs(self.nonzero(1 << 40))),
             max_bytes: self.nonzero(u64::MAX - 1),
             max_threads: self.flag().then(|| self.nonzero(u64::from(u32::MAX)) as u32),
+            history: self.nonzero(1000) as u32,
         }
     }
     fn spec(&mut self) -> Spec {
