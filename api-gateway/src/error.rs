@@ -146,6 +146,10 @@ impl From<ExecError> for ApiError {
             ExecError::Busy(_) => Self::busy("queue_timeout", message),
             ExecError::ThreadBusy(_) => Self::new(StatusCode::CONFLICT, "thread_busy", message),
             ExecError::ThreadNotFound(_) => Self::not_found(message),
+            ExecError::VersionNotFound(_) => Self::new(StatusCode::NOT_FOUND, "version_not_found", message),
+            ExecError::ThreadExists(_) => Self::new(StatusCode::CONFLICT, "thread_exists", message),
+            ExecError::ThreadLimit => Self::forbidden("thread_limit_reached", message),
+            ExecError::ThreadTooLarge => Self::new(StatusCode::PAYLOAD_TOO_LARGE, "thread_state_too_large", message),
             ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore => {
                 Self::unavailable(message)
             }

@@ -31,6 +31,18 @@ pub enum ExecError {
     /// No such thread for this key.
     #[error("thread {0:?} does not exist for this key")]
     ThreadNotFound(String),
+    /// The thread keeps no version produced by that execution.
+    #[error("thread {0:?} keeps no version produced by that execution")]
+    VersionNotFound(String),
+    /// A fork's new thread id is taken.
+    #[error("thread {0:?} already exists; fork into a new id")]
+    ThreadExists(String),
+    /// A new thread would give the key more than its `maxThreads`.
+    #[error("the key keeps its maximum of threads (maxThreads); delete one before making another")]
+    ThreadLimit,
+    /// The thread's home is larger than its key's `threadMaxSize`.
+    #[error("the thread's home is larger than this key's threadMaxSize")]
+    ThreadTooLarge,
     /// The key's output cap needs more of the gateway's output memory than
     /// one key may ever hold (a configuration to fix, not a moment's load).
     #[error("{0}")]

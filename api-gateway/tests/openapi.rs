@@ -35,7 +35,10 @@ fn every_documented_path_is_served_and_every_route_is_documented() {
             "/v1/files/list",
             "/v1/files/upload_url",
             "/v1/sandbox/execute",
-            "/v1/threads/{thread_id}"
+            "/v1/threads/{thread_id}",
+            "/v1/threads/{thread_id}/fork",
+            "/v1/threads/{thread_id}/history",
+            "/v1/threads/{thread_id}/restore"
         ]
     );
 }

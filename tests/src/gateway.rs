@@ -274,6 +274,17 @@ impl Gateway {
         http::raw(self.addr, req.as_bytes()).expect("HTTP request")
     }
 
+    /// `POST path` with the key and a JSON `body`.
+    pub fn post_json(&self, key: &str, path: &str, body: &serde_json::Value) -> Response {
+        let body = body.to_string();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        http::raw(self.addr, req.as_bytes()).expect("HTTP request")
+    }
+
     /// The execution record `trace` (read with `key_name`'s key) once `done`
     /// holds for it; panics after 30 s. Records of plain calls are written
     /// in the background, so a 404 only means "not yet".

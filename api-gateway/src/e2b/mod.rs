@@ -158,8 +158,10 @@ impl From<ExecError> for E2bError {
             ExecError::Invalid { .. } => (StatusCode::BAD_REQUEST, None),
             ExecError::MissingKey | ExecError::InvalidKey(_) => (StatusCode::UNAUTHORIZED, None),
             ExecError::KeyDisabled => (StatusCode::FORBIDDEN, None),
-            ExecError::ThreadNotFound(_) => (StatusCode::NOT_FOUND, None),
-            ExecError::ThreadBusy(_) => (StatusCode::CONFLICT, None),
+            ExecError::ThreadNotFound(_) | ExecError::VersionNotFound(_) => (StatusCode::NOT_FOUND, None),
+            ExecError::ThreadBusy(_) | ExecError::ThreadExists(_) => (StatusCode::CONFLICT, None),
+            ExecError::ThreadLimit => (StatusCode::FORBIDDEN, None),
+            ExecError::ThreadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, None),
             ExecError::KeyConcurrency(_) | ExecError::Busy(_) => (StatusCode::TOO_MANY_REQUESTS, Some(1)),
             ExecError::ImagePulling => (StatusCode::SERVICE_UNAVAILABLE, Some(crate::error::IMAGE_PULL_RETRY_SECS)),
             ExecError::OutputBudget(_) | ExecError::NoNode | ExecError::NodeRefused(_) | ExecError::ThreadStore | ExecError::RecordStore | ExecError::ImageUnavailable(_) => {

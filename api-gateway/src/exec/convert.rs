@@ -12,6 +12,17 @@ pub fn thread_ref(tenant: &Tenant, id: &str) -> pb::ThreadRef {
     pb::ThreadRef { namespace: tenant.namespace.clone(), key_name: tenant.key_name.clone(), thread_id: id.to_string() }
 }
 
+/// The agent's options for thread `id` of `key`: the key's Sandbox settings.
+pub fn thread_options(tenant: &Tenant, key: &warren_config::EffectiveKey, id: &str) -> pb::ThreadOptions {
+    pb::ThreadOptions {
+        r#ref: Some(thread_ref(tenant, id)),
+        retention_seconds: key.thread_retention.duration().map_or(0, |d| d.as_secs()),
+        max_bytes: key.thread_max_bytes,
+        max_threads: key.max_threads,
+        history_versions: key.thread_history,
+    }
+}
+
 /// One thing that happened to a running execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEvent {

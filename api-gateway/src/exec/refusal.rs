@@ -85,6 +85,22 @@ impl AgentRefusal {
         }
     }
 
+    /// A `ForkThread`/`RestoreThread`/`ThreadHistory` refusal; `thread_id`
+    /// is the thread the call named, `target` a fork's first new id.
+    pub fn of_version(&self, thread_id: &str, target: &str) -> ExecError {
+        match (self.code, self.reason) {
+            (Code::NotFound, _) if self.field == "at" => ExecError::VersionNotFound(thread_id.to_string()),
+            (Code::NotFound, _) => ExecError::ThreadNotFound(thread_id.to_string()),
+            (Code::AlreadyExists, _) => ExecError::ThreadExists(target.to_string()),
+            (Code::Aborted, _) => ExecError::ThreadBusy(thread_id.to_string()),
+            (Code::FailedPrecondition, Reason::ThreadStore) => ExecError::ThreadLimit,
+            (Code::ResourceExhausted, Reason::ThreadStore) => ExecError::ThreadTooLarge,
+            (Code::InvalidArgument, _) => ExecError::invalid(self.field.clone(), self.message.clone()),
+            (Code::Unimplemented, _) => ExecError::NodeRefused("the thread's node is older than this gateway"),
+            _ => ExecError::ThreadStore,
+        }
+    }
+
     /// A `HoldKeySlot` refusal that decides the request; `None` when the
     /// agent failed and another may answer.
     pub fn of_key_slot(&self, limit: u32) -> Option<ExecError> {

@@ -185,13 +185,7 @@ pub(super) fn place(key: &EffectiveKey, source: &str, id: &str) -> Result<Place,
                 return Err(FileError::invalid("id", warren_core::ids::THREAD_ID_RULE));
             }
             let tenant = Tenant::of(key);
-            let options = pb::ThreadOptions {
-                r#ref: Some(crate::exec::convert::thread_ref(&tenant, id)),
-                retention_seconds: key.thread_retention.duration().map_or(0, |d| d.as_secs()),
-                max_bytes: key.thread_max_bytes,
-                max_threads: key.max_threads,
-                history_versions: key.thread_history,
-            };
+            let options = crate::exec::convert::thread_options(&tenant, key, id);
             Ok(Place { target: pb::files_request::Target::Thread(options), thread: Some(placement_key(&tenant, id)), writable: true, max: key.thread_max_bytes })
         }
         "volume" => {

@@ -38,6 +38,21 @@ pub trait Agent: Send + Sync + std::fmt::Debug {
     fn live(&self) -> Option<&dyn LiveAgent> {
         None
     }
+    /// Thread versions: forks, restores, histories (doubles may have none).
+    fn versions(&self) -> Option<&dyn VersionAgent> {
+        None
+    }
+}
+
+/// The thread-version calls (see the agent's proto: `ForkThread`,
+/// `RestoreThread`, `ThreadHistory`); `trace_id` names the HTTP request.
+pub trait VersionAgent: Send + Sync {
+    /// Forks a thread.
+    fn fork(&self, req: pb::ForkThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
+    /// Restores a thread to an earlier version.
+    fn restore(&self, req: pb::RestoreThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ThreadVersion, Status>>;
+    /// A thread's versions, newest first.
+    fn history(&self, req: pb::ThreadHistoryRequest, trace_id: &str) -> BoxFuture<'static, Result<Vec<pb::ThreadVersion>, Status>>;
 }
 
 /// A live process's events, as the agent sends them.
@@ -115,6 +130,23 @@ impl GrpcAgent {
     }
 }
 
+impl VersionAgent for GrpcAgent {
+    fn fork(&self, req: pb::ForkThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { client.fork_thread(req).await.map(|_| ()) }.boxed()
+    }
+
+    fn restore(&self, req: pb::RestoreThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ThreadVersion, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { client.restore_thread(req).await?.into_inner().version.ok_or_else(|| Status::internal("the agent sent no version")) }.boxed()
+    }
+
+    fn history(&self, req: pb::ThreadHistoryRequest, trace_id: &str) -> BoxFuture<'static, Result<Vec<pb::ThreadVersion>, Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { Ok(client.thread_history(req).await?.into_inner().versions) }.boxed()
+    }
+}
+
 impl Agent for GrpcAgent {
     fn execute(&self, req: pb::ExecuteRequest) -> BoxFuture<'static, Result<EventStream, Status>> {
         let trace_id = req.execution_id.clone();
@@ -139,6 +171,10 @@ impl Agent for GrpcAgent {
     }
 
     fn files(&self) -> Option<&dyn FileAgent> {
+        Some(self)
+    }
+
+    fn versions(&self) -> Option<&dyn VersionAgent> {
         Some(self)
     }
 
