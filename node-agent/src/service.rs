@@ -311,6 +311,14 @@ impl<B: Backend> NodeAgent for AgentService<B> {
         Ok(Response::new(crate::thread_rpc::restore(&threads, req.into_inner()).instrument(span).await?))
     }
 
+    async fn live_fork(&self, req: Request<pb::LiveForkRequest>) -> Result<Response<pb::ForkThreadResponse>, Status> {
+        crate::auth::require_full(&req)?;
+        let trace_id = trace_of(&req);
+        let span = info_span!("live_fork", trace_id = %trace_id);
+        let (threads, live) = (self.threads()?, self.live()?);
+        Ok(Response::new(crate::thread_rpc::live_fork(&threads, &live, req.into_inner(), trace_id).instrument(span).await?))
+    }
+
     async fn thread_history(&self, req: Request<pb::ThreadHistoryRequest>) -> Result<Response<pb::ThreadHistoryResponse>, Status> {
         crate::auth::require_full(&req)?;
         let threads = self.threads()?;

@@ -37,7 +37,7 @@ pub(crate) fn key(st: &AppState, headers: &HeaderMap) -> Result<Arc<EffectiveKey
 }
 
 /// A small JSON body (64 KiB at most, bounded in time); empty is `{}`.
-async fn body(st: &AppState, b: Body) -> Result<Value, E2bError> {
+pub(super) async fn body(st: &AppState, b: Body) -> Result<Value, E2bError> {
     const LIMIT: usize = 64 << 10;
     let bytes = super::read_body(st, b, LIMIT).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -111,7 +111,7 @@ fn refuse_unsupported(v: &Value, key: &EffectiveKey) -> Result<(), E2bError> {
 }
 
 /// A new sandbox id: 20 lowercase letters and digits, like E2B's.
-fn new_id() -> String {
+pub(super) fn new_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut out = String::with_capacity(20);
     while out.len() < 20 {
@@ -124,7 +124,7 @@ fn new_id() -> String {
 }
 
 /// `Sandbox` (create, connect, resume).
-fn created(st: &AppState, s: &E2bSandbox) -> Value {
+pub(super) fn created(st: &AppState, s: &E2bSandbox) -> Value {
     let signing = st.files.signing_key.current();
     let token = super::token::sign(&signing, &s.namespace, &s.key_name, &s.id);
     let traffic = super::token::sign_for(super::token::Scope::Traffic, &signing, &s.namespace, &s.key_name, &s.id);
@@ -268,7 +268,7 @@ pub(crate) async fn create_sandbox(st: &AppState, key: &Arc<EffectiveKey>, v: &V
 }
 
 /// [`create_sandbox`] with id `id`.
-async fn create_sandbox_as(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, trace: &str, id: String) -> Result<E2bSandbox, E2bError> {
+pub(super) async fn create_sandbox_as(st: &AppState, key: &Arc<EffectiveKey>, v: &Value, trace: &str, id: String) -> Result<E2bSandbox, E2bError> {
     let template = v.get("templateID").and_then(Value::as_str).ok_or_else(|| E2bError::invalid("templateID is required"))?;
     if template != key.sandbox && !DEFAULT_TEMPLATES.contains(&template) {
         return Err(E2bError::not_found(format!("template {template:?}: this API key runs its Sandbox {:?} (or the defaults base, code-interpreter-v1)", key.sandbox)));

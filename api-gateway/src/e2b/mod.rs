@@ -24,6 +24,7 @@ mod connect;
 pub(crate) mod control;
 pub(crate) mod files;
 mod filesystem;
+mod fork;
 mod interpreter;
 mod lifecycle;
 mod list;
@@ -62,6 +63,7 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/fork", post(fork::fork))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/ports/{port}", get(ports::port_url))

@@ -173,7 +173,7 @@ pub async fn make_live(st: &AppState, key: &EffectiveKey, s: &E2bSandbox) -> Res
 
 /// The sandbox's own environment, opened: a rotated signing key leaves
 /// it unopenable, and then nothing runs (never without its variables).
-fn sandbox_env(st: &AppState, s: &E2bSandbox) -> Result<BTreeMap<String, String>, E2bError> {
+pub(super) fn sandbox_env(st: &AppState, s: &E2bSandbox) -> Result<BTreeMap<String, String>, E2bError> {
     let owner = super::sealed::Owner { namespace: &s.namespace, key: &s.key_name, id: &s.id };
     super::sealed::open(&st.files.signing_key.current(), owner, s.env.as_deref().unwrap_or_default())
         .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.to_string()).with_code("failed_precondition"))

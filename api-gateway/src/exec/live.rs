@@ -309,6 +309,19 @@ impl Live {
         Ok(ours)
     }
 
+    /// Forks its home as it is now into the new threads `targets` of its
+    /// key (`trace_id` names the request).
+    pub async fn fork_home(&self, targets: Vec<String>, trace_id: &str) -> Result<(), ExecError> {
+        let versions = self.node.agent().versions().ok_or(ExecError::NodeRefused("the sandbox's node does not fork homes"))?;
+        let source = self.name.r#ref.as_ref().map(|r| r.thread_id.clone()).unwrap_or_default();
+        let first = targets.first().cloned().unwrap_or_default();
+        let req = pb::LiveForkRequest { live: self.name(), targets };
+        versions.live_fork(req, trace_id).await.map_err(|s| match refusal_of(&s) {
+            (Reason::LiveNotFound, _) => ExecError::ThreadNotFound(source.clone()),
+            _ => super::refusal::AgentRefusal::read(&s).of_version(&source, &first),
+        })
+    }
+
     /// Ends it; true when its home was saved.
     pub async fn end(&self) -> Result<bool, LiveError> {
         let r = self.agent()?.end(self.name.clone()).await.map_err(|s| error(&s))?;

@@ -53,6 +53,8 @@ pub trait VersionAgent: Send + Sync {
     fn restore(&self, req: pb::RestoreThreadRequest, trace_id: &str) -> BoxFuture<'static, Result<pb::ThreadVersion, Status>>;
     /// A thread's versions, newest first.
     fn history(&self, req: pb::ThreadHistoryRequest, trace_id: &str) -> BoxFuture<'static, Result<Vec<pb::ThreadVersion>, Status>>;
+    /// Forks a live sandbox's home as it is now.
+    fn live_fork(&self, req: pb::LiveForkRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>>;
 }
 
 /// A live process's events, as the agent sends them.
@@ -144,6 +146,11 @@ impl VersionAgent for GrpcAgent {
     fn history(&self, req: pb::ThreadHistoryRequest, trace_id: &str) -> BoxFuture<'static, Result<Vec<pb::ThreadVersion>, Status>> {
         let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
         async move { Ok(client.thread_history(req).await?.into_inner().versions) }.boxed()
+    }
+
+    fn live_fork(&self, req: pb::LiveForkRequest, trace_id: &str) -> BoxFuture<'static, Result<(), Status>> {
+        let (mut client, req) = (self.client.clone(), self.request(req, trace_id));
+        async move { client.live_fork(req).await.map(|_| ()) }.boxed()
     }
 }
 

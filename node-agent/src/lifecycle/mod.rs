@@ -74,6 +74,11 @@ pub trait Resource: Send {
     /// Gives back whatever the resource holds on the host. Called once,
     /// whatever happened before, including when `prepare` failed or never ran.
     async fn release(self: Box<Self>);
+    /// A live sandbox's home as it is now, for a fork (thread homes only,
+    /// once prepared).
+    fn live_home(&self) -> Option<std::sync::Arc<crate::threads::LiveHome>> {
+        None
+    }
 }
 
 /// The resources of one execution.
@@ -107,6 +112,11 @@ impl Resources {
             r.prepare(sandbox).await?;
         }
         Ok(())
+    }
+
+    /// The thread home, once prepared (see [`Resource::live_home`]).
+    pub fn live_home(&self) -> Option<std::sync::Arc<crate::threads::LiveHome>> {
+        self.list.iter().find_map(|r| r.live_home())
     }
 
     /// Lets each resource adjust the program's start.

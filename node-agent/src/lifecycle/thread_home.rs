@@ -13,7 +13,7 @@ use warren_isolation::wire::{Go, Home};
 use super::{Resource, SandboxView};
 use crate::sandbox::{Failure, Outcome};
 use crate::threads::layer::IdMap;
-use crate::threads::{Kind, Produced, Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
+use crate::threads::{Kind, LiveHome, Produced, Restored, ThreadError, ThreadLock, ThreadOptions, Threads};
 
 /// One call's use of a thread. Holds the thread's lock from admission until
 /// the save is done.
@@ -25,6 +25,8 @@ pub struct ThreadHomeResource {
     mounted: Option<Mounted>,
     /// The execution's trace id, recorded with the version it saves.
     trace_id: String,
+    /// What a fork of the live sandbox reads.
+    live: Option<Arc<LiveHome>>,
 }
 
 struct Mounted {
@@ -37,7 +39,7 @@ impl ThreadHomeResource {
     /// A resource for the thread `options` names, locked by `lock`; `work_root`
     /// holds the per-sandbox overlay work dirs.
     pub fn new(threads: Arc<Threads>, work_root: PathBuf, options: ThreadOptions, lock: ThreadLock) -> ThreadHomeResource {
-        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None, trace_id: String::new() }
+        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None, trace_id: String::new(), live: None }
     }
 
     fn mount(&self, sandbox: &SandboxView<'_>, r: &Restored) -> std::io::Result<Mounted> {
@@ -115,6 +117,7 @@ impl Resource for ThreadHomeResource {
             Failure::ThreadMount
         })?;
         debug!(execution_id = %sandbox.spec.id, mount_us = t.elapsed().as_micros() as u64, "thread home mounted");
+        self.live = Some(Arc::new(LiveHome { base: restored.base(), upper: mounted.home.upper(), ids: mounted.ids }));
         self.mounted = Some(mounted);
         self.trace_id = sandbox.spec.id.clone();
         Ok(())
@@ -134,6 +137,10 @@ impl Resource for ThreadHomeResource {
         // is unmounted after the answer (that costs an RCU grace period or
         // two); nothing uses it any more, so a next call changing the warm
         // copy under it meanwhile is harmless.
+    }
+
+    fn live_home(&self) -> Option<Arc<LiveHome>> {
+        self.live.clone()
     }
 
     async fn release(self: Box<Self>) {

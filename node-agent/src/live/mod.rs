@@ -222,6 +222,8 @@ pub struct LiveSandbox {
     touched: Mutex<std::time::Instant>,
     /// Streams of it open now (a caller following a process, a port connection).
     attached: AtomicUsize,
+    /// Its thread home, for forks.
+    home: Option<Arc<crate::threads::LiveHome>>,
 }
 
 /// An open stream of a live sandbox: while one is held, the sandbox is not idle.
@@ -267,6 +269,7 @@ pub fn register(all: &Arc<LiveSandboxes>, name: String, driver: Driver, init_pid
         ending: watch::Sender::new(false),
         touched: Mutex::new(std::time::Instant::now()),
         attached: AtomicUsize::new(0),
+        home: held.resources.live_home(),
     });
     {
         let mut map = all.lock();
@@ -354,6 +357,11 @@ impl LiveSandbox {
                 return EndReport { reason: EndReason::Ended, save_failed: None, cpu_micros: 0 };
             }
         }
+    }
+
+    /// Its thread home, when it has one.
+    pub fn home(&self) -> Option<&Arc<crate::threads::LiveHome>> {
+        self.home.as_ref()
     }
 
     /// Sets when its lifetime ends (from now).

@@ -28,6 +28,8 @@ pub enum Kind {
     Files,
     /// A restore to an earlier version.
     Restore,
+    /// A fork of a live sandbox's home as it was then.
+    Fork,
 }
 
 impl Kind {
@@ -37,6 +39,7 @@ impl Kind {
             Kind::Execution => "execution",
             Kind::Files => "files",
             Kind::Restore => "restore",
+            Kind::Fork => "fork",
         }
     }
 }

@@ -176,6 +176,37 @@ pub struct Restored {
     _lock: ThreadLock,
 }
 
+/// What a restored thread is: its options, warm copy and manifest (without
+/// the lock).
+#[derive(Debug, Clone)]
+pub struct Base {
+    /// The call's options.
+    pub options: ThreadOptions,
+    /// Warm state directory (the lower layer).
+    pub state: PathBuf,
+    /// The manifest it was restored from (`None`: a new thread).
+    pub manifest: Option<Manifest>,
+}
+
+impl Restored {
+    /// What it is, for a fork of the live sandbox mounting it.
+    pub fn base(&self) -> Base {
+        Base { options: self.options.clone(), state: self.state.clone(), manifest: self.manifest.clone() }
+    }
+}
+
+/// A live sandbox's mounted home: what it was restored from, and the
+/// overlay's upper layer holding what changed since.
+#[derive(Debug)]
+pub struct LiveHome {
+    /// The thread it was restored from.
+    pub base: Base,
+    /// The overlay's upper directory.
+    pub upper: PathBuf,
+    /// The sandbox's host ids (the diff maps them back).
+    pub ids: layer::IdMap,
+}
+
 /// What a save did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Saved {

@@ -84,9 +84,17 @@ impl Threads {
             None => None,
         };
         self.step(Step::SourceRead).await?;
+        self.publish_forks(source, &m, at, targets, started).await?;
+        info!(source = %source.key.rel(), forks = targets.len(), layers = m.layers.len(), fork_us = started.elapsed().as_micros() as u64, "thread forked");
+        Ok(())
+    }
+
+    /// Publishes a fork of `m` as each of `targets`; should one fail, those
+    /// published before it are deleted again.
+    async fn publish_forks(&self, source: &ThreadOptions, m: &Manifest, at: Option<usize>, targets: &[ThreadKey], started: Instant) -> Result<(), ThreadError> {
         let mut made: Vec<(&ThreadKey, store::Version)> = Vec::new();
         for (i, target) in targets.iter().enumerate() {
-            match self.fork_one(source, &m, at, target, started).await {
+            match self.fork_one(source, m, at, target, started).await {
                 Ok(v) => made.push((target, v)),
                 Err(e) => {
                     for (t, v) in made {
@@ -97,8 +105,55 @@ impl Threads {
             }
             self.step(Step::Published(i)).await?;
         }
-        info!(source = %source.key.rel(), forks = targets.len(), layers = m.layers.len(), fork_us = started.elapsed().as_micros() as u64, "thread forked");
         Ok(())
+    }
+
+    /// Forks a live sandbox's home as it is now: the thread it was
+    /// restored from plus what changed since, as one new layer (stored
+    /// under the first new thread), as a version by `produced`. The live
+    /// sandbox and its thread are untouched. Like copying a running
+    /// program's files, a file being written meanwhile may be caught
+    /// midway.
+    pub async fn fork_live(&self, home: &LiveHome, targets: &[ThreadKey], produced: Produced) -> Result<(), ThreadError> {
+        let started = Instant::now();
+        let source = &home.base.options;
+        let first = targets.first().ok_or(ThreadError::Io { step: "forking the thread", source: io::Error::other("no new thread") })?;
+        let lease = format!("{}{}", source.key.lease_prefix(), new_id());
+        self.store.put_if(&lease, Bytes::from_static(b"{}"), None).await.map_err(io_err("writing the fork's lease"))?;
+        self.step(Step::LeaseWritten).await?;
+        let spool = self.spool.join(new_id());
+        let m = self.live_version(home, first, &spool, produced).await;
+        let _ = std::fs::remove_file(&spool);
+        let m = m?;
+        self.step(Step::SourceRead).await?;
+        self.publish_forks(source, &m, None, targets, started).await?;
+        info!(source = %source.key.rel(), forks = targets.len(), fork_us = started.elapsed().as_micros() as u64, "live sandbox's home forked");
+        Ok(())
+    }
+
+    /// The manifest of `home` as it is now, its diff stored as a layer of `owner`.
+    async fn live_version(&self, home: &LiveHome, owner: &ThreadKey, spool: &Path, produced: Produced) -> Result<Manifest, ThreadError> {
+        let source = &home.base.options;
+        let prev = home.base.manifest.as_ref();
+        let used = disk::used_bytes(&home.upper).map_err(io_err("measuring the live home's diff"))?;
+        self.make_room(disk::save_needs(used))?;
+        let (up, st, sp, ids) = (home.upper.clone(), home.base.state.clone(), spool.to_path_buf(), home.ids);
+        let delta = blocking("writing the live home's diff", move || layer::write_diff(&up, &st, ids, std::io::BufWriter::new(std::fs::File::create(&sp)?))).await?;
+        let old_bytes = prev.map_or(0, |m| m.bytes);
+        let bytes = u64::try_from(old_bytes as i64 + delta.bytes).map_err(|_| ThreadError::Io { step: "accounting the fork's size", source: io::Error::other("a negative size") })?;
+        if bytes > source.max_bytes {
+            return Err(ThreadError::TooLarge { bytes, limit: source.max_bytes });
+        }
+        let mut layers = prev.map(|m| m.layers.clone()).unwrap_or_default();
+        if delta.entries > 0 {
+            let key = owner.layer_key(&new_id());
+            let size = std::fs::metadata(spool).map_err(io_err("sizing the layer"))?.len();
+            self.store.put_file(&key, spool).await.map_err(io_err("uploading the fork's layer"))?;
+            layers.push(LayerRef { key, size });
+        }
+        let now = unix_now();
+        let next = Manifest { layers, bytes, updated_at: now, retention_secs: source.retention.map(|d| d.as_secs()), ..Manifest::empty(now) };
+        Ok(history::advance(prev, next, Some(produced), source.keep()))
     }
 
     /// Publishes one fork of `m`; its stored version.

@@ -572,6 +572,14 @@ pub struct ForkThreadRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ForkThreadResponse {}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct LiveForkRequest {
+    #[prost(message, optional, tag = "1")]
+    pub live: ::core::option::Option<LiveRef>,
+    /// Ids of the new threads, of the sandbox's key (1..=32).
+    #[prost(string, repeated, tag = "2")]
+    pub targets: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RestoreThreadRequest {
     #[prost(message, optional, tag = "1")]
     pub thread: ::core::option::Option<ThreadOptions>,
@@ -1471,6 +1479,33 @@ pub mod node_agent_client {
                 .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "ThreadHistory"));
             self.inner.unary(req, path, codec).await
         }
+        /// LiveFork forks a live sandbox's home as it is now into new threads of
+        /// its key (its processes and memory are not forked). NOT_FOUND (LIVE_NOT_FOUND):
+        /// no such live sandbox; otherwise as ForkThread.
+        pub async fn live_fork(
+            &mut self,
+            request: impl tonic::IntoRequest<super::LiveForkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ForkThreadResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/warren.agent.v1.NodeAgent/LiveFork",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("warren.agent.v1.NodeAgent", "LiveFork"));
+            self.inner.unary(req, path, codec).await
+        }
         /// Cancel kills execution `execution_id` if it runs on this node and
         /// answers once its sandbox is gone (at once when nothing by that id runs),
         /// so a caller that let go of an execution early knows when it has ended.
@@ -1970,6 +2005,16 @@ pub mod node_agent_server {
             request: tonic::Request<super::ThreadHistoryRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ThreadHistoryResponse>,
+            tonic::Status,
+        >;
+        /// LiveFork forks a live sandbox's home as it is now into new threads of
+        /// its key (its processes and memory are not forked). NOT_FOUND (LIVE_NOT_FOUND):
+        /// no such live sandbox; otherwise as ForkThread.
+        async fn live_fork(
+            &self,
+            request: tonic::Request<super::LiveForkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ForkThreadResponse>,
             tonic::Status,
         >;
         /// Cancel kills execution `execution_id` if it runs on this node and
@@ -2480,6 +2525,51 @@ pub mod node_agent_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ThreadHistorySvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/warren.agent.v1.NodeAgent/LiveFork" => {
+                    #[allow(non_camel_case_types)]
+                    struct LiveForkSvc<T: NodeAgent>(pub Arc<T>);
+                    impl<
+                        T: NodeAgent,
+                    > tonic::server::UnaryService<super::LiveForkRequest>
+                    for LiveForkSvc<T> {
+                        type Response = super::ForkThreadResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::LiveForkRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as NodeAgent>::live_fork(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = LiveForkSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
