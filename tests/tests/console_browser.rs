@@ -163,6 +163,22 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     let escape = http::post(console, &format!("{thread_files}/remove"), &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], out.as_bytes());
     assert_eq!(escape.status, 400, "{}", escape.text());
     assert!(std::path::Path::new("/etc/passwd").exists());
+    // Its history: the execution's version restored by its button, and forked by its form.
+    b.goto(&format!("http://{listen}{thread_files}")).unwrap();
+    let page = b.text().unwrap();
+    assert!(page.contains("History") && page.contains(&t) && page.contains("files"), "{page}");
+    b.click_to_next_page(&b.find(&format!("form[action$='/restore']:has(input[value='{t}']) button")).unwrap()).unwrap();
+    let page = b.text().unwrap();
+    assert!(page.contains("report.txt") && !page.contains("docs/notes.txt") && page.contains("restore"), "back to the execution's version: {page}");
+    b.type_into(&b.find(&format!("form[action$='/fork']:has(input[value='{t}']) input[name=thread_id]")).unwrap(), "console-fork").unwrap();
+    b.click_to(&b.find(&format!("form[action$='/fork']:has(input[value='{t}']) button")).unwrap(), |u| u.ends_with("/thread/console-fork")).unwrap();
+    assert!(b.text().unwrap().contains("report.txt"), "{}", b.text().unwrap());
+    b.screenshot(&shots, "thread-forked").unwrap();
+    let forked = gw.execute(&key("thr"), &json!({"code": "cat ~/report.txt", "language": "bash", "thread_id": "console-fork"}));
+    assert_eq!(forked.json()["stdout"].as_str(), Some("hello <b>"), "{}", forked.text());
+    let forged = http::post(console, &format!("{thread_files}/restore"), &[("Cookie", &cookie), ("Content-Type", "application/x-www-form-urlencoded")], format!("csrf=forged&at={t}").as_bytes());
+    assert_eq!(forged.status, 403, "a restore without the session's token changes nothing");
+    b.goto(&format!("http://{listen}{thread_files}")).unwrap();
     b.click_to_next_page(&b.find("form[action$='/delete'] button").unwrap()).unwrap();
     let after = gw.execute(&key("thr"), &json!({"code": "cat ~/docs/notes.txt", "language": "bash", "thread_id": "console-t"}));
     assert_ne!(after.json()["exit_code"], 0, "the deleted thread starts fresh: {}", after.text());

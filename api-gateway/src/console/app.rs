@@ -50,6 +50,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/files/{namespace}/{key}/{source}/{id}/delete", post(super::files::delete_thread))
         .route("/files/{namespace}/{key}/{source}/{id}/upload", post(super::files::upload))
         .route("/files/{namespace}/{key}/{source}/{id}/remove", post(super::files::remove))
+        .route("/files/{namespace}/{key}/{source}/{id}/restore", post(super::history::restore))
+        .route("/files/{namespace}/{key}/{source}/{id}/fork", post(super::history::fork))
         .route("/sandboxes", get(super::pages::sandboxes))
         .route("/account", get(account))
         .route("/signin", get(super::signin::sign_in))

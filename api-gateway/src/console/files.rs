@@ -40,7 +40,7 @@ pub(super) struct FileQuery {
 
 impl Console {
     /// The viewer and the key of a files URL, when the user may read it.
-    async fn files_of(&self, headers: &HeaderMap, uri: &Uri, namespace: &str, key: &str, verb: &'static str) -> Result<(Viewer<'_>, Arc<EffectiveKey>), Response> {
+    pub(super) async fn files_of(&self, headers: &HeaderMap, uri: &Uri, namespace: &str, key: &str, verb: &'static str) -> Result<(Viewer<'_>, Arc<EffectiveKey>), Response> {
         let v = self.viewer(headers, uri).await?;
         let key = v.warren.keys().named(namespace, key).filter(|_| v.namespaces.iter().any(|n| n == namespace)).ok_or_else(not_found_page)?;
         match self.access.may(&v.session.identity, verb, "apikeys", namespace).await {
@@ -111,6 +111,7 @@ pub(super) async fn list(State(c): State<Arc<Console>>, headers: HeaderMap, uri:
         body.push_markup("\"><input type=\"hidden\" name=\"csrf\" value=\"");
         body.push(&Html::attr(&v.session.csrf));
         body.push_markup("\"><button type=\"submit\">Delete this thread</button></form>");
+        body.push(&super::history::section(&v, &k, &base, &id).await);
     }
     v.page(&format!("{source} {id} of {ns}/{key}"), &body)
 }

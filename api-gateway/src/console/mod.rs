@@ -37,6 +37,7 @@ mod frame;
 mod body;
 pub mod client;
 mod files;
+mod history;
 pub mod html;
 pub mod link;
 pub mod objects;
