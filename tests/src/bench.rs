@@ -101,7 +101,12 @@ impl Conn {
 
     /// [`Conn::execute`] with extra headers (`Prefer: respond-async`).
     pub async fn execute_with(&mut self, key: &str, body: &[u8], headers: &[(&str, &str)]) -> anyhow::Result<(u16, bytes::Bytes)> {
-        let mut req = hyper::Request::post("/v1/sandbox/execute")
+        self.post(key, "/v1/sandbox/execute", body, headers).await
+    }
+
+    /// `POST path` with a JSON `body` and extra headers; status and body.
+    pub async fn post(&mut self, key: &str, path: &str, body: &[u8], headers: &[(&str, &str)]) -> anyhow::Result<(u16, bytes::Bytes)> {
+        let mut req = hyper::Request::post(path)
             .header("host", &self.host)
             .header("authorization", format!("Bearer {key}"))
             .header("content-type", "application/json");
