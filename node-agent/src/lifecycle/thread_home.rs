@@ -25,8 +25,6 @@ pub struct ThreadHomeResource {
     mounted: Option<Mounted>,
     /// The execution's trace id, recorded with the version it saves.
     trace_id: String,
-    /// What a fork of the live sandbox reads.
-    live: Option<Arc<LiveHome>>,
 }
 
 struct Mounted {
@@ -39,7 +37,7 @@ impl ThreadHomeResource {
     /// A resource for the thread `options` names, locked by `lock`; `work_root`
     /// holds the per-sandbox overlay work dirs.
     pub fn new(threads: Arc<Threads>, work_root: PathBuf, options: ThreadOptions, lock: ThreadLock) -> ThreadHomeResource {
-        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None, trace_id: String::new(), live: None }
+        ThreadHomeResource { threads, work_root, claim: Some((options, lock)), restored: None, mounted: None, trace_id: String::new() }
     }
 
     fn mount(&self, sandbox: &SandboxView<'_>, r: &Restored) -> std::io::Result<Mounted> {
@@ -117,7 +115,6 @@ impl Resource for ThreadHomeResource {
             Failure::ThreadMount
         })?;
         debug!(execution_id = %sandbox.spec.id, mount_us = t.elapsed().as_micros() as u64, "thread home mounted");
-        self.live = Some(Arc::new(LiveHome { base: restored.base(), upper: mounted.home.upper(), ids: mounted.ids }));
         self.mounted = Some(mounted);
         self.trace_id = sandbox.spec.id.clone();
         Ok(())
@@ -139,8 +136,10 @@ impl Resource for ThreadHomeResource {
         // copy under it meanwhile is harmless.
     }
 
+    /// Made only when a sandbox goes live (a plain call never asks).
     fn live_home(&self) -> Option<Arc<LiveHome>> {
-        self.live.clone()
+        let (r, m) = (self.restored.as_ref()?, self.mounted.as_ref()?);
+        Some(Arc::new(LiveHome { base: r.base(), upper: m.home.upper(), ids: m.ids }))
     }
 
     async fn release(self: Box<Self>) {
