@@ -20,14 +20,16 @@ pub struct Audit {
     result: Option<Finished>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     recorder: Recorder,
+    /// The gateway's spans of the call, when they are exported.
+    spans: Option<crate::exec::traced::GatewaySpans>,
 }
 
 impl Audit {
     /// Starts a record (queued for the database; the receiver says when it
     /// is committed); the outcome is `cancelled` until [`Audit::finish`].
-    pub fn start(record: NewRecord, recorder: &Recorder, metrics: std::sync::Arc<crate::metrics::Metrics>) -> (Self, tokio::sync::oneshot::Receiver<bool>) {
+    pub fn start(record: NewRecord, recorder: &Recorder, metrics: std::sync::Arc<crate::metrics::Metrics>, spans: Option<crate::exec::traced::GatewaySpans>) -> (Self, tokio::sync::oneshot::Receiver<bool>) {
         let committed = recorder.insert(record.clone());
-        let audit = Audit { record, started: Instant::now(), exit_code: None, outcome: Outcome::Cancelled, result: None, metrics, recorder: recorder.clone() };
+        let audit = Audit { record, started: Instant::now(), exit_code: None, outcome: Outcome::Cancelled, result: None, metrics, recorder: recorder.clone(), spans };
         (audit, committed)
     }
 
@@ -35,6 +37,9 @@ impl Audit {
     pub fn finish(&mut self, outcome: Outcome, exit_code: Option<i32>) {
         self.outcome = outcome;
         self.exit_code = exit_code;
+        if let Some(s) = self.spans.as_mut() {
+            s.exited();
+        }
     }
 
     /// Sets the final outcome and keeps the result (its output cut to the
@@ -91,5 +96,8 @@ impl Drop for Audit {
         });
         end.completed_ms = records::now_ms();
         self.recorder.finish(&r.trace_id, end);
+        if let Some(spans) = self.spans.take() {
+            spans.export(&r.trace_id, &format!("{}/{}", r.namespace, r.key_name), self.outcome.as_str());
+        }
     }
 }

@@ -97,7 +97,8 @@ async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, deliver
     let t0 = Instant::now();
     let key = st.keys().authenticate(headers)?;
     let t_key = t0.elapsed();
-    let req = parse_request(&read_json(st, headers, body).await?, delivery)?;
+    let mut req = parse_request(&read_json(st, headers, body).await?, delivery)?;
+    req.trace = crate::exec::traced::from_headers(headers);
     let t_body = t0.elapsed();
     let us = |d: Duration| d.as_micros() as u64;
     tracing::debug!(key_us = us(t_key), body_us = us(t_body - t_key), "request phases");

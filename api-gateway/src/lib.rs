@@ -261,6 +261,15 @@ pub struct Args {
     /// Log format.
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
+    /// Export spans of each execution's phases (W3C trace context from the
+    /// caller, or a new trace) to this OpenTelemetry collector, OTLP over
+    /// gRPC (`http://HOST:4317`). Unset: no spans, no cost.
+    #[arg(long, env = "WARREN_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+}
+
+fn otlp_endpoint(s: &str) -> Result<String, String> {
+    warren_telemetry::otlp::check_endpoint(s).map(|()| s.to_string())
 }
 
 /// The console's address and how users sign in, when `--console-listen`

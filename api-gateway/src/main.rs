@@ -23,7 +23,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(warren_api_gateway::run(args)) {
+    if let Some(endpoint) = &args.otlp_endpoint {
+        if let Err(e) = rt.block_on(async { warren_telemetry::otlp::init(endpoint, "warren-gateway") }) {
+            tracing::error!(error = %e, "gateway failed");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let ran = rt.block_on(warren_api_gateway::run(args));
+    warren_telemetry::otlp::flush();
+    match ran {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "gateway failed");

@@ -134,7 +134,7 @@ impl ServerHandler for WarrenMcp {
                 "files_list" => self.files_list(&key, &args).await,
                 "files_download" => self.files_download(&key, &args, &headers).await,
                 "files_upload" => self.files_upload(&key, &args).await,
-                "sandbox_execute" => self.execute(&key, args).await,
+                "sandbox_execute" => self.execute(&key, args, &headers).await,
                 other => return Err(ErrorData::invalid_params(format!("no tool named {other:?}"), None)),
             };
             Ok(CallToolResponse::Complete(result.unwrap_or_else(|e| CallToolResult::error(vec![ContentBlock::text(e)]))))
@@ -149,8 +149,9 @@ fn said(e: impl std::fmt::Display) -> String {
 }
 
 impl WarrenMcp {
-    async fn execute(&self, key: &EffectiveKey, args: Map<String, Value>) -> Result<CallToolResult, String> {
-        let req = crate::request::from_object(args).map_err(said)?;
+    async fn execute(&self, key: &EffectiveKey, args: Map<String, Value>, headers: &axum::http::HeaderMap) -> Result<CallToolResult, String> {
+        let mut req = crate::request::from_object(args).map_err(said)?;
+        req.trace = crate::exec::traced::from_headers(headers);
         if req.webhook_url.is_some() {
             return Err("webhook_url: not with sandbox_execute (the result is the tool's answer)".into());
         }

@@ -47,6 +47,7 @@ pub fn from_object(mut obj: Map<String, Value>) -> Result<ExecuteRequest, ExecEr
         sub_paths: sub_paths(&mut obj)?,
         webhook_url: string(&mut obj, "webhook_url")?,
         wait_for_thread: false,
+        trace: None,
     })
 }
 

@@ -30,6 +30,7 @@ pub mod path;
 pub mod quantity;
 pub mod reach;
 pub mod secret;
+pub mod trace;
 pub mod warm;
 
 pub use language::Language;

@@ -195,6 +195,15 @@ pub struct Args {
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
+    /// Export spans of each execution's phases (W3C trace context from the
+    /// caller, or a new trace) to this OpenTelemetry collector, OTLP over
+    /// gRPC (`http://HOST:4317`). Unset: no spans, no cost.
+    #[arg(long, env = "WARREN_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+}
+
+fn otlp_endpoint(s: &str) -> Result<String, String> {
+    warren_telemetry::otlp::check_endpoint(s).map(|()| s.to_string())
 }
 
 /// Says where the state lives and warns when it shares the node's root
@@ -256,6 +265,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         node_ip,
         shutdown_timeout_secs,
         log_format: _,
+        otlp_endpoint: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
         bail!("warren-node-agent must run as root: it creates namespaces, cgroups and id mappings");

@@ -92,6 +92,8 @@ impl From<Spec> for pb::ExecuteRequest {
             warm_modules: s.warm_modules,
             // Transport too: the caller's queue wait.
             queue_wait_ms: 0,
+            traceparent: s.trace.as_ref().map(|t| t.parent.header()).unwrap_or_default(),
+            tracestate: s.trace.and_then(|t| t.state).unwrap_or_default(),
         }
     }
 }
@@ -120,6 +122,7 @@ impl TryFrom<pb::ExecuteRequest> for Spec {
             connectors: r.connectors.into_iter().map(read_connector).collect::<Result<_, _>>()?,
             thread: r.thread.map(Thread::try_from).transpose()?,
             warm_modules: r.warm_modules,
+            trace: warren_core::trace::Trace::from_headers(&r.traceparent, &r.tracestate),
         })
     }
 }

@@ -39,7 +39,7 @@ async fn main() {
     let mut two = prepare(&mut conn, &k, "restored", 2).await;
     println!("thread versions: {runs} calls each, interleaved with bare `bash -c 'echo 1'`");
     let mut rows: Vec<(String, Vec<Duration>)> = vec![("bare".into(), vec![])];
-    let mut add = |name: &str, d: Duration, rows: &mut Vec<(String, Vec<Duration>)>| match rows.iter_mut().find(|(n, _)| n == name) {
+    let add = |name: &str, d: Duration, rows: &mut Vec<(String, Vec<Duration>)>| match rows.iter_mut().find(|(n, _)| n == name) {
         Some((_, v)) => v.push(d),
         None => rows.push((name.to_string(), vec![d])),
     };

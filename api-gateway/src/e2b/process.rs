@@ -39,6 +39,19 @@ pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): 
     }
 }
 
+/// A caller's W3C trace context reaches the process as `TRACEPARENT` and
+/// `TRACESTATE` (over what the command's own variables said), so code using
+/// an OpenTelemetry SDK continues the caller's trace.
+fn traced(start: &mut Start, headers: &HeaderMap) {
+    if let Some(t) = crate::exec::traced::from_headers(headers) {
+        start.env.remove("TRACESTATE");
+        start.env.insert("TRACEPARENT".into(), t.parent.header());
+        if let Some(state) = t.state {
+            start.env.insert("TRACESTATE".into(), state);
+        }
+    }
+}
+
 /// The process `cmd args` in `cwd` (E2B spells the home `/home/user`).
 fn start_of(req: &Value) -> Result<Start, E2bError> {
     let process = req.get("process").cloned().unwrap_or(Value::Null);
@@ -90,7 +103,8 @@ async fn streamed(st: &AppState, headers: &HeaderMap, method: &str, b: Body) -> 
     let live = opened.live(st).await?;
     let events = if method == "Start" {
         super::sandbox::user_is_default(req.get("process").and_then(|p| p.get("user")).and_then(Value::as_str))?;
-        let start = start_of(&req)?;
+        let mut start = start_of(&req)?;
+        traced(&mut start, headers);
         tracing::info!(sandbox = %opened.sandbox.id, key = %opened.key.qualified_name(), program = %start.argv[0], pty = start.pty.is_some(), "e2b process started");
         let what = if start.pty.is_some() { "sandbox.terminal" } else { "sandbox.process" };
         super::activity::log(st, &opened.sandbox, &super::activity::by_key(&opened.key), what, &start.argv.join(" "));

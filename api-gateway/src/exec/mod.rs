@@ -17,6 +17,7 @@ pub mod refusal;
 pub mod request;
 pub mod service;
 pub mod spec;
+pub mod traced;
 pub mod versions;
 
 pub use convert::RunEvent;

@@ -42,6 +42,9 @@ pub struct ExecuteRequest {
     /// for it (up to the queue wait) instead of refusing at once: a live
     /// sandbox's next command after one that was cut off.
     pub wait_for_thread: bool,
+    /// The caller's W3C trace context (from its `traceparent` and
+    /// `tracestate` headers), when it sent a valid one.
+    pub trace: Option<warren_core::trace::Trace>,
 }
 
 impl ExecuteRequest {
@@ -57,6 +60,7 @@ impl ExecuteRequest {
             sub_paths: Vec::new(),
             webhook_url: None,
             wait_for_thread: false,
+            trace: None,
         }
     }
 

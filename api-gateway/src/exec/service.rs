@@ -112,7 +112,9 @@ impl ExecutionService {
     /// caller made: an idempotent call's, claimed before it runs).
     pub async fn admit_as(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery, id: String) -> Result<Admitted, ExecError> {
         let deadline = tokio::time::Instant::now() + self.queue_wait;
-        let spec = ExecutionSpec::new(id, key, &mut req, delivery)?;
+        let (trace, mut spans) = super::traced::begin(req.trace.take());
+        let mut spec = ExecutionSpec::new(id, key, &mut req, delivery)?;
+        spec.contract.trace = trace;
         let qualified = key.qualified_name();
         let thread = match &spec.contract.thread {
             Some(t) if req.wait_for_thread => Some(self.admission.thread_until(&qualified, &t.id, deadline).await?),
@@ -142,7 +144,10 @@ impl ExecutionService {
             webhook_url: req.webhook_url.take(),
             created_ms: crate::records::now_ms(),
         };
-        let (audit, recorded) = Audit::start(record, &self.records, self.metrics.clone());
+        if let Some(s) = spans.as_mut() {
+            s.admitted();
+        }
+        let (audit, recorded) = Audit::start(record, &self.records, self.metrics.clone(), spans);
         let held = Held { lease, audit, _in_flight: self.metrics.in_flight(), _thread: thread, slot, _turn: turn, output, deadline };
         Ok(Admitted { spec, held, recorded })
     }

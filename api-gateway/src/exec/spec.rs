@@ -106,6 +106,7 @@ impl ExecutionSpec {
                 history: key.thread_history,
             }),
             warm_modules: key.warm.of(req.language).to_vec(),
+            trace: None,
         };
         Ok(ExecutionSpec { contract, tenant, delivery })
     }

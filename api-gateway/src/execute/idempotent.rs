@@ -62,7 +62,8 @@ async fn run(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery)
     let idem = key_of(headers).map_err(|why| ApiError::invalid("Idempotency-Key", why.trim_start_matches("Idempotency-Key: ")))?.unwrap_or_default();
     let bytes = super::read_json(st, headers, body).await?;
     // A request that cannot run never claims its key.
-    let req = super::parse_request(&bytes, delivery)?;
+    let mut req = super::parse_request(&bytes, delivery)?;
+    req.trace = crate::exec::traced::from_headers(headers);
     let k = IdemKey { namespace: &key.namespace, key_name: &key.name, scope: "execute", key: &idem };
     let store = st.service.records.store();
     let id = crate::exec::new_trace_id();

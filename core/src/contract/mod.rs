@@ -48,6 +48,9 @@ pub struct Spec {
     pub thread: Option<Thread>,
     /// Modules the Sandbox warms for this language (see [`crate::warm`]).
     pub warm_modules: Vec<String>,
+    /// The trace the call continues (W3C Trace Context): its program gets
+    /// `TRACEPARENT`/`TRACESTATE`, and the node's spans join it.
+    pub trace: Option<crate::trace::Trace>,
 }
 
 impl Spec {
@@ -69,6 +72,7 @@ impl Spec {
             connectors: Vec::new(),
             thread: None,
             warm_modules: Vec::new(),
+            trace: None,
         }
     }
 }

@@ -5,6 +5,8 @@
 //! the node-agent records for the same call, the operator's reconciled
 //! `object` — so one id finds a call's lines in every component.
 
+pub mod otlp;
+
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;

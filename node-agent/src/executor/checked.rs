@@ -35,6 +35,8 @@ pub struct Checked {
     pub connectors: Vec<crate::connectors::Grant>,
     /// Modules a warm interpreter for this call loads ahead of it.
     pub warm_modules: Vec<String>,
+    /// The trace the call continues.
+    pub trace: Option<warren_core::trace::Trace>,
 }
 
 impl Checked {
@@ -50,6 +52,7 @@ impl Checked {
             image_digest: spec.image.digest.unwrap_or_default(),
             image: spec.image.reference,
             warm_modules: std::mem::take(&mut spec.warm_modules),
+            trace: spec.trace.take(),
             run,
         })
     }

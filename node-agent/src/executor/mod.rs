@@ -101,6 +101,7 @@ pub struct Admission {
     network: Option<Arc<NetPolicy>>,
     connectors: Vec<crate::connectors::Grant>,
     warm_modules: Vec<String>,
+    trace: Option<warren_core::trace::Trace>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -399,7 +400,7 @@ impl Executor {
     /// least briefly: the previous execution's teardown (after its answer
     /// was sent) usually frees one within milliseconds.
     pub async fn admit(&self, spec: Spec, wait: std::time::Duration) -> Result<Admission, ExecError> {
-        let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors, warm_modules } = Checked::of(spec, &self.policy)?;
+        let Checked { run: spec, image, image_digest, image_pull, thread, mounts, network, connectors, warm_modules, trace } = Checked::of(spec, &self.policy)?;
         for (i, m) in mounts.iter().enumerate() {
             if let Some((field, why)) = self.stores.refuses(m) {
                 return Err(ExecError::MountRefused { field: format!("mounts[{i}].{field}"), why });
@@ -439,18 +440,18 @@ impl Executor {
             }
             None => None,
         };
-        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, _permit: permit })
+        Ok(Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, trace, _permit: permit })
     }
 
     /// Runs an admitted execution (see [`seam::run`]). Errors are returned
     /// only when nothing ran.
     pub async fn execute(&self, admission: Admission, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
-        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, _permit } = admission;
+        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules, trace, _permit } = admission;
         let resources = self.resources(thread, mounts, connectors);
         let go = go_for(&spec, &interpreter, &image_env);
         let warm = self.warm_interpreters.then(|| warm_start(spec.language, &interpreter, &go.env, &warm_modules)).flatten();
         let shape = Shape::of(&spec.limits, rootfs, network).warmed(warm);
-        seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit }, received, events).await
+        seam::run(&self.pool, resources, seam::Planned { spec, shape, go, held: _permit, trace }, received, events).await
     }
 
     /// What an execution holds besides its sandbox, in order.
@@ -480,7 +481,7 @@ impl Executor {
     /// environment are the sandbox's. It holds the admission's node slot
     /// until it has ended.
     pub async fn go_live(&self, admission: Admission, name: String, lifetime: std::time::Duration) -> Result<Arc<LiveSandbox>, ExecError> {
-        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules: _, _permit } = admission;
+        let Admission { spec, rootfs, interpreter, image_env, thread, mounts, network, connectors, warm_modules: _, trace: _, _permit } = admission;
         let mut resources = self.resources(thread, mounts, connectors);
         let mut go = go_for(&spec, &interpreter, &image_env);
         let shape = Shape::of(&spec.limits, rootfs, network);

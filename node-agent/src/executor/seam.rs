@@ -114,6 +114,8 @@ pub struct Planned<H> {
     /// Held until nothing of the execution is left (its node slot, its
     /// thread lock): dropped last, after release and teardown.
     pub held: H,
+    /// The trace it continues.
+    pub trace: Option<warren_core::trace::Trace>,
 }
 
 /// Takes one of the node's execution slots, waiting at most `wait` (the
@@ -146,8 +148,8 @@ async fn claim_fitting<S: Sandboxes>(sandboxes: &S, shape: &Shape, spec: &ExecSp
 /// A failed acquire or prepare answers `never_ran` and still releases
 /// everything; a sandbox whose prepare failed is discarded, never reused.
 pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: Resources, plan: Planned<H>, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
-    let Planned { spec, shape, mut go, held } = plan;
-    let t0 = Instant::now();
+    let Planned { spec, shape, mut go, held, trace } = plan;
+    let (t0, wall0) = (Instant::now(), std::time::SystemTime::now());
     if let Err(failure) = resources.acquire().await {
         tokio::spawn(async move {
             resources.release().await;
@@ -182,6 +184,7 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
     }
     let t_prepared = t0.elapsed();
     resources.shape(&mut go);
+    let program = trace.as_ref().map(|t| traced(t, &mut go));
     let (mut outcome, teardown) = sandbox.run(&spec, go, received, &events).await;
     sandboxes.refill(shape);
     let t_ran = t0.elapsed();
@@ -191,10 +194,56 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
         resources = !resources.is_empty(), acquire_us = us(t_acquired), claim_us = us(t_claimed - t_acquired), prepare_us = us(t_prepared - t_claimed),
         run_us = us(t_ran - t_prepared), finish_us = us(t0.elapsed() - t_ran), "execution phases"
     );
+    if let (Some(t), Some(program)) = (&trace, program) {
+        let at = |d: Duration| wall0 + d;
+        let saved = (!resources.is_empty()).then(|| (at(t_ran), at(t0.elapsed())));
+        export_phases(t, program, &spec.id, [at(Duration::ZERO), at(t_claimed), at(t_prepared), at(t_ran)], saved, &outcome);
+    }
     tokio::spawn(async move {
         resources.release().await;
         teardown.run().await;
         drop(held);
     });
     Ok(outcome)
+}
+
+/// Gives the program the trace it continues: `TRACEPARENT` naming its own
+/// span when this node exports spans (else the caller's parent, so the
+/// program still joins the caller's trace) and the caller's `TRACESTATE`;
+/// what the request's variables said of either is replaced. The program's span.
+fn traced(t: &warren_core::trace::Trace, go: &mut Go) -> warren_core::trace::SpanRef {
+    let program = match warren_telemetry::otlp::enabled() {
+        true => t.parent.child(&mut |b: &mut [u8]| rand::fill(b)),
+        false => t.parent,
+    };
+    go.env.retain(|(k, _)| k != "TRACEPARENT" && k != "TRACESTATE");
+    go.env.push(("TRACEPARENT".into(), program.header()));
+    if let Some(state) = &t.state {
+        go.env.push(("TRACESTATE".into(), state.clone()));
+    }
+    program
+}
+
+/// Exports the node's phases of an execution as spans under the caller's
+/// parent: claim (the thread restored, a sandbox taken), sandbox start
+/// (mounts, credentials), program and, with a thread or storage, save.
+/// `marks` are the start, claimed, prepared and ran instants.
+fn export_phases(t: &warren_core::trace::Trace, program: warren_core::trace::SpanRef, id: &str, marks: [std::time::SystemTime; 4], saved: Option<(std::time::SystemTime, std::time::SystemTime)>, outcome: &Outcome) {
+    use warren_telemetry::otlp::Phase;
+    if !warren_telemetry::otlp::enabled() {
+        return;
+    }
+    let mut fill = |b: &mut [u8]| rand::fill(b);
+    let parent = Some(t.parent.span_id);
+    let ids = vec![("warren.execution_id", id.to_string())];
+    let phase = |name, span, start, end, attributes| Phase { name, span, parent, start, end, server: false, attributes };
+    let mut phases = vec![
+        phase("claim", t.parent.child(&mut fill), marks[0], marks[1], ids.clone()),
+        phase("sandbox start", t.parent.child(&mut fill), marks[1], marks[2], ids.clone()),
+        phase("program", program, marks[2], marks[3], [ids.clone(), vec![("process.exit.code", outcome.exit_code.to_string()), ("warren.timed_out", outcome.timed_out.to_string())]].concat()),
+    ];
+    if let Some((start, end)) = saved {
+        phases.push(phase("save", t.parent.child(&mut fill), start, end, ids));
+    }
+    warren_telemetry::otlp::export(phases);
 }

@@ -215,7 +215,7 @@ fn plan(log: &Log) -> (Planned<Held>, oneshot::Receiver<()>) {
     let shape = Shape::of(&spec.limits, Rootfs::Host, None);
     let go = super::go_for(&spec, "/usr/bin/python3", &[]);
     let (tx, rx) = oneshot::channel();
-    (Planned { spec, shape, go, held: Held { log: log.clone(), gone: Some(tx) } }, rx)
+    (Planned { spec, shape, go, held: Held { log: log.clone(), gone: Some(tx) }, trace: None }, rx)
 }
 
 fn resources(probes: Vec<Box<dyn Resource>>) -> Resources {
@@ -402,7 +402,7 @@ async fn the_slot_is_held_until_the_sandbox_is_torn_down() {
     let permits = Arc::new(Semaphore::new(1));
     let permit = seam::admit_slot(&permits, 1, Duration::from_millis(10)).await.unwrap();
     let (plan, _) = plan(&log);
-    let plan = Planned { spec: plan.spec, shape: plan.shape, go: plan.go, held: permit };
+    let plan = Planned { spec: plan.spec, shape: plan.shape, go: plan.go, held: permit, trace: None };
     let (tx, _rx) = mpsc::channel(16);
     let outcome = seam::run(&double, Resources::default(), plan, Instant::now(), tx).await.unwrap();
     assert_eq!(outcome.exit_code, 0);

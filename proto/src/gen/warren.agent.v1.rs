@@ -325,6 +325,14 @@ pub struct ExecuteRequest {
     /// Transport, not contract: the caller's queue wait, not the execution's.
     #[prost(uint32, tag = "17")]
     pub queue_wait_ms: u32,
+    /// W3C Trace Context the execution continues: the span the node's spans
+    /// descend from. The program gets TRACEPARENT naming its own span (or this
+    /// one, when the node exports no spans) and TRACESTATE. Empty or malformed:
+    /// none.
+    #[prost(string, tag = "18")]
+    pub traceparent: ::prost::alloc::string::String,
+    #[prost(string, tag = "19")]
+    pub tracestate: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WarmImageRequest {

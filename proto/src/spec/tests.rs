@@ -88,6 +88,10 @@ impl Gen {
             connectors: (0..self.below(3)).map(|_| self.connector()).collect(),
             thread: self.flag().then(|| self.thread()),
             warm_modules: (0..self.below(3)).map(|_| self.word()).collect(),
+            trace: self.flag().then(|| warren_core::trace::Trace {
+                parent: warren_core::trace::SpanRef { trace_id: [self.nonzero(255) as u8; 16], span_id: [self.nonzero(255) as u8; 8], sampled: self.flag() },
+                state: self.flag().then(|| format!("k{}=v", self.nonzero(100))),
+            }),
         }
     }
 }
