@@ -266,6 +266,9 @@ pub struct ListQueryDoc {
     /// One thread.
     #[param(pattern = "^[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}$")]
     pub thread_id: Option<String>,
+    /// One W3C trace (the trace id of the caller's `traceparent`).
+    #[param(pattern = "^[0-9a-f]{32}$")]
+    pub otel_trace_id: Option<String>,
     /// One ApiKey of the namespace, or `*` for all (keys with `auditScope: Namespace`; others may name only themselves).
     #[param(pattern = "^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?|\\*)$")]
     pub key: Option<String>,
@@ -325,6 +328,8 @@ fn filter(key: &EffectiveKey, pairs: &[(String, String)]) -> Result<Filter, ApiE
             "status" => return Err(ApiError::invalid(k, format!("one of running, {}", Status::TERMINAL.join(", ")))),
             "thread_id" if warren_core::ids::is_thread_id(v) => f.thread_id = Some(v.clone()),
             "thread_id" => return Err(ApiError::invalid(k, warren_core::ids::THREAD_ID_RULE)),
+            "otel_trace_id" if v.len() == 32 && v.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => f.otel_trace_id = Some(v.clone()),
+            "otel_trace_id" => return Err(ApiError::invalid(k, "32 lowercase hex digits (a W3C trace id)")),
             "limit" => f.limit = v.parse().ok().filter(|n| (1..=200).contains(n)).ok_or_else(|| ApiError::invalid(k, "an integer from 1 to 200"))?,
             "cursor" => f.after = Some(cursor(v).ok_or_else(|| ApiError::invalid(k, "pass next_cursor of the previous page unchanged"))?),
             "key" if v == &key.name => {}
@@ -333,7 +338,7 @@ fn filter(key: &EffectiveKey, pairs: &[(String, String)]) -> Result<Filter, ApiE
             _ => match k.strip_prefix("metadata.") {
                 Some(name) if crate::exec::request::is_metadata_key(name) && v.len() <= 256 => f.metadata.push((name.to_string(), v.clone())),
                 Some(_) => return Err(ApiError::invalid(k, "metadata.<name>=<value>: a metadata key (1–40 of [a-zA-Z0-9_.-]) and a value of at most 256 characters")),
-                None => return Err(ApiError::invalid(k, "unknown parameter; use since, until, status, thread_id, key, limit, cursor or metadata.<name>")),
+                None => return Err(ApiError::invalid(k, "unknown parameter; use since, until, status, thread_id, otel_trace_id, key, limit, cursor or metadata.<name>")),
             },
         }
     }

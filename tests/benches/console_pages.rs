@@ -64,7 +64,7 @@ async fn fill(url: &str, count: usize) {
         let created_ms = now - (i as i64 * 86_400_000 / count as i64);
         let language = ["python", "node", "bash"][i % 3];
         let key_name = if i % 2 == 0 { "main" } else { "short" };
-        let r = NewRecord { trace_id: trace_id.clone(), namespace: "default".into(), key_name: key_name.into(), sandbox: "sb".into(), language, thread_id: None, metadata, mode: Mode::Inline, node: "node-a".into(), owner: "gw_bench".into(), timeout_secs: 30, webhook_url: None, created_ms };
+        let r = NewRecord { trace_id: trace_id.clone(), namespace: "default".into(), key_name: key_name.into(), sandbox: "sb".into(), language, thread_id: None, otel_trace_id: None, metadata, mode: Mode::Inline, node: "node-a".into(), owner: "gw_bench".into(), timeout_secs: 30, webhook_url: None, created_ms };
         let _ = recorder.insert(r);
         let status = statuses[i % statuses.len()];
         recorder.finish(&trace_id, Finished { status, exit_code: Some(i32::from(status != "success")), duration_ms: 20 + (i % 200) as u64, stdout: Some(format!("line {i}\n")), completed_ms: created_ms + 50, ..Finished::default() });

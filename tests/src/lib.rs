@@ -22,6 +22,7 @@ pub mod http;
 pub mod idp;
 pub mod kube;
 pub mod netlab;
+pub mod otlp;
 pub mod pki;
 pub mod python;
 pub mod registry;

@@ -289,6 +289,7 @@ pub fn execution(r: &Row) -> Html {
         ("duration", if r.is_terminal() { format!("{} ms (CPU {} ms)", r.duration_ms, r.cpu_ms) } else { "(running)".into() }),
         ("peak memory", if r.is_terminal() { r.peak_memory_bytes.map_or("not measured on this node".into(), |b| format!("{b} bytes")) } else { "(running)".into() }),
         ("webhook", r.webhook_status.clone().map_or(String::new(), |s| format!("{s} after {} attempt(s)", r.webhook_attempts))),
+        ("trace (W3C)", r.otel_trace_id.clone().unwrap_or_default()),
     ];
     h.push_markup("<dl>");
     for (k, v) in facts {

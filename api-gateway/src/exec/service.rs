@@ -136,6 +136,7 @@ impl ExecutionService {
             sandbox: key.sandbox.clone(),
             language: spec.contract.language.as_str(),
             thread_id: req.thread_id.take(),
+            otel_trace_id: spec.contract.trace.as_ref().map(|t| t.parent.trace_hex()),
             metadata: std::mem::take(&mut req.metadata),
             mode: delivery.mode(),
             node: lease.node.name(),

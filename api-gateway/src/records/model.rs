@@ -67,6 +67,8 @@ pub struct NewRecord {
     pub language: &'static str,
     /// Thread, when one was named.
     pub thread_id: Option<String>,
+    /// The W3C trace it continued (32 hex), when it carried one.
+    pub otel_trace_id: Option<String>,
     /// The caller's metadata (audit only).
     pub metadata: BTreeMap<String, String>,
     /// Delivery mode.
@@ -128,6 +130,8 @@ pub struct Row {
     pub language: String,
     /// Thread id.
     pub thread_id: Option<String>,
+    /// The W3C trace it continued.
+    pub otel_trace_id: Option<String>,
     /// Metadata.
     pub metadata: BTreeMap<String, String>,
     /// Delivery mode.
@@ -201,6 +205,8 @@ pub struct Filter {
     pub language: Option<String>,
     /// One thread.
     pub thread_id: Option<String>,
+    /// One W3C trace.
+    pub otel_trace_id: Option<String>,
     /// Every pair must match.
     pub metadata: Vec<(String, String)>,
     /// Page after this (created_ms, trace_id), newest first.

@@ -183,17 +183,21 @@ const MIGRATIONS: &[&[&str]] = &[&[
         PRIMARY KEY (namespace, key_name, scope, idem_key)
     )",
     "CREATE INDEX IF NOT EXISTS warren_idempotency_by_age ON warren_idempotency (created_ms)",
+], &[
+    // The W3C trace an execution continued (issue #47).
+    "ALTER TABLE warren_executions ADD COLUMN otel_trace_id TEXT",
+    "CREATE INDEX IF NOT EXISTS warren_executions_by_otel_trace ON warren_executions (otel_trace_id)",
 ]];
 
 /// Columns read back into a [`Row`].
 const COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, stdout, stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, blocked_egress";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, blocked_egress, otel_trace_id";
 
 /// The same columns without the output (list views).
 const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, error, exit_code, \
     duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
-    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, NULL AS blocked_egress";
+    timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, NULL AS blocked_egress, otel_trace_id";
 
 type Q<'q> = Query<'q, Any, AnyArguments>;
 
@@ -358,6 +362,9 @@ impl Store {
         }
         if let Some(t) = &f.thread_id {
             w.and("thread_id = ?", vec![Bind::Text(t.clone())]);
+        }
+        if let Some(t) = &f.otel_trace_id {
+            w.and("otel_trace_id = ?", vec![Bind::Text(t.clone())]);
         }
         for (k, v) in &f.metadata {
             let exists = "EXISTS (SELECT 1 FROM warren_execution_metadata m WHERE m.trace_id = e.trace_id AND m.k = ? AND m.v = ?)";
@@ -625,8 +632,8 @@ fn insert_record(r: &NewRecord) -> Vec<Q<'static>> {
     let metadata = serde_json::to_string(&r.metadata).unwrap_or_else(|_| "{}".into());
     let mut out = vec![sqlx::query(
         "INSERT INTO warren_executions (trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, \
-         node, owner, timeout_secs, webhook_url, webhook_status, created_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14)",
+         node, owner, timeout_secs, webhook_url, webhook_status, created_ms, otel_trace_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(r.trace_id.clone())
     .bind(r.namespace.clone())
@@ -641,7 +648,8 @@ fn insert_record(r: &NewRecord) -> Vec<Q<'static>> {
     .bind(i64::from(r.timeout_secs))
     .bind(r.webhook_url.clone())
     .bind(r.webhook_url.as_ref().map(|_| "pending".to_string()))
-    .bind(r.created_ms)];
+    .bind(r.created_ms)
+    .bind(r.otel_trace_id.clone())];
     for (k, v) in &r.metadata {
         out.push(
             sqlx::query("INSERT INTO warren_execution_metadata (trace_id, k, v) VALUES ($1, $2, $3)").bind(r.trace_id.clone()).bind(k.clone()).bind(v.clone()),
@@ -670,6 +678,7 @@ fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {
         sandbox: r.try_get("sandbox")?,
         language: r.try_get("language")?,
         thread_id: r.try_get("thread_id")?,
+        otel_trace_id: r.try_get("otel_trace_id")?,
         metadata: serde_json::from_str::<BTreeMap<String, String>>(&metadata).unwrap_or_default(),
         mode: r.try_get("mode")?,
         status: r.try_get("status")?,

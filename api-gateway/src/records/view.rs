@@ -45,6 +45,9 @@ pub struct ExecutionStatus {
     pub language: String,
     /// The thread it ran in.
     pub thread_id: Option<String>,
+    /// The W3C trace it continued (the caller's `traceparent`, or the one
+    /// Warren started when it exports spans): 32 hex digits.
+    pub otel_trace_id: Option<String>,
     /// The caller's metadata.
     pub metadata: BTreeMap<String, String>,
     /// The ApiKey that ran it.
@@ -86,6 +89,7 @@ impl ExecutionStatus {
             webhook_delivery_status: r.webhook_status,
             language: r.language,
             thread_id: r.thread_id,
+            otel_trace_id: r.otel_trace_id,
             metadata: r.metadata,
             key: r.key_name,
             sandbox: r.sandbox,
