@@ -35,7 +35,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     }
     let dir = tempfile::tempdir().unwrap();
     let chart = chart();
-    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a},console.oidc.usernameClaim=sub,console.oidc.groupsPrefix=oidc:,console.oidc.recheckSeconds=600,console.trustedProxies={10.0.0.0/8},console.ingress.enabled=true,console.ingress.host=console.example.com,console.ingress.tlsSecret=console-tls"])] {
+    for (name, extra) in [("default", vec![]), ("toggles", vec!["--set", "networkPolicy.enabled=false,serviceMonitor.enabled=true,nodeAgent.token=abcdefghijklmnopqrstuvwx,threads.store=s3,threads.s3.bucket=warren-threads,threads.s3.endpoint=http://minio.storage:9000,threads.s3.allowHttp=true,threads.s3.credentialsSecret=s3-creds,gateway.replicas=3,gateway.records.existingSecret=warren-records,gateway.webhooks.allowHosts={hooks.internal},gateway.publicUrl=https://warren.example.com,nodeAgent.localStorageRoots={/srv/warren-data},nodeAgent.allowEndpoints={10.96.0.10/32},tenantNamespaces={team-a},console.enabled=true,console.url=https://console.example.com,console.oidc.issuer=https://idp.example.com,console.oidc.clientSecretSecret=console-oidc,console.oidc.allowedGroups={platform-admins,team-a},console.oidc.usernameClaim=sub,console.oidc.groupsPrefix=oidc:,console.oidc.recheckSeconds=600,console.trustedProxies={10.0.0.0/8},console.ingress.enabled=true,console.ingress.host=console.example.com,console.ingress.tlsSecret=console-tls,tracing.otlpEndpoint=http://otel-collector.observability:4317"])] {
         let mut args = vec!["template", "warren", &chart[..], "--namespace", "warren-system", "--include-crds"];
         args.extend(extra);
         let rendered = helm(&args);
@@ -43,6 +43,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains(&format!("kind: {kind}\n")), "{name}: no {kind}");
         }
         assert!(!rendered.contains("kind: ServiceMonitor"), "{name}: ServiceMonitor rendered without its CRD");
+        assert_eq!(rendered.contains("--otlp-endpoint"), name == "toggles", "{name}: spans only with an endpoint");
         assert_eq!(rendered.contains("kind: NetworkPolicy"), name == "default", "{name}: NetworkPolicy is on by default, off when disabled");
         if name == "toggles" {
             assert!(rendered.contains("--thread-store=s3://warren-threads") && rendered.contains("http://minio.storage:9000"), "{rendered}");
@@ -51,6 +52,7 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
             assert!(rendered.contains("--webhook-allow-host=hooks.internal") && rendered.contains("--public-url=https://warren.example.com"), "{rendered}");
             assert!(rendered.contains("--local-storage-root=/srv/warren-data") && rendered.contains("hostPath: {path: /srv/warren-data, type: Directory}"), "an admin's Local root is granted and mounted");
             assert!(rendered.contains("--allow-endpoint=10.96.0.10/32"), "{rendered}");
+            assert_eq!(rendered.matches("--otlp-endpoint=http://otel-collector.observability:4317").count(), 2, "the gateway and the node-agent export spans: {rendered}");
             assert!(rendered.contains("--console-listen=0.0.0.0:8081") && rendered.contains("--console-oidc-issuer=https://idp.example.com"), "{rendered}");
             assert!(rendered.contains("resources: [apikeys]\n    verbs: [patch]"), "the console's one write: {rendered}");
             assert!(rendered.contains("--console-allowed-groups=platform-admins,team-a"), "{rendered}");
