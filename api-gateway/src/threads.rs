@@ -113,6 +113,9 @@ async fn fork(st: &AppState, headers: &HeaderMap, thread_id: &str, body: Body) -
         (None, Some(n)) => Targets::Count(n),
         _ => return Err(ApiError::invalid("thread_id", format!("give thread_id (one new thread) or count (1–{MAX_FORKS}), not both"))),
     };
+    if req.at.as_ref().is_some_and(|a| a.is_empty() || a.len() > 64) {
+        return Err(ApiError::invalid("at", "the trace_id of an execution on this thread"));
+    }
     Ok(st.service.fork_thread(&key, thread_id, targets, req.at.as_deref(), crate::request_id::of(headers)).await?)
 }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled, Conn};
+use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled, print_rows, Conn};
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::{is_root, Agent};
 
@@ -111,9 +111,9 @@ async fn idempotent(gw: &Gateway, agent: &Agent, runs: usize) {
         let fresh = format!("bench-{i}");
         let times = [
             bare("/bin/bash", &script),
-            timed(&mut conn, &k, &body, &[]).await,
-            timed(&mut conn, &k, &body, &[("idempotency-key", &fresh)]).await,
-            timed(&mut conn, &k, &body, &[("idempotency-key", "bench-replayed")]).await,
+            conn.timed(&k, &body, &[]).await,
+            conn.timed(&k, &body, &[("idempotency-key", &fresh)]).await,
+            conn.timed(&k, &body, &[("idempotency-key", "bench-replayed")]).await,
         ];
         if i >= 5 {
             rows.iter_mut().zip(times).for_each(|((_, v), t)| v.push(t));
@@ -122,26 +122,7 @@ async fn idempotent(gw: &Gateway, agent: &Agent, runs: usize) {
     let (_, again) = conn.execute_with(&k, body.as_bytes(), &[("idempotency-key", "bench-replayed")]).await.unwrap();
     assert_eq!(again, first, "a replay answers the first call's answer");
     println!("Idempotency-Key, bash `echo 1`, {runs} calls each, interleaved");
-    let bare_p50 = ms(percentile(&sorted(&rows[0].1), 0.5));
-    for (name, v) in &rows {
-        let v = sorted(v);
-        println!("{name:<10} p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}× bare p50)", ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)), ms(percentile(&v, 0.5)) / bare_p50);
-    }
-}
-
-fn sorted(v: &[Duration]) -> Vec<Duration> {
-    let mut v = v.to_vec();
-    v.sort();
-    v
-}
-
-/// One call's round trip, checked.
-async fn timed(conn: &mut Conn, k: &str, body: &str, headers: &[(&str, &str)]) -> Duration {
-    let t = Instant::now();
-    let (status, resp) = conn.execute_with(k, body.as_bytes(), headers).await.unwrap();
-    let d = t.elapsed();
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
-    d
+    print_rows(&rows, 10);
 }
 
 async fn throughput(gw: &Gateway, clients: usize, duration: Duration) {

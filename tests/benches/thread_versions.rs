@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{bare, ms, percentile, Conn};
+use warren_e2e::bench::{bare, print_rows, Conn};
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::{is_root, Agent};
 
@@ -68,17 +68,7 @@ async fn main() {
         let made: serde_json::Value = serde_json::from_slice(&body).unwrap();
         two = vec![two[1].clone(), made["trace_id"].as_str().unwrap().to_string()];
     }
-    let bare_p50 = ms(percentile(&sorted(&rows[0].1), 0.5));
-    for (name, v) in &rows {
-        let v = sorted(v);
-        println!("{name:<36} p50 {:>7.2} ms  p99 {:>7.2} ms  ({:.2}× bare p50)", ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)), ms(percentile(&v, 0.5)) / bare_p50);
-    }
-}
-
-fn sorted(v: &[Duration]) -> Vec<Duration> {
-    let mut v = v.to_vec();
-    v.sort();
-    v
+    print_rows(&rows, 36);
 }
 
 /// Runs bash `code` on `thread`; its stdout and trace id.

@@ -12,9 +12,9 @@
 //! Needs root and release binaries (`cargo build --release --workspace --bins`):
 //! `cargo bench -p warren-e2e --bench tracing` (WARREN_BENCH_RUNS default 300).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled, Conn};
+use warren_e2e::bench::{bare, pool_refilled, pool_settled, print_rows, Conn};
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::otlp::Receiver;
 use warren_e2e::{is_root, Agent};
@@ -46,35 +46,16 @@ async fn main() {
         pool_refilled(&traced, full_on).await;
         let times = [
             bare("/bin/bash", &script),
-            timed(&mut off, &k, &body, &[]).await,
-            timed(&mut off, &k, &body, &[("traceparent", TRACEPARENT)]).await,
-            timed(&mut on, &k, &body, &[("traceparent", TRACEPARENT)]).await,
+            off.timed(&k, &body, &[]).await,
+            off.timed(&k, &body, &[("traceparent", TRACEPARENT)]).await,
+            on.timed(&k, &body, &[("traceparent", TRACEPARENT)]).await,
         ];
         if i >= 5 {
             rows.iter_mut().zip(times).for_each(|((_, v), t)| v.push(t));
         }
     }
     println!("tracing: bash `echo 1`, {runs} calls each, interleaved");
-    let bare_p50 = ms(percentile(&sorted(&rows[0].1), 0.5));
-    for (name, v) in &rows {
-        let v = sorted(v);
-        println!("{name:<28} p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}× bare p50)", ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)), ms(percentile(&v, 0.5)) / bare_p50);
-    }
+    print_rows(&rows, 28);
     let spans = receiver.spans_when("4bf92f3577b34da6a3ce929d0e0e4736", Duration::from_secs(30), |s| s.len() >= 6 * (runs + 5)).await;
     println!("spans received for the traced calls: {} (6 per call without a thread: {})", spans.len(), 6 * (runs + 5));
-}
-
-fn sorted(v: &[Duration]) -> Vec<Duration> {
-    let mut v = v.to_vec();
-    v.sort();
-    v
-}
-
-async fn timed(conn: &mut Conn, k: &str, body: &str, headers: &[(&str, &str)]) -> Duration {
-    let t = Instant::now();
-    let (status, resp) = conn.execute_with(k, body.as_bytes(), headers).await.unwrap();
-    let d = t.elapsed();
-    let v: serde_json::Value = serde_json::from_slice(&resp).unwrap();
-    assert_eq!((status, v["stdout"].as_str()), (200, Some("1\n")), "{v}");
-    d
 }

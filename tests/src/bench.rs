@@ -78,6 +78,24 @@ pub async fn pool_refilled(agent: &crate::Agent, n: u32) -> bool {
     false
 }
 
+/// `v`, sorted.
+pub fn sorted(v: &[Duration]) -> Vec<Duration> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+/// Prints each row's p50 and p99, and its p50 over the first row's (the
+/// bare process of the same run), names padded to `width`.
+pub fn print_rows<S: AsRef<str>>(rows: &[(S, Vec<Duration>)], width: usize) {
+    let Some((_, first)) = rows.first() else { return };
+    let bare_p50 = ms(percentile(&sorted(first), 0.5));
+    for (name, v) in rows {
+        let v = sorted(v);
+        println!("{:<width$} p50 {:>7.2} ms  p99 {:>7.2} ms  ({:.2}× bare p50)", name.as_ref(), ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)), ms(percentile(&v, 0.5)) / bare_p50);
+    }
+}
+
 /// One keep-alive HTTP/1.1 connection to the gateway.
 pub struct Conn {
     sender: http1::SendRequest<Full<bytes::Bytes>>,
@@ -102,6 +120,15 @@ impl Conn {
     /// [`Conn::execute`] with extra headers (`Prefer: respond-async`).
     pub async fn execute_with(&mut self, key: &str, body: &[u8], headers: &[(&str, &str)]) -> anyhow::Result<(u16, bytes::Bytes)> {
         self.post(key, "/v1/sandbox/execute", body, headers).await
+    }
+
+    /// One execute's round trip with extra headers, its status checked (200).
+    pub async fn timed(&mut self, key: &str, body: &str, headers: &[(&str, &str)]) -> Duration {
+        let t = std::time::Instant::now();
+        let (status, resp) = self.execute_with(key, body.as_bytes(), headers).await.unwrap();
+        let d = t.elapsed();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
+        d
     }
 
     /// `POST path` with a JSON `body` and extra headers; status and body.

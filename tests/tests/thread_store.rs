@@ -1,6 +1,7 @@
 //! The thread store under the node-agent, over gRPC: a save is atomic when
-//! the agent is SIGKILLed at either step of publishing it, and the S3 store
-//! (a real S3 server, s3s-fs) lets another node restore a thread.
+//! the agent is SIGKILLed at either step of publishing it, so is a fork at
+//! each of its steps, and the S3 store (a real S3 server, s3s-fs) lets
+//! another node restore a thread.
 
 use warren_proto::agent::Failure;
 use std::path::Path;
@@ -83,6 +84,50 @@ async fn kill_9_during_a_save_leaves_the_old_or_the_new_state_whole() {
         // Not stuck: the next save works and is seen.
         assert_eq!(ok(&after.run_request(on_thread("echo v3 > ~/d/1; echo ok", "crash")).await.unwrap()), "ok\n");
         assert_eq!(ok(&after.run_request(on_thread("cat ~/d/1", "crash")).await.unwrap()), "v3\n");
+    }
+}
+
+fn options(id: &str) -> pb::ThreadOptions {
+    pb::ThreadOptions { r#ref: Some(thread_ref(id)), retention_seconds: 0, max_bytes: 1 << 30, max_threads: 0, history_versions: 0 }
+}
+
+/// SIGKILL at each step of a fork (its lease written; the source read; the
+/// first of two forks published): the source stays whole, a fork is there
+/// whole or not at all, and forking again works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_fork_leaves_the_source_and_each_fork_whole() {
+    if skip_unless_root("kill_9_during_a_fork_leaves_the_source_and_each_fork_whole") {
+        return;
+    }
+    for (point, first_made) in [("fork-lease-written", false), ("fork-source-read", false), ("fork-first-published", true)] {
+        let base = tempfile::tempdir().unwrap();
+        let (state, store) = (base.path().join("state"), format!("dir:{}", base.path().join("store").display()));
+        let args = ["--thread-store", store.as_str()];
+        let marker = base.path().join("paused");
+        let marker_s = marker.display().to_string();
+        let env = [("WARREN_TEST_PAUSE_AT", point), ("WARREN_TEST_PAUSE_MARKER", marker_s.as_str())];
+        let mut crashing = Agent::start_with(&args, &env, Some(&state)).await.unwrap();
+        assert_eq!(ok(&crashing.run_request(on_thread("echo one > ~/a; echo ok", "src")).await.unwrap()), "ok\n");
+        assert_eq!(ok(&crashing.run_request(on_thread("echo two > ~/b; echo ok", "src")).await.unwrap()), "ok\n");
+        let mut client = crashing.client().await.unwrap();
+        let call = tokio::spawn(async move { client.fork_thread(pb::ForkThreadRequest { source: Some(options("src")), targets: vec!["f1".into(), "f2".into()], at: String::new() }).await });
+        assert!(wait_for_file(&marker, Duration::from_secs(30)).await, "{point}: the fork never reached its pause point");
+        crashing.kill_hard();
+        assert!(call.await.unwrap().is_err(), "{point}: the killed agent must not have answered");
+        drop(crashing);
+
+        let after = Agent::start_with(&args, &[], Some(&state)).await.unwrap();
+        assert_eq!(ok(&after.run_request(on_thread("cat ~/a ~/b", "src")).await.unwrap()), "one\ntwo\n", "{point}: the source");
+        let mut client = after.client().await.unwrap();
+        let history = |id: &str| pb::ThreadHistoryRequest { thread: Some(thread_ref(id)) };
+        let f1 = client.thread_history(history("f1")).await;
+        assert_eq!(f1.is_ok(), first_made, "{point}: f1 {f1:?}");
+        if first_made {
+            assert_eq!(ok(&after.run_request(on_thread("cat ~/a ~/b", "f1")).await.unwrap()), "one\ntwo\n", "{point}: a published fork is whole");
+        }
+        assert_eq!(client.thread_history(history("f2")).await.unwrap_err().code(), tonic::Code::NotFound, "{point}: f2 was never published");
+        client.fork_thread(pb::ForkThreadRequest { source: Some(options("src")), targets: vec!["f2".into()], at: String::new() }).await.unwrap();
+        assert_eq!(ok(&after.run_request(on_thread("cat ~/a ~/b", "f2")).await.unwrap()), "one\ntwo\n", "{point}: forking again works");
     }
 }
 

@@ -186,7 +186,8 @@ const MIGRATIONS: &[&[&str]] = &[&[
 ], &[
     // The W3C trace an execution continued (issue #47).
     "ALTER TABLE warren_executions ADD COLUMN otel_trace_id TEXT",
-    "CREATE INDEX IF NOT EXISTS warren_executions_by_otel_trace ON warren_executions (otel_trace_id)",
+    // Partial: a call without a trace writes no index entry.
+    "CREATE INDEX IF NOT EXISTS warren_executions_by_otel_trace ON warren_executions (otel_trace_id) WHERE otel_trace_id IS NOT NULL",
 ]];
 
 /// Columns read back into a [`Row`].
