@@ -21,13 +21,13 @@ pub struct Audit {
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     recorder: Recorder,
     /// The gateway's spans of the call, when they are exported.
-    spans: Option<crate::exec::traced::GatewaySpans>,
+    spans: Option<crate::traced::GatewaySpans>,
 }
 
 impl Audit {
     /// Starts a record (queued for the database; the receiver says when it
     /// is committed); the outcome is `cancelled` until [`Audit::finish`].
-    pub fn start(record: NewRecord, recorder: &Recorder, metrics: std::sync::Arc<crate::metrics::Metrics>, spans: Option<crate::exec::traced::GatewaySpans>) -> (Self, tokio::sync::oneshot::Receiver<bool>) {
+    pub fn start(record: NewRecord, recorder: &Recorder, metrics: std::sync::Arc<crate::metrics::Metrics>, spans: Option<crate::traced::GatewaySpans>) -> (Self, tokio::sync::oneshot::Receiver<bool>) {
         let committed = recorder.insert(record.clone());
         let audit = Audit { record, started: Instant::now(), exit_code: None, outcome: Outcome::Cancelled, result: None, metrics, recorder: recorder.clone(), spans };
         (audit, committed)

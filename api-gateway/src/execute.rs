@@ -98,7 +98,7 @@ async fn admit_and_start(st: &AppState, headers: &HeaderMap, body: Body, deliver
     let key = st.keys().authenticate(headers)?;
     let t_key = t0.elapsed();
     let mut req = parse_request(&read_json(st, headers, body).await?, delivery)?;
-    req.trace = crate::exec::traced::from_headers(headers);
+    req.trace = crate::traced::from_headers(headers);
     let t_body = t0.elapsed();
     let us = |d: Duration| d.as_micros() as u64;
     tracing::debug!(key_us = us(t_key), body_us = us(t_body - t_key), "request phases");

@@ -36,6 +36,7 @@ pub mod terminal;
 pub mod sandbase;
 pub mod state;
 pub mod threads;
+pub mod traced;
 mod unread;
 pub mod uploads;
 pub mod webhook;

@@ -151,7 +151,7 @@ fn said(e: impl std::fmt::Display) -> String {
 impl WarrenMcp {
     async fn execute(&self, key: &EffectiveKey, args: Map<String, Value>, headers: &axum::http::HeaderMap) -> Result<CallToolResult, String> {
         let mut req = crate::request::from_object(args).map_err(said)?;
-        req.trace = crate::exec::traced::from_headers(headers);
+        req.trace = crate::traced::from_headers(headers);
         if req.webhook_url.is_some() {
             return Err("webhook_url: not with sandbox_execute (the result is the tool's answer)".into());
         }

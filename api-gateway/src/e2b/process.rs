@@ -43,7 +43,7 @@ pub async fn call(State(st): State<AppState>, headers: HeaderMap, Path(method): 
 /// `TRACESTATE` (over what the command's own variables said), so code using
 /// an OpenTelemetry SDK continues the caller's trace.
 fn traced(start: &mut Start, headers: &HeaderMap) {
-    if let Some(t) = crate::exec::traced::from_headers(headers) {
+    if let Some(t) = crate::traced::from_headers(headers) {
         start.env.remove("TRACESTATE");
         start.env.insert("TRACEPARENT".into(), t.parent.header());
         if let Some(state) = t.state {

@@ -17,7 +17,6 @@ pub mod refusal;
 pub mod request;
 pub mod service;
 pub mod spec;
-pub mod traced;
 pub mod versions;
 
 pub use convert::RunEvent;

@@ -112,7 +112,7 @@ impl ExecutionService {
     /// caller made: an idempotent call's, claimed before it runs).
     pub async fn admit_as(&self, key: &EffectiveKey, mut req: ExecuteRequest, delivery: Delivery, id: String) -> Result<Admitted, ExecError> {
         let deadline = tokio::time::Instant::now() + self.queue_wait;
-        let (trace, mut spans) = super::traced::begin(req.trace.take());
+        let (trace, mut spans) = crate::traced::begin(req.trace.take());
         let mut spec = ExecutionSpec::new(id, key, &mut req, delivery)?;
         spec.contract.trace = trace;
         let qualified = key.qualified_name();

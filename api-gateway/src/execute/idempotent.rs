@@ -63,7 +63,7 @@ async fn run(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery)
     let bytes = super::read_json(st, headers, body).await?;
     // A request that cannot run never claims its key.
     let mut req = super::parse_request(&bytes, delivery)?;
-    req.trace = crate::exec::traced::from_headers(headers);
+    req.trace = crate::traced::from_headers(headers);
     let k = IdemKey { namespace: &key.namespace, key_name: &key.name, scope: "execute", key: &idem };
     let store = st.service.records.store();
     let id = crate::exec::new_trace_id();

@@ -9,8 +9,7 @@
 //! (those only older versions name); a version names them by index into the
 //! two read as one list.
 
-use serde::{Deserialize, Serialize};
-
+pub use super::manifest::{Keep, Kind, Version};
 use super::manifest::{LayerRef, Manifest};
 
 /// Most versions a thread may be asked to keep.
@@ -18,51 +17,7 @@ pub const MAX_KEPT: u32 = 1000;
 /// Versions kept when nothing says otherwise.
 pub const DEFAULT_KEPT: u32 = 50;
 
-/// What produced a version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// An execution's save.
-    Execution,
-    /// A Files API write (upload, remove).
-    Files,
-    /// A restore to an earlier version.
-    Restore,
-    /// A fork of a live sandbox's home as it was then.
-    Fork,
-}
 
-impl Kind {
-    /// The name the API shows.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Execution => "execution",
-            Kind::Files => "files",
-            Kind::Restore => "restore",
-            Kind::Fork => "fork",
-        }
-    }
-}
-
-/// One saved state of a thread.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Version {
-    /// The call that produced it (an execution's trace id); empty when unknown.
-    #[serde(default)]
-    pub trace_id: String,
-    /// What produced it.
-    pub kind: Kind,
-    /// When, Unix seconds.
-    pub at: u64,
-    /// Charged size of the home in this version.
-    pub bytes: u64,
-    /// The execution's exit code, when an execution produced it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit: Option<i32>,
-    /// Its layers, in order, as indices into the manifest's layers + pool.
-    pub layers: Vec<u32>,
-}
 
 /// Who is producing a new version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,24 +37,7 @@ impl Produced {
     }
 }
 
-/// How many versions a thread keeps, and for how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keep {
-    /// Most versions (≥ 1; the current one counts).
-    pub count: u32,
-    /// Versions older than this go (seconds); `None`: no age limit. The
-    /// current version always stays.
-    pub max_age: Option<u64>,
-}
 
-/// Checks that every version's indices point into the manifest.
-pub fn check(m: &Manifest) -> Result<(), String> {
-    let n = (m.layers.len() + m.pool.len()) as u64;
-    match m.history.iter().find(|v| v.layers.iter().any(|&i| u64::from(i) >= n)) {
-        Some(v) => Err(format!("the history's version of {:?} names a layer the manifest does not keep", v.trace_id)),
-        None => Ok(()),
-    }
-}
 
 /// A version's layers, in order.
 pub fn layers_of(m: &Manifest, v: &Version) -> Vec<LayerRef> {

@@ -98,8 +98,8 @@ pub struct ThreadOptions {
 
 impl ThreadOptions {
     /// How many versions the thread keeps, and for how long.
-    pub fn keep(&self) -> super::history::Keep {
-        super::history::Keep { count: self.history, max_age: self.retention.map(|d| d.as_secs()) }
+    pub fn keep(&self) -> Keep {
+        Keep { count: self.history, max_age: self.retention.map(|d| d.as_secs()) }
     }
 }
 
@@ -134,7 +134,7 @@ pub struct Manifest {
     /// is the current one (see [`super::history`]). Empty in a manifest
     /// written before histories existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub history: Vec<super::history::Version>,
+    pub history: Vec<Version>,
     /// Layers that only past versions name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pool: Vec<LayerRef>,
@@ -179,8 +179,73 @@ impl Manifest {
         if let Some(l) = m.all_layers().find(|l| !owner.may_name_layer(&l.key)) {
             return Err(format!("the manifest names layer {:?}, which is not this key's", l.key));
         }
-        super::history::check(&m)?;
+        check_history(&m)?;
         Ok(m)
+    }
+}
+
+/// What produced a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// An execution's save.
+    Execution,
+    /// A Files API write (upload, remove).
+    Files,
+    /// A restore to an earlier version.
+    Restore,
+    /// A fork of a live sandbox's home as it was then.
+    Fork,
+}
+
+impl Kind {
+    /// The name the API shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Execution => "execution",
+            Kind::Files => "files",
+            Kind::Restore => "restore",
+            Kind::Fork => "fork",
+        }
+    }
+}
+
+/// One saved state of a thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Version {
+    /// The call that produced it (an execution's trace id); empty when unknown.
+    #[serde(default)]
+    pub trace_id: String,
+    /// What produced it.
+    pub kind: Kind,
+    /// When, Unix seconds.
+    pub at: u64,
+    /// Charged size of the home in this version.
+    pub bytes: u64,
+    /// The execution's exit code, when an execution produced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<i32>,
+    /// Its layers, in order, as indices into the manifest's layers + pool.
+    pub layers: Vec<u32>,
+}
+
+/// How many versions a thread keeps, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    /// Most versions (≥ 1; the current one counts).
+    pub count: u32,
+    /// Versions older than this go (seconds); `None`: no age limit. The
+    /// current version always stays.
+    pub max_age: Option<u64>,
+}
+
+/// Checks that every version's indices point into the manifest.
+fn check_history(m: &Manifest) -> Result<(), String> {
+    let n = (m.layers.len() + m.pool.len()) as u64;
+    match m.history.iter().find(|v| v.layers.iter().any(|&i| u64::from(i) >= n)) {
+        Some(v) => Err(format!("the history's version of {:?} names a layer the manifest does not keep", v.trace_id)),
+        None => Ok(()),
     }
 }
 

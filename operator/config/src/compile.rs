@@ -351,25 +351,7 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         }
         None => Language::ALL.to_vec(),
     };
-    let r = &s.resources;
-    let cpu = match &r.cpu {
-        None => None,
-        Some(q) => Some(quantity::cpu_millis(&q.text()).ok_or_else(|| c.err("spec.resources.cpu", "not a CPU quantity (e.g. 500m, 2)"))?),
-    };
-    let cpu_bound = Bound { min: bounds::CPU_MILLIS.min.into(), max: bounds::CPU_MILLIS.max.into(), default: bounds::CPU_MILLIS.default.into() };
-    let cpu = c.bound("spec.resources.cpu (millicores)", cpu, cpu_bound)?;
-    // Memory scales with CPU (1 GiB per core) unless set.
-    let memory = c.bytes("spec.resources.memory", r.memory.as_ref(), cpu * GIB / 1000, bounds::MEMORY_BYTES)?;
-    let disk = bounds::DISK_BYTES;
-    let limits = Limits {
-        cpu_millis: cpu as u32,
-        memory_bytes: memory,
-        pids: c.bound("spec.resources.pids", r.pids, bounds::PIDS)?,
-        tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), disk.default, disk)?,
-        home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), disk.default, disk)?,
-        max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), bounds::OUTPUT_BYTES.default, bounds::OUTPUT_BYTES)?,
-        ..Limits::default()
-    };
+    let limits = sandbox_limits(&c, s)?;
     // A Sandbox's own maximum defaults to the largest a request may ask for.
     let timeout = Bound { default: bounds::TIMEOUT_SECS.max, ..bounds::TIMEOUT_SECS };
     let max_timeout_seconds = c.bound("spec.maxTimeoutSeconds", s.max_timeout_seconds, timeout)?;
@@ -392,6 +374,29 @@ pub fn check_sandbox(at: &Where, s: &SandboxSpec) -> Result<SandboxConfig, Confi
         storage: check_mounts(&c, &s.storage)?,
         connectors: s.connectors.iter().map(|r| r.name.clone()).collect(),
         warm,
+    })
+}
+
+/// A Sandbox's `resources` and output cap, each within its bound.
+fn sandbox_limits(c: &Checker<'_>, s: &SandboxSpec) -> Result<Limits, ConfigError> {
+    let r = &s.resources;
+    let cpu = match &r.cpu {
+        None => None,
+        Some(q) => Some(quantity::cpu_millis(&q.text()).ok_or_else(|| c.err("spec.resources.cpu", "not a CPU quantity (e.g. 500m, 2)"))?),
+    };
+    let cpu_bound = Bound { min: bounds::CPU_MILLIS.min.into(), max: bounds::CPU_MILLIS.max.into(), default: bounds::CPU_MILLIS.default.into() };
+    let cpu = c.bound("spec.resources.cpu (millicores)", cpu, cpu_bound)?;
+    // Memory scales with CPU (1 GiB per core) unless set.
+    let memory = c.bytes("spec.resources.memory", r.memory.as_ref(), cpu * GIB / 1000, bounds::MEMORY_BYTES)?;
+    let disk = bounds::DISK_BYTES;
+    Ok(Limits {
+        cpu_millis: cpu as u32,
+        memory_bytes: memory,
+        pids: c.bound("spec.resources.pids", r.pids, bounds::PIDS)?,
+        tmp_bytes: c.bytes("spec.resources.tmpSize", r.tmp_size.as_ref(), disk.default, disk)?,
+        home_bytes: c.bytes("spec.resources.homeSize", r.home_size.as_ref(), disk.default, disk)?,
+        max_output_bytes: c.bytes("spec.maxOutputBytes", s.max_output_bytes.as_ref(), bounds::OUTPUT_BYTES.default, bounds::OUTPUT_BYTES)?,
+        ..Limits::default()
     })
 }
 

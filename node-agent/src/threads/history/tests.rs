@@ -15,6 +15,11 @@ fn run(trace: &str) -> Option<Produced> {
 
 const KEEP: Keep = Keep { count: 50, max_age: None };
 
+/// The manifest as the agent reads it back: its history's indices checked.
+fn check(m: &Manifest) -> Result<(), String> {
+    Manifest::parse(&serde_json::to_vec(m).unwrap(), &ThreadKey::new("ns", "k", "t").unwrap()).map(|_| ())
+}
+
 #[test]
 fn every_save_adds_a_version_naming_the_layers_it_had() {
     let (a, b) = (layer("t"), layer("t"));
