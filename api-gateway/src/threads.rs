@@ -89,8 +89,10 @@ pub struct ForkResponse {
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 403, description = "The key keeps its maxThreads (`thread_limit_reached`)", body = crate::error::ErrorBody),
         (status = 404, description = "No such thread for this key, or no version by `at` (`version_not_found`)", body = crate::error::ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = crate::error::ErrorBody),
         (status = 409, description = "A new thread id is taken (`thread_exists`)", body = crate::error::ErrorBody),
-        (status = 413, description = "The home is larger than the key's threadMaxSize", body = crate::error::ErrorBody),
+        (status = 413, description = "The home is larger than the key's threadMaxSize, or the body than 4 MiB", body = crate::error::ErrorBody),
+        (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
         (status = 503, description = "No node or the thread store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -176,7 +178,10 @@ impl From<ThreadVersion> for VersionBody {
         (status = 400, description = "Malformed thread_id or body", body = crate::error::ErrorBody),
         (status = 401, description = "Missing or unknown key", body = crate::error::ErrorBody),
         (status = 404, description = "No such thread for this key, or no version by `at` (`version_not_found`)", body = crate::error::ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = crate::error::ErrorBody),
         (status = 409, description = "An execution runs on the thread", body = crate::error::ErrorBody),
+        (status = 413, description = "Body larger than 4 MiB", body = crate::error::ErrorBody),
+        (status = 415, description = "Body is not application/json", body = crate::error::ErrorBody),
         (status = 503, description = "No node or the thread store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
@@ -234,15 +239,17 @@ pub struct HistoryResponse {
         (status = 503, description = "No node or the thread store is unavailable; retry", body = crate::error::ErrorBody),
     )
 )]
-pub async fn thread_history(State(st): State<AppState>, headers: HeaderMap, Path(thread_id): Path<String>, Query(q): Query<HistoryQuery>) -> Response {
-    match history(&st, &headers, &thread_id, q).await {
+pub async fn thread_history(State(st): State<AppState>, headers: HeaderMap, Path(thread_id): Path<String>, query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>) -> Response {
+    match history(&st, &headers, &thread_id, query).await {
         Ok(page) => Json(page).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn history(st: &AppState, headers: &HeaderMap, thread_id: &str, q: HistoryQuery) -> Result<HistoryResponse, ApiError> {
+async fn history(st: &AppState, headers: &HeaderMap, thread_id: &str, query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>) -> Result<HistoryResponse, ApiError> {
     let key = st.keys().authenticate(headers)?;
+    // A malformed query is the API's JSON 400, not the extractor's text.
+    let Ok(Query(q)) = query else { return Err(ApiError::invalid("query", "limit and offset are whole numbers")) };
     let limit = q.limit.unwrap_or(50);
     if !(1..=200).contains(&limit) {
         return Err(ApiError::invalid("limit", "from 1 to 200"));

@@ -84,5 +84,21 @@ async def bad_key():
     raise AssertionError("initialize succeeded with a wrong key")
 
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def traced_call():
+    """A caller's W3C trace context on the MCP request reaches the program."""
+    headers = {"Authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT, "tracestate": "mcp=1"}
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(URL, http_client=http) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                r = await s.call_tool("sandbox_execute", {"code": "import os; print(os.environ['TRACEPARENT'], os.environ['TRACESTATE'])"})
+                assert r.structured_content["stdout"] == f"{TRACEPARENT} mcp=1\n", r
+    print("ok traced_call", flush=True)
+
+
 asyncio.run(session_checks())
 asyncio.run(bad_key())
+asyncio.run(traced_call())

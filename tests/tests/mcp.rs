@@ -1,8 +1,8 @@
 //! The MCP endpoint with the official MCP Python client (PyPI `mcp`, in a
 //! virtualenv this test makes), against a real gateway and node-agent:
 //! initialize, the tool list and schemas, `sandbox_execute` in Python, Node
-//! and Bash, tool errors, files through a thread, and a bad key refused
-//! (tests/sdk/check_mcp.py). The calls are recorded with delivery mode `mcp`.
+//! and Bash, tool errors, files through a thread, a bad key refused, and a
+//! caller's `traceparent` reaching the program (tests/sdk/check_mcp.py). The calls are recorded with delivery mode `mcp`.
 
 use std::path::Path;
 use std::process::Command;
@@ -26,7 +26,7 @@ async fn the_official_mcp_client_uses_warren_tools() {
     let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "MCP checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    for check in ["initialize_and_list_tools", "sandbox_execute_python_node_bash", "failures_are_tool_errors", "files_round_trip", "bad_key"] {
+    for check in ["initialize_and_list_tools", "sandbox_execute_python_node_bash", "failures_are_tool_errors", "files_round_trip", "bad_key", "traced_call"] {
         assert!(stdout.contains(&format!("ok {check}")), "{check} did not run:\n{stdout}");
     }
     let list = gw.get(&key("main"), "/v1/executions?limit=200").json();

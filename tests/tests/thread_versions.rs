@@ -120,6 +120,9 @@ async fn bad_fork_and_restore_requests_change_nothing() {
         assert_eq!(r.status, status, "{body}: {}", r.text());
     }
     assert_eq!(gw.get(&key("thr"), "/v1/threads/src/history?limit=0").status, 400);
+    let bad = gw.get(&key("thr"), "/v1/threads/src/history?offset=-1");
+    assert_eq!((bad.status, bad.json()["error"].as_str()), (400, Some("invalid_request")), "the API's JSON error: {}", bad.text());
+    assert_eq!(gw.post(&key("thr"), "/v1/threads/src/fork").status, 415, "no JSON body");
     assert_eq!(gw.get(&key("thr2"), "/v1/threads/src/history").status, 404, "another key's thread is not there");
     assert_eq!(run(&gw, "thr", "cat ~/f", "src").0, "one\n");
 }

@@ -14,7 +14,7 @@
 //! 3. it removes the listed objects no manifest names that are older than
 //!    the grace at the scan's start (a save publishes the layer it uploaded
 //!    well within that), and — for a thread just deleted — its own unnamed
-//!    objects at once.
+//!    objects at once (and an expired one's, when this pass buried it).
 //!
 //! Why no named layer is lost: a save or restore re-publishes names over
 //! exactly the manifest it read (compare-and-swap), so those names were in
@@ -99,13 +99,14 @@ impl Threads {
         at.duration_since(o.modified).is_ok_and(|age| age >= ORPHAN_GRACE)
     }
 
-    /// What key `ns/name`'s manifests name, read one by one; `None` when one
-    /// could not be read (then nothing may go). Buries expired threads.
-    async fn names_of_key(&self, ns: &str, name: &str, objects: &[store::Listed], report: &mut CollectReport) -> Option<HashSet<String>> {
+    /// What key `ns/name`'s manifests name, read one by one, and the ids of
+    /// the threads it buried now (expired); `None` when a manifest could not
+    /// be read (then nothing may go).
+    async fn names_of_key(&self, ns: &str, name: &str, objects: &[store::Listed], report: &mut CollectReport) -> Option<(HashSet<String>, Vec<String>)> {
         let now = unix_now();
         let prefix = format!("threads/{ns}/{name}/");
         let ids: std::collections::BTreeSet<&str> = objects.iter().filter_map(|o| o.key.strip_prefix(&prefix)?.split('/').next()).collect();
-        let mut named = HashSet::new();
+        let (mut named, mut buried) = (HashSet::new(), Vec::new());
         for id in ids {
             // Not a folder Warren makes: left alone.
             let Ok(key) = ThreadKey::new(ns, name, id) else { continue };
@@ -134,20 +135,22 @@ impl Threads {
                     if self.bury(&key, Some(version)).await.unwrap_or(false) {
                         report.expired += 1;
                         info!(thread = %key.rel(), "thread expired and was deleted");
+                        buried.push(id.to_string());
                         continue;
                     }
                 }
             }
             named.extend(m.all_layers().map(|l| l.key.clone()));
         }
-        Some(named)
+        Some((named, buried))
     }
 
-    /// The collector's pass over one key (see the module's steps). With
-    /// `deleted`, that thread's unnamed objects go whatever their age.
+    /// The collector's pass over one key (see the module's steps). The
+    /// unnamed objects of a thread deleted now (`deleted`, or buried by this
+    /// pass at expiry) go whatever their age.
     pub(super) async fn collect_key(&self, ns: &str, name: &str, objects: Vec<store::Listed>, deleted: Option<&str>, report: &mut CollectReport) {
         let (started, scan_start) = (Instant::now(), SystemTime::now());
-        let Some(named) = self.names_of_key(ns, name, &objects, report).await else { return };
+        let Some((named, mut gone)) = self.names_of_key(ns, name, &objects, report).await else { return };
         let Ok(leases) = self.store.list(&format!("leases/{ns}/{name}/")).await else { return };
         if leases.iter().any(|l| !Self::older_than_grace(l, SystemTime::now())) {
             tracing::debug!(key = %format!("{ns}/{name}"), "a fork is copying this key's names: nothing collected this pass");
@@ -157,9 +160,10 @@ impl Threads {
             warn!(key = %format!("{ns}/{name}"), "the key's collector pass took too long to trust: nothing collected");
             return;
         }
-        let own = deleted.map(|t| format!("threads/{ns}/{name}/{t}/"));
+        gone.extend(deleted.map(str::to_string));
+        let own: Vec<String> = gone.iter().map(|t| format!("threads/{ns}/{name}/{t}/")).collect();
         for o in objects.iter().filter(|o| !named.contains(&o.key)) {
-            if own.as_ref().is_some_and(|p| o.key.starts_with(p)) || Self::older_than_grace(o, scan_start) {
+            if own.iter().any(|p| o.key.starts_with(p)) || Self::older_than_grace(o, scan_start) {
                 let _ = self.store.delete(&o.key).await;
                 report.orphans += 1;
             }
