@@ -66,7 +66,7 @@ impl Threads {
     /// Replaces the manifest at `version` by a tombstone. `Ok(false)`: the
     /// thread changed meanwhile; nothing happened.
     pub(super) async fn bury(&self, key: &ThreadKey, version: Option<store::Version>) -> Result<bool, ThreadError> {
-        let tomb = Bytes::from(serde_json::to_vec(&Manifest::tombstone(unix_now())).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        let tomb = encode(&Manifest::tombstone(unix_now()))?;
         self.store.put_if(&key.manifest_key(), tomb, version).await.map_err(io_err("replacing the thread manifest"))
     }
 

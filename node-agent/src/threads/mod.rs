@@ -332,7 +332,7 @@ impl Threads {
 
     /// Publishes `manifest` over exactly the version the call started from.
     async fn publish(&self, restored: &Restored, manifest: &Manifest) -> Result<(), ThreadError> {
-        let body = Bytes::from(serde_json::to_vec(manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        let body = encode(manifest)?;
         let key = restored.options.key.manifest_key();
         match self.store.put_if(&key, body, restored.published.clone()).await.map_err(io_err("publishing the thread manifest"))? {
             true => Ok(()),
@@ -553,6 +553,11 @@ pub struct CollectReport {
     pub orphans: u64,
     /// Idle warm copies on this node.
     pub warm_removed: u64,
+}
+
+/// A manifest as stored.
+fn encode(m: &Manifest) -> Result<Bytes, ThreadError> {
+    serde_json::to_vec(m).map(Bytes::from).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })
 }
 
 async fn blocking<T: Send + 'static>(step: &'static str, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, ThreadError> {

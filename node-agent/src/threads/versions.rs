@@ -174,7 +174,7 @@ impl Threads {
         if started.elapsed() > FORK_DEADLINE {
             return Err(ThreadError::Io { step: "forking the thread", source: io::Error::other("the fork took longer than its deadline; retry") });
         }
-        let body = Bytes::from(serde_json::to_vec(&forked).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        let body = encode(&forked)?;
         let key = target.manifest_key();
         if !self.store.put_if(&key, body, version).await.map_err(io_err("publishing the fork's manifest"))? {
             return Err(ThreadError::Exists);
@@ -196,7 +196,7 @@ impl Threads {
         let now = unix_now();
         let next = Manifest { layers: history::layers_of(&m, &v), bytes: v.bytes, updated_at: now, retention_secs: options.retention.map(|d| d.as_secs()), ..Manifest::empty(now) };
         let manifest = history::advance(Some(&m), next, Some(produced), options.keep());
-        let body = Bytes::from(serde_json::to_vec(&manifest).map_err(|e| ThreadError::Io { step: "encoding the manifest", source: io::Error::other(e) })?);
+        let body = encode(&manifest)?;
         if !self.store.put_if(&key.manifest_key(), body, published).await.map_err(io_err("publishing the thread manifest"))? {
             return Err(ThreadError::Conflict);
         }
