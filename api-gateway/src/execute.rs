@@ -79,7 +79,7 @@ pub async fn execute(State(st): State<AppState>, headers: HeaderMap, body: Body)
     let trace = HeaderValue::from_str(&run.id).ok();
     let started = t0.elapsed();
     let mut resp = match delivery {
-        Delivery::Streamed => streamed(run, &st),
+        Delivery::Streamed => streamed(run, &st, false),
         // The HTTP API never asks for the MCP delivery.
         Delivery::Collected | Delivery::Mcp => collected(run).await,
         Delivery::Async | Delivery::Console => accepted(run, &st, hook),
@@ -203,14 +203,18 @@ pub(crate) async fn collected(mut run: Run) -> Response {
 /// detaches: the execution runs on to its end (within its timeout, holding
 /// its key slot) and the client resumes with `GET …/output?after_seq=N`,
 /// or stops it with `POST …/cancel`. The gateway's shutdown waits for it.
-pub(crate) fn streamed(run: Run, st: &AppState) -> Response {
+///
+/// `settled`: the last line waits until the record's end and lines are
+/// committed, so a retry with the same Idempotency-Key made the moment the
+/// stream ends finds it ended (one commit; only streams with a key pay it).
+pub(crate) fn streamed(run: Run, st: &AppState, settled: bool) -> Response {
     let (tx, resp) = ndjson::response();
     let tape = Tape::new(st.service.records.clone(), &run.id);
-    st.tasks.spawn(relay(run, tx, tape, st.settings.keepalive, st.settings.stream_stall));
+    st.tasks.spawn(relay(run, tx, tape, settled, (st.settings.keepalive, st.settings.stream_stall)));
     resp
 }
 
-async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration, stall: Duration) {
+async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, settled: bool, (keepalive, stall): (Duration, Duration)) {
     let mut lines = Lines::new(run.id.clone());
     loop {
         let ev = tokio::select! {
@@ -223,6 +227,10 @@ async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, keepalive: Duration
         };
         let (out, done) = step(&mut run, &mut lines, ev);
         tape.record(&out);
+        if done && settled {
+            // Bounded: a stalled database delays the end, never holds it.
+            let _ = tokio::time::timeout(stall, tape.flush()).await;
+        }
         for ev in &out {
             if !ndjson::deliver(&tx, ev, stall).await {
                 if !done {

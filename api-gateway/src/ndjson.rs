@@ -101,4 +101,9 @@ impl Tape {
             self.rec.line(&self.trace_id, ev.seq(), line.unwrap_or_default());
         }
     }
+
+    /// Resolves once everything recorded so far is committed.
+    pub async fn flush(&self) {
+        self.rec.flush().await;
+    }
 }

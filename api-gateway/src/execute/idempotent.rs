@@ -81,7 +81,7 @@ async fn run(st: &AppState, headers: &HeaderMap, body: Body, delivery: Delivery)
                 }
             };
             match delivery {
-                Delivery::Streamed => super::streamed(run, st),
+                Delivery::Streamed => super::streamed(run, st, true),
                 Delivery::Async | Delivery::Console => super::accepted(run, st, hook),
                 Delivery::Collected | Delivery::Mcp => {
                     // It runs to its end and its answer is stored even if the
