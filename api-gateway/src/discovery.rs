@@ -1,11 +1,13 @@
 //! Cluster mode: the node-agents are the running pods matching a label
 //! selector (the chart's DaemonSet). Pods are watched directly: the oldest
 //! API servers Warren supports predate discovery.k8s.io/v1 EndpointSlices.
+//! Nodes are watched too: a cordoned one (`kubectl drain`/`cordon`) gets no
+//! new calls while another node can take them.
 
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use warren_config::watch::ShortBackoff;
@@ -40,6 +42,45 @@ fn controlled_by(pod: &Pod, name: &str) -> bool {
 /// Keeps `nodes` equal to the agent pods selected by `selector` in
 /// `namespace` (and controlled by the DaemonSet `daemonset`, when set).
 pub async fn watch_loop(client: Client, namespace: String, selector: String, daemonset: Option<String>, port: u16, nodes: Arc<Nodes>) {
+    tokio::join!(pods_loop(client.clone(), namespace, selector, daemonset, port, nodes.clone()), cordon_loop(client, nodes));
+}
+
+/// The names of the cordoned nodes among `all`.
+fn cordoned(all: &[Arc<Node>]) -> std::collections::BTreeSet<String> {
+    all.iter().filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)).filter_map(|n| n.metadata.name.clone()).collect()
+}
+
+/// Keeps `nodes` told which Kubernetes nodes are cordoned. Without the
+/// right to watch nodes (an older chart's RBAC) it says so once and keeps
+/// retrying: placement then ignores cordons.
+async fn cordon_loop(client: Client, nodes: Arc<Nodes>) {
+    let api: Api<Node> = Api::all(client);
+    let (reader, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, watcher::Config::default())).backoff(ShortBackoff::default());
+    tokio::pin!(events);
+    let mut last = std::collections::BTreeSet::new();
+    let mut warned = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::InitApply(_)) | Ok(watcher::Event::Init) => continue,
+            Ok(_) => {
+                let now = cordoned(&reader.state());
+                if now != last {
+                    info!(cordoned = ?now, "cordoned nodes changed: they get no new calls");
+                    nodes.cordon(now.iter().cloned().collect());
+                    last = now;
+                }
+            }
+            Err(e) if !warned => {
+                warned = true;
+                warn!(error = %e, "watching nodes failed (the gateway needs get/list/watch on nodes); cordons are not seen until it works");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+async fn pods_loop(client: Client, namespace: String, selector: String, daemonset: Option<String>, port: u16, nodes: Arc<Nodes>) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).backoff(ShortBackoff::default());

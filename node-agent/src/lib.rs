@@ -192,6 +192,12 @@ pub struct Args {
     /// cleans up and exits. Keep it under the pod's termination grace.
     #[arg(long, env = "WARREN_SHUTDOWN_TIMEOUT_SECS", default_value_t = 25, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub shutdown_timeout_secs: u64,
+    /// Seconds a graceful stop keeps taking new calls before it drains: the
+    /// gateways see the pod going (its deletion) and send new calls
+    /// elsewhere meanwhile, so a rolling update fails no call that raced it
+    /// (the chart sets it; 0, alone on a machine: drain at once).
+    #[arg(long, env = "WARREN_SHUTDOWN_DELAY_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=300))]
+    pub shutdown_delay_secs: u64,
     /// Log format: `json` or `plain`.
     #[arg(long, env = "WARREN_LOG_FORMAT", default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -264,6 +270,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         allow_endpoints,
         node_ip,
         shutdown_timeout_secs,
+        shutdown_delay_secs,
         log_format: _,
         otlp_endpoint: _,
     } = args;
@@ -343,7 +350,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(collect_images(exec.clone()));
     }
     info!(node = %node_name, "node-agent starting");
-    let served = serve(exec.clone(), listen_unix, tcp, auth, Duration::from_secs(shutdown_timeout_secs)).await;
+    let served = serve(exec.clone(), listen_unix, tcp, auth, (Duration::from_secs(shutdown_delay_secs), Duration::from_secs(shutdown_timeout_secs))).await;
     stop(&exec, net, fuse_pool, &mounted_dirs, images).await;
     served
 }
@@ -701,7 +708,7 @@ async fn serve(
     unix: Option<PathBuf>,
     tcp: Option<(std::net::SocketAddr, tonic::transport::ServerTlsConfig)>,
     auth: auth::BearerAuth,
-    drain_limit: Duration,
+    (delay, drain_limit): (Duration, Duration),
 ) -> anyhow::Result<()> {
     let socket_path = unix.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -737,6 +744,13 @@ async fn serve(
         tasks.spawn(async move { router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await });
     }
     shutdown_signal().await;
+    if !delay.is_zero() {
+        info!(delay_secs = delay.as_secs(), "stopping: still taking calls while the gateways see this pod go");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown_signal() => {}
+        }
+    }
     info!(running = exec.running(), "shutting down: draining in-flight executions");
     let _ = stop_tx.send(true);
     // Drain what runs, not what is connected: an idle client that never acks

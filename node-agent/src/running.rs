@@ -14,6 +14,8 @@ use tokio::sync::{watch, Notify};
 #[derive(Debug, Default)]
 pub struct Running {
     by_id: Mutex<HashMap<String, Entry>>,
+    /// Executions registered since the agent started.
+    total: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -58,7 +60,13 @@ impl Running {
         let cancel = Arc::new(Notify::new());
         let (tx, rx) = watch::channel(());
         map.insert(id.to_string(), Entry { cancel: cancel.clone(), ended: rx });
+        self.total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Registration { running: self.clone(), id: id.to_string(), cancel, _ended: tx })
+    }
+
+    /// Executions registered since the agent started.
+    pub fn total(&self) -> u64 {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Asks `id` to stop and waits until it has ended; false when nothing by

@@ -487,6 +487,7 @@ impl<B: Backend> NodeAgent for AgentService<B> {
             reports_live: self.backend.live().is_some(),
             live,
             live_ended,
+            executions_total: self.running.total(),
         }))
     }
 

@@ -57,12 +57,28 @@ fn unix_connector(path: PathBuf) -> UnixConnector {
 /// need none (the socket's file mode is the access control).
 pub type TcpTls = Option<tonic::transport::ClientTlsConfig>;
 
+/// Longest wait for a TCP connection to an agent.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How often an open connection to a TCP agent is pinged.
+pub const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection is dropped.
+pub const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn endpoint(addr: &AgentAddress, tls: &TcpTls) -> Result<Endpoint, ChannelError> {
     match addr {
         AgentAddress::Unix(_) => Ok(Endpoint::from_static("http://agent.local")),
         AgentAddress::Tcp(uri) => {
             let tls = tls.clone().ok_or(ChannelError::NoTls)?;
-            Ok(Endpoint::from_shared(uri.clone())?.tcp_nodelay(true).tls_config(tls)?)
+            // A node whose machine dies sends no reset: HTTP/2 pings find it
+            // (a running call ends `node_lost` within interval + timeout, never
+            // hangs until TCP gives up), and a connect to it is bounded.
+            Ok(Endpoint::from_shared(uri.clone())?
+                .tcp_nodelay(true)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(PING_INTERVAL)
+                .keep_alive_timeout(PING_TIMEOUT)
+                .keep_alive_while_idle(true)
+                .tls_config(tls)?)
         }
     }
 }

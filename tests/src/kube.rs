@@ -38,6 +38,9 @@ fn free_port_pair() -> anyhow::Result<u16> {
 pub struct EnvTest {
     tool: PathBuf,
     dir: tempfile::TempDir,
+    /// Held while this server has nodes: one set of nodes per machine (they
+    /// share the CNI bridge, its subnet and the kubelet ports).
+    node_lock: std::sync::Mutex<Option<std::fs::File>>,
 }
 
 impl EnvTest {
@@ -55,7 +58,7 @@ impl EnvTest {
             .env("APISERVER_PORT", api.to_string())
             .output()
             .context("running kube-envtest")?;
-        let env = EnvTest { tool, dir };
+        let env = EnvTest { tool, dir, node_lock: Default::default() };
         if !out.status.success() {
             bail!("kube-envtest start failed:\n{}", String::from_utf8_lossy(&out.stderr));
         }
@@ -66,9 +69,64 @@ impl EnvTest {
     /// runc, CNI bridge `wrn-cni0` with gateway 10.244.0.1, a kubelet); one
     /// per machine at a time. Stopped with the API server on drop.
     pub fn start_node(&self) -> anyhow::Result<()> {
+        self.lock_nodes()?;
         let out = Command::new(&self.tool).arg("start-node").arg(self.dir.path()).output().context("running kube-envtest start-node")?;
         if !out.status.success() {
             bail!("kube-envtest start-node failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Waits (flock) until no other test on this machine runs nodes, then
+    /// holds that until drop; leftovers of a test that died without its
+    /// drop (pod network namespaces, address leases) are removed first.
+    fn lock_nodes(&self) -> anyhow::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/run/lock/warren-e2e-kube-nodes.lock")?;
+        // SAFETY: flock(2) on a descriptor this function owns.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc != 0 {
+            bail!("locking the machine's kube nodes: {}", std::io::Error::last_os_error());
+        }
+        remove_pod_networks();
+        *self.node_lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+        Ok(())
+    }
+
+    /// Makes the nodes' CNI bridge (`wrn-cni0`, 10.244.0.1/24) now rather
+    /// than with the first pod, so servers for the pods can listen on its
+    /// address before anything is installed (the bridge plugin reuses it;
+    /// `stop` removes it).
+    pub fn bridge_up(&self) -> anyhow::Result<std::net::IpAddr> {
+        let has = |args: &[&str]| Command::new("ip").args(args).output().map(|o| o.status.success() && !o.stdout.is_empty()).unwrap_or(false);
+        if !has(&["link", "show", "wrn-cni0"]) {
+            run_ip(&["link", "add", "wrn-cni0", "type", "bridge"])?;
+        }
+        let shown = Command::new("ip").args(["-4", "addr", "show", "dev", "wrn-cni0"]).output()?;
+        if !String::from_utf8_lossy(&shown.stdout).contains("10.244.0.1/") {
+            run_ip(&["addr", "add", "10.244.0.1/24", "dev", "wrn-cni0"])?;
+        }
+        run_ip(&["link", "set", "wrn-cni0", "up"])?;
+        Ok("10.244.0.1".parse()?)
+    }
+
+    /// One more node, `name` (after [`EnvTest::start_node`]): its own
+    /// containerd and kubelet, pods on node1's bridge. Images loaded before
+    /// are not on it: load them again.
+    pub fn add_node(&self, name: &str) -> anyhow::Result<()> {
+        let out = Command::new(&self.tool).arg("add-node").arg(self.dir.path()).arg(name).output().context("running kube-envtest add-node")?;
+        if !out.status.success() {
+            bail!("kube-envtest add-node {name} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// Kills node `name`'s kubelet and containers, as if its machine died.
+    pub fn stop_node(&self, name: &str) -> anyhow::Result<()> {
+        let out = Command::new(&self.tool).arg("stop-node").arg(self.dir.path()).arg(name).output().context("running kube-envtest stop-node")?;
+        if !out.status.success() {
+            bail!("kube-envtest stop-node {name} failed:\n{}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
     }
@@ -171,9 +229,13 @@ impl Drop for EnvTest {
     /// API server are gone, and SIGKILL whatever is left, so nothing outlives
     /// the test.
     fn drop(&mut self) {
+        let nodes = std::fs::read_dir(self.dir.path().join("nodes")).into_iter().flatten().flatten().map(|e| e.path());
+        let node_pids = nodes.flat_map(|d| [d.join("kubelet.pid"), d.join("containerd.pid")]);
         let pids: Vec<i32> = ["apiserver.pid", "etcd.pid", "kubelet.pid", "containerd.pid", "scheduler.pid", "controller-manager.pid"]
             .iter()
-            .filter_map(|f| std::fs::read_to_string(self.dir.path().join(f)).ok())
+            .map(|f| self.dir.path().join(f))
+            .chain(node_pids)
+            .filter_map(|f| std::fs::read_to_string(f).ok())
             .filter_map(|p| p.trim().parse().ok())
             .collect();
         let _ = Command::new(&self.tool).arg("stop").arg(self.dir.path()).output();
@@ -189,6 +251,35 @@ impl Drop for EnvTest {
                     libc::kill(p, libc::SIGKILL);
                 }
             }
+        }
+        if self.node_lock.lock().map(|l| l.is_some()).unwrap_or(false) {
+            remove_pod_networks();
+        }
+    }
+}
+
+fn run_ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        bail!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Removes what killed kubelets leave of their pods' networks: the CNI
+/// network namespaces (`cni-…`, which keep their veths and addresses) and
+/// the address leases of the nodes' shared subnet. Only under the node lock:
+/// nothing else on these machines names namespaces `cni-…`.
+fn remove_pod_networks() {
+    for ns in std::fs::read_dir("/var/run/netns").into_iter().flatten().flatten() {
+        let name = ns.file_name().to_string_lossy().into_owned();
+        if name.starts_with("cni-") {
+            let _ = Command::new("ip").args(["netns", "delete", &name]).output();
+        }
+    }
+    for lease in std::fs::read_dir("/var/lib/cni/networks/envtest").into_iter().flatten().flatten() {
+        if lease.file_name().to_string_lossy().starts_with("10.") {
+            let _ = std::fs::remove_file(lease.path());
         }
     }
 }

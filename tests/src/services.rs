@@ -128,6 +128,13 @@ impl Postgres {
         run(Command::new("psql").args([format!("postgresql://agent:{PG_PASSWORD}@127.0.0.1:{port}/app").as_str(), "-qc", "CREATE TABLE notes (body text); INSERT INTO notes VALUES ('from-postgres');"]), "psql (data)")?;
         Ok(Postgres { _server: server, port, ca_pem })
     }
+
+    /// Runs `sql` in database `app` as `agent`; the rows, one per line,
+    /// columns separated by `|`.
+    pub fn query(&self, sql: &str) -> String {
+        let url = format!("postgresql://agent:{PG_PASSWORD}@127.0.0.1:{}/app", self.port);
+        run(Command::new("psql").args([url.as_str(), "-tAc", sql]), "psql").unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
 }
 
 /// A MariaDB server: user `agent` with database `app`.

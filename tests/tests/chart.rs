@@ -103,6 +103,76 @@ fn chart_lints_and_renders_objects_the_api_server_accepts() {
     assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("threads.s3.bucket is required"));
 }
 
+/// The rendered object of `kind` named `name`, if any.
+fn object(rendered: &str, kind: &str, name: &str) -> Option<serde_yaml::Value> {
+    rendered.split("\n---").filter_map(|d| serde_yaml::from_str::<serde_yaml::Value>(d).ok()).find(|v| v["kind"] == kind && v["metadata"]["name"] == name)
+}
+
+/// The gateway's HorizontalPodAutoscaler (issue #48): off by default (the
+/// Deployment keeps its `replicas`); on, it scales the gateway Deployment
+/// on the per-replica in-flight metric between its bounds, and the
+/// Deployment names no replica count for `helm upgrade` to reset. On a
+/// cluster without `autoscaling/v2` (the test API server is 1.20) it is
+/// installed as `autoscaling/v2beta2`, which has the same fields.
+#[test]
+fn chart_gateway_autoscaling_is_off_by_default_and_owns_the_replicas_when_on() {
+    if skip_unless_root("chart_gateway_autoscaling_is_off_by_default_and_owns_the_replicas_when_on") {
+        return;
+    }
+    let chart = chart();
+    let base = ["template", "warren", &chart[..], "--namespace", "warren-system"];
+    let render = |set: &str| helm(&[&base[..], &["--set", set]].concat());
+    let default = helm(&base);
+    assert!(!default.contains("HorizontalPodAutoscaler"), "no HPA by default");
+    let gateway = object(&default, "Deployment", "warren-gateway").expect("the gateway Deployment");
+    assert_eq!(gateway["spec"]["replicas"], 1, "the Deployment sets its replicas without an HPA");
+
+    let on = render("gateway.autoscaling.enabled=true,gateway.autoscaling.minReplicas=2,gateway.autoscaling.maxReplicas=6,gateway.autoscaling.inFlight.averageValue=12,gateway.autoscaling.targetCPUUtilizationPercentage=75,gateway.records.existingSecret=warren-records");
+    let hpa = object(&on, "HorizontalPodAutoscaler", "warren-gateway").expect("the gateway's HPA");
+    assert_eq!(hpa["apiVersion"], "autoscaling/v2");
+    assert_eq!((&hpa["spec"]["minReplicas"], &hpa["spec"]["maxReplicas"]), (&serde_yaml::Value::from(2), &serde_yaml::Value::from(6)));
+    assert_eq!((&hpa["spec"]["scaleTargetRef"]["kind"], &hpa["spec"]["scaleTargetRef"]["name"]), (&serde_yaml::Value::from("Deployment"), &serde_yaml::Value::from("warren-gateway")));
+    let metrics = hpa["spec"]["metrics"].as_sequence().expect("metrics");
+    let pods = metrics.iter().find(|m| m["type"] == "Pods").expect("a Pods metric");
+    assert_eq!(pods["pods"]["metric"]["name"], "warren_gateway_executions_in_flight", "the gateway's per-replica metric, by its Prometheus name");
+    assert_eq!((&pods["pods"]["target"]["type"], &pods["pods"]["target"]["averageValue"]), (&serde_yaml::Value::from("AverageValue"), &serde_yaml::Value::from("12")));
+    let cpu = metrics.iter().find(|m| m["type"] == "Resource").expect("the optional CPU target");
+    assert_eq!((&cpu["resource"]["name"], &cpu["resource"]["target"]["averageUtilization"]), (&serde_yaml::Value::from("cpu"), &serde_yaml::Value::from(75)));
+    let gateway = object(&on, "Deployment", "warren-gateway").expect("the gateway Deployment");
+    assert!(gateway["spec"].get("replicas").is_none(), "the HPA owns the replica count: {:?}", gateway["spec"]);
+    let operator = object(&on, "Deployment", "warren-operator").expect("the operator Deployment");
+    assert_eq!(operator["spec"]["replicas"], 1, "only the gateway is scaled");
+    // Without CPU, the in-flight metric alone.
+    let in_flight_only = object(&render("gateway.autoscaling.enabled=true,gateway.records.existingSecret=r"), "HorizontalPodAutoscaler", "warren-gateway").unwrap();
+    assert_eq!(in_flight_only["spec"]["metrics"].as_sequence().map(Vec::len), Some(1), "{in_flight_only:?}");
+
+    // Refused at render time, with the reason: replicas that share no
+    // records, and an HPA with nothing to scale on.
+    let refused = |set: &str| {
+        let out = Command::new(warren_e2e::helm::helm().unwrap()).args([&base[..], &["--set", set]].concat()).output().unwrap();
+        assert!(!out.status.success(), "{set} renders");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(refused("gateway.autoscaling.enabled=true").contains("gateway.autoscaling.maxReplicas > 1 needs gateway.records.existingSecret"));
+    assert!(refused("gateway.autoscaling.enabled=true,gateway.records.existingSecret=r,gateway.autoscaling.inFlight.enabled=false").contains("needs a metric"));
+    assert!(refused("gateway.autoscaling.enabled=true,gateway.records.existingSecret=r,gateway.autoscaling.minReplicas=5,gateway.autoscaling.maxReplicas=2").contains("minReplicas must not exceed maxReplicas"));
+
+    // Rendered for an older cluster without one to ask: the same object, v2beta2.
+    let beta = object(&render("gateway.autoscaling.enabled=true,gateway.autoscaling.apiVersion=autoscaling/v2beta2,gateway.records.existingSecret=r"), "HorizontalPodAutoscaler", "warren-gateway").unwrap();
+    assert_eq!(beta["apiVersion"], "autoscaling/v2beta2");
+
+    // Installed on a real API server (1.20, no autoscaling/v2): the chart
+    // asks the cluster, picks v2beta2, and the server keeps the HPA whole.
+    let k = EnvTest::start().unwrap();
+    let kubeconfig = k.kubeconfig().display().to_string();
+    helm(&["install", "warren", &chart[..], "--namespace", "warren-system", "--create-namespace", "--kubeconfig", &kubeconfig, "--set", "gateway.autoscaling.enabled=true,gateway.autoscaling.minReplicas=2,gateway.autoscaling.maxReplicas=6,gateway.autoscaling.targetCPUUtilizationPercentage=75,gateway.records.existingSecret=r"]);
+    let stored: serde_json::Value = serde_json::from_str(&k.kubectl_ok(&["get", "horizontalpodautoscalers.v2beta2.autoscaling", "warren-gateway", "-n", "warren-system", "-o", "json"])).unwrap();
+    assert_eq!((&stored["spec"]["minReplicas"], &stored["spec"]["maxReplicas"]), (&serde_json::json!(2), &serde_json::json!(6)), "{stored}");
+    assert_eq!(stored["spec"]["metrics"][0]["pods"]["metric"]["name"], "warren_gateway_executions_in_flight", "{stored}");
+    assert_eq!(stored["spec"]["metrics"][1]["resource"]["target"]["averageUtilization"], 75, "{stored}");
+    assert_eq!(stored["spec"]["scaleTargetRef"]["name"], "warren-gateway", "{stored}");
+}
+
 /// The gateway's Roles: Secrets only in the keys namespace.
 fn assert_gateway_reads_secrets_only_in_the_keys_namespace(rendered: &str) {
     let mut seen = 0;

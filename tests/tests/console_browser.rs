@@ -1,6 +1,7 @@
 //! The console in a real browser (Debian's chromium over WebDriver),
 //! against the real gateway, node-agent and record store, on one machine:
-//! the local admin signs in with the one-time link, sees the overview, the
+//! the local admin signs in with the one-time link, sees the overview (the
+//! node's running of max, the gateway's queue for node slots), the
 //! audit log (filtered, paged), an execution whose output is an XSS
 //! payload rendered inert, the keys without their secrets and the
 //! Sandboxes; a used link and a form without its CSRF token are refused.
@@ -59,6 +60,12 @@ async fn the_local_admin_browses_the_console_and_hostile_output_stays_text() {
     let overview = b.text().unwrap();
     assert!(overview.contains("local-admin") && overview.contains("1 of 1") && overview.contains("nodes ready"), "{overview}");
     assert!(overview.contains("success") && overview.contains("failed"), "outcomes of the last day: {overview}");
+    // Capacity (#48): the node's running of max (the agent's default 32), the
+    // ready nodes' slots summed, and this gateway's queue for a node slot (empty: nothing waits).
+    let source = b.source().unwrap();
+    for want in ["<th>running of max</th>", " of 32</td>", " of 32</strong>node slots in use", "<strong>0</strong>waiting for a node slot (this gateway)", "executions in flight (this gateway)"] {
+        assert!(source.contains(want), "{want} not on the overview: {source}");
+    }
     b.screenshot(&shots, "overview").unwrap();
     let again = http::get(console, &link.replace(&format!("http://{listen}"), ""));
     assert_eq!(again.status, 403, "a used link signs nobody in");

@@ -11,124 +11,40 @@
 //! processes on the node.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
+use warren_e2e::chart_cluster::{
+    api_server, gateways, helm, jsonpath, key_in_secret, mounts_below, pods_reach_the_api_server, ready, repo, rollout, warren_cgroups, warren_processes, NS,
+};
+use warren_e2e::forward::Forward;
 use warren_e2e::gateway::wait_for;
 use warren_e2e::kube::EnvTest;
 use warren_e2e::registry::{push_oci_archive, Registry};
 use warren_e2e::{http, skip_unless_root};
 
-const NS: &str = "warren-system";
-/// The CNI bridge's gateway: this machine, as pods see it.
-const BRIDGE_IP: &str = "10.244.0.1";
 /// The chart as last released (`helm package` of `charts/warren` at that
 /// release; its default image tag is this build's appVersion).
 const PREVIOUS_CHART: &str = "tests/fixtures/charts/warren-0.1.0.tgz";
 
-fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
-}
-
-fn helm(k: &EnvTest, args: &[&str]) -> String {
-    let out = Command::new(warren_e2e::helm::helm().unwrap()).arg("--kubeconfig").arg(k.kubeconfig()).args(args).output().unwrap();
-    assert!(out.status.success(), "helm {args:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn jsonpath(k: &EnvTest, args: &[&str], path: &str) -> String {
-    let mut all: Vec<&str> = args.to_vec();
-    let p = format!("jsonpath={path}");
-    all.extend(["-o", &p]);
-    String::from_utf8_lossy(&k.kubectl(&all).stdout).trim().to_string()
-}
-
-fn rollout(k: &EnvTest, what: &str) {
-    let out = k.kubectl(&["rollout", "status", what, "-n", NS, "--timeout=180s"]);
-    assert!(out.status.success(), "{what} did not roll out: {}\n{}", String::from_utf8_lossy(&out.stderr), pod_logs());
-}
-
-/// The last lines every Warren container logged (the API server cannot
-/// fetch logs here: the node's name does not resolve), for failure messages.
-fn pod_logs() -> String {
-    let out = Command::new("sh").args(["-c", &format!("for f in /var/log/pods/{NS}_*/*/*.log; do echo \"== $f\"; tail -n 8 \"$f\" | cut -c1-400; done")]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// kube-envtest's API server listens on loopback, presents a self-signed
-/// CA as its serving certificate (rustls refuses that) and has no
-/// kube-proxy, so pods cannot use the `kubernetes` Service: the operator and
-/// the gateway run on the host network here, with a kubeconfig naming the
-/// real address, skipping verification of that one loopback certificate,
-/// and authenticating with the pod's own service-account token (the chart's
-/// RBAC is what they get). The agents do not talk to the API server and
-/// stay on the pod network. (Host ports allow one pod at a time: they are
-/// replaced, not rolled.)
-fn reach_the_api_server_from_the_host_network(k: &EnvTest) {
-    let server = jsonpath(k, &["config", "view", "--minify"], "{.clusters[0].cluster.server}");
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: envtest, cluster: {{server: \"{server}\", insecure-skip-tls-verify: true}}}}]\n\
-         users: [{{name: sa, user: {{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}}}}]\n\
-         contexts: [{{name: envtest, context: {{cluster: envtest, user: sa, namespace: {NS}}}}}]\ncurrent-context: envtest\n"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
-    k.kubectl_ok(&["create", "configmap", "envtest-kubeconfig", "-n", NS, &format!("--from-file={}", dir.path().join("kubeconfig").display())]);
-    let patch = |container: &str| {
-        format!(
-            r#"{{"spec":{{"strategy":{{"type":"Recreate","rollingUpdate":null}},"template":{{"spec":{{"hostNetwork":true,"dnsPolicy":"ClusterFirstWithHostNet",
-            "volumes":[{{"name":"envtest-kubeconfig","configMap":{{"name":"envtest-kubeconfig"}}}}],
-            "containers":[{{"name":"{container}","env":[{{"name":"KUBECONFIG","value":"/etc/envtest/kubeconfig"}}],
-            "volumeMounts":[{{"name":"envtest-kubeconfig","mountPath":"/etc/envtest","readOnly":true}}]}}]}}}}}}}}"#
-        )
-    };
-    k.kubectl_ok(&["patch", "deployment", "warren-operator", "-n", NS, "-p", &patch("operator")]);
-    k.kubectl_ok(&["patch", "deployment", "warren-gateway", "-n", NS, "-p", &patch("gateway")]);
-}
-
-/// The gateway, on this machine's network (see above).
-fn gateway_addr(_k: &EnvTest) -> SocketAddr {
-    "127.0.0.1:8080".parse().unwrap()
+/// The gateway pod (its port on the pod network).
+fn gateway_addr(k: &EnvTest) -> SocketAddr {
+    let mut all = Vec::new();
+    assert!(wait_for(Duration::from_secs(60), || {
+        all = gateways(k);
+        all.len() == 1
+    }), "one gateway pod: {all:?}");
+    all[0]
 }
 
 fn execute(addr: SocketAddr, key: &str, body: serde_json::Value) -> http::Response {
     http::raw(addr, &http::execute_request(addr, key, &body, false)).expect("HTTP to the gateway pod")
 }
 
-/// Lines of this machine's mount table below `dir`.
-fn mounts_below(dir: &Path) -> Vec<String> {
-    let dir = dir.to_string_lossy().into_owned();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&dir))).map(String::from).collect()
-}
-
-/// Warren's cgroups on the node, leaving out those of the test harness's
-/// own agents (`warren-e2e-*`): other tests run beside this one, each
-/// cleaning up its own.
-fn warren_cgroups() -> Vec<String> {
-    let out = Command::new("find").args(["/sys/fs/cgroup", "-type", "d", "-name", "warren*"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().filter(|p| !p.contains("/warren-e2e-")).map(String::from).collect()
-}
-
-/// Warren's processes from the chart's image, leaving out the workspace's
-/// own binaries (`target/…`) that tests running beside this one start.
-fn warren_processes() -> Vec<String> {
-    let out = Command::new("pgrep").args(["-a", "-f", "warren-(node-agent|sandbox|gateway|operator)"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.contains("/target/")).map(String::from).collect()
-}
-
 /// The chart version in `charts/warren/Chart.yaml`.
 fn chart_version() -> String {
     let text = std::fs::read_to_string(repo("charts/warren/Chart.yaml")).unwrap();
     text.lines().find_map(|l| l.strip_prefix("version:")).expect("a version").trim().to_string()
-}
-
-/// The tokens the chart generates on install (gateway→agent, operator→agent
-/// warming), which an upgrade must keep: a new one would cut running gateways
-/// off their agents mid-rollout.
-fn generated_tokens(k: &EnvTest) -> Vec<String> {
-    ["warren-agent-token", "warren-warm-token"].iter().map(|s| jsonpath(k, &["get", "secret", s, "-n", NS], "{.data.token}")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,11 +57,15 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     let k = EnvTest::start().unwrap();
     k.start_node().unwrap();
     k.load_image(&warren).unwrap();
-    // The bridge gets its address with the first pod: the registry starts
-    // after the install, on a port chosen now (the agents are told it).
-    let port = std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port();
-    let registry_addr: SocketAddr = format!("{BRIDGE_IP}:{port}").parse().unwrap();
+    // Pods reach this machine's servers on the bridge's address: the
+    // registry, and the API server through a forwarder.
+    let bridge = k.bridge_up().unwrap();
+    let api = Forward::start(bridge, api_server(&k)).await.unwrap();
+    let port = std::net::TcpListener::bind((bridge, 0)).unwrap().local_addr().unwrap().port();
+    let registry_addr = SocketAddr::new(bridge, port);
+    let _registry = Registry::start_at(registry_addr).unwrap();
     let image = format!("{registry_addr}/warren/warren-runtime:0.1.0");
+    push_oci_archive(&runtime, &image).unwrap();
 
     let state = tempfile::Builder::new().prefix("warren-node-state-").tempdir().unwrap();
     let state_dir = state.path().display().to_string();
@@ -154,12 +74,11 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
         "--set", "image.pullPolicy=Never",
         "--set", &format!("nodeAgent.stateDir={state_dir}"),
         "--set", "threads.store=node",
-        // One gateway: it serves on the host network here (below), one port.
         "--set", "gateway.replicas=1",
         "--set", &format!("nodeAgent.images.insecureRegistries={{{registry_addr}}}"),
         // The registry is on the node itself (the bridge's address): an
         // admin's grant, as registries are tenant endpoints.
-        "--set", &format!("nodeAgent.allowEndpoints={{{BRIDGE_IP}/32}}"),
+        "--set", &format!("nodeAgent.allowEndpoints={{{bridge}/32}}"),
         // The quickstart's namespace: the operator may read its Secrets.
         "--set", "tenantNamespaces={default}",
     ];
@@ -169,25 +88,18 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     let mut install = vec!["install", "warren", previous.as_str()];
     install.extend(base);
     helm(&k, &install);
-    reach_the_api_server_from_the_host_network(&k);
+    pods_reach_the_api_server(&k, &api);
     rollout(&k, "daemonset/warren-node-agent");
     rollout(&k, "deployment/warren-gateway");
     rollout(&k, "deployment/warren-operator");
-    let _registry = Registry::start_at(registry_addr).unwrap();
-    push_oci_archive(&runtime, &image).unwrap();
 
     // The quickstart, its Sandbox on the runtime image in this registry.
     let quickstart = warren_e2e::kube::quickstart_with_image(&image);
     k.kubectl_ok(&["apply", "-n", "default", "-f", quickstart.path().to_str().unwrap()]);
-    let ready = |kind: &str, name: &str| jsonpath(&k, &["get", kind, name, "-n", "default"], r#"{.status.conditions[?(@.type=="Ready")].status}"#) == "True";
-    assert!(wait_for(Duration::from_secs(300), || ready("sandbox", "default")), "Sandbox not Ready: {}", jsonpath(&k, &["get", "sandbox", "default"], "{.status}"));
+    assert!(wait_for(Duration::from_secs(300), || ready(&k, "sandbox", "default")), "Sandbox not Ready: {}", jsonpath(&k, &["get", "sandbox", "default"], "{.status}"));
     assert_eq!(jsonpath(&k, &["get", "sandbox", "default"], "{.status.warmNodes}"), r#"["node1"]"#);
-    assert!(wait_for(Duration::from_secs(60), || ready("apikey", "agent")), "ApiKey not Ready: {}; operator: {}", jsonpath(&k, &["get", "apikey", "agent", "-n", "default"], "{.status}"), String::from_utf8_lossy(&k.kubectl(&["logs", "-n", NS, "deployment/warren-operator", "--tail", "30"]).stdout));
-    let key = {
-        use base64::Engine as _;
-        let b64 = jsonpath(&k, &["get", "secret", "agent-key", "-n", "default"], "{.data.key}");
-        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
-    };
+    assert!(wait_for(Duration::from_secs(60), || ready(&k, "apikey", "agent")), "ApiKey not Ready: {}; operator: {}", jsonpath(&k, &["get", "apikey", "agent", "-n", "default"], "{.status}"), String::from_utf8_lossy(&k.kubectl(&["logs", "-n", NS, "deployment/warren-operator", "--tail", "30"]).stdout));
+    let key = key_in_secret(&k, "agent-key");
 
     let gw = gateway_addr(&k);
     let first = |addr| {
@@ -229,7 +141,7 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     // Upgrade to this chart, as its README says (CRDs first), with a changed
     // setting that rolls the agents: the same key still runs code, the
     // thread keeps its home, the generated tokens are kept.
-    let tokens = || generated_tokens(&k);
+    let tokens = || ["warren-agent-token", "warren-warm-token"].map(|s| jsonpath(&k, &["get", "secret", s, "-n", NS], "{.data.token}"));
     let before = tokens();
     assert_eq!(jsonpath(&k, &["get", "deployment", "warren-gateway", "-n", NS], "{.metadata.labels.helm\\.sh/chart}"), "warren-0.1.0");
     k.kubectl_ok(&["apply", "-f", repo("charts/warren/crds").to_str().unwrap()]);

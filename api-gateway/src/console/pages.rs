@@ -80,7 +80,8 @@ pub(super) async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap, 
     let keys = v.keys();
     let used = used_images(&keys);
     let nodes: Vec<views::NodeFacts> = v.warren.service.nodes.all().iter().map(|n| facts(n, &used)).collect();
-    v.page("Overview", &views::overview(&nodes, &hour, &day, now))
+    let load = views::GatewayLoad { queued: v.warren.service.nodes.waiting(), in_flight: v.warren.service.metrics.executions_in_flight() };
+    v.page("Overview", &views::overview(&nodes, load, &hour, &day, now))
 }
 
 /// The images the keys `v` may see use: references and pinned digests.

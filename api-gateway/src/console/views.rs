@@ -32,12 +32,27 @@ pub struct NodeFacts {
     pub warm_memory: u64,
 }
 
-/// The overview: the nodes, and the last hour and day from the records.
-pub fn overview(nodes: &[NodeFacts], hour: &Stats, day: &Stats, now_ms: i64) -> Html {
+/// What this gateway replica holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GatewayLoad {
+    /// Requests waiting, in order, for a node slot (the queue depth).
+    pub queued: usize,
+    /// Executions it admitted and runs.
+    pub in_flight: i64,
+}
+
+/// The overview: the nodes' capacity, this gateway's queue, and the last
+/// hour and day from the records.
+pub fn overview(nodes: &[NodeFacts], load: GatewayLoad, hour: &Stats, day: &Stats, now_ms: i64) -> Html {
     let mut h = Html::default();
     h.push_markup("<div class=\"cards\">");
     let ready = nodes.iter().filter(|n| n.ready).count();
     card(&mut h, "nodes ready", &format!("{ready} of {}", nodes.len()));
+    // Slots of the ready nodes only: a silent node's last figures are stale.
+    let (running, capacity) = nodes.iter().filter(|n| n.ready).fold((0u64, 0u64), |(r, c), n| (r + u64::from(n.running), c + u64::from(n.capacity)));
+    card(&mut h, "node slots in use", &format!("{running} of {capacity}"));
+    card(&mut h, "waiting for a node slot (this gateway)", &load.queued.to_string());
+    card(&mut h, "executions in flight (this gateway)", &load.in_flight.to_string());
     for (label, s) in [("last hour", hour), ("last day", day)] {
         card(&mut h, &format!("executions, {label}"), &s.total.to_string());
         card(&mut h, &format!("p50 / p99, {label}"), &format!("{} / {}", ms(s.p50_ms), ms(s.p99_ms)));
@@ -58,7 +73,7 @@ pub fn overview(nodes: &[NodeFacts], hour: &Stats, day: &Stats, now_ms: i64) -> 
             Html::text(&n.images.join(", ")),
         ]
     });
-    h.push(&table(&["node", "state", "agent version", "running", "warm sandboxes", "cgroup", "images warm"], rows));
+    h.push(&table(&["node", "state", "agent version", "running of max", "warm sandboxes", "cgroup", "images warm"], rows));
     h
 }
 
@@ -464,6 +479,18 @@ mod tests {
         assert!(page.as_str().contains("<h2>Refused network destinations</h2>") && page.as_str().contains("&lt;svg onload=alert(4)&gt;.test"), "{}", page.as_str());
         let open = Row { blocked_egress: None, ..hostile() };
         assert!(!execution(&open).as_str().contains("Refused"), "no table when nothing was refused");
+    }
+
+    #[test]
+    fn the_overview_shows_each_nodes_slots_and_the_queue() {
+        let node = |name: &str, ready: bool, running: u32, capacity: u32| NodeFacts { name: name.into(), ready, running, capacity, ..NodeFacts::default() };
+        let nodes = [node("node-a", true, 3, 32), node("node-b", true, 1, 8), node("<b>gone</b>", false, 7, 16)];
+        let html = overview(&nodes, GatewayLoad { queued: 5, in_flight: 4 }, &Stats::default(), &Stats::default(), 1_800_000_000_000);
+        let s = html.as_str();
+        for want in ["<td>3 of 32</td>", "<td>1 of 8</td>", "<td>7 of 16</td>", "<strong>4 of 40</strong>node slots in use", "<strong>5</strong>waiting for a node slot", "<strong>4</strong>executions in flight", "running of max"] {
+            assert!(s.contains(want), "{want} not in {s}");
+        }
+        assert!(!s.contains("<b>gone") && s.contains("&lt;b&gt;gone&lt;/b&gt;"), "a node's name is text: {s}");
     }
 
     #[test]

@@ -53,7 +53,11 @@ async fn readyz(State(st): State<AppState>) -> Response {
 /// Prometheus metrics (text exposition format).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 async fn metrics(State(st): State<AppState>) -> Response {
-    let text = st.service.metrics.render(st.service.nodes.totals());
+    let nodes = &st.service.nodes;
+    // The healthy agents only, as the totals: an agent that stopped answering has no current figures.
+    let slots = nodes.healthy_nodes().iter().filter_map(|n| n.last_status().map(|s| crate::metrics::NodeSlots::of(n.name(), &s))).collect();
+    let load = crate::metrics::Load { queued: nodes.waiting(), nodes: slots };
+    let text = st.service.metrics.render(nodes.totals(), &load);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 

@@ -149,6 +149,8 @@ pub struct Nodes {
     waiting: std::sync::Mutex<queue::Queue>,
     /// Rotates among equally free nodes, so idle capacity is spread.
     turn: std::sync::atomic::AtomicUsize,
+    /// Names of the cordoned nodes (drained, or cordoned by hand).
+    cordoned: std::sync::RwLock<Arc<std::collections::HashSet<String>>>,
 }
 
 /// A slot on a node, returned on drop.
@@ -176,6 +178,7 @@ impl Nodes {
             tls,
             waiting: Default::default(),
             turn: Default::default(),
+            cordoned: Default::default(),
         });
         nodes.set(addresses)?;
         Ok(nodes)
@@ -188,7 +191,7 @@ impl Nodes {
     /// A fixed set of agents (tests use doubles; nothing is discovered).
     pub fn from_agents(agents: Vec<(AgentAddress, Arc<dyn Agent>)>) -> Arc<Nodes> {
         let nodes = agents.into_iter().map(|(a, agent)| Node::new(a, agent)).collect();
-        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, tls: None, waiting: Default::default(), turn: Default::default() })
+        Arc::new(Nodes { nodes: std::sync::RwLock::new(Arc::new(nodes)), token: None, tls: None, waiting: Default::default(), turn: Default::default(), cordoned: Default::default() })
     }
 
     /// Replaces the set (discovery). Nodes that stay keep their state and
@@ -247,12 +250,44 @@ impl Nodes {
     }
 
 
+    /// Marks the nodes named `names` cordoned (and no others): they get no
+    /// new calls while an uncordoned healthy node exists; running calls
+    /// finish there.
+    pub fn cordon(&self, names: std::collections::HashSet<String>) {
+        *self.cordoned.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(names);
+        self.dispatch();
+    }
+
+    /// Which nodes take calls: the healthy uncordoned ones; when none is,
+    /// the healthy ones; when none is healthy, every node that has answered
+    /// before (the last node is tried rather than every call refused: a
+    /// busy one serves, a dead one fails the call at once).
+    fn in_service(&self) -> impl Fn(&Node) -> bool {
+        let cordoned = self.cordoned.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let healthy = |n: &Node| n.healthy.load(Ordering::Acquire);
+        let open = move |n: &Node| cordoned.is_empty() || !cordoned.contains(&n.name());
+        let nodes = self.snapshot();
+        let any_open = nodes.iter().any(|n| healthy(n) && open(n));
+        let any_healthy = any_open || nodes.iter().any(|n| healthy(n));
+        move |n: &Node| match (any_open, any_healthy) {
+            (true, _) => healthy(n) && open(n),
+            (false, true) => healthy(n),
+            (false, false) => n.capacity.load(Ordering::Acquire) > 0,
+        }
+    }
+
+    /// Whether any node takes calls.
+    fn any_in_service(&self) -> bool {
+        let usable = self.in_service();
+        self.snapshot().iter().any(|n| usable(n))
+    }
+
     /// Checks every agent once.
     pub async fn check_all(&self) {
         let nodes = self.snapshot();
         let checks = nodes.iter().map(|n| check(n));
         futures_util::future::join_all(checks).await;
-        if self.healthy() == 0 {
+        if !self.any_in_service() {
             // Nothing to wait for: every waiter answers "no node" now.
             self.queue().fail_all();
         } else {
@@ -273,7 +308,8 @@ impl Nodes {
 
     /// Some healthy node has a free slot.
     fn any_free(&self) -> bool {
-        self.snapshot().iter().any(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0)
+        let usable = self.in_service();
+        self.snapshot().iter().any(|n| usable(n) && n.free() > 0)
     }
 
     /// Checks agents every `period` until the task is dropped.
@@ -296,7 +332,8 @@ impl Nodes {
     /// (where the thread is warm and its one-at-a-time lock lives), and
     /// only the threads of a node that leaves move elsewhere.
     pub fn home_of(&self, thread: &str) -> Option<Arc<Node>> {
-        self.snapshot().iter().filter(|n| n.healthy.load(Ordering::Acquire)).max_by_key(|n| rendezvous(&n.name(), thread)).cloned()
+        let usable = self.in_service();
+        self.snapshot().iter().filter(|n| usable(n)).max_by_key(|n| rendezvous(&n.name(), thread)).cloned()
     }
 
     /// Like [`Nodes::lease`], until `deadline`; with a thread, only on the
@@ -316,7 +353,7 @@ impl Nodes {
                     return Ok(Lease { nodes: self.clone(), node });
                 }
             }
-            if self.healthy() == 0 {
+            if !self.any_in_service() {
                 return Err(ExecError::NoNode);
             }
             q.push(want)
@@ -340,7 +377,7 @@ impl Nodes {
         };
         match node {
             Some(node) => Ok(Lease { nodes: self.clone(), node }),
-            None if self.healthy() == 0 => Err(ExecError::NoNode),
+            None if !self.any_in_service() => Err(ExecError::NoNode),
             None => Err(ExecError::Busy("every node was at capacity")),
         }
     }
@@ -349,8 +386,9 @@ impl Nodes {
     /// `fits` accepts, taken.
     fn take_where(&self, fits: impl Fn(&Node) -> bool) -> Option<Arc<Node>> {
         let nodes = self.snapshot();
+        let in_service = self.in_service();
         loop {
-            let usable = || nodes.iter().filter(|n| n.healthy.load(Ordering::Acquire) && n.free() > 0 && fits(n));
+            let usable = || nodes.iter().filter(|n| in_service(n) && n.free() > 0 && fits(n));
             let most = usable().map(|n| n.free()).max()?;
             let ties: Vec<&Arc<Node>> = usable().filter(|n| n.free() == most).collect();
             let Some(best) = ties.get(self.turn.fetch_add(1, Ordering::Relaxed) % ties.len().max(1)) else { continue };
@@ -368,28 +406,51 @@ fn rendezvous(node: &str, thread: &str) -> u64 {
     u64::from_be_bytes(digest[..8].try_into().unwrap_or_default())
 }
 
+/// How long a status check may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node that stops answering (checks time out: it may be busy,
+/// not dead) stays in service. A refused connection or an error answer
+/// takes it out at once; a late answer never does before this.
+pub const SILENT_LIMIT: Duration = Duration::from_secs(10);
+
 async fn check(node: &Node) {
     let asked = crate::records::now_ms();
-    let result = tokio::time::timeout(Duration::from_secs(2), node.agent.status()).await;
+    let result = tokio::time::timeout(CHECK_TIMEOUT, node.agent.status()).await;
     match result {
-        Ok(Ok(s)) => {
-            node.capacity.store(s.max_executions, Ordering::Release);
-            if let Ok(mut n) = node.name.lock() {
-                n.clone_from(&s.node_name);
-            }
-            if let Ok(mut warm) = node.warm.write() {
-                *warm = s.images.iter().flat_map(|i| [i.reference.clone(), i.digest.clone()]).collect();
-            }
-            if let Ok(mut last) = node.last.write() {
-                *last = Some(s.clone());
-            }
-            node.last_asked_ms.fetch_max(asked, Ordering::AcqRel);
-            if !node.healthy.swap(true, Ordering::AcqRel) {
-                info!(node = %node.address, name = %s.node_name, capacity = s.max_executions, "node-agent healthy");
-            }
-        }
+        Ok(Ok(s)) => answered(node, asked, s),
         Ok(Err(status)) => down(node, &format!("{}: {}", status.code(), status.message())),
-        Err(_) => down(node, "status check timed out"),
+        Err(_) => late(node, asked),
+    }
+}
+
+fn answered(node: &Node, asked: i64, s: warren_proto::agent::StatusResponse) {
+    node.capacity.store(s.max_executions, Ordering::Release);
+    if let Ok(mut n) = node.name.lock() {
+        n.clone_from(&s.node_name);
+    }
+    if let Ok(mut warm) = node.warm.write() {
+        *warm = s.images.iter().flat_map(|i| [i.reference.clone(), i.digest.clone()]).collect();
+    }
+    let (name, capacity) = (s.node_name.clone(), s.max_executions);
+    if let Ok(mut last) = node.last.write() {
+        *last = Some(s);
+    }
+    node.last_asked_ms.fetch_max(asked, Ordering::AcqRel);
+    if !node.healthy.swap(true, Ordering::AcqRel) {
+        info!(node = %node.address, name = %name, capacity, "node-agent healthy");
+    }
+}
+
+/// A check that timed out: the node stays in service until it has not
+/// answered for [`SILENT_LIMIT`] (a node busy with calls answers late;
+/// taking it out would refuse work it is doing).
+fn late(node: &Node, asked: i64) {
+    let heard = node.last_asked_ms.load(Ordering::Acquire).max(node.since_ms);
+    let silent = Duration::from_millis((asked - heard).max(0) as u64);
+    if silent >= SILENT_LIMIT {
+        down(node, &format!("no status answer for {} s", silent.as_secs()));
+    } else if node.is_healthy() {
+        info!(node = %node.address, silent_ms = silent.as_millis() as u64, "node-agent status check timed out; kept in service while it has answered within the limit");
     }
 }
 
@@ -418,5 +479,116 @@ mod tests {
                 assert_eq!(a, b, "a thread not on the leaving node stays put");
             }
         }
+    }
+
+    /// A node whose status answers are set by the test.
+    #[derive(Debug)]
+    struct Double(std::sync::Mutex<Option<Result<warren_proto::agent::StatusResponse, tonic::Status>>>);
+
+    impl super::Agent for Double {
+        fn execute(&self, _: warren_proto::agent::ExecuteRequest) -> futures_util::future::BoxFuture<'static, Result<super::agent::EventStream, tonic::Status>> {
+            Box::pin(async { Err(tonic::Status::unimplemented("double")) })
+        }
+        fn delete_thread(&self, _: warren_proto::agent::DeleteThreadRequest, _: &str) -> futures_util::future::BoxFuture<'static, Result<(), tonic::Status>> {
+            Box::pin(async { Err(tonic::Status::unimplemented("double")) })
+        }
+        fn status(&self) -> futures_util::future::BoxFuture<'static, Result<warren_proto::agent::StatusResponse, tonic::Status>> {
+            // None: the node never answers (the check times out).
+            let answer = self.0.lock().unwrap().clone();
+            Box::pin(async move {
+                match answer {
+                    Some(a) => a,
+                    None => std::future::pending().await,
+                }
+            })
+        }
+        fn cancel(&self, _: &str) -> futures_util::future::BoxFuture<'static, Result<bool, tonic::Status>> {
+            Box::pin(async { Ok(false) })
+        }
+        fn hold_key_slot(&self, _: &str, _: u32, _: u32) -> futures_util::future::BoxFuture<'static, Result<super::agent::HeldSlot, tonic::Status>> {
+            Box::pin(async { Err(tonic::Status::unimplemented("double")) })
+        }
+    }
+
+    fn status(name: &str) -> warren_proto::agent::StatusResponse {
+        warren_proto::agent::StatusResponse { node_name: name.into(), max_executions: 2, ..Default::default() }
+    }
+
+    fn nodes(n: usize) -> (std::sync::Arc<super::Nodes>, Vec<std::sync::Arc<Double>>) {
+        let doubles: Vec<_> = (0..n).map(|i| std::sync::Arc::new(Double(std::sync::Mutex::new(Some(Ok(status(&format!("n{i}")))))))).collect();
+        let agents = doubles.iter().enumerate().map(|(i, d)| (format!("unix:/run/n{i}.sock").parse().unwrap(), d.clone() as std::sync::Arc<dyn super::Agent>)).collect();
+        (super::Nodes::from_agents(agents), doubles)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_status_check_is_not_a_dead_node_but_silence_and_refusals_are() {
+        let (nodes, doubles) = nodes(1);
+        nodes.check_all().await;
+        let node = nodes.all().remove(0);
+        assert!(node.is_healthy());
+        // Busy: its checks time out, and it stays in service within the limit.
+        *doubles[0].0.lock().unwrap() = None;
+        nodes.check_all().await;
+        assert!(node.is_healthy(), "one late check took the node out");
+        let answered = node.last_asked_ms.load(std::sync::atomic::Ordering::Acquire);
+        super::late(&node, answered + super::SILENT_LIMIT.as_millis() as i64 - 1);
+        assert!(node.is_healthy(), "late within the limit");
+        // Silent past the limit: out.
+        super::late(&node, answered + super::SILENT_LIMIT.as_millis() as i64);
+        assert!(!node.is_healthy(), "silent past the limit");
+        // It answers again: back. A refusal takes it out at once.
+        *doubles[0].0.lock().unwrap() = Some(Ok(status("n0")));
+        nodes.check_all().await;
+        assert!(node.is_healthy());
+        *doubles[0].0.lock().unwrap() = Some(Err(tonic::Status::unavailable("connection refused")));
+        nodes.check_all().await;
+        assert!(!node.is_healthy(), "a refused check");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_healthy_node_the_last_known_one_is_tried_rather_than_every_call_refused() {
+        let (nodes, doubles) = nodes(2);
+        // n0 has answered before; n1 never has.
+        *doubles[1].0.lock().unwrap() = Some(Err(tonic::Status::unavailable("connection refused")));
+        nodes.check_all().await;
+        *doubles[0].0.lock().unwrap() = Some(Err(tonic::Status::unavailable("connection refused")));
+        nodes.check_all().await;
+        assert_eq!(nodes.healthy(), 0);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+        let lease = nodes.lease_for(None, None, deadline).await.expect("the node that answered before is tried");
+        assert_eq!(lease.node.name(), "n0");
+        let thread = nodes.lease_for(Some("ns/key/t"), None, deadline).await.expect("a thread's call too");
+        assert_eq!(thread.node.name(), "n0");
+        drop((lease, thread));
+        // A node that is healthy again takes the calls, never the known-dead one.
+        *doubles[1].0.lock().unwrap() = Some(Ok(status("n1")));
+        nodes.check_all().await;
+        for _ in 0..4 {
+            assert_eq!(nodes.lease_for(None, None, deadline).await.unwrap().node.name(), "n1");
+        }
+        // No node has ever answered: refused at once.
+        let (fresh, doubles) = self::nodes(1);
+        *doubles[0].0.lock().unwrap() = Some(Err(tonic::Status::unavailable("connection refused")));
+        fresh.check_all().await;
+        assert!(matches!(fresh.lease_for(None, None, deadline).await, Err(crate::exec_error::ExecError::NoNode)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cordoned_node_gets_no_new_calls_while_another_can_take_them() {
+        let (nodes, _doubles) = nodes(2);
+        nodes.check_all().await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+        nodes.cordon(["n0".to_string()].into());
+        for _ in 0..4 {
+            assert_eq!(nodes.lease_for(None, None, deadline).await.unwrap().node.name(), "n1");
+        }
+        // A thread whose home was the cordoned node moves while it is cordoned.
+        let on_n0 = (0..100).map(|i| format!("ns/key/t{i}")).find(|t| super::rendezvous("n0", t) > super::rendezvous("n1", t)).unwrap();
+        assert_eq!(nodes.lease_for(Some(&on_n0), None, deadline).await.unwrap().node.name(), "n1");
+        // Every node cordoned: they still serve (better than refusing all).
+        nodes.cordon(["n0".to_string(), "n1".to_string()].into());
+        assert!(nodes.lease_for(None, None, deadline).await.is_ok());
+        nodes.cordon(Default::default());
+        assert_eq!(nodes.lease_for(Some(&on_n0), None, deadline).await.unwrap().node.name(), "n0", "uncordoned, it is the thread's home again");
     }
 }

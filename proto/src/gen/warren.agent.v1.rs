@@ -855,6 +855,10 @@ pub struct StatusResponse {
     /// not: an empty `live` from it says nothing).
     #[prost(bool, tag = "15")]
     pub reports_live: bool,
+    /// Executions this agent has started since it started (each node's own
+    /// count: how calls spread over the nodes).
+    #[prost(uint64, tag = "16")]
+    pub executions_total: u64,
 }
 /// A live sandbox as the node sees it.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
