@@ -127,9 +127,28 @@ pub fn warren_cgroups() -> Vec<String> {
     String::from_utf8_lossy(&out.stdout).lines().filter(|p| !p.contains("/warren-e2e-")).map(String::from).collect()
 }
 
-/// Warren's processes from the chart's image, leaving out the workspace's
-/// own binaries (`target/…`) that tests running beside start.
+/// Warren's processes from the chart's image (its binaries are in
+/// `/usr/local/bin`, run by name), not the workspace's own binaries that
+/// tests and benchmarks running beside start, nor a command line naming
+/// them (`cargo build -p warren-node-agent`).
 pub fn warren_processes() -> Vec<String> {
-    let out = Command::new("pgrep").args(["-a", "-f", "warren-(node-agent|sandbox|gateway|operator)"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.contains("/target/")).map(String::from).collect()
+    let out = Command::new("pgrep").args(["-a", "-f", "^(/usr/local/bin/)?warren-(node-agent|sandbox|gateway|operator)( |$)"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
+}
+
+/// The chart's agent process on node `node` (its `NODE_NAME`), if running.
+pub fn agent_pid(node: &str) -> Option<u32> {
+    let out = Command::new("pgrep").args(["-f", "^(/usr/local/bin/)?warren-node-agent( |$)"]).output().ok()?;
+    let want = format!("NODE_NAME={node}");
+    String::from_utf8_lossy(&out.stdout).lines().filter_map(|p| p.trim().parse().ok()).find(|pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/environ")).map(|e| e.split(|b| *b == 0).any(|v| v == want.as_bytes())).unwrap_or(false)
+    })
+}
+
+/// Warren's cgroups below the cgroups of process `pid` (its sandboxes and
+/// pools, in every controller's hierarchy).
+pub fn cgroups_of(pid: u32) -> Vec<String> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let paths: Vec<String> = own.lines().filter_map(|l| l.splitn(3, ':').nth(2)).filter(|p| p.len() > 1).map(|p| format!("{p}/")).collect();
+    warren_cgroups().into_iter().filter(|c| paths.iter().any(|p| c.contains(p.as_str()))).collect()
 }
