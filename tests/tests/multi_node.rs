@@ -6,8 +6,9 @@
 //! own counts), a thread's calls stay on one node, the image is warm on
 //! every node. A node lost mid-call (`stop-node`): its calls end
 //! `node_lost`, new calls run on the others within a stated bound, its
-//! threads continue elsewhere from the store; back, it takes calls again
-//! and its old sandboxes are gone. A gateway replica killed mid-call: the
+//! threads continue elsewhere from the store, its live sandbox is `failed`
+//! with the reason; back, it takes calls again and its old sandboxes'
+//! cgroups are gone. A gateway replica killed mid-call: the
 //! other finishes its async record, and the key's concurrency limit still
 //! holds. `kubectl drain` and a rolling `helm upgrade` of the agents keep
 //! serving. Uninstall leaves nothing.
@@ -62,6 +63,31 @@ fn node_of(pg: &Postgres, id: &str) -> String {
 fn running_per_node(pg: &Postgres) -> HashMap<String, usize> {
     let rows = pg.query("SELECT node, count(*) FROM warren_executions WHERE completed_ms IS NULL AND node <> '' GROUP BY node");
     rows.lines().filter_map(|l| l.split_once('|')).filter_map(|(n, c)| Some((n.to_string(), c.parse().ok()?))).collect()
+}
+
+/// A Sandbase/E2B-style call with the key.
+fn sandbase(addr: SocketAddr, key: &str, method: &str, path: &str) -> http::Response {
+    let auth = format!("Bearer {key}");
+    let body = if method == "POST" { json!({"templateID": "base", "timeout": 900}).to_string() } else { String::new() };
+    http::request(addr, method, path, &[("authorization", auth.as_str()), ("content-type", "application/json")], body.as_bytes())
+}
+
+/// Live sandboxes until one runs on `node` (each holds a slot of its node,
+/// and a call goes where most slots are free: at most one per node): that
+/// one, and the others.
+fn live_sandbox_on(gw: SocketAddr, pg: &Postgres, key: &str, node: &str) -> (String, Vec<String>) {
+    let mut others = Vec::new();
+    for _ in 0..NODES.len() {
+        let created = sandbase(gw, key, "POST", "/sandboxes");
+        assert_eq!(created.status, 201, "{}", created.text());
+        let id = created.json()["sandboxID"].as_str().unwrap().to_string();
+        assert!(id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{id:?}");
+        if pg.query(&format!("SELECT node FROM warren_e2b_sandboxes WHERE id = '{id}'")).trim() == node {
+            return (id, others);
+        }
+        others.push(id);
+    }
+    panic!("no live sandbox landed on {node}");
 }
 
 /// Runs `body` until it succeeds (through the gateways in turn), within `limit`.
@@ -255,6 +281,8 @@ async fn three_nodes_two_gateways_spread_fail_over_and_drain() {
         .collect();
     assert!(wait_for(Duration::from_secs(20), || running_per_node(&pg).len() == NODES.len()), "the long calls did not reach every node: {:?}", running_per_node(&pg));
     assert!(home.values().filter(|h| *h == lost).count() >= 2, "threads on {lost}: {home:?}");
+    // A live sandbox (E2B/Sandbase API) on the node to lose.
+    let (live, elsewhere) = live_sandbox_on(gws[0], &pg, &key, lost);
     // What the lost node's agent has made: its sandboxes' cgroups.
     let agent = agent_pid(lost).expect("the agent of the node to lose");
     let left = cgroups_of(agent);
@@ -290,6 +318,16 @@ async fn three_nodes_two_gateways_spread_fail_over_and_drain() {
     for t in &threads {
         let r = execute(gws[0], &key, &json!({"code": "cat ~/note", "language": "bash", "thread_id": t}));
         assert_eq!((r.status, r.json()["stdout"].clone()), (200, json!(format!("{t}\n"))), "{t} (was on {}): {}", home[t], r.text());
+    }
+
+    // Its live sandbox is `failed` with the reason (once its node has been
+    // silent for the gateways' 30 s limit for live sandboxes).
+    let info = || sandbase(gws[1], &key, "GET", &format!("/sandboxes/{live}")).json();
+    assert!(wait_for(Duration::from_secs(120), || info()["status"] == "failed"), "the live sandbox on {lost}: {}", info());
+    assert!(info()["statusReason"].as_str().is_some_and(|r| !r.is_empty()), "{}", info());
+    for id in elsewhere {
+        assert_eq!(sandbase(gws[1], &key, "GET", &format!("/sandboxes/{id}")).json()["status"], "ready", "a live sandbox on another node");
+        assert_eq!(sandbase(gws[1], &key, "DELETE", &format!("/sandboxes/{id}")).status, 204);
     }
 
     // The node comes back: its agent restarts, rejoins and takes calls; the
