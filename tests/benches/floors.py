@@ -13,10 +13,16 @@ Two floors Warren cannot go under, measured with nothing of Warren running:
   os._exit (the kernel tearing the address space down, and nothing else).
 
 Run as root on an otherwise quiet machine:  python3 -S tests/benches/floors.py
+
+`--floor` measures only the six-namespace loop and prints one line,
+`floor <calls/s> <CPU µs per call>` (the drivers' and their children's
+user + system time), for a benchmark that sets Warren against it in the
+same run (tests/benches/throughput_floor.rs).
 """
 
 import ctypes
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,8 +50,8 @@ def one_call(libc, flags):
         raise SystemExit("a call failed (status %d): run as root" % status)
 
 
-def rate(libc, flags):
-    end = time.monotonic() + SECONDS
+def rate(libc, flags, seconds=SECONDS):
+    end = time.monotonic() + seconds
     r, w = os.pipe()
     drivers = []
     for _ in range(DRIVERS):
@@ -62,7 +68,17 @@ def rate(libc, flags):
         os.waitpid(pid, 0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        return sum(int(n) for n in f.read().split()) / SECONDS
+        return sum(int(n) for n in f.read().split()) / seconds
+
+
+def floor(libc):
+    """The six-namespace rate, and the CPU each call took (µs): what the
+    drivers and everything they forked used, all of it reaped."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    per_second = rate(libc, NAMESPACES)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print("floor %.1f %.1f" % (per_second, cpu * 1e6 / max(per_second * SECONDS, 1)), flush=True)
 
 
 def python(code):
@@ -94,6 +110,8 @@ def exit_ms(body, ending):
 
 def main():
     libc = ctypes.CDLL(None, use_errno=True)
+    if sys.argv[1:] == ["--floor"]:
+        return floor(libc)
     print("namespaces: bash `echo 1`, %d drivers, %d s each" % (DRIVERS, SECONDS))
     for name, flags in [("bare", 0), ("six namespaces", NAMESPACES), ("five (no network)", NAMESPACES & ~NET)] * 2:
         print("  %-18s %6.0f calls/s" % (name, rate(libc, flags)))
