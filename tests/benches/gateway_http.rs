@@ -20,8 +20,6 @@
 //! for a baseline gateway without it).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warren_e2e::bench::{bare, ms, percentile, pool_refilled, pool_settled, print_rows, Conn};
@@ -126,46 +124,12 @@ async fn idempotent(gw: &Gateway, agent: &Agent, runs: usize) {
 }
 
 async fn throughput(gw: &Gateway, clients: usize, duration: Duration) {
-    let ok = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let body = serde_json::json!({"code": "echo 1", "language": "bash"}).to_string();
-    let deadline = Instant::now() + duration;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (ok, errors, body, addr, k) = (ok.clone(), errors.clone(), body.clone(), gw.addr, key("main"));
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(addr).await.expect("connect");
-            let mut first_error = None;
-            while Instant::now() < deadline {
-                match conn.execute(&k, body.as_bytes()).await {
-                    Ok((200, b)) if serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["stdout"] == "1\n") => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    other => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        first_error.get_or_insert_with(|| format!("{other:?}"));
-                        if let Ok(c) = Conn::open(addr).await {
-                            conn = c;
-                        }
-                    }
-                }
-            }
-            first_error
-        }));
-    }
-    let mut first_error = None;
-    for t in tasks {
-        if let Ok(Some(e)) = t.await {
-            first_error.get_or_insert(e);
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let (ok, errors) = (ok.load(Ordering::Relaxed), errors.load(Ordering::Relaxed));
+    let s = warren_e2e::bench::saturate(gw.addr, &key("main"), clients, duration, u64::MAX).await;
+    let (ok, errors, elapsed, first_error) = (s.ok, s.errors, s.seconds, s.first_error);
     println!();
     println!("Throughput: {clients} clients, {:.0} s, bash `echo 1`", duration.as_secs_f64());
     println!("  executions: {ok}  errors: {errors}  rate: {:.0} executions/s", ok as f64 / elapsed);
     if let Some(e) = first_error {
-        println!("  first error: {}", e.chars().take(300).collect::<String>());
+        println!("  first error: {e}");
     }
 }

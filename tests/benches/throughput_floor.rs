@@ -38,11 +38,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren_e2e::bench::{pool_settled, Conn};
+use warren_e2e::bench::pool_settled;
 use warren_e2e::gateway::{key, Gateway};
 use warren_e2e::{is_root, Agent};
 
@@ -194,39 +192,8 @@ fn floor() -> (f64, f64, f64) {
 /// C clients call bash `echo 1` until `duration` or `max_calls`; the calls
 /// answered right, the phase's seconds, and the first wrong answer.
 async fn warren(gw: &Gateway, clients: usize, duration: Duration, max_calls: u64) -> (u64, f64, u64, Option<String>) {
-    let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let body = serde_json::json!({"code": "echo 1", "language": "bash"}).to_string();
-    let (started, deadline) = (Instant::now(), Instant::now() + duration);
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (ok, errors, body, addr, k) = (ok.clone(), errors.clone(), body.clone(), gw.addr, key("main"));
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(addr).await.expect("connect");
-            let mut first_error = None;
-            while Instant::now() < deadline && ok.load(Ordering::Relaxed) + errors.load(Ordering::Relaxed) < max_calls {
-                match conn.execute(&k, body.as_bytes()).await {
-                    Ok((200, b)) if serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["stdout"] == "1\n") => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
-                    other => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        first_error.get_or_insert_with(|| format!("{other:?}").chars().take(300).collect::<String>());
-                        if let Ok(c) = Conn::open(addr).await {
-                            conn = c;
-                        }
-                    }
-                }
-            }
-            first_error
-        }));
-    }
-    let mut first_error = None;
-    for t in tasks {
-        if let Ok(Some(e)) = t.await {
-            first_error.get_or_insert(e);
-        }
-    }
-    (ok.load(Ordering::Relaxed), started.elapsed().as_secs_f64(), errors.load(Ordering::Relaxed), first_error)
+    let s = warren_e2e::bench::saturate(gw.addr, &key("main"), clients, duration, max_calls).await;
+    (s.ok, s.seconds, s.errors, s.first_error)
 }
 
 /// Waits until nothing runs and the pool has refilled (bounded).

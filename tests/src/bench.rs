@@ -148,3 +148,57 @@ impl Conn {
         Ok((status, body))
     }
 }
+
+/// What [`saturate`] measured.
+#[derive(Debug)]
+pub struct Saturation {
+    /// Calls answered 200 with stdout `1\n`.
+    pub ok: u64,
+    /// Every other answer (or a broken connection).
+    pub errors: u64,
+    /// Seconds the phase took.
+    pub seconds: f64,
+    /// The first wrong answer, cut to 300 characters.
+    pub first_error: Option<String>,
+}
+
+/// `clients` keep-alive clients call bash `echo 1` on the gateway at `addr`
+/// with `key` until `duration` has passed or `max_calls` were made (bounded
+/// both ways); a client whose call fails reconnects.
+pub async fn saturate(addr: std::net::SocketAddr, key: &str, clients: usize, duration: Duration, max_calls: u64) -> Saturation {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let body = serde_json::json!({"code": "echo 1", "language": "bash"}).to_string();
+    let (started, deadline) = (Instant::now(), Instant::now() + duration);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (ok, errors, body, k) = (ok.clone(), errors.clone(), body.clone(), key.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await.expect("connect");
+            let mut first_error = None;
+            while Instant::now() < deadline && ok.load(Ordering::Relaxed) + errors.load(Ordering::Relaxed) < max_calls {
+                match conn.execute(&k, body.as_bytes()).await {
+                    Ok((200, b)) if serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["stdout"] == "1\n") => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        first_error.get_or_insert_with(|| format!("{other:?}").chars().take(300).collect::<String>());
+                        if let Ok(c) = Conn::open(addr).await {
+                            conn = c;
+                        }
+                    }
+                }
+            }
+            first_error
+        }));
+    }
+    let mut first_error = None;
+    for t in tasks {
+        if let Ok(Some(e)) = t.await {
+            first_error.get_or_insert(e);
+        }
+    }
+    Saturation { ok: ok.load(Ordering::Relaxed), errors: errors.load(Ordering::Relaxed), seconds: started.elapsed().as_secs_f64(), first_error }
+}

@@ -9,6 +9,25 @@ use std::process::Command;
 use crate::forward::Forward;
 use crate::kube::EnvTest;
 
+/// The images `scripts/build-images.sh` builds: `warren` and `warren-runtime`.
+pub fn images() -> (PathBuf, PathBuf) {
+    let (warren, runtime) = (repo("target/images/warren.oci.tar"), repo("target/images/warren-runtime.oci.tar"));
+    assert!(warren.exists() && runtime.exists(), "build the images first: scripts/build-images.sh (scripts/test.sh does)");
+    (warren, runtime)
+}
+
+/// A registry on the bridge's address `bridge` (where pods reach it) holding
+/// the runtime image `runtime`: the registry (stopped on drop), its address
+/// and the image's reference.
+pub fn runtime_in_registry(bridge: IpAddr, runtime: &Path) -> (crate::registry::Registry, SocketAddr, String) {
+    let port = std::net::TcpListener::bind((bridge, 0)).unwrap().local_addr().unwrap().port();
+    let addr = SocketAddr::new(bridge, port);
+    let registry = crate::registry::Registry::start_at(addr).unwrap();
+    let image = format!("{addr}/warren/warren-runtime:0.1.0");
+    crate::registry::push_oci_archive(runtime, &image).unwrap();
+    (registry, addr, image)
+}
+
 /// The release's namespace.
 pub const NS: &str = "warren-system";
 

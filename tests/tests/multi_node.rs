@@ -22,7 +22,6 @@ use warren_e2e::chart_cluster::{agent_pid, api_server, cgroups_of, gateways, hel
 use warren_e2e::forward::Forward;
 use warren_e2e::gateway::wait_for;
 use warren_e2e::kube::EnvTest;
-use warren_e2e::registry::{push_oci_archive, Registry};
 use warren_e2e::s3::{S3Server, BUCKET};
 use warren_e2e::services::{Postgres, PG_PASSWORD};
 use warren_e2e::{http, skip_unless_root};
@@ -142,8 +141,7 @@ async fn three_nodes_two_gateways_spread_fail_over_and_drain() {
     if skip_unless_root("three_nodes_two_gateways_spread_fail_over_and_drain") {
         return;
     }
-    let (warren, runtime) = (repo("target/images/warren.oci.tar"), repo("target/images/warren-runtime.oci.tar"));
-    assert!(warren.exists() && runtime.exists(), "build the images first: scripts/build-images.sh (scripts/test.sh does)");
+    let (warren, runtime) = warren_e2e::chart_cluster::images();
     let k = EnvTest::start().unwrap();
     k.start_node().unwrap();
     for n in &NODES[1..] {
@@ -159,11 +157,7 @@ async fn three_nodes_two_gateways_spread_fail_over_and_drain() {
     let pg_fwd = Forward::start(bridge, SocketAddr::from(([127, 0, 0, 1], pg.port))).await.unwrap();
     let s3 = S3Server::start().unwrap();
     let s3_fwd = Forward::start(bridge, s3.addr).await.unwrap();
-    let port = std::net::TcpListener::bind((bridge, 0)).unwrap().local_addr().unwrap().port();
-    let registry_addr = SocketAddr::new(bridge, port);
-    let _registry = Registry::start_at(registry_addr).unwrap();
-    let image = format!("{registry_addr}/warren/warren-runtime:0.1.0");
-    push_oci_archive(&runtime, &image).unwrap();
+    let (_registry, registry_addr, image) = warren_e2e::chart_cluster::runtime_in_registry(bridge, &runtime);
 
     k.kubectl_ok(&["create", "namespace", NS]);
     let records = format!("url=postgres://agent:{PG_PASSWORD}@{}/app", pg_fwd.addr);

@@ -20,7 +20,6 @@ use warren_e2e::chart_cluster::{
 use warren_e2e::forward::Forward;
 use warren_e2e::gateway::wait_for;
 use warren_e2e::kube::EnvTest;
-use warren_e2e::registry::{push_oci_archive, Registry};
 use warren_e2e::{http, skip_unless_root};
 
 /// The chart as last released (`helm package` of `charts/warren` at that
@@ -52,8 +51,7 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     if skip_unless_root("warren_runs_on_a_real_node_from_helm_install_to_uninstall") {
         return;
     }
-    let (warren, runtime) = (repo("target/images/warren.oci.tar"), repo("target/images/warren-runtime.oci.tar"));
-    assert!(warren.exists() && runtime.exists(), "build the images first: scripts/build-images.sh (scripts/test.sh does)");
+    let (warren, runtime) = warren_e2e::chart_cluster::images();
     let k = EnvTest::start().unwrap();
     k.start_node().unwrap();
     k.load_image(&warren).unwrap();
@@ -61,11 +59,7 @@ async fn warren_runs_on_a_real_node_from_helm_install_to_uninstall() {
     // registry, and the API server through a forwarder.
     let bridge = k.bridge_up().unwrap();
     let api = Forward::start(bridge, api_server(&k)).await.unwrap();
-    let port = std::net::TcpListener::bind((bridge, 0)).unwrap().local_addr().unwrap().port();
-    let registry_addr = SocketAddr::new(bridge, port);
-    let _registry = Registry::start_at(registry_addr).unwrap();
-    let image = format!("{registry_addr}/warren/warren-runtime:0.1.0");
-    push_oci_archive(&runtime, &image).unwrap();
+    let (_registry, registry_addr, image) = warren_e2e::chart_cluster::runtime_in_registry(bridge, &runtime);
 
     let state = tempfile::Builder::new().prefix("warren-node-state-").tempdir().unwrap();
     let state_dir = state.path().display().to_string();
