@@ -279,7 +279,16 @@ async fn sandboxes_are_walled_off_and_end_with_their_lifetime() {
     // Killing a process kills its group: what it started goes with it.
     let _ = c.live_signal(pb::LiveSignalRequest { live: Some(live_ref("a", "wall")), pid: bomb_pid, signal: libc::SIGKILL }).await;
     let _ = tokio::time::timeout(T, collect(bomb)).await.expect("the bomb ended");
-    let after = run(&mut c, "a", "wall", "ls /proc | grep -c '^[0-9]'").await;
+    // SIGKILL reaches every member at once, but each exits and is reaped by the sandbox's init in
+    // its own time: wait (bounded) for their /proc entries to go rather than race the reaper.
+    let mut after = Seen::default();
+    for _ in 0..100 {
+        after = run(&mut c, "a", "wall", "ls /proc | grep -c '^[0-9]'").await;
+        if after.stdout.trim().parse::<u32>().unwrap() <= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(after.stdout.trim().parse::<u32>().unwrap() <= 4, "its sleeps went with it: {after:?}");
 
     // A sandbox ends with its lifetime: its processes end by SIGKILL, its name is gone.
