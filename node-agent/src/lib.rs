@@ -319,7 +319,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let net = start_network(&sandbox_network, dns_upstream, &network_prefix, proc_dir).await?;
     let env = Arc::new(SandboxEnv {
         layout,
-        supervisor_binary,
+        spawner: warren_isolation::launch::Spawner::new(&supervisor_binary),
         mount_dir: dirs.mnt,
         etc_dir: dirs.etc,
         homes_dir: dirs.homes,

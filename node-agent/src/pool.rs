@@ -1,6 +1,6 @@
 //! Warm pool: sandboxes prepared ahead of demand, per [`Shape`].
 //!
-//! Preparing costs an exec, seven namespaces, ~30 mounts and — the big one on
+//! Preparing costs two forks, seven namespaces, ~45 mounts and — the big one on
 //! cgroup v1 — moving init into its cgroups (an RCU grace period, ~10 ms);
 //! a warm interpreter adds its own start. All of that happens here, off the
 //! request path; a request only claims a ready sandbox. One filler task per

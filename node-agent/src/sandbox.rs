@@ -11,7 +11,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 use warren_isolation::cgroup::{Cgroup, CgroupLayout};
-use warren_isolation::launch::{supervisor_command, with_fds_inherited, SupervisorFds};
+use warren_isolation::launch::{Spawner, Supervisor, SupervisorFds};
 use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent, View, WarmStart};
 
@@ -81,8 +81,8 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
 pub struct SandboxEnv {
     /// Where sandbox cgroups go.
     pub layout: CgroupLayout,
-    /// Path of `warren-sandbox`.
-    pub supervisor_binary: PathBuf,
+    /// Starts supervisors (`warren-sandbox`).
+    pub spawner: Spawner,
     /// Empty directory sandboxes mount their root on.
     pub mount_dir: PathBuf,
     /// The prepared `/etc` every sandbox binds read-only.
@@ -185,7 +185,8 @@ impl Shape {
 /// A sandbox whose init waits for its program.
 pub struct Prepared {
     id: String,
-    child: tokio::process::Child,
+    /// The supervisor; dropping it kills the sandbox.
+    child: Supervisor,
     supervisor: Channel,
     init: Channel,
     stdout: pipe::Receiver,
@@ -243,7 +244,7 @@ struct Started {
     id: String,
     home_dir: PathBuf,
     cgroup: Cgroup,
-    child: tokio::process::Child,
+    child: Supervisor,
     supervisor: Channel,
     init: Channel,
     stdout: pipe::Receiver,
@@ -251,7 +252,7 @@ struct Started {
 }
 
 /// The blocking part of building a sandbox — directories, the cgroup's
-/// mkdirs and writes, fork/exec of the supervisor (~1–2 ms of one core) —
+/// mkdirs and writes, the round trip to the spawner that forks the supervisor —
 /// on a blocking thread: never on a runtime worker, where it would hold
 /// up the answers of calls in flight (a refill starts as a call ends).
 async fn start(env: &Arc<SandboxEnv>) -> Result<Started, SandboxError> {
@@ -290,9 +291,7 @@ fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
         }
     };
     let fds = SupervisorFds { supervisor: sup_fd, init: init_fd, stdout: out_w, stderr: err_w };
-    let mut cmd = tokio::process::Command::from(supervisor_command(&env.supervisor_binary, &fds));
-    cmd.kill_on_drop(true);
-    let spawned = with_fds_inherited(&fds, || cmd.spawn()).and_then(|r| r);
+    let spawned = env.spawner.spawn(&fds);
     // Our copies of the child's ends must close now, or EOF never comes.
     drop(fds);
     match spawned {
@@ -343,7 +342,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         // only waits (init and whatever waits for the call are blocked), so
         // what the call reports is its program's, and the reset is off the
         // call's path. What setup and warm imports cost is the pool's.
-        prepared.warm_starts.add_idle_cpu(prepared.cgroup.usage().map_or(0, |u| u.cpu_micros));
+        prepared.warm_starts.add_idle_cpu(prepared.cgroup.cpu_micros().unwrap_or(0));
         prepared.cgroup.reset_usage()?;
         Ok(())
     };
@@ -429,7 +428,7 @@ impl Prepared {
 
     /// False when the supervisor has exited (the sandbox is unusable).
     pub fn is_alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        !self.child.has_exited()
     }
 
     /// Whether its warm interpreter (if any) charges at most half of
@@ -516,9 +515,10 @@ impl Prepared {
     /// exit, the supervisor follows, then the cgroup is removed.
     pub async fn discard(mut self) {
         let _ = self.supervisor.send(&SupervisorCommand::Kill).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+        if tokio::time::timeout(Duration::from_secs(5), exited(&mut self.supervisor)).await.is_err() {
+            let _ = self.child.kill();
+            exited(&mut self.supervisor).await;
+        }
         if let Some(net) = self.net.take() {
             net.teardown().await;
         }
@@ -712,9 +712,9 @@ impl Teardown {
     pub async fn run(mut self) {
         let p = &mut self.0;
         let _ = p.supervisor.send(&SupervisorCommand::Kill).await;
-        if tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await.is_err() {
-            let _ = p.child.start_kill();
-            let _ = p.child.wait().await;
+        if tokio::time::timeout(Duration::from_secs(10), exited(&mut p.supervisor)).await.is_err() {
+            let _ = p.child.kill();
+            exited(&mut p.supervisor).await;
         }
         if let Some(net) = p.net.take() {
             net.teardown().await;
@@ -722,6 +722,13 @@ impl Teardown {
         remove_home_dir(&p.home_dir);
         remove_cgroup(self.0.cgroup).await;
     }
+}
+
+/// Returns once the supervisor has exited: its control socket ends (it
+/// closes at its exit, after it reaped init; its spawner reaps it). What it
+/// still says is of no interest.
+async fn exited(supervisor: &mut Channel) {
+    while let Ok(Some(_)) = supervisor.recv::<SupervisorEvent>().await {}
 }
 
 /// Applies the per-stream cap: returns the part of a read to forward, or

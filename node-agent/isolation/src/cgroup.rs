@@ -182,6 +182,9 @@ pub enum CgroupLayout {
         cpuacct: PathBuf,
         /// Whether swap accounting (`memory.memsw.*`) exists.
         has_memsw: bool,
+        /// Whether the parent's `memory.swappiness` is 0, which a new group
+        /// inherits (so sandboxes need no write of their own).
+        swap_off_inherited: bool,
     },
     /// One unified hierarchy.
     V2 {
@@ -229,6 +232,7 @@ impl CgroupLayout {
             cpu: dir(Controller::Cpu)?,
             cpuacct: dir(Controller::CpuAcct)?,
             has_memsw: false,
+            swap_off_inherited: false,
         })
     }
 
@@ -261,11 +265,14 @@ impl CgroupLayout {
 
     fn prepare_parents(&mut self) -> Result<()> {
         match self {
-            CgroupLayout::V1 { memory, pids, cpu, cpuacct, has_memsw } => {
+            CgroupLayout::V1 { memory, pids, cpu, cpuacct, has_memsw, swap_off_inherited } => {
                 for dir in [&*memory, &*pids, &*cpu, &*cpuacct] {
                     fs::create_dir_all(dir).map_err(io_err(dir))?;
                 }
                 *has_memsw = memory.join("memory.memsw.limit_in_bytes").exists();
+                // Without memsw, swap is kept off by swappiness 0: set once
+                // here, every sandbox group inherits it when made.
+                *swap_off_inherited = !*has_memsw && fs::write(memory.join("memory.swappiness"), "0").is_ok();
                 Ok(())
             }
             CgroupLayout::V2 { base, leaf, has_peak } => {
@@ -329,7 +336,7 @@ impl CgroupLayout {
         let mut group = group;
         // cpu.cfs_period_us starts at the kernel's fixed default, which is
         // CPU_PERIOD_US, so it is not written (every cgroup file write costs).
-        if let CgroupLayout::V1 { has_memsw: false, .. } = self {
+        if let CgroupLayout::V1 { has_memsw: false, swap_off_inherited: false, .. } = self {
             // Without memsw the memory limit alone does not keep the group
             // out of swap. Best effort: not every kernel lets a child set it.
             let _ = group.write(Controller::Memory, "memory.swappiness", "0");
@@ -686,6 +693,7 @@ mod tests {
                 cpu: "/sys/fs/cgroup/cpu/warren".into(),
                 cpuacct: "/sys/fs/cgroup/cpuacct/warren".into(),
                 has_memsw: false,
+                swap_off_inherited: false,
             }
         );
     }

@@ -1,20 +1,39 @@
-//! Starting `warren-sandbox` with its four descriptors.
+//! Starting a sandbox's supervisor: the agent hands its four descriptors to
+//! a spawner, a `warren-sandbox` it started once, which forks the
+//! supervisor (see `sandbox::spawner`).
 //!
-//! The descriptors are inherited at whatever numbers they have, named in
-//! [`FDS_ENV`], and the supervisor moves them to 3–6 itself. That keeps the
-//! spawn free of `pre_exec`, so the standard library can use `posix_spawn`
-//! (vfork semantics) instead of `fork`: copying the multi-threaded agent's
-//! page tables for every sandbox was about a tenth of the node's CPU under load.
+//! A fork of that small single-threaded process instead of an exec of
+//! `warren-sandbox` per sandbox: the exec (loading and relocating the
+//! binary, the C library's start, its CPUID probes that trap on a VM, the
+//! page faults of a fresh process) was about 1 ms of CPU per sandbox on a
+//! 2-core VM, an eighth of all a call cost. The spawner never runs in a
+//! thread of the agent, so no fork copies the agent's page tables either.
+//!
+//! The descriptors travel over a socket (`SCM_RIGHTS`), so they are never
+//! inheritable in the agent: no other process the agent starts meanwhile
+//! can receive them. A spawner serves [`SPAWNS_PER_SPAWNER`] supervisors,
+//! then the next is started: supervisors share their spawner's address
+//! layout, and so do their inits, so a layout is never shared by more than
+//! that many sandboxes (what runs the untrusted code is exec'd, with a
+//! layout of its own).
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
-use crate::wire;
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 
-/// Environment variable naming the inherited descriptors, in fd order 3–6.
-pub const FDS_ENV: &str = "WARREN_SANDBOX_FDS";
+/// Set (to `1`) in the environment of a `warren-sandbox` started as the
+/// spawner; its stdin is then its socket to the agent.
+pub const SPAWNER_ENV: &str = "WARREN_SANDBOX_SPAWNER";
+
+/// Supervisors one spawner forks before the next spawner is started.
+pub const SPAWNS_PER_SPAWNER: u32 = 64;
+
+/// How long a spawner may take to answer (a fork: well under a millisecond).
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The agent's ends handed to one supervisor, in fd order 3, 4, 5, 6.
 pub struct SupervisorFds {
@@ -29,78 +48,211 @@ pub struct SupervisorFds {
 }
 
 impl SupervisorFds {
-    fn raw(&self) -> [i32; 4] {
+    fn raw(&self) -> [RawFd; 4] {
         [self.supervisor.as_raw_fd(), self.init.as_raw_fd(), self.stdout.as_raw_fd(), self.stderr.as_raw_fd()]
     }
 }
 
-/// A command that starts `binary` with an environment holding only
-/// [`FDS_ENV`], stdin/stdout on /dev/null and stderr inherited (so a crash of
-/// the supervisor lands in the agent's log, never in the program's output).
-/// Spawn it inside [`with_fds_inherited`].
-pub fn supervisor_command(binary: &Path, fds: &SupervisorFds) -> Command {
-    let names: Vec<String> = fds.raw().iter().map(i32::to_string).collect();
-    let mut cmd = Command::new(binary);
-    cmd.env_clear().env(FDS_ENV, names.join(",")).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
-    cmd
+/// A supervisor the spawner forked. Its pidfd becomes readable when it has
+/// exited (its spawner reaps it). Dropping it kills it, and with it its
+/// sandbox (init dies with its parent).
+#[derive(Debug)]
+pub struct Supervisor {
+    pid: i32,
+    pidfd: OwnedFd,
 }
 
-/// Only one spawn at a time may have descriptors marked inheritable, or a
-/// concurrent spawn would receive another sandbox's pipes.
-static SPAWN: Mutex<()> = Mutex::new(());
+impl Supervisor {
+    /// Its pid (host view).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
 
-/// Runs `spawn` with the four descriptors inheritable across exec, then marks
-/// them close-on-exec again.
-pub fn with_fds_inherited<R>(fds: &SupervisorFds, spawn: impl FnOnce() -> R) -> std::io::Result<R> {
-    let _guard = SPAWN.lock().unwrap_or_else(|p| p.into_inner());
-    let raw = fds.raw();
-    let set = |flags| -> std::io::Result<()> {
-        for fd in raw {
-            nix::fcntl::fcntl(
-                // SAFETY: `fds` owns these descriptors for the whole call.
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                nix::fcntl::FcntlArg::F_SETFD(flags),
-            )?;
+    /// Whether it has exited (a poll of its pidfd that does not wait).
+    pub fn has_exited(&self) -> bool {
+        let mut fds = [nix::poll::PollFd::new(self.pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+        matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
+    /// SIGKILLs it (nothing when it is gone: its pidfd names it, never a
+    /// process that reused its pid).
+    pub fn kill(&self) -> io::Result<()> {
+        // SAFETY: pidfd_send_signal with a pidfd we own, a signal number, no
+        // siginfo and no flags.
+        let ret = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+        if ret < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ESRCH) { Ok(()) } else { Err(e) };
         }
         Ok(())
-    };
-    set(nix::fcntl::FdFlag::empty())?;
-    let r = spawn();
-    set(nix::fcntl::FdFlag::FD_CLOEXEC)?;
-    Ok(r)
+    }
 }
 
-/// In the supervisor, first thing: moves the inherited descriptors named in
-/// [`FDS_ENV`] to 3–6. Single-threaded, before anything else is opened.
-pub fn adopt_fds() -> std::io::Result<()> {
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{FDS_ENV} must name four descriptors"));
-    let value = std::env::var(FDS_ENV).map_err(|_| bad())?;
-    std::env::remove_var(FDS_ENV);
-    let parsed: Vec<i32> = value.split(',').map(|s| s.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-    let sources: [i32; 4] = parsed.try_into().map_err(|_| bad())?;
-    let targets = [wire::SUPERVISOR_FD, wire::INIT_FD, wire::STDOUT_FD, wire::STDERR_FD];
-    // Move every source above the targets first, so a source that already
-    // sits on 3..=6 is not clobbered by an earlier dup2.
-    let mut high = [0; 4];
-    for (slot, src) in high.iter_mut().zip(sources) {
-        // SAFETY: fcntl on a descriptor number; an invalid one yields EBADF.
-        let fd = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 64) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        *slot = fd;
+/// Its pidfd (to wait for its exit with a reactor).
+impl AsRawFd for Supervisor {
+    fn as_raw_fd(&self) -> RawFd {
+        self.pidfd.as_raw_fd()
     }
-    for src in sources.into_iter().filter(|s| !targets.contains(s)) {
-        // SAFETY: closing an inherited descriptor nothing else refers to.
-        unsafe { libc::close(src) };
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.kill();
     }
-    for (target, src) in targets.into_iter().zip(high) {
-        // SAFETY: dup2 onto a fixed number, then close the temporary copy.
-        if unsafe { libc::dup2(src, target) } < 0 {
-            return Err(std::io::Error::last_os_error());
+}
+
+/// The agent's side of the spawners: one at a time serves, those it
+/// replaced are reaped once they exit (each waits for its supervisors
+/// first, so none is left to the pid namespace's init).
+pub struct Spawner {
+    binary: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    current: Option<Serving>,
+    retired: Vec<Child>,
+}
+
+struct Serving {
+    socket: OwnedFd,
+    child: Child,
+    served: u32,
+}
+
+impl State {
+    /// Closes the serving spawner's socket: it forks nothing more.
+    fn retire(&mut self) {
+        if let Some(s) = self.current.take() {
+            drop(s.socket);
+            self.retired.push(s.child);
         }
-        // SAFETY: `src` is our temporary copy.
-        unsafe { libc::close(src) };
+    }
+}
+
+impl Spawner {
+    /// Spawners of `binary` (`warren-sandbox`), the first started at the first call.
+    pub fn new(binary: &Path) -> Spawner {
+        Spawner { binary: binary.to_path_buf(), state: Mutex::default() }
+    }
+
+    /// Starts a supervisor holding `fds` at 3–6. Blocks for a round trip to
+    /// the spawner (its fork); one call at a time.
+    pub fn spawn(&self, fds: &SupervisorFds) -> io::Result<Supervisor> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.retired.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        for attempt in 0..2 {
+            if state.current.as_ref().is_none_or(|s| s.served >= SPAWNS_PER_SPAWNER) {
+                state.retire();
+                state.current = Some(start(&self.binary)?);
+            }
+            let serving = state.current.as_mut().expect("a spawner serves");
+            match request(serving.socket.as_fd(), fds) {
+                Ok(()) => serving.served += 1,
+                // It was gone before the request (nothing was forked): once more with a new one.
+                Err(_) if attempt == 0 => {
+                    state.retire();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let answer = answer(serving.socket.as_fd());
+            if answer.is_err() {
+                // Never asked twice: a spawner that died after its fork may have started it.
+                state.retire();
+            }
+            return answer;
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    /// Forks no more: each spawner exits once its supervisors are gone (at
+    /// a clean stop, they are). Waits up to `limit` for that, then kills
+    /// what is left (their supervisors still end with the agent: their
+    /// sockets close). Blocks; a later [`Spawner::spawn`] starts a new one.
+    pub fn stop(&self, limit: std::time::Duration) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.retire();
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            state.retired.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+            if state.retired.is_empty() {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                for c in &mut state.retired {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                state.retired.clear();
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+/// Starts a spawner; its stdin is its end of a SOCK_SEQPACKET pair (set
+/// there by the spawn itself: never inheritable in the agent).
+fn start(binary: &Path) -> io::Result<Serving> {
+    let (ours, theirs) = socket::socketpair(socket::AddressFamily::Unix, socket::SockType::SeqPacket, None, socket::SockFlag::SOCK_CLOEXEC)?;
+    // A spawner that stopped answering fails its request (and is replaced)
+    // instead of holding every sandbox's start.
+    let limit = nix::sys::time::TimeVal::new(ANSWER_WITHIN.as_secs() as _, 0);
+    socket::setsockopt(&ours, socket::sockopt::ReceiveTimeout, &limit)?;
+    socket::setsockopt(&ours, socket::sockopt::SendTimeout, &limit)?;
+    let child = Command::new(binary)
+        .env_clear()
+        .env(SPAWNER_ENV, "1")
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        // A crash of a supervisor lands in the agent's log, never in a program's output.
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    Ok(Serving { socket: ours, child, served: 0 })
+}
+
+/// Sends the four descriptors, in fd order, with a one-byte request.
+fn request(socket: BorrowedFd<'_>, fds: &SupervisorFds) -> io::Result<()> {
+    let raw = fds.raw();
+    let sent = socket::sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(&[1])], &[ControlMessage::ScmRights(&raw)], MsgFlags::MSG_NOSIGNAL, None)?;
+    if sent != 1 {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "the spawner took no request"));
     }
     Ok(())
+}
+
+/// The spawner's answer: the supervisor's pid (i32, little-endian) with its
+/// pidfd, or a negative errno without one.
+fn answer(socket: BorrowedFd<'_>) -> io::Result<Supervisor> {
+    let mut pid = [0u8; 4];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let (bytes, mut fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut pid)];
+        match socket::recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(msg) => break (msg.bytes, received(&msg)?),
+        }
+    };
+    let pid = i32::from_le_bytes(pid);
+    match (bytes, fds.pop()) {
+        (4, Some(pidfd)) if pid > 0 && fds.is_empty() => Ok(Supervisor { pid, pidfd }),
+        (4, None) if pid < 0 => Err(io::Error::from_raw_os_error(-pid)),
+        (0, _) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawner exited")),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidData, "malformed answer from the spawner")),
+    }
+}
+
+/// The descriptors a message carried, owned.
+pub(crate) fn received<S>(msg: &socket::RecvMsg<'_, '_, S>) -> io::Result<Vec<OwnedFd>> {
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            // SAFETY: the kernel installed these in this process for us; nothing else owns them.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    Ok(fds)
 }

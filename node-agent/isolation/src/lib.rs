@@ -8,8 +8,8 @@
 //! - [`home`]: a thread's home, mounted on the host side (overlay over id-mapped saved state).
 //! - [`probe`]: whether this kernel can mount thread homes, asked once at start.
 //! - [`wire`]: agent ↔ supervisor/init messages.
-//! - [`launch`]: the supervisor command line and descriptors.
-//! - [`sandbox`]: the supervisor, init and program code run by `warren-sandbox`.
+//! - [`launch`]: starting supervisors (the agent's side of the spawner) and their descriptors.
+//! - [`sandbox`]: the spawner, supervisor, init and program code run by `warren-sandbox`.
 
 pub mod cgroup;
 pub mod features;

@@ -1,12 +1,14 @@
-//! Code that runs inside `warren-sandbox`, the per-sandbox supervisor the
-//! node-agent spawns ahead of demand. Process tree, per sandbox:
+//! Code that runs inside `warren-sandbox`: the spawner the node-agent
+//! starts, and the per-sandbox supervisor it forks ahead of demand. Process
+//! tree, per sandbox:
 //!
 //! ```text
 //! node-agent (tokio, host)
-//!  └─ warren-sandbox supervisor   host namespaces, root; writes id maps, joins cgroups, kills on demand
-//!      └─ init (pid 1)            new user/pid/mount/net/ipc/uts/cgroup namespaces, uid 0 inside
-//!          │                      (an unprivileged host uid), non-dumpable, reaps orphans
-//!          └─ program             uid 1000 inside, no capabilities, no_new_privs, seccomp, rlimits
+//!  └─ warren-sandbox spawner      host namespaces, root; forks a supervisor per sandbox (`crate::launch`)
+//!      └─ supervisor              writes id maps, joins cgroups, kills on demand
+//!          └─ init (pid 1)        new user/pid/mount/net/ipc/uts/cgroup namespaces, uid 0 inside
+//!              │                  (an unprivileged host uid), non-dumpable, reaps orphans
+//!              └─ program         uid 1000 inside, no capabilities, no_new_privs, seccomp, rlimits
 //! ```
 //!
 //! Everything up to "init waits for Go" happens before a request arrives, so
@@ -19,6 +21,7 @@ mod init;
 pub mod live;
 mod program;
 pub mod rootfs;
+mod spawner;
 mod stub;
 mod supervisor;
 pub mod sys;
@@ -26,4 +29,4 @@ pub mod views;
 mod warm;
 
 pub use environ::available as warm_environ_available;
-pub use supervisor::supervisor_main;
+pub use spawner::spawner_main;

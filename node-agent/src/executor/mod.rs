@@ -590,10 +590,13 @@ impl Executor {
         &admission.spec.id
     }
 
-    /// Tears down the pool and removes the agent's (now empty) cgroup parents.
+    /// Tears down the pool, stops the supervisors' spawner and removes the
+    /// agent's (now empty) cgroup parents.
     pub async fn shutdown(&self) {
         self.live.end_all().await;
         self.pool.shutdown().await;
+        let env = self.env.clone();
+        let _ = tokio::task::spawn_blocking(move || env.spawner.stop(std::time::Duration::from_secs(5))).await;
         if let Err(e) = self.env.layout.remove_parents() {
             debug!(error = %e, "the agent's cgroup stays delegated to it");
         }

@@ -1,5 +1,6 @@
-//! Per-sandbox supervisor; started by `warren-node-agent`, never by hand.
+//! The spawner of per-sandbox supervisors; started by `warren-node-agent`,
+//! never by hand.
 
 fn main() {
-    warren_isolation::sandbox::supervisor_main()
+    warren_isolation::sandbox::spawner_main()
 }

@@ -365,24 +365,38 @@ fn mount_proc(root: &Path) -> Result<()> {
     mkdir(&proc_dir, 0o555)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(Some("proc"), &proc_dir, Some("proc"), flags, None::<&str>).map_err(nix_io).map_err(ctx("mount proc", &proc_dir))?;
+    // What this kernel's procfs lacks is skipped: each mount fails on its
+    // own when its target is missing (no probe of each path first).
     for name in PROC_MASKED_FILES {
         let path = proc_dir.join(name);
-        if path.exists() {
-            mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .map_err(nix_io)
-                .map_err(ctx("mask", &path))?;
+        match mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(ctx("mask", &path)(nix_io(e))),
         }
     }
+    // One empty read-only tmpfs hides every masked directory: the first
+    // present gets it, the others a bind of it (a superblock made and torn
+    // down per directory cost more than the bind).
+    let mut empty: Option<PathBuf> = None;
     for name in PROC_MASKED_DIRS {
         let path = proc_dir.join(name);
-        if path.is_dir() {
-            tmpfs(&path, "size=0,mode=555", MsFlags::MS_RDONLY)?;
+        let masked = match &empty {
+            None => mount(Some("tmpfs"), &path, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_RDONLY, Some("size=0,mode=555")),
+            Some(first) => mount(Some(first), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+        };
+        match masked {
+            Ok(()) => {
+                empty.get_or_insert(path);
+            }
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => {}
+            Err(e) => return Err(ctx("mask", &path)(nix_io(e))),
         }
     }
     for name in PROC_READONLY_DIRS {
         let path = proc_dir.join(name);
-        if path.is_dir() {
-            bind_readonly(&path, &path, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC)?;
+        match bind_readonly(&path, &path, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC) {
+            Err(RootfsError { step: "bind", source, .. }) if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
+            other => other?,
         }
     }
     Ok(())

@@ -22,12 +22,8 @@ const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
 
-/// Entry point of `warren-sandbox`.
-pub fn supervisor_main() -> ! {
-    if let Err(e) = crate::launch::adopt_fds() {
-        eprintln!("warren-sandbox is started by warren-node-agent; it is not meant to be run by hand ({e})");
-        sys::exit_now(2);
-    }
+/// The supervisor, in a child the spawner forked with its descriptors at 3–6.
+pub(super) fn supervisor_main() -> ! {
     // SAFETY: fstat only inspects the descriptor; an invalid one yields EBADF.
     let fd3 = unsafe { std::os::fd::BorrowedFd::borrow_raw(wire::SUPERVISOR_FD) };
     if nix::sys::stat::fstat(fd3).map(|s| s.st_mode & libc::S_IFMT != libc::S_IFSOCK).unwrap_or(true) {

@@ -22,6 +22,53 @@ pub fn fork_into_namespaces(ns_flags: libc::c_int) -> io::Result<libc::pid_t> {
     check(ret).map(|pid| pid as libc::pid_t)
 }
 
+/// `fork(2)` returning, in the parent, a pidfd of the child made with it
+/// (`CLONE_PIDFD`, Linux 5.2): nothing can reap the child and reuse its pid
+/// before the pidfd exists. Returns `(0, None)` in the child.
+///
+/// Only call from a single-threaded process (the spawner is one).
+pub fn fork_with_pidfd() -> io::Result<(libc::pid_t, Option<std::os::fd::OwnedFd>)> {
+    let flags = (libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: as in `fork_into_namespaces` (a null stack: fork semantics in
+    // a single-threaded caller). With CLONE_PIDFD the kernel writes the
+    // pidfd to the third argument (parent_tid on every architecture), which
+    // points at `pidfd`, alive for the call.
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize) };
+    let pid = check(ret)? as libc::pid_t;
+    if pid == 0 {
+        return Ok((0, None));
+    }
+    // SAFETY: the kernel made `pidfd` for us; nothing else owns it.
+    Ok((pid, Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) })))
+}
+
+/// Closes every descriptor from `first` up (`close_range`, Linux 5.9;
+/// before it, each one listed in /proc/self/fd). Allocates in the fallback:
+/// call only single-threaded.
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors of this process; the
+    // caller owns every one from `first` up.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    match check(ret) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => {
+            let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| fd >= first))
+                .collect();
+            for fd in fds {
+                // SAFETY: as above; the directory's own descriptor, closed
+                // since it was listed, gives EBADF, which is ignored.
+                unsafe { libc::close(fd) };
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &std::ffi::CStr, put_old: &std::ffi::CStr) -> io::Result<()> {
     // SAFETY: both arguments are valid NUL-terminated strings that outlive the call.

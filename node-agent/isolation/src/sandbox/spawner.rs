@@ -1,0 +1,145 @@
+//! The spawner: a `warren-sandbox` the agent starts (see `crate::launch`)
+//! that forks one supervisor per sandbox. Single-threaded.
+//!
+//! On its socket (its stdin when started; a SOCK_SEQPACKET pair):
+//! the agent sends one byte with four descriptors (`SCM_RIGHTS`, in fd
+//! order 3–6); the spawner forks, the child puts them at 3–6, closes every
+//! other descriptor from 7 up (its end of this socket too) and becomes the
+//! supervisor, exactly as an exec'd one would start; the spawner answers the
+//! child's pid (i32, little-endian) with a pidfd made by the fork itself
+//! (`CLONE_PIDFD`), or a negative errno. The kernel reaps the children
+//! (`SA_NOCLDWAIT`; the agent waits on the pidfd). At the socket's end the
+//! spawner forks no more, waits until its children are gone (none is left
+//! to the pid namespace's init, which may be the agent) and exits.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::socket::{self, ControlMessage, MsgFlags};
+
+use super::sys;
+use crate::wire;
+
+/// Entry point of `warren-sandbox` started as the spawner.
+pub fn spawner_main() -> ! {
+    let socket = match take_socket() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("warren-sandbox is started by warren-node-agent; it is not meant to be run by hand ({e})");
+            sys::exit_now(2)
+        }
+    };
+    // SAFETY: single-threaded; SIG_IGN installs no handler.
+    let ignored = unsafe { sigaction(Signal::SIGCHLD, &SigAction::new(SigHandler::SigIgn, SaFlags::SA_NOCLDWAIT, SigSet::empty())) };
+    if ignored.is_err() {
+        sys::exit_now(2);
+    }
+    loop {
+        match receive(&socket) {
+            Ok(Some(fds)) => {
+                let answer = fork_supervisor(fds);
+                if reply(&socket, answer).is_err() {
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    drop(socket);
+    // With SA_NOCLDWAIT, wait blocks until every child is gone, then fails.
+    loop {
+        match nix::sys::wait::wait() {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => sys::exit_now(0),
+        }
+    }
+}
+
+/// The socket, moved off stdin (which becomes /dev/null, as the
+/// supervisors' stdin always was).
+fn take_socket() -> io::Result<OwnedFd> {
+    if std::env::var_os(crate::launch::SPAWNER_ENV).is_none() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not started as the spawner"));
+    }
+    // SAFETY: fstat only inspects the descriptor; an invalid one yields EBADF.
+    let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    if nix::sys::stat::fstat(stdin).map(|s| s.st_mode & libc::S_IFMT != libc::S_IFSOCK).unwrap_or(true) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "stdin is not its socket"));
+    }
+    // SAFETY: a fresh duplicate, owned from here on.
+    let socket = unsafe { OwnedFd::from_raw_fd(sys::dup_above(0, 10)?) };
+    let null = std::fs::OpenOptions::new().read(true).open("/dev/null")?;
+    sys::dup_to(null.as_raw_fd(), 0)?;
+    std::env::remove_var(crate::launch::SPAWNER_ENV);
+    Ok(socket)
+}
+
+/// One request's four descriptors; `None` at the socket's end.
+fn receive(socket: &OwnedFd) -> io::Result<Option<[OwnedFd; 4]>> {
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [IoSliceMut::new(&mut byte)];
+    let msg = socket::recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let fds = crate::launch::received(&msg)?;
+    if msg.bytes == 0 {
+        return Ok(None);
+    }
+    fds.try_into().map(Some).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a request carries four descriptors"))
+}
+
+/// Forks the supervisor; in the child, never returns.
+fn fork_supervisor(fds: [OwnedFd; 4]) -> io::Result<(i32, OwnedFd)> {
+    match sys::fork_with_pidfd()? {
+        (0, _) => become_supervisor(fds),
+        (pid, Some(pidfd)) => Ok((pid, pidfd)),
+        (_, None) => Err(io::Error::other("clone gave no pidfd")),
+    }
+}
+
+/// In the forked child: the state an exec'd supervisor starts with (SIGCHLD
+/// at its default, so it can wait for init; only 0–6 open: this socket,
+/// at 10 or above, is closed too), then the supervisor.
+fn become_supervisor(fds: [OwnedFd; 4]) -> ! {
+    // SAFETY: single-threaded; SIG_DFL installs no handler.
+    let reset = unsafe { sigaction(Signal::SIGCHLD, &SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty())) };
+    let sources = fds.map(std::os::fd::IntoRawFd::into_raw_fd);
+    if reset.is_err() || place_fds(sources).is_err() || sys::close_from(7).is_err() {
+        sys::exit_now(2);
+    }
+    super::supervisor::supervisor_main()
+}
+
+/// Moves `sources` to 3, 4, 5, 6 (without close-on-exec), closing the sources.
+fn place_fds(sources: [RawFd; 4]) -> io::Result<()> {
+    let targets = [wire::SUPERVISOR_FD, wire::INIT_FD, wire::STDOUT_FD, wire::STDERR_FD];
+    // Every source above the targets first, so a source that already sits
+    // on 3..=6 is not clobbered by an earlier dup2.
+    let mut high = [0; 4];
+    for (slot, src) in high.iter_mut().zip(sources) {
+        *slot = sys::dup_above(src, 64)?;
+        // SAFETY: `src` was handed to us by the caller and is not used again.
+        unsafe { libc::close(src) };
+    }
+    for (target, src) in targets.into_iter().zip(high) {
+        sys::dup_to(src, target)?;
+        // SAFETY: `src` is our temporary copy.
+        unsafe { libc::close(src) };
+    }
+    Ok(())
+}
+
+/// Answers a request: the pid with its pidfd, or a negative errno.
+fn reply(socket: &OwnedFd, answer: io::Result<(i32, OwnedFd)>) -> io::Result<()> {
+    let (value, pidfd) = match &answer {
+        Ok((pid, pidfd)) => (*pid, Some(pidfd.as_raw_fd())),
+        Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), None),
+    };
+    let bytes = value.to_le_bytes();
+    let fds: Vec<RawFd> = pidfd.into_iter().collect();
+    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() { Vec::new() } else { vec![ControlMessage::ScmRights(&fds)] };
+    socket::sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(&bytes)], &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
