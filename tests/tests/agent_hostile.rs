@@ -446,3 +446,95 @@ async fn a_waiting_stub_holds_no_privilege_and_becomes_the_program() {
     call.await.expect("the call");
     assert!(became, "the stub did not become the program");
 }
+
+/// Processes whose parent is `parent` and whose binary is `warren-sandbox`.
+fn sandbox_binaries_under(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The fields after the name, which may hold spaces: state, ppid, …
+        let ppid = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)).and_then(|p| p.parse::<u32>().ok());
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if ppid == Some(parent) && exe.file_name().is_some_and(|n| n == "warren-sandbox") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The descriptor numbers `pid` holds.
+fn fds_of(pid: u32) -> Vec<u32> {
+    let mut fds: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect())
+        .unwrap_or_default();
+    fds.sort();
+    fds
+}
+
+/// Supervisors are forked by a spawner the agent starts, not exec'd per
+/// sandbox. What that must not cost: the spawner keeps no sandbox's
+/// descriptors (it holds its stdio and its socket to the agent, nothing
+/// else); each supervisor holds its stdio, its control socket and its
+/// init's pidfd, nothing of the agent's or another sandbox's; a spawner killed from outside is replaced at the next sandbox;
+/// one serves at most 64 supervisors (they share its address layout), and
+/// a replaced one exits once its supervisors are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spawner_keeps_no_sandboxs_descriptors_and_is_replaced_when_lost_or_used_up() {
+    if skip_unless_root("the_spawner_keeps_no_sandboxs_descriptors_and_is_replaced_when_lost_or_used_up") {
+        return;
+    }
+    let mut agent = Agent::start(&["--pool-size", "1", "--warm-interpreters", "false"]).await.expect("agent starts");
+    let t = Duration::from_secs(20);
+    let ok = |r: &Run| r.stdout == "ok\n" && r.exited.exit_code == 0;
+    let run = agent.run(Language::Bash, "echo ok", t).await.expect("a call");
+    assert!(ok(&run), "{run:?}");
+    settled(&agent, 1).await.expect("the pool refills");
+    let spawners = sandbox_binaries_under(agent.pid());
+    assert_eq!(spawners.len(), 1, "one spawner serves: {spawners:?}");
+    let first = spawners[0];
+    let fds = fds_of(first);
+    let socket = fds.get(3).and_then(|fd| std::fs::read_link(format!("/proc/{first}/fd/{fd}")).ok()).unwrap_or_default();
+    assert!(fds.len() == 4 && fds[..3] == [0, 1, 2] && socket.to_string_lossy().starts_with("socket:"), "the spawner holds its stdio and its socket only: {:?}", fds.iter().map(|fd| (fd, std::fs::read_link(format!("/proc/{first}/fd/{fd}")))).collect::<Vec<_>>());
+    let supervisors = sandbox_binaries_under(first);
+    assert!(!supervisors.is_empty(), "the pooled sandbox's supervisor is the spawner's child");
+    for s in &supervisors {
+        // Once init runs: stdio (in and out on /dev/null), the control socket, init's pidfd.
+        let held: Vec<String> = fds_of(*s).iter().map(|fd| std::fs::read_link(format!("/proc/{s}/fd/{fd}")).unwrap_or_default().to_string_lossy().into_owned()).collect();
+        let expected = held.len() == 5 && held[0] == "/dev/null" && held[1] == "/dev/null" && held[3].starts_with("socket:") && held[4].contains("pidfd");
+        assert!(expected, "supervisor {s} holds its stdio, its control socket and init's pidfd only: {held:?}");
+    }
+
+    // Lost: the next sandbox comes from a new spawner, and calls go on.
+    // SAFETY: SIGKILL to the spawner this test just found under its own agent.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(first as i32, libc::SIGKILL);
+    }
+    for _ in 0..3 {
+        let run = agent.run(Language::Bash, "echo ok", t).await.expect("a call after the spawner was lost");
+        assert!(ok(&run), "{run:?}");
+    }
+    settled(&agent, 1).await.expect("the pool refills");
+    let second = sandbox_binaries_under(agent.pid());
+    assert!(second.len() == 1 && second[0] != first, "a new spawner serves: {second:?} (the lost one was {first})");
+
+    // Used up: after 64 supervisors the next spawner serves, and the old one
+    // leaves once its last supervisor has.
+    for i in 0..70 {
+        let run = agent.run(Language::Bash, "echo ok", t).await.expect("a call");
+        assert!(ok(&run), "call {i}: {run:?}");
+    }
+    settled(&agent, 1).await.expect("the pool refills");
+    let replaced = warren_e2e::gateway::wait_for(Duration::from_secs(10), || {
+        let now = sandbox_binaries_under(agent.pid());
+        now.len() == 1 && now[0] != second[0]
+    });
+    assert!(replaced, "the used-up spawner {} was replaced and left: {:?}", second[0], sandbox_binaries_under(agent.pid()));
+    let last = sandbox_binaries_under(agent.pid());
+
+    // Stopping the agent ends its spawner.
+    agent.stop();
+    let gone = warren_e2e::gateway::wait_for(Duration::from_secs(10), || !std::fs::read_link(format!("/proc/{}/exe", last[0])).is_ok_and(|e| e.ends_with("warren-sandbox")));
+    assert!(gone, "the spawner {} outlived its agent", last[0]);
+}

@@ -73,6 +73,12 @@ fn take_socket() -> io::Result<OwnedFd> {
     let socket = unsafe { OwnedFd::from_raw_fd(sys::dup_above(0, 10)?) };
     let null = std::fs::OpenOptions::new().read(true).open("/dev/null")?;
     sys::dup_to(null.as_raw_fd(), 0)?;
+    drop(null);
+    // Whatever the agent was started with and did not mark close-on-exec
+    // is not the spawner's to hold (nor, through it, a supervisor's).
+    let kept = socket.as_raw_fd() as u32;
+    sys::close_between(3, kept - 1)?;
+    sys::close_from(kept + 1)?;
     std::env::remove_var(crate::launch::SPAWNER_ENV);
     Ok(socket)
 }

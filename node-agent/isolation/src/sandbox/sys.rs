@@ -47,16 +47,24 @@ pub fn fork_with_pidfd() -> io::Result<(libc::pid_t, Option<std::os::fd::OwnedFd
 /// before it, each one listed in /proc/self/fd). Allocates in the fallback:
 /// call only single-threaded.
 pub fn close_from(first: u32) -> io::Result<()> {
+    close_between(first, u32::MAX)
+}
+
+/// Closes every descriptor numbered `first..=last`, as [`close_from`].
+pub fn close_between(first: u32, last: u32) -> io::Result<()> {
+    if first > last {
+        return Ok(());
+    }
     // SAFETY: close_range only closes descriptors of this process; the
-    // caller owns every one from `first` up.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    // caller owns every one in the range.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
     match check(ret) {
         Ok(_) => Ok(()),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => {
             let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
                 .flatten()
                 .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| fd >= first))
+                .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| (first..=last).contains(&fd)))
                 .collect();
             for fd in fds {
                 // SAFETY: as above; the directory's own descriptor, closed
