@@ -409,3 +409,21 @@ async fn a_graceful_stop_kills_what_outlives_its_deadline_and_exits_clean() {
     assert!(agent.sandbox_processes().is_empty(), "the execution outlived the agent");
     assert!(agent.leftover_cgroups().is_empty(), "{:?}", agent.leftover_cgroups());
 }
+
+/// A program starts as it would from a shell: no signal ignored or blocked
+/// (the agent's own binaries ignore SIGPIPE, which an exec would otherwise
+/// pass on), so `yes | head -1` ends quietly with `yes` killed by SIGPIPE.
+/// Both starts: a pooled stub, and a cold program without a pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_start_with_no_signal_ignored_or_blocked() {
+    if skip_unless_root("programs_start_with_no_signal_ignored_or_blocked") {
+        return;
+    }
+    let code = "yes | head -1; echo \"${PIPESTATUS[*]}\"; grep -E '^Sig(Ign|Blk)' /proc/self/status";
+    for pool in ["0", "1"] {
+        let agent = Agent::start(&["--pool-size", pool, "--warm-interpreters", "false"]).await.unwrap();
+        let r = agent.run(Language::Bash, code, T).await.unwrap();
+        assert_eq!(r.stdout, "y\n141 0\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", "pool {pool}: {r:?}");
+        assert_eq!(r.stderr, "", "pool {pool}");
+    }
+}

@@ -157,12 +157,17 @@ impl Spawner {
                 }
                 Err(e) => return Err(e),
             }
-            let answer = answer(serving.socket.as_fd());
-            if answer.is_err() {
+            return match answer(serving.socket.as_fd()) {
+                // A fork the kernel refused (pids or memory short): the
+                // spawner is fine, and starting another would take more of
+                // what is short.
+                Ok(forked) => forked,
                 // Never asked twice: a spawner that died after its fork may have started it.
-                state.retire();
-            }
-            return answer;
+                Err(e) => {
+                    state.retire();
+                    Err(e)
+                }
+            };
         }
         unreachable!("the second attempt returns")
     }
@@ -225,7 +230,9 @@ fn request(socket: BorrowedFd<'_>, fds: &SupervisorFds) -> io::Result<()> {
 
 /// The spawner's answer: the supervisor's pid (i32, little-endian) with its
 /// pidfd, or a negative errno without one.
-fn answer(socket: BorrowedFd<'_>) -> io::Result<Supervisor> {
+/// The outer error is the exchange's (the spawner is then retired), the
+/// inner one the fork's.
+fn answer(socket: BorrowedFd<'_>) -> io::Result<io::Result<Supervisor>> {
     let mut pid = [0u8; 4];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let (bytes, mut fds) = loop {
@@ -238,8 +245,8 @@ fn answer(socket: BorrowedFd<'_>) -> io::Result<Supervisor> {
     };
     let pid = i32::from_le_bytes(pid);
     match (bytes, fds.pop()) {
-        (4, Some(pidfd)) if pid > 0 && fds.is_empty() => Ok(Supervisor { pid, pidfd }),
-        (4, None) if pid < 0 => Err(io::Error::from_raw_os_error(-pid)),
+        (4, Some(pidfd)) if pid > 0 && fds.is_empty() => Ok(Ok(Supervisor { pid, pidfd })),
+        (4, None) if pid < 0 => Ok(Err(io::Error::from_raw_os_error(-pid))),
         (0, _) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the spawner exited")),
         _ => Err(io::Error::new(io::ErrorKind::InvalidData, "malformed answer from the spawner")),
     }

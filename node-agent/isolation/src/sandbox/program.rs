@@ -149,6 +149,7 @@ fn lock_down(bpf: &[u8], keep: Option<RawFd>) -> io::Result<()> {
     nix::unistd::setresuid(id, id, id)?;
     sys::clear_capabilities()?;
     sys::set_no_new_privs()?;
+    sys::reset_signals()?;
     sys::cloexec_from(3)?;
     if let Some(ctrl) = keep {
         super::warm::keep_fds(ctrl)?;

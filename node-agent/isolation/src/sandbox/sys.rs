@@ -77,6 +77,28 @@ pub fn close_between(first: u32, last: u32) -> io::Result<()> {
     }
 }
 
+/// Every signal back to its default action and none blocked: what a shell
+/// would hand a program. A disposition of "ignore" survives `execve`, and
+/// `warren-sandbox` (a Rust binary) ignores SIGPIPE from its start, so
+/// without this `yes | head -1` would print "Broken pipe" instead of ending
+/// quietly. Raw `rt_sigaction`, as the C library refuses the signals it
+/// reserves for itself (32 and 33), which were ignored too.
+pub fn reset_signals() -> io::Result<()> {
+    // The kernel's `struct sigaction`, all zero: SIG_DFL, no flags, no
+    // restorer, an empty mask (its size on every 64-bit architecture).
+    let action = [0u64; 4];
+    for signal in 1..=64 {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction with a valid, zeroed action that outlives the
+        // call, no old action asked for, and the kernel's sigset size (8).
+        let ret = unsafe { libc::syscall(libc::SYS_rt_sigaction, signal, action.as_ptr(), std::ptr::null_mut::<u8>(), 8usize) };
+        check(ret)?;
+    }
+    nix::sys::signal::SigSet::empty().thread_set_mask().map_err(io::Error::from)
+}
+
 /// `pivot_root(new_root, put_old)`.
 pub fn pivot_root(new_root: &std::ffi::CStr, put_old: &std::ffi::CStr) -> io::Result<()> {
     // SAFETY: both arguments are valid NUL-terminated strings that outlive the call.
