@@ -463,11 +463,14 @@ fn sandbox_binaries_under(parent: u32) -> Vec<u32> {
     out
 }
 
-/// The descriptor numbers `pid` holds.
-fn fds_of(pid: u32) -> Vec<u32> {
-    let mut fds: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect())
-        .unwrap_or_default();
+/// The descriptors `pid` holds, by number, each with what it names.
+fn fds_of(pid: u32) -> Vec<(u32, String)> {
+    let mut fds: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect::<Vec<u32>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|fd| (fd, std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap_or_default().to_string_lossy().into_owned()))
+        .collect();
     fds.sort();
     fds
 }
@@ -476,9 +479,10 @@ fn fds_of(pid: u32) -> Vec<u32> {
 /// sandbox. What that must not cost: the spawner keeps no sandbox's
 /// descriptors (it holds its stdio and its socket to the agent, nothing
 /// else); each supervisor holds its stdio, its control socket and its
-/// init's pidfd, nothing of the agent's or another sandbox's; a spawner killed from outside is replaced at the next sandbox;
-/// one serves at most 64 supervisors (they share its address layout), and
-/// a replaced one exits once its supervisors are gone.
+/// init's pidfd, nothing of the agent's or another sandbox's; a spawner
+/// killed from outside is replaced at the next sandbox; one serves at most
+/// 64 supervisors (they share its address layout), and a replaced one exits
+/// once its supervisors are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_spawner_keeps_no_sandboxs_descriptors_and_is_replaced_when_lost_or_used_up() {
     if skip_unless_root("the_spawner_keeps_no_sandboxs_descriptors_and_is_replaced_when_lost_or_used_up") {
@@ -494,13 +498,13 @@ async fn the_spawner_keeps_no_sandboxs_descriptors_and_is_replaced_when_lost_or_
     assert_eq!(spawners.len(), 1, "one spawner serves: {spawners:?}");
     let first = spawners[0];
     let fds = fds_of(first);
-    let socket = fds.get(3).and_then(|fd| std::fs::read_link(format!("/proc/{first}/fd/{fd}")).ok()).unwrap_or_default();
-    assert!(fds.len() == 4 && fds[..3] == [0, 1, 2] && socket.to_string_lossy().starts_with("socket:"), "the spawner holds its stdio and its socket only: {:?}", fds.iter().map(|fd| (fd, std::fs::read_link(format!("/proc/{first}/fd/{fd}")))).collect::<Vec<_>>());
+    let numbers: Vec<u32> = fds.iter().map(|(fd, _)| *fd).collect();
+    assert!(numbers.len() == 4 && numbers[..3] == [0, 1, 2] && fds[3].1.starts_with("socket:"), "the spawner holds its stdio and its socket only: {fds:?}");
     let supervisors = sandbox_binaries_under(first);
     assert!(!supervisors.is_empty(), "the pooled sandbox's supervisor is the spawner's child");
     for s in &supervisors {
         // Once init runs: stdio (in and out on /dev/null), the control socket, init's pidfd.
-        let held: Vec<String> = fds_of(*s).iter().map(|fd| std::fs::read_link(format!("/proc/{s}/fd/{fd}")).unwrap_or_default().to_string_lossy().into_owned()).collect();
+        let held: Vec<String> = fds_of(*s).into_iter().map(|(_, name)| name).collect();
         let expected = held.len() == 5 && held[0] == "/dev/null" && held[1] == "/dev/null" && held[3].starts_with("socket:") && held[4].contains("pidfd");
         assert!(expected, "supervisor {s} holds its stdio, its control socket and init's pidfd only: {held:?}");
     }

@@ -125,9 +125,34 @@ impl State {
     /// Closes the serving spawner's socket: it forks nothing more.
     fn retire(&mut self) {
         if let Some(s) = self.current.take() {
-            drop(s.socket);
-            self.retired.push(s.child);
+            self.put_away(s);
         }
+    }
+
+    fn put_away(&mut self, s: Serving) {
+        drop(s.socket);
+        self.retired.push(s.child);
+    }
+
+    /// The spawner that serves, a new one when there is none or it is used up.
+    fn serving(&mut self, binary: &Path) -> io::Result<&mut Serving> {
+        match self.current.take() {
+            Some(s) if s.served < SPAWNS_PER_SPAWNER => Ok(self.current.insert(s)),
+            used_up => {
+                if let Some(s) = used_up {
+                    self.put_away(s);
+                }
+                Ok(self.current.insert(start(binary)?))
+            }
+        }
+    }
+
+    /// Sends `fds` to the serving spawner; the answer is still to be read.
+    fn ask(&mut self, binary: &Path, fds: &SupervisorFds) -> io::Result<&mut Serving> {
+        let serving = self.serving(binary)?;
+        request(serving.socket.as_fd(), fds)?;
+        serving.served += 1;
+        Ok(serving)
     }
 }
 
@@ -142,34 +167,24 @@ impl Spawner {
     pub fn spawn(&self, fds: &SupervisorFds) -> io::Result<Supervisor> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.retired.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-        for attempt in 0..2 {
-            if state.current.as_ref().is_none_or(|s| s.served >= SPAWNS_PER_SPAWNER) {
+        let serving = match state.ask(&self.binary, fds) {
+            Ok(serving) => serving,
+            // It was gone before the request (nothing was forked): once more with a new one.
+            Err(_) => {
                 state.retire();
-                state.current = Some(start(&self.binary)?);
+                state.ask(&self.binary, fds)?
             }
-            let serving = state.current.as_mut().expect("a spawner serves");
-            match request(serving.socket.as_fd(), fds) {
-                Ok(()) => serving.served += 1,
-                // It was gone before the request (nothing was forked): once more with a new one.
-                Err(_) if attempt == 0 => {
-                    state.retire();
-                    continue;
-                }
-                Err(e) => return Err(e),
+        };
+        match answer(serving.socket.as_fd()) {
+            // A fork the kernel refused (pids or memory short): the spawner
+            // is fine, and starting another would take more of what is short.
+            Ok(forked) => forked,
+            // Never asked twice: a spawner that died after its fork may have started it.
+            Err(e) => {
+                state.retire();
+                Err(e)
             }
-            return match answer(serving.socket.as_fd()) {
-                // A fork the kernel refused (pids or memory short): the
-                // spawner is fine, and starting another would take more of
-                // what is short.
-                Ok(forked) => forked,
-                // Never asked twice: a spawner that died after its fork may have started it.
-                Err(e) => {
-                    state.retire();
-                    Err(e)
-                }
-            };
         }
-        unreachable!("the second attempt returns")
     }
 
     /// Forks no more: each spawner exits once its supervisors are gone (at

@@ -140,12 +140,10 @@ fn place_fds(sources: [RawFd; 4]) -> io::Result<()> {
 /// Answers a request: the pid with its pidfd, or a negative errno.
 fn reply(socket: &OwnedFd, answer: io::Result<(i32, OwnedFd)>) -> io::Result<()> {
     let (value, pidfd) = match &answer {
-        Ok((pid, pidfd)) => (*pid, Some(pidfd.as_raw_fd())),
+        Ok((pid, pidfd)) => (*pid, Some([pidfd.as_raw_fd()])),
         Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), None),
     };
-    let bytes = value.to_le_bytes();
-    let fds: Vec<RawFd> = pidfd.into_iter().collect();
-    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() { Vec::new() } else { vec![ControlMessage::ScmRights(&fds)] };
-    socket::sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(&bytes)], &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    let rights = pidfd.as_ref().map(|fd| ControlMessage::ScmRights(fd));
+    socket::sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(&value.to_le_bytes())], rights.as_slice(), MsgFlags::MSG_NOSIGNAL, None)?;
     Ok(())
 }

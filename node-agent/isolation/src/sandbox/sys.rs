@@ -52,29 +52,41 @@ pub fn close_from(first: u32) -> io::Result<()> {
 
 /// Closes every descriptor numbered `first..=last`, as [`close_from`].
 pub fn close_between(first: u32, last: u32) -> io::Result<()> {
+    range_or(first, last, 0, || {
+        each_listed(first, last, |fd| {
+            // SAFETY: close only closes a descriptor of this process, which the
+            // caller owns; the directory's own (closed since listed) gives EBADF.
+            unsafe { libc::close(fd) };
+            Ok(())
+        })
+    })
+}
+
+/// `close_range(first, last, flags)`; `fallback` where the kernel lacks it
+/// or the flag (ENOSYS, EINVAL).
+fn range_or(first: u32, last: u32, flags: libc::c_uint, fallback: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
     if first > last {
         return Ok(());
     }
-    // SAFETY: close_range only closes descriptors of this process; the
-    // caller owns every one in the range.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+    // SAFETY: close_range only closes, or changes the flags of, descriptors
+    // of this process; the caller owns every one in the range.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) };
     match check(ret) {
         Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => {
-            let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| (first..=last).contains(&fd)))
-                .collect();
-            for fd in fds {
-                // SAFETY: as above; the directory's own descriptor, closed
-                // since it was listed, gives EBADF, which is ignored.
-                unsafe { libc::close(fd) };
-            }
-            Ok(())
-        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => fallback(),
         Err(e) => Err(e),
     }
+}
+
+/// `each` on every open descriptor numbered `first..=last`, listed in
+/// /proc/self/fd first (the listing directory's own descriptor is among them).
+fn each_listed(first: u32, last: u32, each: impl FnMut(RawFd) -> io::Result<()>) -> io::Result<()> {
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| (first..=last).contains(&fd)))
+        .collect();
+    fds.into_iter().try_for_each(each)
 }
 
 /// Every signal back to its default action and none blocked: what a shell
@@ -115,31 +127,19 @@ pub fn pivot_root(new_root: &std::ffi::CStr, put_old: &std::ffi::CStr) -> io::Re
 /// single-threaded).
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: close_range only changes descriptor flags of this process.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    match check(ret) {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL)) => cloexec_listed(first),
-        Err(e) => Err(e),
-    }
+    range_or(first, u32::MAX, CLOSE_RANGE_CLOEXEC, || cloexec_listed(first))
 }
 
 fn cloexec_listed(first: u32) -> io::Result<()> {
-    // Listed first, then marked: the directory's own descriptor is among them.
-    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|fd: &RawFd| u32::try_from(*fd).is_ok_and(|fd| fd >= first))
-        .collect();
-    for fd in fds {
+    each_listed(first, u32::MAX, |fd| {
         // SAFETY: F_SETFD only changes the flags of a descriptor of this
         // process; one that closed since it was listed gives EBADF.
         let ret = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         if ret < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EBADF) {
             return Err(io::Error::last_os_error());
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
