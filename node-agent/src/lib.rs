@@ -321,7 +321,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         layout,
         spawner: warren_isolation::launch::Spawner::new(&supervisor_binary),
         mount_dir: dirs.mnt,
-        etc_dir: dirs.etc,
+        host_root: dirs.host_root,
         homes_dir: dirs.homes,
         work_dir: dirs.work,
         seccomp_bpf,
@@ -641,7 +641,7 @@ fn report_thread_homes(work: &Path, kernel: &str) {
 /// Directories of the agent's state.
 struct StateDirs {
     mnt: PathBuf,
-    etc: PathBuf,
+    host_root: PathBuf,
     homes: PathBuf,
     work: PathBuf,
 }
@@ -667,7 +667,7 @@ fn untraversable_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
 
 /// Creates `<state>/mnt`, the empty directory sandbox roots are mounted on
 /// inside their own mount namespaces (nothing is ever mounted there on the
-/// host), the prepared `/etc`, and the (shared-mount) home and work dirs,
+/// host), the prepared `host` root, and the (shared-mount) home and work dirs,
 /// clearing whatever a killed agent left mounted there.
 fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
@@ -684,8 +684,10 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
     if warren_isolation::proc_mount::ensure_visible_proc(&state.join("proc")).context("mounting a visible proc for sandboxes")? {
         info!("/proc is masked (a container): mounted a clean proc for sandbox setup under the state directory");
     }
-    let etc = state.join("etc");
-    warren_isolation::sandbox::rootfs::prepare_etc(&etc).with_context(|| format!("preparing {}", etc.display()))?;
+    let host_root = state.join("hostroot");
+    warren_isolation::sandbox::rootfs::prepare_host_root(&host_root).with_context(|| format!("preparing {}", host_root.display()))?;
+    // Where an earlier version kept the prepared /etc alone.
+    let _ = std::fs::remove_dir_all(state.join("etc"));
     let (homes, work) = (state.join("homes"), state.join("work"));
     for dir in [&homes, &work] {
         let left = warren_isolation::home::unmount_below(dir).with_context(|| format!("reading mounts below {}", dir.display()))?;
@@ -699,7 +701,7 @@ fn prepare_state_dir(state: &Path) -> anyhow::Result<StateDirs> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     }
     warren_isolation::home::make_shared_tmpfs(&homes).with_context(|| format!("mounting a shared tmpfs on {}", homes.display()))?;
-    Ok(StateDirs { mnt, etc, homes, work })
+    Ok(StateDirs { mnt, host_root, homes, work })
 }
 
 // Long: the Unix and TCP servers and their shared drain, which must see both.

@@ -85,8 +85,8 @@ pub struct SandboxEnv {
     pub spawner: Spawner,
     /// Empty directory sandboxes mount their root on.
     pub mount_dir: PathBuf,
-    /// The prepared `/etc` every sandbox binds read-only.
-    pub etc_dir: PathBuf,
+    /// The prepared `host` root every host sandbox binds read-only as `/`.
+    pub host_root: PathBuf,
     /// Per-sandbox home dirs (`<id>/sandbox`), a shared mount so that what
     /// the agent mounts there propagates into the sandbox.
     pub homes_dir: PathBuf,
@@ -312,7 +312,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         host_uid: slot.host_id(),
         host_gid: slot.host_id(),
         mount_dir: env.mount_dir.clone(),
-        etc_dir: env.etc_dir.clone(),
+        host_root: env.host_root.clone(),
         image_root: match &shape.rootfs {
             Rootfs::Host => None,
             Rootfs::Image { image, .. } => Some(image.root().to_path_buf()),

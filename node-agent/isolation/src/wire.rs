@@ -36,11 +36,11 @@ pub struct SupervisorConfig {
     pub host_uid: u32,
     /// Host gid, likewise.
     pub host_gid: u32,
-    /// Empty directory the sandbox's root tmpfs is mounted on (inside its own mount namespace).
+    /// Empty directory the sandbox's root is mounted on (inside its own mount namespace).
     pub mount_dir: PathBuf,
-    /// The prepared `/etc` to bind read-only (see `rootfs::prepare_etc`);
-    /// unused with an image, which brings its own.
-    pub etc_dir: PathBuf,
+    /// The prepared `host` root to bind read-only as `/` (see
+    /// `rootfs::prepare_host_root`); unused with an image, which brings its own.
+    pub host_root: PathBuf,
     /// A mounted OCI image root (read-only overlay with Warren's mount
     /// points) to bind as `/`; `None` builds the `host` root from `/usr`.
     #[serde(default)]

@@ -130,7 +130,7 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: 
             fail(ctrl, "script", &e);
         }
     }
-    if let Err(e) = rootfs::install_script(&go.script_name, &go.code, cfg.image_root.is_some()) {
+    if let Err(e) = rootfs::install_script(&go.script_name, &go.code) {
         fail(ctrl, "script", &e);
     }
     if let Some(view) = &go.view {

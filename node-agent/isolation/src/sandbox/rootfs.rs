@@ -1,9 +1,9 @@
 //! Builds the sandbox's filesystem inside its private mount namespace:
 //!
 //! ```text
-//! /               tmpfs, read-only once the program text is written
+//! /               read-only bind of the agent's prepared host root (mount points, links, /etc)
 //! ├── usr         host /usr, read-only, nosuid, nodev (bin, lib, sbin, lib64 are symlinks or ro binds)
-//! ├── etc         read-only bind of the agent's prepared /etc (generated passwd/group/hosts + copies of a safe subset of host /etc)
+//! ├── etc         the prepared /etc (generated passwd/group/hosts + copies of a safe subset of host /etc)
 //! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
 //! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
 //! ├── tmp         ┐ one tmpfs of the sandbox's tmp size, bound at each: /tmp,
@@ -15,20 +15,21 @@
 //! │               or a thread's overlay the agent mounted on the host side
 //! ├── data        read-only bind of the agent's per-sandbox data dir, a mount-propagation slave
 //! │   └── <name>  a storage mount the agent served on the host side
-//! └── run/warren  the program text
+//! └── run/warren  a small tmpfs: the program text, read-only once written
 //! ```
 //!
 //! With an OCI image, `/` is instead a read-only bind of the image's root
 //! (an overlay the agent mounted once, whose top layer holds the mount
-//! points below and the identity files in `/etc`), and `/run/warren` is a
-//! small tmpfs of its own; `/proc`, `/dev`, `/tmp`, `/var/tmp`, `/sys`,
+//! points below and the identity files in `/etc`), without the `/usr`
+//! bind; `/run/warren`, `/proc`, `/dev`, `/tmp`, `/var/tmp`, `/sys`,
 //! `/home` and `/data` are the same, and `/var/cache` and the other FHS
 //! places programs write to are mounted where the image has none (an
 //! empty directory), never over the image's own. `/proc/meminfo`,
 //! `/proc/cpuinfo` and `/proc/stat` tell the sandbox's size ([`super::views`]).
 //!
-//! Nothing is created on the host: every mount lives and dies with the
-//! sandbox's mount namespace. The links back are `/home` and `/data`, which
+//! Nothing is created on the host per sandbox: the host root is prepared
+//! once by the agent ([`prepare_host_root`]), and every mount lives and
+//! dies with the sandbox's mount namespace. The links back are `/home` and `/data`, which
 //! receive (never send) mounts the agent makes under the sandbox's dirs.
 
 use std::ffi::CString;
@@ -111,10 +112,8 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
         .map_err(ctx("make-slave", Path::new("/")))?;
     match &cfg.image_root {
         None => {
-            tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
+            bind_readonly(&cfg.host_root, root, MsFlags::MS_NODEV)?;
             mirror_usr(root)?;
-            populate_etc(root, &cfg.etc_dir)?;
-            host_mount_points(root)?;
         }
         Some(image) => bind_readonly(image, root, MsFlags::MS_NODEV)?,
     }
@@ -128,29 +127,44 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
     super::views::mount_views(root, &staging).map_err(ctx("views", root))?;
     bind_receiving(&cfg.home_dir, &root.join("home"))?;
     bind_receiving(&cfg.data_dir, &root.join("data"))?;
-    if cfg.image_root.is_some() {
-        // The image's root is read-only: the program text gets its own tmpfs.
-        tmpfs(&root.join("run/warren"), SCRIPT_TMPFS, MsFlags::MS_NOEXEC)?;
-    }
+    // The root is read-only: the program text gets its own tmpfs.
+    tmpfs(&root.join("run/warren"), SCRIPT_TMPFS, MsFlags::MS_NOEXEC)?;
     bind_receiving(&cfg.conn_dir, &root.join("run/warren/connectors"))?;
     pivot(root)?;
     Ok(facts)
 }
 
-/// The `host` root's own mount points for the writable places and `/sys`,
-/// and `/var/run`, `/var/lock` as a Debian system has them.
-fn host_mount_points(root: &Path) -> Result<()> {
-    for dir in ["var", "run", "sys"] {
-        mkdir(&root.join(dir), 0o755)?;
+/// Builds the `host` root once, on the host, in the agent's state dir: the
+/// mount points, the links into `/usr`, `/var/run`, `/var/lock` as a Debian
+/// system has them, and the prepared `/etc` ([`prepare_etc`]). Each sandbox
+/// binds it read-only as `/` (as it does an image's root) and binds `/usr`
+/// on it, instead of making a tmpfs and some fifty entries in it.
+pub fn prepare_host_root(dir: &Path) -> io::Result<()> {
+    if fs::symlink_metadata(dir).is_ok() {
+        fs::remove_dir_all(dir)?;
     }
-    for w in WRITABLE {
-        mkdir(&root.join(w.path), w.mode)?;
+    let dirs = ["", "usr", "var", "run", "run/warren", "sys", "dev", "home", "data"].map(|d| (d, 0o755));
+    let writable = WRITABLE.map(|w| (w.path, w.mode));
+    for (rel, mode) in dirs.into_iter().chain([("proc", 0o555)]).chain(writable) {
+        make_dir(&dir.join(rel), mode)?;
+    }
+    for name in USR_ALIASES {
+        let host = Path::new("/").join(name);
+        match fs::symlink_metadata(&host) {
+            Ok(meta) if meta.file_type().is_symlink() => symlink(fs::read_link(&host)?, dir.join(name))?,
+            Ok(meta) if meta.is_dir() => make_dir(&dir.join(name), 0o755)?,
+            _ => {}
+        }
     }
     for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock"), warren_core::layout::WORKSPACE] {
-        let path = root.join(link);
-        symlink(to, &path).map_err(ctx("symlink", &path))?;
+        symlink(to, dir.join(link))?;
     }
-    Ok(())
+    prepare_etc(&dir.join("etc"))
+}
+
+fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
+    fs::DirBuilder::new().mode(mode).create(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
 }
 
 /// `rel` below `root` is a directory reached through directories only (an
@@ -204,29 +218,39 @@ pub fn mount_home_tmpfs(bytes: u64) -> io::Result<()> {
     tmpfs(Path::new(HOME), &opts, MsFlags::empty()).map_err(|e| io::Error::other(e.to_string()))
 }
 
-/// Writes the program text and makes what holds it read-only (called at Go
-/// time): the root tmpfs of a `host` root, the `/run/warren` tmpfs of an image.
-pub fn install_script(name: &str, code: &str, image: bool) -> io::Result<()> {
+/// Writes the program text and makes the `/run/warren` tmpfs that holds it
+/// read-only (called at Go time).
+pub fn install_script(name: &str, code: &str) -> io::Result<()> {
     let path = Path::new(SCRIPT_DIR).join(name);
     fs::write(&path, code)?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    match image {
-        false => mount(None::<&str>, "/", None::<&str>, flags, None::<&str>).map_err(nix_io),
-        true => mount(None::<&str>, SCRIPT_DIR, None::<&str>, flags | MsFlags::MS_NOEXEC, Some(SCRIPT_TMPFS)).map_err(nix_io),
-    }
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, SCRIPT_DIR, None::<&str>, flags, Some(SCRIPT_TMPFS)).map_err(nix_io)
 }
 
-/// Creates a mount point with `mode`; one that exists (an image's, on its
-/// read-only root) is used as it is.
+/// Creates a mount point with `mode`; one that exists (the prepared host
+/// root's, an image's, both read-only) is used as it is.
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     match fs::DirBuilder::new().mode(mode).create(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(ctx("mkdir", path)(e)),
     }
-    // The umask may have cut bits (sticky /tmp, 0755 dirs).
+    // Only where the umask cut bits of `mode` (1777 places).
+    if mode & umask() == 0 {
+        return Ok(());
+    }
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(ctx("chmod", path))
+}
+
+/// This process's umask, read once (reading it means setting it).
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        nix::sys::stat::umask(old);
+        old.bits()
+    })
 }
 
 fn touch(path: &Path) -> Result<()> {
@@ -268,20 +292,14 @@ fn locked_flags(path: &Path) -> Result<MsFlags> {
     Ok(out)
 }
 
+/// Binds the host's `/usr`, and each top-level alias that is a directory
+/// rather than a link into it, on the prepared root's mount points.
 fn mirror_usr(root: &Path) -> Result<()> {
-    let usr = root.join("usr");
-    mkdir(&usr, 0o755)?;
-    bind_readonly(Path::new("/usr"), &usr, MsFlags::MS_NODEV)?;
+    bind_readonly(Path::new("/usr"), &root.join("usr"), MsFlags::MS_NODEV)?;
     for name in USR_ALIASES {
-        let host = Path::new("/").join(name);
-        let Ok(meta) = fs::symlink_metadata(&host) else { continue };
         let target = root.join(name);
-        if meta.file_type().is_symlink() {
-            let link = fs::read_link(&host).map_err(ctx("readlink", &host))?;
-            symlink(&link, &target).map_err(ctx("symlink", &target))?;
-        } else if meta.is_dir() {
-            mkdir(&target, 0o755)?;
-            bind_readonly(&host, &target, MsFlags::MS_NODEV)?;
+        if fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            bind_readonly(&Path::new("/").join(name), &target, MsFlags::MS_NODEV)?;
         }
     }
     Ok(())
@@ -298,11 +316,10 @@ const GENERATED_ETC: [(&str, &str); 6] = [
     ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n"),
 ];
 
-/// Builds the sandboxes' `/etc` once, on the host, in the agent's state dir:
-/// the generated files plus copies of the safe subset of the host's `/etc`.
-/// Each sandbox then needs one read-only bind instead of two mounts per
-/// entry. Called by the agent at start; host `/etc` changes (certificates)
-/// are picked up at the next start.
+/// Builds the sandboxes' `/etc` once, on the host, in the prepared host
+/// root: the generated files plus copies of the safe subset of the host's
+/// `/etc` (none of it mounted per sandbox). Called by the agent at start;
+/// host `/etc` changes (certificates) are picked up at the next start.
 pub fn prepare_etc(dir: &Path) -> io::Result<()> {
     if dir.exists() {
         fs::remove_dir_all(dir)?;
@@ -354,12 +371,6 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
     }
 }
 
-fn populate_etc(root: &Path, template: &Path) -> Result<()> {
-    let etc = root.join("etc");
-    mkdir(&etc, 0o755)?;
-    bind_readonly(template, &etc, MsFlags::MS_NODEV)
-}
-
 fn mount_proc(root: &Path) -> Result<()> {
     let proc_dir = root.join("proc");
     mkdir(&proc_dir, 0o555)?;
@@ -392,12 +403,17 @@ fn mount_proc(root: &Path) -> Result<()> {
             Err(e) => return Err(ctx("mask", &path)(nix_io(e))),
         }
     }
+    // The proc mount is new on a private root, so it and binds of it are
+    // private already: each directory is a bind and a read-only remount.
     for name in PROC_READONLY_DIRS {
         let path = proc_dir.join(name);
-        match bind_readonly(&path, &path, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC) {
-            Err(RootfsError { step: "bind", source, .. }) if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
-            other => other?,
+        match mount(Some(&path), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => continue,
+            Err(e) => return Err(ctx("bind", &path)(nix_io(e))),
         }
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(None::<&str>, &path, None::<&str>, flags | locked_flags(&path)?, None::<&str>).map_err(nix_io).map_err(ctx("remount ro", &path))?;
     }
     Ok(())
 }
