@@ -5,7 +5,7 @@
 //! ├── usr         host /usr, read-only, nosuid, nodev (bin, lib, sbin, lib64 are symlinks or ro binds)
 //! ├── etc         the prepared /etc (generated passwd/group/hosts + copies of a safe subset of host /etc)
 //! ├── proc        fresh procfs of the sandbox's pid namespace, sensitive files masked
-//! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only
+//! ├── dev         null zero full random urandom, fd links, /dev/shm tmpfs; read-only (on an image: a tmpfs)
 //! ├── tmp         ┐ one tmpfs of the sandbox's tmp size, bound at each: /tmp,
 //! ├── var/tmp     │ /var/tmp, /run/lock (1777), and /var/cache, lib, log,
 //! ├── var/…       ┘ spool, mail, opt, local (the sandbox user's) — on an image only where it has none
@@ -119,7 +119,7 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
     }
     mount_proc(root)?;
     let facts = super::views::NodeFacts::read(&root.join("proc")).map_err(ctx("read", Path::new("/proc/cpuinfo")))?;
-    populate_dev(root)?;
+    populate_dev(root, cfg.image_root.is_none())?;
     mkdir(&root.join("run"), 0o755)?;
     let staging = root.join("run/warren");
     mkdir(&staging, 0o755)?;
@@ -159,6 +159,7 @@ pub fn prepare_host_root(dir: &Path) -> io::Result<()> {
     for (link, to) in [("var/run", "/run"), ("var/lock", "/run/lock"), warren_core::layout::WORKSPACE] {
         symlink(to, dir.join(link))?;
     }
+    dev_entries(&dir.join("dev"))?;
     prepare_etc(&dir.join("etc"))
 }
 
@@ -253,8 +254,18 @@ fn umask() -> u32 {
     })
 }
 
-fn touch(path: &Path) -> Result<()> {
-    fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map(drop).map_err(ctx("create", path))
+/// `/dev`'s entries in `dev`: the devices' mount points, the fd links,
+/// `pts` (where a live sandbox mounts its own terminals, `live::PTS_DIR`)
+/// with the `ptmx` link, and `shm`'s mount point.
+fn dev_entries(dev: &Path) -> io::Result<()> {
+    for name in DEVICES {
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open(dev.join(name))?;
+    }
+    for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")] {
+        symlink(to, dev.join(name))?;
+    }
+    make_dir(&dev.join("pts"), 0o755)?;
+    make_dir(&dev.join("shm"), 0o1777)
 }
 
 fn tmpfs(target: &Path, opts: &str, extra: MsFlags) -> Result<()> {
@@ -418,13 +429,18 @@ fn mount_proc(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn populate_dev(root: &Path) -> Result<()> {
+/// `/dev`: on the prepared host root its entries are there already
+/// ([`dev_entries`], read-only with the root); an image's gets a tmpfs of
+/// them, read-only once made. The devices are bound on their entries.
+fn populate_dev(root: &Path, prepared: bool) -> Result<()> {
     let dev = root.join("dev");
-    mkdir(&dev, 0o755)?;
-    tmpfs(&dev, "size=64k,nr_inodes=64,mode=0755", MsFlags::MS_NOEXEC)?;
+    if !prepared {
+        mkdir(&dev, 0o755)?;
+        tmpfs(&dev, "size=64k,nr_inodes=64,mode=0755", MsFlags::MS_NOEXEC)?;
+        dev_entries(&dev).map_err(ctx("populate", &dev))?;
+    }
     for name in DEVICES {
         let target = dev.join(name);
-        touch(&target)?;
         let host = Path::new("/dev").join(name);
         // No MS_NODEV here: that would make the device unusable. MS_RDONLY is
         // harmless for device nodes (writes go to the driver, not the fs).
@@ -432,18 +448,10 @@ fn populate_dev(root: &Path) -> Result<()> {
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | locked_flags(&target)?;
         mount(None::<&str>, &target, None::<&str>, flags, None::<&str>).map_err(nix_io).map_err(ctx("remount", &target))?;
     }
-    for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
-        let path = dev.join(name);
-        symlink(to, &path).map_err(ctx("symlink", &path))?;
+    tmpfs(&dev.join("shm"), "size=64m,nr_inodes=4096,mode=1777", MsFlags::MS_NOEXEC)?;
+    if prepared {
+        return Ok(());
     }
-    // Where a live sandbox mounts its own terminals (`live::PTS_DIR`).
-    let pts = dev.join("pts");
-    mkdir(&pts, 0o755)?;
-    let ptmx = dev.join("ptmx");
-    symlink("pts/ptmx", &ptmx).map_err(ctx("symlink", &ptmx))?;
-    let shm = dev.join("shm");
-    mkdir(&shm, 0o1777)?;
-    tmpfs(&shm, "size=64m,nr_inodes=4096,mode=1777", MsFlags::MS_NOEXEC)?;
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(None::<&str>, &dev, None::<&str>, flags, Some("size=64k,nr_inodes=64,mode=0755"))
         .map_err(nix_io)
@@ -463,6 +471,39 @@ fn pivot(root: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prepared_host_root_has_every_mount_point_and_link_and_is_rebuilt_from_scratch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("hostroot");
+        prepare_host_root(&root).unwrap();
+        let mode = |rel: &str| fs::symlink_metadata(root.join(rel)).unwrap().permissions().mode() & 0o7777;
+        for rel in ["usr", "run/warren", "sys", "home", "data", "dev/pts"] {
+            assert_eq!(mode(rel), 0o755, "{rel}");
+        }
+        assert_eq!(mode("proc"), 0o555);
+        assert_eq!(mode("dev/shm"), 0o1777);
+        for w in WRITABLE {
+            assert_eq!(mode(w.path), w.mode, "{}", w.path);
+        }
+        for name in DEVICES {
+            assert!(root.join("dev").join(name).is_file(), "{name}: a mount point for the device");
+        }
+        assert_eq!(fs::read_link(root.join("dev/ptmx")).unwrap(), Path::new("pts/ptmx"));
+        assert_eq!(fs::read_link(root.join("var/run")).unwrap(), Path::new("/run"));
+        assert!(fs::read_to_string(root.join("etc/passwd")).unwrap().contains("sandbox:x:1000:1000"));
+        for name in USR_ALIASES {
+            let (host, here) = (fs::symlink_metadata(Path::new("/").join(name)), fs::symlink_metadata(root.join(name)));
+            match host {
+                Ok(h) if h.file_type().is_symlink() => assert_eq!(fs::read_link(root.join(name)).unwrap(), fs::read_link(Path::new("/").join(name)).unwrap()),
+                Ok(h) if h.is_dir() => assert!(here.unwrap().is_dir(), "{name}: a mount point"),
+                _ => assert!(here.is_err(), "{name}: absent on the host, absent here"),
+            }
+        }
+        fs::write(root.join("stale"), "x").unwrap();
+        prepare_host_root(&root).unwrap();
+        assert!(!root.join("stale").exists());
+    }
 
     #[test]
     fn prepared_etc_holds_generated_files_and_faithful_copies() {
