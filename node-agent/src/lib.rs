@@ -206,6 +206,25 @@ pub struct Args {
     /// gRPC (`http://HOST:4317`). Unset: no spans, no cost.
     #[arg(long, env = "WARREN_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
     pub otlp_endpoint: Option<String>,
+    /// Threads running the agent's async work (gRPC, relaying output);
+    /// 0: a quarter of the CPUs it may use, at least one. Setting up and
+    /// tearing down sandboxes runs on blocking threads of its own.
+    #[arg(long, env = "WARREN_WORKER_THREADS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub worker_threads: u16,
+}
+
+impl Args {
+    /// The async worker threads to start: as asked, or by default a
+    /// quarter of `cpus` (at least one). The agent's async side only
+    /// relays: at saturation it is a small part of a node's work (the
+    /// sandboxes are the rest), and on a small node fewer workers waking
+    /// each other cost less CPU per call (see docs/src/benchmarks.md).
+    pub fn worker_threads(&self, cpus: usize) -> usize {
+        match self.worker_threads {
+            0 => (cpus / 4).max(1),
+            n => n.into(),
+        }
+    }
 }
 
 fn otlp_endpoint(s: &str) -> Result<String, String> {
@@ -273,6 +292,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown_delay_secs,
         log_format: _,
         otlp_endpoint: _,
+        worker_threads: _,
     } = args;
     if !nix::unistd::geteuid().is_root() {
         bail!("warren-node-agent must run as root: it creates namespaces, cgroups and id mappings");
@@ -807,6 +827,17 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::private_cgroup_namespace_in_a_container as refused;
+
+    #[test]
+    fn async_workers_are_a_quarter_of_the_cpus_unless_asked() {
+        use clap::Parser as _;
+        let args = |extra: &[&str]| super::Args::try_parse_from([&["warren-node-agent"], extra].concat()).unwrap();
+        for (cpus, want) in [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 16)] {
+            assert_eq!(args(&[]).worker_threads(cpus), want, "{cpus} CPUs");
+        }
+        assert_eq!(args(&["--worker-threads", "3"]).worker_threads(2), 3);
+        assert!(super::Args::try_parse_from(["warren-node-agent", "--worker-threads", "257"]).is_err());
+    }
 
     #[test]
     fn a_private_parent_of_the_state_directory_is_found() {

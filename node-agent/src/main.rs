@@ -2,9 +2,20 @@
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let args = warren_node_agent::Args::parse();
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(args.worker_threads(cpus)).enable_all().build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(e) => {
+            eprintln!("warren-node-agent: starting its runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: warren_node_agent::Args) -> std::process::ExitCode {
     warren_telemetry::init(&args.log_format);
     if let Some(endpoint) = &args.otlp_endpoint {
         if let Err(e) = warren_telemetry::otlp::init(endpoint, "warren-node-agent") {
