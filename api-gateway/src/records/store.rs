@@ -55,6 +55,12 @@ enum Kind {
 #[derive(Debug, Clone)]
 pub struct Store {
     pub(super) pool: AnyPool,
+    /// Where the record writer commits its batches. SQLite: one connection
+    /// of its own, whose page cache stays valid from batch to batch (on the
+    /// shared pool each batch landed on another connection, whose cache the
+    /// batches before had made stale: pages re-read for every record).
+    /// PostgreSQL: the pool.
+    writer: AnyPool,
     kind: Kind,
 }
 
@@ -221,6 +227,22 @@ fn private_file(file: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Every SQLite connection's settings. WAL: readers never wait for the
+/// writer; several gateways may share the file. cache_size: each
+/// connection's page cache held at 512 KiB (SQLite's default is 2 MiB), so
+/// the gateway's memory stops growing with the database early: in the soak
+/// benchmark the connections' caches filling as records accrued were the
+/// gateway's RSS growth (+6 MiB over 10 minutes, in steps; bounded,
+/// +0.2 MiB). The kernel's page cache keeps the file.
+fn sqlite_settings(opts: AnyPoolOptions) -> AnyPoolOptions {
+    opts.after_connect(|conn, _| {
+        Box::pin(async move {
+            sqlx::raw_sql("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-512").execute(conn).await?;
+            Ok(())
+        })
+    })
+}
+
 impl Store {
     /// Connects to `url` (`sqlite:///path/records.db` — created when
     /// missing — or `postgres://…`) and brings the schema up to date.
@@ -242,24 +264,19 @@ impl Store {
         } else {
             return Err(StoreError::Scheme);
         };
-        let mut opts = AnyPoolOptions::new().acquire_timeout(acquire.max(Duration::from_millis(100))).max_connections(if kind == Kind::Sqlite { 4 } else { 10 });
-        if kind == Kind::Sqlite {
-            // WAL: readers never wait for the writer; several gateways may share the file.
-            // cache_size: each connection's page cache held at 512 KiB (SQLite's
-            // default is 2 MiB), so the gateway's memory stops growing with the
-            // database early: in the soak benchmark the four connections' caches
-            // filling as records accrued were the gateway's RSS growth (+6 MiB
-            // over 10 minutes, in steps; bounded, +0.2 MiB). The kernel's page
-            // cache keeps the file.
-            opts = opts.after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::raw_sql("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-512").execute(conn).await?;
-                    Ok(())
-                })
-            });
-        }
-        let pool = opts.connect(&url).await?;
-        let store = Store { pool, kind };
+        let pool_options = |connections: u32| {
+            let opts = AnyPoolOptions::new().acquire_timeout(acquire.max(Duration::from_millis(100))).max_connections(connections);
+            match kind {
+                Kind::Sqlite => sqlite_settings(opts),
+                Kind::Postgres => opts,
+            }
+        };
+        let pool = pool_options(if kind == Kind::Sqlite { 4 } else { 10 }).connect(&url).await?;
+        let writer = match kind {
+            Kind::Sqlite => pool_options(1).connect(&url).await?,
+            Kind::Postgres => pool.clone(),
+        };
+        let store = Store { pool, writer, kind };
         store.migrate().await?;
         Ok(store)
     }
@@ -303,7 +320,7 @@ impl Store {
 
     /// Writes a batch of operations in one transaction.
     pub(super) async fn apply(&self, ops: &[Write]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         for op in ops {
             for q in op.statements() {
                 q.execute(&mut *tx).await?;
