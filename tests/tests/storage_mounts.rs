@@ -274,7 +274,10 @@ async fn local_directories_are_an_admins_grant_and_never_lead_out() {
 
     let root_s = root.display().to_string();
     let agent = Agent::start(&["--local-storage-root", &root_s]).await.unwrap();
-    let state_etc = agent.state_dir().join("etc").display().to_string();
+    // The prepared /etc lives in the agent's prepared host root.
+    let state_etc = agent.state_dir().join("hostroot/etc");
+    assert!(state_etc.join("passwd").is_file(), "the agent's prepared /etc is at {}", state_etc.display());
+    let state_etc = state_etc.display().to_string();
     for (bucket, prefix) in [("/", "etc"), ("/etc", ""), (state_etc.as_str(), ""), (outside.path().to_str().unwrap(), "")] {
         let mut req = request(pb::Language::Python, "print(open('/data/files/shadow').read())", Duration::from_secs(30));
         req.mounts = vec![local(bucket, prefix)];

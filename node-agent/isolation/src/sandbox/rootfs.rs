@@ -163,6 +163,7 @@ pub fn prepare_host_root(dir: &Path) -> io::Result<()> {
     prepare_etc(&dir.join("etc"))
 }
 
+/// A new directory with exactly `mode` (whatever the umask), on the host.
 fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
     fs::DirBuilder::new().mode(mode).create(path)?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
@@ -335,8 +336,7 @@ pub fn prepare_etc(dir: &Path) -> io::Result<()> {
     if dir.exists() {
         fs::remove_dir_all(dir)?;
     }
-    fs::DirBuilder::new().mode(0o755).create(dir)?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    make_dir(dir, 0o755)?;
     for (name, content) in GENERATED_ETC {
         let path = dir.join(name);
         fs::write(&path, content)?;
@@ -362,8 +362,7 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
     if meta.file_type().is_symlink() {
         symlink(fs::read_link(src)?, dst)
     } else if meta.is_dir() {
-        fs::DirBuilder::new().mode(0o755).create(dst)?;
-        fs::set_permissions(dst, fs::Permissions::from_mode(0o755))?;
+        make_dir(dst, 0o755)?;
         for entry in fs::read_dir(src)? {
             let entry = entry?;
             copy_tree(&entry.path(), &dst.join(entry.file_name()))?;
