@@ -338,7 +338,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let proc_dir = if state_dir.join("proc/sys").exists() { state_dir.join("proc") } else { PathBuf::from("/proc") };
     let net = start_network(&sandbox_network, dns_upstream, &network_prefix, proc_dir).await?;
     let env = Arc::new(SandboxEnv {
-        layout,
+        groups: Arc::new(warren_isolation::cgroup::recycle::Recycler::new(layout)),
         spawner: warren_isolation::launch::Spawner::new(&supervisor_binary),
         mount_dir: dirs.mnt,
         host_root: dirs.host_root,

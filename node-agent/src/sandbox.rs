@@ -10,7 +10,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
-use warren_isolation::cgroup::{Cgroup, CgroupLayout};
+use warren_isolation::cgroup::recycle::Recycler;
+use warren_isolation::cgroup::Cgroup;
 use warren_isolation::launch::{Spawner, Supervisor, SupervisorFds};
 use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::{Go, InitEvent, SupervisorCommand, SupervisorConfig, SupervisorEvent, View, WarmStart};
@@ -79,8 +80,8 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
 
 /// Node-wide settings every sandbox shares.
 pub struct SandboxEnv {
-    /// Where sandbox cgroups go.
-    pub layout: CgroupLayout,
+    /// Where sandbox cgroups go, and the emptied ones kept for reuse.
+    pub groups: Arc<Recycler>,
     /// Starts supervisors (`warren-sandbox`).
     pub spawner: Spawner,
     /// Empty directory sandboxes mount their root on.
@@ -192,6 +193,8 @@ pub struct Prepared {
     stdout: pipe::Receiver,
     stderr: pipe::Receiver,
     cgroup: Cgroup,
+    /// Where its cgroup goes back to when the sandbox is gone.
+    groups: Arc<Recycler>,
     home_dir: PathBuf,
     /// The sandbox's user namespace, opened as soon as init exists (off
     /// the request path, and before its pid could ever be reused).
@@ -271,22 +274,22 @@ fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
             return Err(SandboxError::Io { step, source: e });
         }
     }
-    let cgroup = match env.layout.create(&id, &env.idle_limits) {
+    let cgroup = match env.groups.take(&id, &env.idle_limits) {
         Ok(c) => c,
         Err(e) => {
             remove_home_dir(&home_dir);
             return Err(e.into());
         }
     };
-    let undo = |cgroup: &Cgroup| {
-        let _ = cgroup.remove();
+    let undo = |cgroup: Cgroup| {
+        let _ = env.groups.give_back(cgroup);
         remove_home_dir(&home_dir);
     };
     let channels = (|| Ok::<_, SandboxError>((socket_pair()?, socket_pair()?, pipe_pair()?, pipe_pair()?)))();
     let ((supervisor, sup_fd), (init, init_fd), (stdout, out_w), (stderr, err_w)) = match channels {
         Ok(c) => c,
         Err(e) => {
-            undo(&cgroup);
+            undo(cgroup);
             return Err(e);
         }
     };
@@ -297,7 +300,7 @@ fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
     match spawned {
         Ok(child) => Ok(Started { slot, id, home_dir, cgroup, child, supervisor, init, stdout, stderr }),
         Err(e) => {
-            undo(&cgroup);
+            undo(cgroup);
             Err(SandboxError::Io { step: "spawn warren-sandbox", source: e })
         }
     }
@@ -329,7 +332,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
     let network = shape.network;
     let (warm, warm_starts) = (shape.warm, env.warm_starts.clone());
     let mut prepared = Prepared {
-        id, child, supervisor, init, stdout, stderr, cgroup, home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, idle_checked: None, view: config.view.clone(), cpus: env.cpus.clone(), _rootfs: shape.rootfs,
+        id, child, supervisor, init, stdout, stderr, cgroup, groups: env.groups.clone(), home_dir, userns: None, slot, output_stall, init_pid: 0, net: None, warm, warm_failed: Vec::new(), warm_starts, warm_asked: false, idle_checked: None, view: config.view.clone(), cpus: env.cpus.clone(), _rootfs: shape.rootfs,
     };
     let ready = async {
         prepared.supervisor.send(&config).await.map_err(io("send config"))?;
@@ -523,7 +526,7 @@ impl Prepared {
             net.teardown().await;
         }
         remove_home_dir(&self.home_dir);
-        remove_cgroup(self.cgroup).await;
+        give_back_cgroup(self.groups, self.cgroup).await;
     }
 
     /// Runs `spec` in this sandbox, streaming events to `events`. Dropping the
@@ -720,7 +723,7 @@ impl Teardown {
             net.teardown().await;
         }
         remove_home_dir(&p.home_dir);
-        remove_cgroup(self.0.cgroup).await;
+        give_back_cgroup(self.0.groups, self.0.cgroup).await;
     }
 }
 
@@ -773,13 +776,11 @@ fn remove_home_dir(dir: &std::path::Path) {
     }
 }
 
-async fn remove_cgroup(cgroup: Cgroup) {
+/// Kills what is left in the sandbox's cgroup, then keeps the group for the
+/// next sandbox or removes it ([`Recycler::give_back`]).
+async fn give_back_cgroup(groups: Arc<Recycler>, cgroup: Cgroup) {
     let name = cgroup.name().to_string();
-    let result = tokio::task::spawn_blocking(move || {
-        cgroup.kill_all();
-        cgroup.remove()
-    })
-    .await;
+    let result = tokio::task::spawn_blocking(move || groups.give_back(cgroup)).await;
     if !matches!(result, Ok(Ok(()))) {
         warn!(cgroup = %name, "removing sandbox cgroup failed; it will be collected at the next start");
     }

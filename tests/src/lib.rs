@@ -305,6 +305,12 @@ impl Agent {
         sandbox_cgroups(&self.cgroup_name)
     }
 
+    /// Emptied sandbox cgroups this agent keeps for its next sandboxes
+    /// (`idle-*`, cgroup v1), one path per hierarchy.
+    pub fn idle_cgroups(&self) -> Vec<PathBuf> {
+        child_groups(&self.cgroup_name, "idle-")
+    }
+
     /// Processes running under this agent's sandbox host uids.
     pub fn sandbox_processes(&self) -> Vec<(u32, u32)> {
         sandbox_processes(self.uid_base)
@@ -374,7 +380,7 @@ impl Drop for Agent {
         // A crashed agent leaves its mounts (thread homes, the shared homes
         // dir) and its groups; never leave them on the machine.
         let _ = warren_isolation::home::unmount_below(&self.state);
-        for dir in sandbox_cgroups(&self.cgroup_name) {
+        for dir in sandbox_cgroups(&self.cgroup_name).into_iter().chain(self.idle_cgroups()) {
             kill_cgroup(&dir);
             let _ = std::fs::remove_dir(&dir);
         }
@@ -439,11 +445,16 @@ pub fn unique_number() -> u32 {
 
 /// Every `sbx-*` cgroup directory under any hierarchy's `parent` directory.
 pub fn sandbox_cgroups(parent: &str) -> Vec<PathBuf> {
+    child_groups(parent, "sbx-")
+}
+
+/// The directories named `prefix…` under any hierarchy's `parent` directory.
+fn child_groups(parent: &str, prefix: &str) -> Vec<PathBuf> {
     cgroup_parents(parent)
         .into_iter()
         .filter_map(|p| std::fs::read_dir(p).ok())
         .flat_map(|entries| entries.flatten())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("sbx-") && e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix) && e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
         .collect()
 }

@@ -408,6 +408,71 @@ async fn a_graceful_stop_kills_what_outlives_its_deadline_and_exits_clean() {
     assert!(status.success(), "{status:?}");
     assert!(agent.sandbox_processes().is_empty(), "the execution outlived the agent");
     assert!(agent.leftover_cgroups().is_empty(), "{:?}", agent.leftover_cgroups());
+    assert!(agent.idle_cgroups().is_empty(), "kept empty groups outlived the agent: {:?}", agent.idle_cgroups());
+}
+
+/// Waits (bounded) until this agent has no sandbox group and returns its
+/// kept empty groups' names (one per group, whatever the hierarchies).
+async fn kept_groups(agent: &Agent) -> Vec<String> {
+    for _ in 0..400 {
+        if agent.leftover_cgroups().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(agent.leftover_cgroups().is_empty(), "a finished call's group is still a sandbox's: {:?}", agent.leftover_cgroups());
+    let mut names: Vec<String> = agent.idle_cgroups().iter().filter_map(|g| g.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// On cgroup v1 an emptied sandbox group is kept (`idle-*`) and the next
+/// sandbox's group is that one: its limits are the new call's, and what the
+/// earlier sandbox used (CPU, peak memory, an OOM kill) is not reported as
+/// the new call's. On v2 nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_cgroup_is_reused_with_the_next_calls_limits_and_counters() {
+    if skip_unless_root("an_emptied_cgroup_is_reused_with_the_next_calls_limits_and_counters") {
+        return;
+    }
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    let agent = Agent::start(&["--pool-size", "0"]).await.unwrap();
+    const MIB: u64 = 1 << 20;
+    let mut bomb = request(Language::Bash, "for ((i = 0; i < 200000; i++)); do :; done; a=x; while :; do a=$a$a; done", T);
+    bomb.limits = Some(Limits { memory_bytes: 128 * MIB, ..Default::default() });
+    let first = agent.run_request(bomb).await.unwrap();
+    assert!(first.exited.oom_killed && first.exited.cpu_micros > 100_000, "the first call burns CPU, then is OOM-killed: {:?}", first.exited);
+    let kept = kept_groups(&agent).await;
+    if !v1 {
+        assert!(kept.is_empty(), "cgroup v2 keeps no group: {kept:?}");
+        return;
+    }
+    assert_eq!(kept.len(), 1, "the emptied group is kept: {kept:?}");
+    let mut quiet = request(Language::Bash, "echo ok", T);
+    quiet.limits = Some(Limits { memory_bytes: 96 * MIB, pids: 48, ..Default::default() });
+    let mut client = agent.client().await.unwrap();
+    let mut stream = client.execute({ let mut r = quiet.clone(); r.code = "echo up; sleep 30".into(); r }).await.unwrap().into_inner();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if matches!(ev.event, Some(Event::Stdout(_))) {
+            break;
+        }
+    }
+    assert!(agent.idle_cgroups().is_empty(), "the kept group is the running sandbox's: {:?}", agent.idle_cgroups());
+    let groups = agent.leftover_cgroups();
+    let read = |controller: &str, file: &str| -> String {
+        let dir = groups.iter().find(|g| g.to_string_lossy().contains(&format!("/{controller}/"))).expect("the sandbox's group");
+        std::fs::read_to_string(dir.join(file)).unwrap().trim().to_string()
+    };
+    assert_eq!((read("memory", "memory.limit_in_bytes"), read("pids", "pids.max")), ((96 * MIB).to_string(), "48".into()), "the new call's limits");
+    drop(stream);
+    assert_eq!(kept_groups(&agent).await.len(), 1, "given back again");
+    let second = agent.run_request(quiet).await.unwrap();
+    assert_eq!(second.stdout.lines().last(), Some("ok"));
+    let e = &second.exited;
+    assert!(!e.oom_killed, "the earlier sandbox's OOM kill is not this call's: {e:?}");
+    assert!(e.cpu_micros < 100_000 && e.peak_memory_bytes.is_some_and(|p| p < 64 * MIB), "only this call's CPU and memory: {e:?}");
+    assert_eq!(kept_groups(&agent).await.len(), 1, "one group served all three calls");
 }
 
 /// A program starts as it would from a shell: no signal ignored or blocked

@@ -20,6 +20,7 @@
 
 pub mod delegate;
 pub mod parse;
+pub mod recycle;
 
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -325,7 +326,7 @@ impl CgroupLayout {
     /// Creates the group for sandbox `id` with `limits` applied.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup> {
         let name = format!("{GROUP_PREFIX}{id}");
-        let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None };
+        let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None, oom_base: 0 };
         for dir in group.dirs() {
             match fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -380,14 +381,15 @@ impl CgroupLayout {
             let Ok(entries) = fs::read_dir(&parent) else { continue };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(GROUP_PREFIX) && !names.contains(&name) {
+                let ours = name.starts_with(GROUP_PREFIX) || name.starts_with(recycle::IDLE_PREFIX);
+                if ours && !names.contains(&name) {
                     names.push(name);
                 }
             }
         }
         let mut removed = 0;
         for name in names {
-            let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None };
+            let group = Cgroup { layout: self.clone(), name, applied: None, cpu_base: 0, usage_files: None, oom_base: 0 };
             group.kill_all();
             if group.remove().is_ok() {
                 removed += 1;
@@ -411,9 +413,12 @@ pub struct Cgroup {
     /// CPU microseconds used before the execution started (v2: since the
     /// group was made; both: what the idle sandbox used before its call).
     cpu_base: u64,
-    /// The files [`Cgroup::usage`] reads, opened when accounting starts
-    /// (off the call's path) and read again from their start.
+    /// The files [`Cgroup::usage`] reads, opened when accounting first
+    /// starts (off the call's path) and read again from their start.
     usage_files: Option<UsageFiles>,
+    /// OOM kills counted before accounting last started (a kept group's
+    /// earlier sandboxes', see [`recycle`]).
+    oom_base: u64,
 }
 
 /// Open usage files: CPU, peak memory (where the kernel keeps one), OOM kills.
@@ -501,8 +506,13 @@ impl Cgroup {
             }
         }
         let (cpu, peak, oom) = self.usage_paths();
-        let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
-        self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
+        // Open files stay valid across a rename of the group: opened once.
+        if self.usage_files.is_none() {
+            let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
+            self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
+        }
+        let counted = self.usage_files.as_ref().map(|f| reread(&f.oom)).transpose().map_err(io_err(&oom))?;
+        self.oom_base = counted.and_then(|t| keyed_value(&t, "oom_kill")).unwrap_or(0);
         Ok(())
     }
 
@@ -557,17 +567,18 @@ impl Cgroup {
             None => (read(&cpu_path)?, peak_path.as_deref().map(read).transpose()?, read(&oom_path)?),
         };
         let peak_memory_bytes = peak.and_then(|p| p.trim().parse().ok());
+        let oom_kills = |text: &str| keyed_value(text, "oom_kill").unwrap_or(0).saturating_sub(self.oom_base);
         Ok(match self.layout {
             CgroupLayout::V1 { .. } => {
                 let ns: u64 = cpu.trim().parse().unwrap_or(0);
-                Usage { cpu_micros: (ns / 1000).saturating_sub(self.cpu_base), peak_memory_bytes, oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0) }
+                Usage { cpu_micros: (ns / 1000).saturating_sub(self.cpu_base), peak_memory_bytes, oom_kills: oom_kills(&oom) }
             }
             // memory.current after the program exited is not its peak: no
             // memory.peak, no figure.
             CgroupLayout::V2 { .. } => Usage {
                 cpu_micros: keyed_value(&cpu, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base),
                 peak_memory_bytes,
-                oom_kills: keyed_value(&oom, "oom_kill").unwrap_or(0),
+                oom_kills: oom_kills(&oom),
             },
         })
     }

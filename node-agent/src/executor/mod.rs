@@ -597,7 +597,9 @@ impl Executor {
         self.pool.shutdown().await;
         let env = self.env.clone();
         let _ = tokio::task::spawn_blocking(move || env.spawner.stop(std::time::Duration::from_secs(5))).await;
-        if let Err(e) = self.env.layout.remove_parents() {
+        let env = self.env.clone();
+        let _ = tokio::task::spawn_blocking(move || env.groups.close()).await;
+        if let Err(e) = self.env.groups.layout().remove_parents() {
             debug!(error = %e, "the agent's cgroup stays delegated to it");
         }
     }
