@@ -217,7 +217,7 @@ fn start_cold(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> Pid {
 /// forks from it) and of what waits for the call (every thread of a warm
 /// interpreter).
 fn resize(facts: &views::NodeFacts, built: &views::View, call: &views::View, waiting: &Waiting) -> io::Result<()> {
-    views::write_views(facts, call)?;
+    views::rewrite_views(facts, built, call)?;
     if call.cpus == built.cpus {
         return Ok(());
     }

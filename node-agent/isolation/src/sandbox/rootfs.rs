@@ -118,7 +118,7 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
         Some(image) => bind_readonly(image, root, MsFlags::MS_NODEV)?,
     }
     mount_proc(root)?;
-    let facts = super::views::NodeFacts::read(&root.join("proc")).map_err(ctx("read", Path::new("/proc/cpuinfo")))?;
+    let facts = super::views::NodeFacts::get(&root.join("proc")).map_err(ctx("read", Path::new("/proc/cpuinfo")))?;
     populate_dev(root, cfg.image_root.is_none())?;
     mkdir(&root.join("run"), 0o755)?;
     let staging = root.join("run/warren");

@@ -35,6 +35,7 @@ pub fn spawner_main() -> ! {
     if ignored.is_err() {
         sys::exit_now(2);
     }
+    super::views::NodeFacts::read_once(std::path::Path::new("/proc"));
     loop {
         match receive(&socket) {
             Ok(Some(fds)) => {

@@ -59,7 +59,30 @@ const PROC_VIEWS: [&str; 3] = ["meminfo", "cpuinfo", "stat"];
 /// Files of `/sys/devices/system/cpu` listing the program's CPUs.
 const CPU_LISTS: [&str; 3] = ["online", "possible", "present"];
 
+/// The facts the spawner read at its start, inherited by every supervisor
+/// it forks (and their inits): reading `/proc/cpuinfo` costs the kernel a
+/// frequency query per CPU (an interrupt to each), which a sandbox's build
+/// then skips.
+static READ_AT_START: std::sync::OnceLock<NodeFacts> = std::sync::OnceLock::new();
+
 impl NodeFacts {
+    /// Reads the facts once for the processes this one forks from now on
+    /// (the spawner, single-threaded, before it forks). A failed read leaves
+    /// each sandbox to read them itself.
+    pub fn read_once(proc: &Path) {
+        if let Ok(facts) = NodeFacts::read(proc) {
+            let _ = READ_AT_START.set(facts);
+        }
+    }
+
+    /// The facts read at the spawner's start, else read now under `proc`.
+    pub fn get(proc: &Path) -> io::Result<NodeFacts> {
+        match READ_AT_START.get() {
+            Some(facts) => Ok(facts.clone()),
+            None => NodeFacts::read(proc),
+        }
+    }
+
     /// Reads the node's `/proc/cpuinfo` and `/proc/stat` under `proc`.
     pub fn read(proc: &Path) -> io::Result<NodeFacts> {
         let cpuinfo = parse_cpuinfo(&fs::read_to_string(proc.join("cpuinfo"))?);
@@ -202,15 +225,41 @@ pub fn mount_views(root: &Path, staging: &Path) -> io::Result<()> {
 /// Writes the views (init, inside the sandbox, after pivot): root-owned,
 /// read-only to the program.
 pub fn write_views(facts: &NodeFacts, view: &View) -> io::Result<()> {
+    write_meminfo(facts, view)?;
+    write_cpu_views(facts, view)
+}
+
+/// Rewrites what differs between the views of `built` and of `call` (the
+/// call's size, where it is not the one the sandbox was built with).
+pub fn rewrite_views(facts: &NodeFacts, built: &View, call: &View) -> io::Result<()> {
+    let (memory, cpus) = changed(built, call);
+    if memory {
+        write_meminfo(facts, call)?;
+    }
+    if cpus {
+        write_cpu_views(facts, call)?;
+    }
+    Ok(())
+}
+
+/// Whether (the memory view, the CPU views) differ between two sizes.
+fn changed(built: &View, call: &View) -> (bool, bool) {
+    (built.memory_bytes != call.memory_bytes, built.cpus != call.cpus)
+}
+
+fn write_meminfo(facts: &NodeFacts, view: &View) -> io::Result<()> {
     // A view without figures (none given) tells the node's own.
+    let memory_bytes = if view.memory_bytes == 0 { facts.memory_bytes } else { view.memory_bytes };
+    fs::write("/proc/meminfo", meminfo(&View { cpus: Vec::new(), memory_bytes }))
+}
+
+fn write_cpu_views(facts: &NodeFacts, view: &View) -> io::Result<()> {
     let all: Vec<u32> = facts.cpuinfo.iter().map(|(id, _)| *id).collect();
     let cpus: &[u32] = match (view.cpus.is_empty(), all.is_empty()) {
         (false, _) => &view.cpus,
         (true, false) => &all,
         (true, true) => &[0],
     };
-    let memory_bytes = if view.memory_bytes == 0 { facts.memory_bytes } else { view.memory_bytes };
-    fs::write("/proc/meminfo", meminfo(&View { cpus: Vec::new(), memory_bytes }))?;
     fs::write("/proc/cpuinfo", cpuinfo(facts, cpus))?;
     fs::write("/proc/stat", stat(facts, cpus))?;
     let cpu = Path::new("/sys/devices/system/cpu");
@@ -262,6 +311,15 @@ mod tests {
     use super::*;
 
     const CPUINFO: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: X\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Y\n\n";
+
+    #[test]
+    fn a_call_rewrites_only_the_views_its_size_changes() {
+        let built = View { cpus: vec![0], memory_bytes: 1 << 30 };
+        assert_eq!(changed(&built, &View { cpus: vec![0], memory_bytes: 1 << 28 }), (true, false), "memory alone");
+        assert_eq!(changed(&built, &View { cpus: vec![1], memory_bytes: 1 << 30 }), (false, true), "CPUs alone");
+        assert_eq!(changed(&built, &View { cpus: vec![0, 1], memory_bytes: 1 << 28 }), (true, true));
+        assert_eq!(changed(&built, &built.clone()), (false, false));
+    }
 
     #[test]
     fn cpu_lists_are_written_as_the_kernel_writes_them() {
