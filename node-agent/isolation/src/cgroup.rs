@@ -491,19 +491,13 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Starts accounting afresh: v1 counters are reset; v2 reports since the
-    /// group was made (the sandbox's setup included), so the CPU used so far
-    /// is remembered and subtracted.
+    /// Starts accounting afresh: the CPU used so far and the OOM kills
+    /// counted so far become bases that are subtracted (v2 counts from the
+    /// group's making, a kept v1 group from its first sandbox's); v1's peak
+    /// is reset (v2 keeps none that can be).
     pub fn reset_usage(&mut self) -> Result<()> {
-        match self.layout {
-            CgroupLayout::V1 { .. } => {
-                self.write(Controller::CpuAcct, "cpuacct.usage", "0")?;
-                self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
-                self.cpu_base = 0;
-            }
-            CgroupLayout::V2 { .. } => {
-                self.cpu_base = keyed_value(&self.read(Controller::Cpu, "cpu.stat")?, "usage_usec").unwrap_or(0);
-            }
+        if let CgroupLayout::V1 { .. } = self.layout {
+            self.write(Controller::Memory, "memory.max_usage_in_bytes", "0")?;
         }
         let (cpu, peak, oom) = self.usage_paths();
         // Open files stay valid across a rename of the group: opened once.
@@ -511,6 +505,8 @@ impl Cgroup {
             let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
             self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
         }
+        self.cpu_base = 0;
+        self.cpu_base = self.cpu_micros()?;
         let counted = self.usage_files.as_ref().map(|f| reread(&f.oom)).transpose().map_err(io_err(&oom))?;
         self.oom_base = counted.and_then(|t| keyed_value(&t, "oom_kill")).unwrap_or(0);
         Ok(())
@@ -593,9 +589,15 @@ impl Cgroup {
 
     /// SIGKILLs every task in the group (v2: `cgroup.kill`; v1: by pid until empty).
     pub fn kill_all(&self) {
+        let _ = self.kill_all_until_empty();
+    }
+
+    /// [`Cgroup::kill_all`]; whether the group was seen empty after it (v2:
+    /// not looked at, false).
+    fn kill_all_until_empty(&self) -> bool {
         if let CgroupLayout::V2 { .. } = self.layout {
             if self.write(Controller::Pids, "cgroup.kill", "1").is_ok() {
-                return;
+                return false;
             }
         }
         // A forking task can add pids while we kill; a bounded number of rounds
@@ -603,13 +605,14 @@ impl Cgroup {
         for _ in 0..100 {
             let pids = self.pids();
             if pids.is_empty() {
-                return;
+                return true;
             }
             for pid in pids {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        false
     }
 
     /// Removes the group's directories. Tasks must be gone; an exiting task can

@@ -96,8 +96,8 @@ impl Recycler {
     /// Ends `group`'s use: its tasks are killed, then it is kept when it
     /// may be (see the module's text), else removed.
     pub fn give_back(&self, mut group: Cgroup) -> Result<()> {
-        group.kill_all();
-        if self.keepable(&group) {
+        let emptied = group.kill_all_until_empty();
+        if emptied && self.keepable(&group) {
             let name = format!("{IDLE_PREFIX}{}", self.next.fetch_add(1, Ordering::Relaxed));
             if group.rename(&name).is_ok() {
                 let mut idle = self.idle();
@@ -110,6 +110,7 @@ impl Recycler {
         group.remove()
     }
 
+    /// Whether an emptied group may be kept: room, and little still charged.
     fn keepable(&self, group: &Cgroup) -> bool {
         {
             let idle = self.idle();
@@ -118,7 +119,7 @@ impl Recycler {
             }
         }
         let charged = group.read(Controller::Memory, "memory.usage_in_bytes").ok().and_then(|t| t.trim().parse::<u64>().ok());
-        group.pids().is_empty() && charged.is_some_and(|bytes| bytes <= LEFTOVER_MAX)
+        charged.is_some_and(|bytes| bytes <= LEFTOVER_MAX)
     }
 
     /// Removes every kept group; groups given back from now on are removed.
