@@ -145,26 +145,24 @@ async fn claim_fitting<S: Sandboxes>(sandboxes: &S, shape: &Shape, spec: &ExecSp
 /// every resource finished (a thread's save is durable); then the resources
 /// are released and the sandbox torn down in the background while `held`
 /// stays held, so the node counts an execution until nothing of it is left.
-/// A failed acquire or prepare answers `never_ran` and still releases
-/// everything; a sandbox whose prepare failed is discarded, never reused.
+/// A failed acquire, claim or prepare releases the resources before it
+/// answers (`never_ran`, or the claim's error), so a thread is free again
+/// when its caller hears that nothing ran; a sandbox whose prepare failed
+/// is then discarded in the background, never reused.
 pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: Resources, plan: Planned<H>, received: Instant, events: mpsc::Sender<Event>) -> Result<Outcome, ExecError> {
     let Planned { spec, shape, mut go, held, trace } = plan;
     let (t0, wall0) = (Instant::now(), std::time::SystemTime::now());
     if let Err(failure) = resources.acquire().await {
-        tokio::spawn(async move {
-            resources.release().await;
-            drop(held);
-        });
+        resources.release().await;
+        drop(held);
         return Ok(Outcome::never_ran(failure));
     }
     let t_acquired = t0.elapsed();
     let sandbox = match claim_fitting(sandboxes, &shape, &spec).await {
         Ok(sandbox) => sandbox,
         Err(e) => {
-            tokio::spawn(async move {
-                resources.release().await;
-                drop(held);
-            });
+            resources.release().await;
+            drop(held);
             return Err(e.into());
         }
     };
@@ -175,8 +173,8 @@ pub async fn run<S: Sandboxes, H: Send + 'static>(sandboxes: &S, mut resources: 
     };
     if let Err(failure) = prepared {
         sandboxes.refill(shape);
+        resources.release().await;
         tokio::spawn(async move {
-            resources.release().await;
             sandbox.discard().await;
             drop(held);
         });

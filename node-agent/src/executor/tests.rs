@@ -298,6 +298,7 @@ async fn a_failed_acquire_runs_nothing_claims_nothing_and_releases_everything() 
     assert_eq!(outcome.exit_code, -1, "never ran");
     assert_eq!(outcome.failure, Some(Failure::StorageMount("mounts failed to acquire".into())));
     assert!(out.is_empty());
+    assert!(log.entries().contains(&"release home".to_string()), "released before the answer (a thread is free when its caller hears nothing ran)");
     let_go(gone).await;
     assert_eq!(
         log.entries(),
@@ -314,6 +315,8 @@ async fn a_failed_prepare_discards_the_sandbox_and_releases_everything() {
     let outcome = result.unwrap();
     assert_eq!((outcome.exit_code, outcome.failure), (-1, Some(Failure::StorageMount("home failed to prepare".into()))));
     assert!(out.is_empty(), "nothing ran");
+    let at_answer = log.entries();
+    assert_eq!(at_answer[3..], ["prepare home", "release mounts", "release home"].map(String::from), "released before the answer: {at_answer:?}");
     let_go(gone).await;
     let entries = log.entries();
     assert!(!entries.iter().any(|e| e.starts_with("run") || e == "teardown"), "{entries:?}");
@@ -331,6 +334,7 @@ async fn a_failed_claim_is_an_error_and_still_releases_before_letting_go() {
     double.claim_fails = true;
     let (result, _, gone) = execute(&double, vec![Probe::boxed("home", "", &log)], &log).await;
     assert!(matches!(result, Err(ExecError::Sandbox(SandboxError::NoSlot))), "{result:?}");
+    assert_eq!(log.entries(), ["acquire home", "claim failed", "release home", "held dropped"].map(String::from), "released before the error is answered");
     let_go(gone).await;
     assert_eq!(log.entries(), ["acquire home", "claim failed", "release home", "held dropped"].map(String::from));
 }
