@@ -505,8 +505,7 @@ impl Cgroup {
             let open = |p: &PathBuf| fs::File::open(p).map_err(io_err(p));
             self.usage_files = Some(UsageFiles { cpu: open(&cpu)?, peak: peak.as_ref().map(open).transpose()?, oom: open(&oom)? });
         }
-        self.cpu_base = 0;
-        self.cpu_base = self.cpu_micros()?;
+        self.cpu_base = self.cpu_micros_in_all()?;
         let counted = self.usage_files.as_ref().map(|f| reread(&f.oom)).transpose().map_err(io_err(&oom))?;
         self.oom_base = counted.and_then(|t| keyed_value(&t, "oom_kill")).unwrap_or(0);
         Ok(())
@@ -515,14 +514,19 @@ impl Cgroup {
     /// CPU the group used since accounting started (one read of one file,
     /// opened at [`Cgroup::reset_usage`]).
     pub fn cpu_micros(&self) -> Result<u64> {
+        Ok(self.cpu_micros_in_all()?.saturating_sub(self.cpu_base))
+    }
+
+    /// CPU the group's counter holds, whatever accounting subtracts.
+    fn cpu_micros_in_all(&self) -> Result<u64> {
         let (path, _, _) = self.usage_paths();
         let text = match &self.usage_files {
             Some(f) => reread(&f.cpu).map_err(io_err(&path))?,
             None => read(&path)?,
         };
         Ok(match self.layout {
-            CgroupLayout::V1 { .. } => (text.trim().parse::<u64>().unwrap_or(0) / 1000).saturating_sub(self.cpu_base),
-            CgroupLayout::V2 { .. } => keyed_value(&text, "usage_usec").unwrap_or(0).saturating_sub(self.cpu_base),
+            CgroupLayout::V1 { .. } => text.trim().parse::<u64>().unwrap_or(0) / 1000,
+            CgroupLayout::V2 { .. } => keyed_value(&text, "usage_usec").unwrap_or(0),
         })
     }
 

@@ -596,9 +596,11 @@ impl Executor {
         self.live.end_all().await;
         self.pool.shutdown().await;
         let env = self.env.clone();
-        let _ = tokio::task::spawn_blocking(move || env.spawner.stop(std::time::Duration::from_secs(5))).await;
-        let env = self.env.clone();
-        let _ = tokio::task::spawn_blocking(move || env.groups.close()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            env.spawner.stop(std::time::Duration::from_secs(5));
+            env.groups.close();
+        })
+        .await;
         if let Err(e) = self.env.groups.layout().remove_parents() {
             debug!(error = %e, "the agent's cgroup stays delegated to it");
         }
