@@ -22,6 +22,8 @@ pub struct Audit {
     recorder: Recorder,
     /// The gateway's spans of the call, when they are exported.
     spans: Option<crate::traced::GatewaySpans>,
+    /// The end was recorded ([`Audit::end_now`]): dropping it records nothing more.
+    ended: bool,
 }
 
 impl Audit {
@@ -29,7 +31,7 @@ impl Audit {
     /// is committed); the outcome is `cancelled` until [`Audit::finish`].
     pub fn start(record: NewRecord, recorder: &Recorder, metrics: std::sync::Arc<crate::metrics::Metrics>, spans: Option<crate::traced::GatewaySpans>) -> (Self, tokio::sync::oneshot::Receiver<bool>) {
         let committed = recorder.insert(record.clone());
-        let audit = Audit { record, started: Instant::now(), exit_code: None, outcome: Outcome::Cancelled, result: None, metrics, recorder: recorder.clone(), spans };
+        let audit = Audit { record, started: Instant::now(), exit_code: None, outcome: Outcome::Cancelled, result: None, metrics, recorder: recorder.clone(), spans, ended: false };
         (audit, committed)
     }
 
@@ -68,6 +70,19 @@ impl Audit {
 
 impl Drop for Audit {
     fn drop(&mut self) {
+        self.end_now();
+    }
+}
+
+impl Audit {
+    /// Records the end now, with the outcome set so far (once: later calls
+    /// and the drop record nothing). A stream whose retry replays its record
+    /// queues the end before its last line leaves, so the record is ended
+    /// by the time the client can retry.
+    pub fn end_now(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
         let elapsed = self.started.elapsed();
         let r = &self.record;
         self.metrics.execution(r.language, self.outcome.as_str(), elapsed.as_secs_f64());

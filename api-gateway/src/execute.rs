@@ -228,7 +228,10 @@ async fn relay(mut run: Run, tx: ndjson::Tx, mut tape: Tape, settled: bool, (kee
         let (out, done) = step(&mut run, &mut lines, ev);
         tape.record(&out);
         if done && settled {
+            // The record's end, then everything, committed before the last
+            // line leaves: a retry of the call replays the ended record.
             // Bounded: a stalled database delays the end, never holds it.
+            run.record_end();
             let _ = tokio::time::timeout(stall, tape.flush()).await;
         }
         for ev in &out {

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info_span, warn, Instrument};
 
+use warren_isolation::spec::Limits;
+
 use crate::sandbox::{prepare, Prepared, SandboxEnv, SandboxError, Shape};
 
 /// Shapes kept warm at most; the least recently claimed gives way.
@@ -77,6 +79,8 @@ struct ShapeState {
     pinned: bool,
     /// Not refilled before this: one of its sandboxes did not stay idle.
     quiet_until: Option<Instant>,
+    /// The limits of its last call: what its next sandboxes wait under.
+    limits: Option<Limits>,
 }
 
 impl ShapeState {
@@ -116,8 +120,10 @@ impl Pool {
         self.start_filler(&mut inner, shape);
     }
 
-    /// A ready sandbox of `shape`, or — at once — a cold one when none is.
-    pub async fn claim(&self, shape: Shape) -> Result<Prepared, SandboxError> {
+    /// A ready sandbox of `shape` for a call of `limits`, or — at once — a
+    /// cold one made to `limits` when none is. The shape's next sandboxes
+    /// wait under `limits` (see [`Pool::waiting_limits`]).
+    pub async fn claim(&self, shape: Shape, limits: &Limits) -> Result<Prepared, SandboxError> {
         let mut stale = Vec::new();
         let found = {
             let mut inner = self.lock();
@@ -125,6 +131,7 @@ impl Pool {
             let mut found = None;
             if let Some(state) = self.state(&mut inner, &shape) {
                 state.last_claim = Instant::now();
+                state.limits = Some(*limits);
                 while let Some(mut p) = state.ready.pop_front() {
                     if p.is_alive() {
                         p.claim();
@@ -153,7 +160,22 @@ impl Pool {
             Some(p) => Ok(p),
             // A miss starts cold: an interpreter started now would cost the
             // call what a cold start costs, and more.
-            None => prepare(&self.env, Shape { warm: None, ..shape }).await,
+            None => prepare(&self.env, Shape { warm: None, ..shape }, limits).await,
+        }
+    }
+
+    /// The limits a sandbox of `shape` waits under: its last call's, so a
+    /// call of the same size (the common case: a Sandbox's calls share its
+    /// resources) finds its cgroup and views already sized and writes
+    /// nothing. A warm interpreter imports before any call, so a warm
+    /// shape never waits under less memory or fewer pids than the node's
+    /// defaults (a call that asks for less lowers them when it claims).
+    fn waiting_limits(&self, shape: &Shape, last: Option<Limits>) -> Limits {
+        let defaults = self.env.idle_limits;
+        match last {
+            None => defaults,
+            Some(l) if shape.warm.is_none() => l,
+            Some(l) => Limits { memory_bytes: l.memory_bytes.max(defaults.memory_bytes), pids: l.pids.max(defaults.pids), ..l },
         }
     }
 
@@ -180,7 +202,7 @@ impl Pool {
                     }
                 });
             }
-            let state = ShapeState { ready: VecDeque::new(), filling: false, target: 1, last_claim: Instant::now(), cooled: Instant::now(), pinned: false, quiet_until: None };
+            let state = ShapeState { ready: VecDeque::new(), filling: false, target: 1, last_claim: Instant::now(), cooled: Instant::now(), pinned: false, quiet_until: None, limits: None };
             inner.shapes.insert(shape.clone(), state);
         }
         inner.shapes.get_mut(shape)
@@ -199,7 +221,7 @@ impl Pool {
     // Long: one refill loop; each turn cools the target, checks the budget (possibly taking another shape's idle sandbox), prepares, and files the result.
     async fn fill(&self, shape: Shape) {
         loop {
-            let (files, victim) = {
+            let (files, victim, limits) = {
                 let mut inner = self.lock();
                 let closed = inner.closed;
                 let Some(state) = inner.shapes.get_mut(&shape) else { return };
@@ -208,7 +230,7 @@ impl Pool {
                     state.filling = false;
                     return;
                 }
-                let mine = state.last_claim;
+                let (mine, limits) = (state.last_claim, self.waiting_limits(&shape, state.limits));
                 let files: Vec<std::path::PathBuf> = inner.shapes.values().flat_map(|s| s.ready.iter().map(Prepared::memory_file)).collect();
                 // Only a shape claimed less recently gives way (two shapes
                 // never take turns taking each other's sandboxes).
@@ -218,7 +240,7 @@ impl Pool {
                     .filter(|(k, s)| **k != shape && !s.ready.is_empty() && s.last_claim < mine)
                     .min_by_key(|(_, s)| s.last_claim)
                     .map(|(k, _)| k.clone());
-                (files, victim)
+                (files, victim, limits)
             };
             if memory_of(&files) >= self.memory_budget {
                 // Over budget: another shape's least needed idle sandbox
@@ -236,7 +258,7 @@ impl Pool {
                     }
                 }
             }
-            match prepare(&self.env, shape.clone()).await {
+            match prepare(&self.env, shape.clone(), &limits).await {
                 Ok(p) => {
                     let leftover = {
                         let mut inner = self.lock();

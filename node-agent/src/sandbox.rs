@@ -34,8 +34,13 @@ const PREPARE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Most CPU an idle sandbox may use between two of the pool's checks
 /// before it is discarded as not idle.
 pub const IDLE_CPU_PER_CHECK: Duration = Duration::from_millis(50);
-/// Size of one output read.
+/// Most bytes of one output read.
 const CHUNK: usize = 64 * 1024;
+/// Bytes of an execution's first output read: most programs print little,
+/// and two zeroed 64 KiB buffers per call were a tenth of the agent's CPU
+/// per call in its allocator and page faults; a read that fills its buffer
+/// grows it (up to [`CHUNK`]).
+const FIRST_CHUNK: usize = 4 * 1024;
 
 /// Why a sandbox could not be prepared or run.
 #[derive(Debug, thiserror::Error)]
@@ -258,12 +263,12 @@ struct Started {
 /// mkdirs and writes, the round trip to the spawner that forks the supervisor —
 /// on a blocking thread: never on a runtime worker, where it would hold
 /// up the answers of calls in flight (a refill starts as a call ends).
-async fn start(env: &Arc<SandboxEnv>) -> Result<Started, SandboxError> {
+async fn start(env: &Arc<SandboxEnv>, limits: Limits) -> Result<Started, SandboxError> {
     let env = env.clone();
-    tokio::task::spawn_blocking(move || start_blocking(&env)).await.map_err(|e| SandboxError::Io { step: "start", source: std::io::Error::other(e) })?
+    tokio::task::spawn_blocking(move || start_blocking(&env, &limits)).await.map_err(|e| SandboxError::Io { step: "start", source: std::io::Error::other(e) })?
 }
 
-fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
+fn start_blocking(env: &SandboxEnv, limits: &Limits) -> Result<Started, SandboxError> {
     let slot = env.slots.acquire().ok_or(SandboxError::NoSlot)?;
     let id = format!("{}-{}", slot.index(), &warren_isolation::spec::new_execution_id()[4..]);
     let home_dir = env.homes_dir.join(&id);
@@ -274,7 +279,7 @@ fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
             return Err(SandboxError::Io { step, source: e });
         }
     }
-    let cgroup = match env.groups.take(&id, &env.idle_limits) {
+    let cgroup = match env.groups.take(&id, limits) {
         Ok(c) => c,
         Err(e) => {
             remove_home_dir(&home_dir);
@@ -306,9 +311,13 @@ fn start_blocking(env: &SandboxEnv) -> Result<Started, SandboxError> {
     }
 }
 
-/// Builds a sandbox up to "init waits for Go".
-pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, SandboxError> {
-    let Started { slot, id, home_dir, cgroup, child, supervisor, init, stdout, stderr } = start(env).await?;
+/// Builds a sandbox up to "init waits for Go", sized to `limits` while it
+/// waits (its cgroup's limits and its `/proc` views): the call it is made
+/// for, or the calls its shape last served, so that a call of that size
+/// writes nothing when it claims it (any call may still claim it: the
+/// call's own limits are written then).
+pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape, limits: &Limits) -> Result<Prepared, SandboxError> {
+    let Started { slot, id, home_dir, cgroup, child, supervisor, init, stdout, stderr } = start(env, *limits).await?;
     let config = SupervisorConfig {
         id: id.clone(),
         cgroup_procs: cgroup.procs_files(),
@@ -326,7 +335,7 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape) -> Result<Prepared, Sa
         conn_dir: conn_dir_of(&home_dir),
         seccomp_bpf: env.seccomp_bpf.clone(),
         warm: shape.warm.as_deref().cloned(),
-        view: View { cpus: env.cpus.take(env.idle_limits.cpu_millis), memory_bytes: env.idle_limits.memory_bytes },
+        view: View { cpus: env.cpus.take(limits.cpu_millis), memory_bytes: limits.memory_bytes },
     };
     let output_stall = env.output_stall;
     let network = shape.network;
@@ -600,8 +609,8 @@ impl Prepared {
         let mut killed = false;
         let mut reported = false;
         let mut ended: Option<Instant> = None;
-        let mut out_buf = vec![0u8; CHUNK];
-        let mut err_buf = vec![0u8; CHUNK];
+        let mut out_buf = vec![0u8; FIRST_CHUNK];
+        let mut err_buf = vec![0u8; FIRST_CHUNK];
         // Read every source to its end: select! picks ready branches at random,
         // so init's final report can still be buffered when the supervisor has
         // already said init is gone (init's socket reaches EOF right after).
@@ -616,14 +625,14 @@ impl Prepared {
             let read = queue.has_room() || killed;
             tokio::select! {
                 n = self.stdout.read(&mut out_buf), if out_open && read => {
-                    match forward(n, &out_buf, cap, &mut out_seen, &mut out.stdout_truncated) {
+                    match forward(n, &mut out_buf, cap, &mut out_seen, &mut out.stdout_truncated) {
                         Some(chunk) if !chunk.is_empty() => queue.push_or_drop(events, Event::Stdout(chunk), &mut out.stdout_truncated),
                         Some(_) => {}
                         None => out_open = false,
                     }
                 }
                 n = self.stderr.read(&mut err_buf), if err_open && read => {
-                    match forward(n, &err_buf, cap, &mut err_seen, &mut out.stderr_truncated) {
+                    match forward(n, &mut err_buf, cap, &mut err_seen, &mut out.stderr_truncated) {
                         Some(chunk) if !chunk.is_empty() => queue.push_or_drop(events, Event::Stderr(chunk), &mut out.stderr_truncated),
                         Some(_) => {}
                         None => err_open = false,
@@ -737,7 +746,9 @@ async fn exited(supervisor: &mut Channel) {
 /// Applies the per-stream cap: returns the part of a read to forward, or
 /// `None` at end of stream. Bytes past the cap are read (so the writer never
 /// blocks) and dropped.
-fn forward(read: std::io::Result<usize>, buf: &[u8], cap: u64, seen: &mut u64, truncated: &mut bool) -> Option<Vec<u8>> {
+/// The chunk of a read into `buf` to forward; a read that filled `buf`
+/// grows it for the next (up to [`CHUNK`]).
+fn forward(read: std::io::Result<usize>, buf: &mut Vec<u8>, cap: u64, seen: &mut u64, truncated: &mut bool) -> Option<Vec<u8>> {
     let n = match read {
         Ok(0) | Err(_) => return None,
         Ok(n) => n,
@@ -747,7 +758,11 @@ fn forward(read: std::io::Result<usize>, buf: &[u8], cap: u64, seen: &mut u64, t
     if room < n {
         *truncated = true;
     }
-    Some(buf[..room].to_vec())
+    let chunk = buf[..room].to_vec();
+    if n == buf.len() && buf.len() < CHUNK {
+        buf.resize((buf.len() * 4).min(CHUNK), 0);
+    }
+    Some(chunk)
 }
 
 /// Removes a sandbox's (empty) home dir. Never recursive: if something is
@@ -792,14 +807,29 @@ mod tests {
 
     #[test]
     fn output_cap_truncates_and_keeps_draining() {
-        let buf = b"0123456789";
+        let mut buf = b"0123456789".to_vec();
         let (mut seen, mut trunc) = (0, false);
-        assert_eq!(forward(Ok(4), buf, 6, &mut seen, &mut trunc), Some(b"0123".to_vec()));
+        assert_eq!(forward(Ok(4), &mut buf, 6, &mut seen, &mut trunc), Some(b"0123".to_vec()));
         assert!(!trunc);
-        assert_eq!(forward(Ok(4), buf, 6, &mut seen, &mut trunc), Some(b"01".to_vec()));
+        assert_eq!(forward(Ok(4), &mut buf, 6, &mut seen, &mut trunc), Some(b"01".to_vec()));
         assert!(trunc);
-        assert_eq!(forward(Ok(10), buf, 6, &mut seen, &mut trunc), Some(Vec::new()));
+        assert_eq!(buf.len(), 10, "a read that did not fill the buffer leaves it as it is");
+        assert_eq!(forward(Ok(10), &mut buf, 6, &mut seen, &mut trunc), Some(Vec::new()));
         assert_eq!(seen, 18);
-        assert_eq!(forward(Ok(0), buf, 6, &mut seen, &mut trunc), None);
+        assert_eq!(forward(Ok(0), &mut buf, 6, &mut seen, &mut trunc), None);
+    }
+
+    #[test]
+    fn a_read_that_fills_the_buffer_grows_it_up_to_a_chunk() {
+        let mut buf = vec![7u8; super::FIRST_CHUNK];
+        let (mut seen, mut trunc) = (0, false);
+        let first = forward(Ok(super::FIRST_CHUNK), &mut buf, u64::MAX, &mut seen, &mut trunc).unwrap();
+        assert_eq!(first.len(), super::FIRST_CHUNK, "the whole read is forwarded");
+        assert_eq!(buf.len(), super::FIRST_CHUNK * 4);
+        for _ in 0..8 {
+            let n = buf.len();
+            forward(Ok(n), &mut buf, u64::MAX, &mut seen, &mut trunc);
+        }
+        assert_eq!(buf.len(), super::CHUNK, "never past CHUNK");
     }
 }

@@ -492,3 +492,36 @@ async fn programs_start_with_no_signal_ignored_or_blocked() {
         assert_eq!(r.stderr, "", "pool {pool}");
     }
 }
+
+/// A pooled sandbox waits sized for its shape's last call (its cgroup's
+/// limits), so a call of the same size claims it without writing its
+/// limits; a call of another size still runs under its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_sandbox_waits_sized_for_its_shapes_last_call() {
+    if skip_unless_root("a_pooled_sandbox_waits_sized_for_its_shapes_last_call") {
+        return;
+    }
+    let agent = Agent::start(&["--pool-size", "1", "--warm-interpreters", "false"]).await.unwrap();
+    const MIB: u64 = 1 << 20;
+    let sized = |memory_mib: u64, pids: u32| {
+        let mut r = request(Language::Bash, "echo $(( $(sed -n 's/^MemTotal: *\\([0-9]*\\) kB/\\1/p' /proc/meminfo) / 1024 ))", T);
+        r.limits = Some(Limits { memory_bytes: memory_mib * MIB, pids, ..Default::default() });
+        r
+    };
+    // The waiting sandboxes' memory and pids limits (v1: one hierarchy each; v2: one group).
+    let waiting = || {
+        let groups = agent.leftover_cgroups();
+        let read = |names: &[&str]| -> Vec<String> {
+            groups.iter().flat_map(|g| names.iter().filter_map(move |n| std::fs::read_to_string(g.join(n)).ok())).map(|s| s.trim().to_string()).collect()
+        };
+        (read(&["memory.limit_in_bytes", "memory.max"]), read(&["pids.max"]))
+    };
+    let first = agent.run_request(sized(96, 48)).await.unwrap();
+    assert_eq!(first.stdout.trim(), "96", "the call's own size: {first:?}");
+    warren_e2e::bench::pool_settled(&agent).await;
+    assert_eq!(waiting(), (vec![(96 * MIB).to_string()], vec!["48".to_string()]), "the refilled sandbox waits at the last call's size");
+    let other = agent.run_request(sized(160, 64)).await.unwrap();
+    assert_eq!(other.stdout.trim(), "160", "a call of another size gets its own: {other:?}");
+    warren_e2e::bench::pool_settled(&agent).await;
+    assert_eq!(waiting(), (vec![(160 * MIB).to_string()], vec!["64".to_string()]), "and the next waits at that size");
+}

@@ -315,6 +315,14 @@ impl Run {
         (result, outcome)
     }
 
+    /// Once the agent's stream has ended (`Exited` or broken), queues the
+    /// record's end now rather than when the run is dropped.
+    pub fn record_end(&mut self) {
+        if let Some(live) = self.live.as_mut().filter(|l| l.ended) {
+            live.held.audit.end_now();
+        }
+    }
+
     /// Records a broken stream and marks the node down until its next check.
     pub fn lost(&mut self) -> ExecError {
         if let Some(live) = self.live.as_mut() {

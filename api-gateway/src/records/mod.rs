@@ -11,6 +11,7 @@
 //! Writes leave the request path through a channel: a synchronous execute
 //! never waits for the database.
 
+mod batch;
 mod idempotency;
 mod model;
 mod sandboxes;

@@ -66,7 +66,7 @@ pub struct Store {
 
 /// `peak_memory_bytes` of an execution whose node keeps no peak (cgroup v2
 /// before Linux 5.19): the column stays NOT NULL for databases made before.
-const PEAK_UNKNOWN: i64 = -1;
+pub(super) const PEAK_UNKNOWN: i64 = -1;
 
 /// The schema, in order; a database at version N runs steps N+1…
 const MIGRATIONS: &[&[&str]] = &[&[
@@ -206,7 +206,7 @@ const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language,
     duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
     timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, NULL AS blocked_egress, otel_trace_id";
 
-type Q<'q> = Query<'q, Any, AnyArguments>;
+pub(super) type Q<'q> = Query<'q, Any, AnyArguments>;
 
 /// Makes the SQLite file (every execution's output, the file-URL signing
 /// key) readable by the gateway's user only: a directory it creates is
@@ -318,13 +318,12 @@ impl Store {
         }
     }
 
-    /// Writes a batch of operations in one transaction.
+    /// Writes a batch of operations in one transaction, as few statements
+    /// as their kinds allow (see `batch`).
     pub(super) async fn apply(&self, ops: &[Write]) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
-        for op in ops {
-            for q in op.statements() {
-                q.execute(&mut *tx).await?;
-            }
+        for q in super::batch::statements(ops) {
+            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -608,76 +607,10 @@ impl Write {
             Write::Line(id, _, line) => 64 + id.len() + line.len(),
         }
     }
-
-    fn statements(&self) -> Vec<Q<'_>> {
-        match self {
-            Write::Insert(r) => insert_record(r),
-            Write::Finish(id, f) => vec![sqlx::query(
-                "UPDATE warren_executions SET \
-                 status = CASE WHEN cancel_requested = 1 AND $2 <> 'success' THEN 'cancelled' ELSE $3 END, \
-                 error = $4, exit_code = $5, duration_ms = $6, cpu_ms = $7, peak_memory_bytes = $8, stdout = $9, stderr = $10, \
-                 stdout_truncated = $11, stderr_truncated = $12, completed_ms = $13, blocked_egress = $14 \
-                 WHERE trace_id = $1 AND completed_ms IS NULL",
-            )
-            .bind(id.clone())
-            .bind(f.status.to_string())
-            .bind(f.status.to_string())
-            .bind(f.error.clone())
-            .bind(f.exit_code.map(i64::from))
-            .bind(f.duration_ms as i64)
-            .bind(f.cpu_ms as i64)
-            .bind(f.peak_memory_bytes.map_or(PEAK_UNKNOWN, |b| b as i64))
-            .bind(f.stdout.clone())
-            .bind(f.stderr.clone())
-            .bind(i64::from(f.stdout_truncated))
-            .bind(i64::from(f.stderr_truncated))
-            .bind(f.completed_ms)
-            .bind(f.blocked_egress.clone())],
-            Write::Webhook(id, status, attempts) => vec![sqlx::query("UPDATE warren_executions SET webhook_status = $2, webhook_attempts = $3 WHERE trace_id = $1")
-                .bind(id.clone())
-                .bind(status.to_string())
-                .bind(i64::from(*attempts))],
-            Write::Line(id, seq, line) => {
-                vec![sqlx::query("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES ($1, $2, $3)").bind(id.clone()).bind(*seq as i64).bind(line.clone())]
-            }
-            Write::Action(a) => vec![insert_action(a)],
-        }
-    }
-}
-
-/// The inserts of a new execution record and its metadata rows.
-fn insert_record(r: &NewRecord) -> Vec<Q<'static>> {
-    let metadata = serde_json::to_string(&r.metadata).unwrap_or_else(|_| "{}".into());
-    let mut out = vec![sqlx::query(
-        "INSERT INTO warren_executions (trace_id, namespace, key_name, sandbox, language, thread_id, metadata, mode, status, \
-         node, owner, timeout_secs, webhook_url, webhook_status, created_ms, otel_trace_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', $9, $10, $11, $12, $13, $14, $15)",
-    )
-    .bind(r.trace_id.clone())
-    .bind(r.namespace.clone())
-    .bind(r.key_name.clone())
-    .bind(r.sandbox.clone())
-    .bind(r.language.to_string())
-    .bind(r.thread_id.clone())
-    .bind(metadata)
-    .bind(r.mode.as_str().to_string())
-    .bind(r.node.clone())
-    .bind(r.owner.clone())
-    .bind(i64::from(r.timeout_secs))
-    .bind(r.webhook_url.clone())
-    .bind(r.webhook_url.as_ref().map(|_| "pending".to_string()))
-    .bind(r.created_ms)
-    .bind(r.otel_trace_id.clone())];
-    for (k, v) in &r.metadata {
-        out.push(
-            sqlx::query("INSERT INTO warren_execution_metadata (trace_id, k, v) VALUES ($1, $2, $3)").bind(r.trace_id.clone()).bind(k.clone()).bind(v.clone()),
-        );
-    }
-    out
 }
 
 /// The insert of one activity-log entry.
-fn insert_action(a: &Action) -> Q<'static> {
+pub(super) fn insert_action(a: &Action) -> Q<'static> {
     sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
         .bind(a.at_ms)
         .bind(a.user.clone())

@@ -14,6 +14,12 @@ use super::store::{Store, Write};
 const QUEUE: usize = 8192;
 /// Most writes committed in one transaction.
 const BATCH: usize = 512;
+/// Under load, commits begin at most this often, so that the writes of many
+/// calls share one: a commit's fixed cost (its transaction's round trips,
+/// its WAL frame) was paid per call's insert and per call's end at
+/// saturation, most of what records cost the gateway. A write arriving
+/// when no commit began within it is committed at once.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
 /// Bytes of writes waiting beyond a full queue (a slow or stalled
 /// database); past it writes are dropped and counted, never held without
 /// bound. An async submit whose insert is dropped is refused (503).
@@ -123,7 +129,18 @@ impl Recorder {
 
 async fn run(store: Store, mut rx: mpsc::Receiver<Op>) {
     let mut batch = Vec::with_capacity(BATCH);
+    let mut last: Option<tokio::time::Instant> = None;
     while rx.recv_many(&mut batch, BATCH).await > 0 {
+        if let Some(until) = last.map(|t| t + GATHER).filter(|u| *u > tokio::time::Instant::now()) {
+            tokio::time::sleep_until(until).await;
+            while batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+        }
+        last = Some(tokio::time::Instant::now());
         let mut writes = Vec::with_capacity(batch.len());
         let mut acks = Vec::with_capacity(batch.len());
         let mut flushes = Vec::new();

@@ -314,7 +314,7 @@ impl Executor {
                 continue;
             };
             let shape = Shape::of(&self.policy.defaults, rootfs.clone(), None).warmed(Some(start));
-            match crate::sandbox::prepare(&self.env, shape).await {
+            match crate::sandbox::prepare(&self.env, shape, &self.policy.defaults).await {
                 Ok(sandbox) => {
                     let (started, failed) = sandbox.warm_state();
                     match started {
@@ -492,7 +492,7 @@ impl Executor {
             fail(resources).await;
             return Err(ExecError::NotStarted(failure));
         }
-        let sandbox = match self.pool.claim(shape.clone()).await {
+        let sandbox = match self.pool.claim(shape.clone(), &spec.limits).await {
             Ok(s) => s,
             Err(e) => {
                 fail(resources).await;
@@ -565,7 +565,7 @@ impl Executor {
     /// Runs `path` in a sandbox of `rootfs` to print its version.
     async fn probe(&self, language: Language, path: &str, rootfs: &Rootfs, image_env: &[(String, String)]) -> Option<String> {
         let spec = ExecSpec::check(&mut Spec::new(language, language.version_probe(), PROBE_TIMEOUT), &self.policy).ok()?;
-        let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone(), None)).await.ok()?;
+        let sandbox = self.pool.claim(Shape::of(&spec.limits, rootfs.clone(), None), &spec.limits).await.ok()?;
         let (tx, mut rx) = mpsc::channel(16);
         let collect = tokio::spawn(async move {
             let mut out = Vec::new();

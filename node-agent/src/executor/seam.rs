@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
-use warren_isolation::spec::ExecSpec;
+use warren_isolation::spec::{ExecSpec, Limits};
 use warren_isolation::wire::Go;
 
 use super::ExecError;
@@ -25,8 +25,8 @@ use crate::sandbox::{Event, Outcome, Prepared, SandboxError, Shape, Teardown};
 pub trait Sandboxes: Send + Sync {
     /// A sandbox claimed for one execution.
     type Claimed: ClaimedSandbox;
-    /// A ready sandbox of `shape`.
-    fn claim(&self, shape: Shape) -> impl Future<Output = Result<Self::Claimed, SandboxError>> + Send;
+    /// A ready sandbox of `shape`, for a call of `limits`.
+    fn claim(&self, shape: Shape, limits: &Limits) -> impl Future<Output = Result<Self::Claimed, SandboxError>> + Send;
     /// The program that claimed a sandbox of `shape` ended: time to replace it.
     fn refill(&self, _shape: Shape) {}
 }
@@ -58,8 +58,8 @@ pub trait SandboxTeardown: Send + 'static {
 impl Sandboxes for Pool {
     type Claimed = Prepared;
 
-    fn claim(&self, shape: Shape) -> impl Future<Output = Result<Prepared, SandboxError>> + Send {
-        Pool::claim(self, shape)
+    fn claim(&self, shape: Shape, limits: &Limits) -> impl Future<Output = Result<Prepared, SandboxError>> + Send {
+        Pool::claim(self, shape, limits)
     }
 
     fn refill(&self, shape: Shape) {
@@ -130,10 +130,10 @@ pub async fn admit_slot(permits: &Arc<Semaphore>, max: u32, wait: Duration) -> R
 /// Claims a sandbox of `shape`; one whose warm interpreter holds more than
 /// the call may use is thrown away for a cold one.
 async fn claim_fitting<S: Sandboxes>(sandboxes: &S, shape: &Shape, spec: &ExecSpec) -> Result<S::Claimed, SandboxError> {
-    match sandboxes.claim(shape.clone()).await {
+    match sandboxes.claim(shape.clone(), &spec.limits).await {
         Ok(sandbox) if !sandbox.fits(spec) => {
             tokio::spawn(sandbox.discard());
-            sandboxes.claim(Shape { warm: None, ..shape.clone() }).await
+            sandboxes.claim(Shape { warm: None, ..shape.clone() }, &spec.limits).await
         }
         other => other,
     }

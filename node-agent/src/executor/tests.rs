@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
-use warren_isolation::spec::{ExecSpec, Language, NodePolicy};
+use warren_isolation::spec::{ExecSpec, Language, Limits, NodePolicy};
 use warren_isolation::wire::Go;
 
 use super::seam::{self, ClaimedSandbox, Planned, SandboxTeardown, Sandboxes};
@@ -76,7 +76,7 @@ struct FakeTeardown {
 impl Sandboxes for Double {
     type Claimed = FakeSandbox;
 
-    async fn claim(&self, shape: Shape) -> Result<FakeSandbox, SandboxError> {
+    async fn claim(&self, shape: Shape, _limits: &Limits) -> Result<FakeSandbox, SandboxError> {
         if self.claim_fails {
             self.log.note("claim failed");
             return Err(SandboxError::NoSlot);
