@@ -516,6 +516,8 @@ async fn a_pooled_sandbox_waits_sized_for_its_shapes_last_call() {
         };
         (read(&["memory.limit_in_bytes", "memory.max"]), read(&["pids.max"]))
     };
+    // The sandbox warmed at start is ready: the first call claims it, and its refill is the one sized.
+    warren_e2e::bench::pool_settled(&agent).await;
     let first = agent.run_request(sized(96, 48)).await.unwrap();
     assert_eq!(first.stdout.trim(), "96", "the call's own size: {first:?}");
     warren_e2e::bench::pool_settled(&agent).await;
