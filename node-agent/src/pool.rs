@@ -168,14 +168,19 @@ impl Pool {
     /// call of the same size (the common case: a Sandbox's calls share its
     /// resources) finds its cgroup and views already sized and writes
     /// nothing. A warm interpreter imports before any call, so a warm
-    /// shape never waits under less memory or fewer pids than the node's
+    /// shape never waits under less CPU, memory or pids than the node's
     /// defaults (a call that asks for less lowers them when it claims).
     fn waiting_limits(&self, shape: &Shape, last: Option<Limits>) -> Limits {
         let defaults = self.env.idle_limits;
         match last {
             None => defaults,
             Some(l) if shape.warm.is_none() => l,
-            Some(l) => Limits { memory_bytes: l.memory_bytes.max(defaults.memory_bytes), pids: l.pids.max(defaults.pids), ..l },
+            Some(l) => Limits {
+                cpu_millis: l.cpu_millis.max(defaults.cpu_millis),
+                memory_bytes: l.memory_bytes.max(defaults.memory_bytes),
+                pids: l.pids.max(defaults.pids),
+                ..l
+            },
         }
     }
 
