@@ -17,8 +17,14 @@ use std::collections::HashSet;
 
 use sqlx::AssertSqlSafe;
 
-use super::model::{Finished, NewRecord};
-use super::store::{Q, Write, PEAK_UNKNOWN};
+use super::model::{Action, Finished, NewRecord};
+
+/// A query on the record database, whichever it is.
+pub(super) type Q<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// `peak_memory_bytes` of an execution whose node keeps no peak (cgroup v2
+/// before Linux 5.19): the column stays NOT NULL for databases made before.
+pub(super) const PEAK_UNKNOWN: i64 = -1;
 
 /// Most rows of one multi-row statement: its binds stay under 999, the
 /// oldest SQLite's bound on a statement's parameters.
@@ -44,7 +50,7 @@ pub(super) fn statements(ops: &[Write]) -> Vec<Q<'static>> {
                     .bind(status.to_string())
                     .bind(i64::from(*attempts)),
             ),
-            Write::Action(a) => out.push(super::store::insert_action(a)),
+            Write::Action(a) => out.push(insert_action(a)),
             Write::Insert(_) | Write::Finish(..) | Write::Line(..) => {}
         }
     }
@@ -157,12 +163,46 @@ fn finish_records(rows: &[(&str, &Finished)]) -> Q<'static> {
     q
 }
 
+/// One write the recorder batches.
+#[derive(Debug)]
+pub(super) enum Write {
+    Insert(Box<NewRecord>),
+    Finish(String, Box<Finished>),
+    Line(String, u64, String),
+    Webhook(String, &'static str, u32),
+    Action(Box<Action>),
+}
+
+impl Write {
+    /// Roughly what the write holds in memory (its text), for the spill bound.
+    pub(super) fn bytes(&self) -> usize {
+        let s = |o: &Option<String>| o.as_ref().map_or(0, String::len);
+        match self {
+            Write::Insert(_) | Write::Webhook(..) => 1024,
+            Write::Action(a) => 64 + a.user.len() + a.action.len() + a.namespace.len() + a.object.len(),
+            Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error) + s(&f.blocked_egress),
+            Write::Line(id, _, line) => 64 + id.len() + line.len(),
+        }
+    }
+}
+
+/// The insert of one activity-log entry.
+pub(super) fn insert_action(a: &Action) -> Q<'static> {
+    sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
+        .bind(a.at_ms)
+        .bind(a.user.clone())
+        .bind(a.action.clone())
+        .bind(a.namespace.clone())
+        .bind(a.object.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::super::model::{Filter, Finished, Mode, NewRecord};
-    use super::super::store::{Store, Write};
+    use super::Write;
+    use crate::records::Store;
     use super::placeholders;
 
     fn record(id: &str, metadata: &[(&str, &str)]) -> Write {

@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
-use sqlx::query::Query;
+use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, AssertSqlSafe, Row as _};
 
-use super::model::{Action, Filter, Finished, NewRecord, Row, Stats};
+use super::batch::{insert_action, Write, Q};
+use super::model::{Action, Filter, Row, Stats};
 
 /// A failure of the record database (never shown to callers as such).
 #[derive(Debug, thiserror::Error)]
@@ -63,10 +63,6 @@ pub struct Store {
     writer: AnyPool,
     kind: Kind,
 }
-
-/// `peak_memory_bytes` of an execution whose node keeps no peak (cgroup v2
-/// before Linux 5.19): the column stays NOT NULL for databases made before.
-pub(super) const PEAK_UNKNOWN: i64 = -1;
 
 /// The schema, in order; a database at version N runs steps N+1…
 const MIGRATIONS: &[&[&str]] = &[&[
@@ -206,7 +202,6 @@ const SUMMARY_COLUMNS: &str = "trace_id, namespace, key_name, sandbox, language,
     duration_ms, cpu_ms, peak_memory_bytes, NULL AS stdout, NULL AS stderr, stdout_truncated, stderr_truncated, output_expired, node, owner, \
     timeout_secs, cancel_requested, webhook_url, webhook_status, webhook_attempts, created_ms, completed_ms, NULL AS blocked_egress, otel_trace_id";
 
-pub(super) type Q<'q> = Query<'q, Any, AnyArguments>;
 
 /// Makes the SQLite file (every execution's output, the file-URL signing
 /// key) readable by the gateway's user only: a directory it creates is
@@ -584,39 +579,6 @@ impl Where {
         }
         q
     }
-}
-
-/// One write the recorder batches.
-#[derive(Debug)]
-pub(super) enum Write {
-    Insert(Box<NewRecord>),
-    Finish(String, Box<Finished>),
-    Line(String, u64, String),
-    Webhook(String, &'static str, u32),
-    Action(Box<Action>),
-}
-
-impl Write {
-    /// Roughly what the write holds in memory (its text), for the spill bound.
-    pub(super) fn bytes(&self) -> usize {
-        let s = |o: &Option<String>| o.as_ref().map_or(0, String::len);
-        match self {
-            Write::Insert(_) | Write::Webhook(..) => 1024,
-            Write::Action(a) => 64 + a.user.len() + a.action.len() + a.namespace.len() + a.object.len(),
-            Write::Finish(id, f) => 1024 + id.len() + s(&f.stdout) + s(&f.stderr) + s(&f.error) + s(&f.blocked_egress),
-            Write::Line(id, _, line) => 64 + id.len() + line.len(),
-        }
-    }
-}
-
-/// The insert of one activity-log entry.
-pub(super) fn insert_action(a: &Action) -> Q<'static> {
-    sqlx::query("INSERT INTO warren_console_actions (at_ms, user_name, action, namespace, object) VALUES ($1, $2, $3, $4, $5)")
-        .bind(a.at_ms)
-        .bind(a.user.clone())
-        .bind(a.action.clone())
-        .bind(a.namespace.clone())
-        .bind(a.object.clone())
 }
 
 fn decode(r: &AnyRow) -> Result<Row, sqlx::Error> {

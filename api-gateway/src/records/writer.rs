@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::model::{Finished, NewRecord};
-use super::store::{Store, Write};
+use super::batch::Write;
+use super::store::Store;
 
 /// Queued writes before senders wait (each is small; output is capped).
 const QUEUE: usize = 8192;
