@@ -66,15 +66,7 @@ impl Audit {
             blocked_egress: (!r.blocked_egress.is_empty()).then(|| serde_json::to_string(&r.blocked_egress).unwrap_or_default()),
         });
     }
-}
 
-impl Drop for Audit {
-    fn drop(&mut self) {
-        self.end_now();
-    }
-}
-
-impl Audit {
     /// Records the end now, with the outcome set so far (once: later calls
     /// and the drop record nothing). A stream whose retry replays its record
     /// queues the end before its last line leaves, so the record is ended
@@ -114,5 +106,11 @@ impl Audit {
         if let Some(spans) = self.spans.take() {
             spans.export(&r.trace_id, &format!("{}/{}", r.namespace, r.key_name), self.outcome.as_str());
         }
+    }
+}
+
+impl Drop for Audit {
+    fn drop(&mut self) {
+        self.end_now();
     }
 }

@@ -36,9 +36,11 @@ pub(super) fn statements(ops: &[Write]) -> Vec<Q<'static>> {
     let inserts: Vec<&NewRecord> = ops.iter().filter_map(|w| if let Write::Insert(r) = w { Some(&**r) } else { None }).collect();
     out.extend(inserts.chunks(ROWS).map(insert_records));
     let metadata: Vec<[&str; 3]> = inserts.iter().flat_map(|r| r.metadata.iter().map(|(k, v)| [r.trace_id.as_str(), k, v])).collect();
-    out.extend(metadata.chunks(ROWS).map(|rows| insert_rows("warren_execution_metadata (trace_id, k, v)", rows)));
+    let text = |q: Q<'static>, row: &[&str; 3]| q.bind(row[0].to_string()).bind(row[1].to_string()).bind(row[2].to_string());
+    out.extend(metadata.chunks(ROWS).map(|rows| insert_rows("warren_execution_metadata (trace_id, k, v)", rows, text)));
     let lines: Vec<(&str, i64, &str)> = ops.iter().filter_map(|w| if let Write::Line(id, seq, line) = w { Some((id.as_str(), *seq as i64, line.as_str())) } else { None }).collect();
-    out.extend(lines.chunks(ROWS).map(insert_lines));
+    let line = |q: Q<'static>, (id, seq, line): &(&str, i64, &str)| q.bind(id.to_string()).bind(*seq).bind(line.to_string());
+    out.extend(lines.chunks(ROWS).map(|rows| insert_rows("warren_execution_events (trace_id, seq, line)", rows, line)));
     let mut ended = HashSet::new();
     let ends: Vec<(&str, &Finished)> = ops.iter().filter_map(|w| if let Write::Finish(id, f) = w { Some((id.as_str(), &**f)) } else { None }).filter(|(id, _)| ended.insert(*id)).collect();
     out.extend(ends.chunks(ROWS).map(finish_records));
@@ -79,23 +81,11 @@ fn placeholders(rows: usize, width: usize, fixed: Option<(usize, &str)>) -> Stri
     text
 }
 
-fn insert_rows(table: &str, rows: &[[&str; 3]]) -> Q<'static> {
-    let mut q = sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES {}", placeholders(rows.len(), 3, None))));
-    for row in rows {
-        for v in row {
-            q = q.bind(v.to_string());
-        }
-    }
-    q
-}
-
-fn insert_lines(rows: &[(&str, i64, &str)]) -> Q<'static> {
-    let sql = format!("INSERT INTO warren_execution_events (trace_id, seq, line) VALUES {}", placeholders(rows.len(), 3, None));
-    let mut q = sqlx::query(AssertSqlSafe(sql));
-    for (id, seq, line) in rows {
-        q = q.bind(id.to_string()).bind(*seq).bind(line.to_string());
-    }
-    q
+/// One INSERT of `rows` into `table` (its columns named), three text or
+/// integer values per row.
+fn insert_rows<R>(table: &str, rows: &[R], bind: impl Fn(Q<'static>, &R) -> Q<'static>) -> Q<'static> {
+    let q = sqlx::query(AssertSqlSafe(format!("INSERT INTO {table} VALUES {}", placeholders(rows.len(), 3, None))));
+    rows.iter().fold(q, bind)
 }
 
 /// The new records' rows (status `running`).

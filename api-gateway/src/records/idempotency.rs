@@ -6,8 +6,7 @@
 
 use sqlx::Row as _;
 
-type Q<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
-
+use super::batch::Q;
 use super::{Store, StoreError};
 
 /// How long a key holds its answer, milliseconds (24 h).
