@@ -339,12 +339,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let net = start_network(&sandbox_network, dns_upstream, &network_prefix, proc_dir).await?;
     let env = Arc::new(SandboxEnv {
         groups: Arc::new(warren_isolation::cgroup::recycle::Recycler::new(layout)),
-        spawner: warren_isolation::launch::Spawner::new(&supervisor_binary),
+        spawner: warren_isolation::launch::Spawner::new(&supervisor_binary, seccomp_bpf),
         mount_dir: dirs.mnt,
         host_root: dirs.host_root,
         homes_dir: dirs.homes,
         work_dir: dirs.work,
-        seccomp_bpf,
         slots,
         idle_limits: policy.defaults,
         output_stall: Duration::from_secs(output_stall_secs),

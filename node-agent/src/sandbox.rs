@@ -98,8 +98,6 @@ pub struct SandboxEnv {
     pub homes_dir: PathBuf,
     /// Per-call scratch for thread homes (upper layers).
     pub work_dir: PathBuf,
-    /// The compiled seccomp filter.
-    pub seccomp_bpf: Vec<u8>,
     /// Host uid/gid slots.
     pub slots: Slots,
     /// Limits a prepared (not yet claimed) sandbox runs under.
@@ -333,7 +331,6 @@ pub async fn prepare(env: &Arc<SandboxEnv>, shape: Shape, limits: &Limits) -> Re
         home_dir: home_dir.clone(),
         data_dir: data_dir_of(&home_dir),
         conn_dir: conn_dir_of(&home_dir),
-        seccomp_bpf: env.seccomp_bpf.clone(),
         warm: shape.warm.as_deref().cloned(),
         view: View { cpus: env.cpus.take(limits.cpu_millis), memory_bytes: limits.memory_bytes },
     };

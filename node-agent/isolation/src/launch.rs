@@ -1,6 +1,8 @@
 //! Starting a sandbox's supervisor: the agent hands its four descriptors to
 //! a spawner, a `warren-sandbox` it started once, which forks the
-//! supervisor (see `sandbox::spawner`).
+//! supervisor (see `sandbox::spawner`). A spawner's first message is the
+//! compiled seccomp program, which its supervisors inherit with the rest of
+//! its memory.
 //!
 //! A fork of that small single-threaded process instead of an exec of
 //! `warren-sandbox` per sandbox: the exec (loading and relocating the
@@ -106,6 +108,7 @@ impl Drop for Supervisor {
 /// first, so none is left to the pid namespace's init).
 pub struct Spawner {
     binary: PathBuf,
+    filter: Vec<u8>,
     state: Mutex<State>,
 }
 
@@ -135,21 +138,21 @@ impl State {
     }
 
     /// The spawner that serves, a new one when there is none or it is used up.
-    fn serving(&mut self, binary: &Path) -> io::Result<&mut Serving> {
+    fn serving(&mut self, binary: &Path, filter: &[u8]) -> io::Result<&mut Serving> {
         match self.current.take() {
             Some(s) if s.served < SPAWNS_PER_SPAWNER => Ok(self.current.insert(s)),
             used_up => {
                 if let Some(s) = used_up {
                     self.put_away(s);
                 }
-                Ok(self.current.insert(start(binary)?))
+                Ok(self.current.insert(start(binary, filter)?))
             }
         }
     }
 
     /// Sends `fds` to the serving spawner; the answer is still to be read.
-    fn ask(&mut self, binary: &Path, fds: &SupervisorFds) -> io::Result<&mut Serving> {
-        let serving = self.serving(binary)?;
+    fn ask(&mut self, binary: &Path, filter: &[u8], fds: &SupervisorFds) -> io::Result<&mut Serving> {
+        let serving = self.serving(binary, filter)?;
         request(serving.socket.as_fd(), fds)?;
         serving.served += 1;
         Ok(serving)
@@ -157,9 +160,11 @@ impl State {
 }
 
 impl Spawner {
-    /// Spawners of `binary` (`warren-sandbox`), the first started at the first call.
-    pub fn new(binary: &Path) -> Spawner {
-        Spawner { binary: binary.to_path_buf(), state: Mutex::default() }
+    /// Spawners of `binary` (`warren-sandbox`), the first started at the
+    /// first call, each handed `filter` (the compiled seccomp program every
+    /// sandbox loads; see [`crate::seccomp::compile`]).
+    pub fn new(binary: &Path, filter: Vec<u8>) -> Spawner {
+        Spawner { binary: binary.to_path_buf(), filter, state: Mutex::default() }
     }
 
     /// Starts a supervisor holding `fds` at 3–6. Blocks for a round trip to
@@ -167,12 +172,12 @@ impl Spawner {
     pub fn spawn(&self, fds: &SupervisorFds) -> io::Result<Supervisor> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.retired.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-        let serving = match state.ask(&self.binary, fds) {
+        let serving = match state.ask(&self.binary, &self.filter, fds) {
             Ok(serving) => serving,
             // It was gone before the request (nothing was forked): once more with a new one.
             Err(_) => {
                 state.retire();
-                state.ask(&self.binary, fds)?
+                state.ask(&self.binary, &self.filter, fds)?
             }
         };
         match answer(serving.socket.as_fd()) {
@@ -214,8 +219,9 @@ impl Spawner {
 }
 
 /// Starts a spawner; its stdin is its end of a SOCK_SEQPACKET pair (set
-/// there by the spawn itself: never inheritable in the agent).
-fn start(binary: &Path) -> io::Result<Serving> {
+/// there by the spawn itself: never inheritable in the agent), whose first
+/// message is `filter`.
+fn start(binary: &Path, filter: &[u8]) -> io::Result<Serving> {
     let (ours, theirs) = socket::socketpair(socket::AddressFamily::Unix, socket::SockType::SeqPacket, None, socket::SockFlag::SOCK_CLOEXEC)?;
     // A spawner that stopped answering fails its request (and is replaced)
     // instead of holding every sandbox's start.
@@ -230,8 +236,30 @@ fn start(binary: &Path) -> io::Result<Serving> {
         // A crash of a supervisor lands in the agent's log, never in a program's output.
         .stderr(Stdio::inherit())
         .spawn()?;
-    Ok(Serving { socket: ours, child, served: 0 })
+    let mut serving = Serving { socket: ours, child, served: 0 };
+    if let Err(e) = send_filter(serving.socket.as_fd(), filter) {
+        let _ = serving.child.kill();
+        let _ = serving.child.wait();
+        return Err(e);
+    }
+    Ok(serving)
 }
+
+/// Sends the seccomp program, as one message (at most [`MAX_FILTER`] bytes).
+fn send_filter(socket: BorrowedFd<'_>, filter: &[u8]) -> io::Result<()> {
+    if filter.is_empty() || filter.len() > MAX_FILTER {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a seccomp program is 1 to 4096 instructions"));
+    }
+    let sent = socket::send(socket.as_raw_fd(), filter, MsgFlags::MSG_NOSIGNAL)?;
+    if sent != filter.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "the spawner took part of its seccomp program"));
+    }
+    Ok(())
+}
+
+/// Most bytes of a seccomp program: the kernel's 4096 instructions
+/// (`BPF_MAXINSNS`) of 8 bytes.
+pub(crate) const MAX_FILTER: usize = 4096 * 8;
 
 /// Sends the four descriptors, in fd order, with a one-byte request.
 fn request(socket: BorrowedFd<'_>, fds: &SupervisorFds) -> io::Result<()> {

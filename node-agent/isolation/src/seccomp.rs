@@ -3,7 +3,9 @@
 //! Default action: `EPERM`. Syscalls from a foreign ABI (i386 via `int 0x80`,
 //! x32) kill the process. The policy is compiled once per agent with libseccomp
 //! and exported as classic BPF, which each sandbox loads with one `seccomp(2)`
-//! call: compiling per execution would cost ~0.35 ms on the hot path.
+//! call: compiling per execution would cost ~0.35 ms on the hot path. The
+//! agent hands the program to each spawner once (see `crate::launch`); every
+//! supervisor the spawner forks, and its init, holds it from there ([`handed`]).
 
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
@@ -22,6 +24,23 @@ pub enum SeccompError {
     /// Exporting the BPF program failed.
     #[error("seccomp export: {0}")]
     Export(#[from] std::io::Error),
+}
+
+/// The program this process was handed to load into its sandboxes: a
+/// spawner's, from its agent's first message. Forked supervisors inherit
+/// it, where sending it in each supervisor's config was ~8 KB of hex written,
+/// read and decoded per sandbox.
+static HANDED: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// Keeps `bpf` as this process's program; false when one was kept already.
+pub(crate) fn hand(bpf: Vec<u8>) -> bool {
+    HANDED.set(bpf).is_ok()
+}
+
+/// The program handed to this process; empty before, which fails every
+/// program's start (an empty filter is refused as malformed, never skipped).
+pub(crate) fn handed() -> &'static [u8] {
+    HANDED.get().map_or(&[], Vec::as_slice)
 }
 
 /// Syscalls a normal interpreter workload needs. Anything else is refused.

@@ -59,11 +59,6 @@ pub struct SupervisorConfig {
     /// Host directory the sandbox sees as `/run/warren/connectors`: the
     /// agent mounts a call's connector files there (RAM, outside the home).
     pub conn_dir: PathBuf,
-    /// Compiled seccomp filter (`struct sock_filter[]`), as hex: a string
-    /// is read and written at memory speed, where a JSON array of several
-    /// thousand numbers was a visible part of every sandbox's start.
-    #[serde(with = "hex")]
-    pub seccomp_bpf: Vec<u8>,
     /// An interpreter to start while the sandbox waits (a warm start).
     #[serde(default)]
     pub warm: Option<WarmStart>,
@@ -271,27 +266,6 @@ pub enum InitEvent {
     },
 }
 
-/// Bytes as a lowercase hex string.
-mod hex {
-    use serde::{de::Error, Deserialize, Deserializer, Serializer};
-
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        let text: String = bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)] as char, DIGITS[usize::from(b & 15)] as char]).collect();
-        s.serialize_str(&text)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        let digit = |c: u8| (c as char).to_digit(16).ok_or_else(|| D::Error::custom("not a hex digit"));
-        if text.len() % 2 != 0 {
-            return Err(D::Error::custom("odd number of hex digits"));
-        }
-        text.as_bytes().chunks_exact(2).map(|p| Ok(((digit(p[0])? << 4) | digit(p[1])?) as u8)).collect()
-    }
-}
-
 /// Writes one frame.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
@@ -336,21 +310,6 @@ mod tests {
         assert_eq!(read_frame::<InitEvent>(&mut r).unwrap(), Some(InitEvent::Exited { code: 3, signal: 0, warm: false }));
         assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), Some(SupervisorCommand::Kill));
         assert_eq!(read_frame::<SupervisorCommand>(&mut r).unwrap(), None);
-    }
-
-    #[test]
-    fn the_seccomp_filter_travels_as_hex() {
-        #[derive(Serialize, Deserialize, PartialEq, Debug)]
-        struct Filter {
-            #[serde(with = "hex")]
-            bpf: Vec<u8>,
-        }
-        let all: Vec<u8> = (0..=255).collect();
-        let text = serde_json::to_string(&Filter { bpf: all.clone() }).unwrap();
-        assert!(text.starts_with(r#"{"bpf":"000102"#) && text.ends_with(r#"feff"}"#), "{text}");
-        assert_eq!(serde_json::from_str::<Filter>(&text).unwrap(), Filter { bpf: all });
-        assert!(serde_json::from_str::<Filter>(r#"{"bpf":"0g"}"#).is_err());
-        assert!(serde_json::from_str::<Filter>(r#"{"bpf":"012"}"#).is_err());
     }
 
     #[test]

@@ -38,13 +38,13 @@ pub fn run(cfg: &SupervisorConfig, sync: OwnedFd) -> ! {
         Ok(facts) => facts,
         Err((stage, e)) => fail(&mut ctrl, stage, &e),
     };
-    let (zygote, failed) = match cfg.warm.as_ref().and_then(|w| warm::start(w, &cfg.seccomp_bpf)) {
+    let (zygote, failed) = match cfg.warm.as_ref().and_then(|w| warm::start(w, crate::seccomp::handed())) {
         Some((z, failed)) => (Some(z), failed),
         None => (None, Vec::new()),
     };
     // Without a warm interpreter the program's process is forked and
     // locked down now, off the call's path.
-    let stub = if zygote.is_none() { stub::start(&cfg.seccomp_bpf) } else { None };
+    let stub = if zygote.is_none() { stub::start(crate::seccomp::handed()) } else { None };
     if wire::write_frame(&mut ctrl, &InitEvent::Ready { warm: zygote.is_some(), failed }).is_err() {
         sys::exit_now(1);
     }
@@ -86,7 +86,7 @@ fn go_live(mut ctrl: UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: Waiti
     // Every process's stdio is its own, passed by the agent.
     let _ = nix::unistd::close(wire::STDOUT_FD);
     let _ = nix::unistd::close(wire::STDERR_FD);
-    live::serve(ctrl, go, &cfg.seccomp_bpf)
+    live::serve(ctrl, go, crate::seccomp::handed())
 }
 
 /// What waits for the call: a warm interpreter, or the cold start's stub.
@@ -151,11 +151,11 @@ fn run_program(ctrl: &mut UnixStream, go: &Go, cfg: &SupervisorConfig, waiting: 
         (None, Some(stub)) => match stub.go(go) {
             Ok(pid) => pid,
             Err(stub::Handoff::Exec(e)) => fail(ctrl, "exec", &e),
-            Err(stub::Handoff::Lost) => start_cold(ctrl, go, &cfg.seccomp_bpf),
+            Err(stub::Handoff::Lost) => start_cold(ctrl, go, crate::seccomp::handed()),
         },
         // No warm interpreter (or it died waiting) and no stub: the
         // program starts cold.
-        (None, None) => start_cold(ctrl, go, &cfg.seccomp_bpf),
+        (None, None) => start_cold(ctrl, go, crate::seccomp::handed()),
     };
     let warm = warm.is_some();
     // Only the program (and what it starts) may hold the output pipes, so the

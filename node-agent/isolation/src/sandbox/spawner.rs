@@ -1,8 +1,10 @@
 //! The spawner: a `warren-sandbox` the agent starts (see `crate::launch`)
 //! that forks one supervisor per sandbox. Single-threaded.
 //!
-//! On its socket (its stdin when started; a SOCK_SEQPACKET pair):
-//! the agent sends one byte with four descriptors (`SCM_RIGHTS`, in fd
+//! On its socket (its stdin when started; a SOCK_SEQPACKET pair) the agent
+//! first sends the compiled seccomp program, which the spawner keeps (see
+//! [`crate::seccomp::handed`]) and its forks inherit; then, per supervisor,
+//! one byte with four descriptors (`SCM_RIGHTS`, in fd
 //! order 3–6); the spawner forks, the child puts them at 3–6, closes every
 //! other descriptor from 7 up (its end of this socket too) and becomes the
 //! supervisor, exactly as an exec'd one would start; the spawner answers the
@@ -34,6 +36,10 @@ pub fn spawner_main() -> ! {
     let ignored = unsafe { sigaction(Signal::SIGCHLD, &SigAction::new(SigHandler::SigIgn, SaFlags::SA_NOCLDWAIT, SigSet::empty())) };
     if ignored.is_err() {
         sys::exit_now(2);
+    }
+    if !receive_filter(&socket).is_ok_and(crate::seccomp::hand) {
+        eprintln!("warren-sandbox: the spawner was handed no valid seccomp program");
+        sys::exit_now(2)
     }
     super::views::NodeFacts::read_once(std::path::Path::new("/proc"));
     loop {
@@ -82,6 +88,26 @@ fn take_socket() -> io::Result<OwnedFd> {
     sys::close_from(kept + 1)?;
     std::env::remove_var(crate::launch::SPAWNER_ENV);
     Ok(socket)
+}
+
+/// The first message: a seccomp program, checked to be one (whole
+/// instructions, at most the kernel's number of them; the kernel checks the
+/// rest when a sandbox loads it).
+fn receive_filter(socket: &OwnedFd) -> io::Result<Vec<u8>> {
+    let mut bpf = vec![0u8; crate::launch::MAX_FILTER];
+    let len = loop {
+        // MSG_TRUNC: the message's whole length, even past the buffer.
+        match socket::recv(socket.as_raw_fd(), &mut bpf, MsgFlags::MSG_TRUNC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r?,
+        }
+    };
+    if len > bpf.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "a seccomp program longer than the kernel takes"));
+    }
+    bpf.truncate(len);
+    sys::seccomp_filters(&bpf)?;
+    Ok(bpf)
 }
 
 /// One request's four descriptors; `None` at the socket's end.
@@ -147,4 +173,26 @@ fn reply(socket: &OwnedFd, answer: io::Result<(i32, OwnedFd)>) -> io::Result<()>
     let rights = pidfd.as_ref().map(|fd| ControlMessage::ScmRights(fd));
     socket::sendmsg::<()>(socket.as_raw_fd(), &[IoSlice::new(&value.to_le_bytes())], rights.as_slice(), MsgFlags::MSG_NOSIGNAL, None)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+    fn first_message(bytes: &[u8]) -> io::Result<Vec<u8>> {
+        let (agent, spawner) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+        socket::send(agent.as_raw_fd(), bytes, MsgFlags::empty()).unwrap();
+        receive_filter(&spawner)
+    }
+
+    #[test]
+    fn the_first_message_is_kept_only_when_it_is_a_seccomp_program() {
+        let policy = crate::seccomp::compile().unwrap();
+        assert_eq!(first_message(&policy).unwrap(), policy, "the compiled policy, whole");
+        assert!(first_message(&[]).is_err(), "no program");
+        // Not whole instructions, and more than the kernel's 4096 of them.
+        assert!(first_message(&policy[..policy.len() - 3]).is_err());
+        assert!(first_message(&vec![0u8; crate::launch::MAX_FILTER + 8]).is_err());
+    }
 }
