@@ -103,15 +103,29 @@ fn nix_io(e: nix::Error) -> io::Error {
     io::Error::from(e)
 }
 
-/// Builds the tree under `cfg.mount_dir` and makes it the root; returns
+/// Builds the tree on `cfg.mount_dir` and makes it the root; returns
 /// what the node says of its CPUs (read before the views hide it).
+///
+/// The mount dir gets the writable places' tmpfs, staged ([`stage_writable`]):
+/// the root is bound on its `root/` and the views' tmpfs is mounted on its
+/// `views/`, so nothing staged is inside the root, and all of it leaves with
+/// the old root at the pivot, in one detach (a detach of its own per
+/// staging tmpfs waited for an expedited RCU grace period, all CPUs'
+/// work, each).
 pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
-    let root = cfg.mount_dir.as_path();
+    let base = cfg.mount_dir.as_path();
     // Slave, not private: the home bind below must keep receiving the
     // agent's mounts. Every other host bind is made private right away.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
         .map_err(nix_io)
         .map_err(ctx("make-slave", Path::new("/")))?;
+    // nosuid,nodev (and a bind copies its source's flags): each writable
+    // place is bound once, with no remount.
+    tmpfs(base, &format!("size={},nr_inodes=262144,mode=0755", cfg.tmp_bytes), MsFlags::empty())?;
+    let (root, views) = (base.join("root"), base.join("views"));
+    mkdir(&root, 0o755)?;
+    mkdir(&views, 0o755)?;
+    let root = root.as_path();
     match &cfg.image_root {
         None => {
             bind_readonly(&cfg.host_root, root, MsFlags::MS_NODEV)?;
@@ -123,10 +137,9 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
     let facts = super::views::NodeFacts::get(&root.join("proc")).map_err(ctx("read", Path::new("/proc/cpuinfo")))?;
     populate_dev(root, cfg.image_root.is_none())?;
     mkdir(&root.join("run"), 0o755)?;
-    let staging = root.join("run/warren");
-    mkdir(&staging, 0o755)?;
-    mount_writable(root, &staging, cfg.tmp_bytes, cfg.image_root.is_none())?;
-    super::views::mount_views(root, &staging).map_err(ctx("views", root))?;
+    mkdir(&root.join("run/warren"), 0o755)?;
+    stage_writable(root, base, cfg.image_root.is_none())?;
+    super::views::mount_views(root, &views).map_err(ctx("views", root))?;
     bind_receiving(&cfg.home_dir, &root.join("home"))?;
     bind_receiving(&cfg.data_dir, &root.join("data"))?;
     // The root is read-only: the program text gets its own tmpfs.
@@ -185,18 +198,17 @@ fn is_empty_dir(path: &Path) -> bool {
     fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
 }
 
-/// Mounts one tmpfs of `bytes` (staged on `staging`, detached afterwards)
-/// at every writable place the root has a mount point for. On the prepared
-/// host root, `/var` holds nothing but its writable places and two links,
-/// so one staged `/var` holding all of them is bound there (three binds in
-/// all, not ten: a mount is ~5 µs of CPU with its teardown).
-fn mount_writable(root: &Path, staging: &Path, bytes: u64, host_root: bool) -> Result<()> {
-    // The tmpfs is nosuid,nodev and a bind mount copies its source's flags:
-    // each place below is bound once, with no remount.
-    tmpfs(staging, &format!("size={bytes},nr_inodes=262144,mode=0755"), MsFlags::empty())?;
-    let bound = if host_root { stage_host_var(root, staging) } else { bind_places(root, staging, WRITABLE.iter().enumerate().collect()) };
-    umount2(staging, MntFlags::MNT_DETACH).map_err(nix_io).map_err(ctx("detach", staging))?;
-    bound
+/// Binds one tmpfs (`staging`, outside the root) at every writable place the
+/// root has a mount point for. On the prepared host root, `/var` holds
+/// nothing but its writable places and two links, so one staged `/var`
+/// holding all of them is bound there (three binds in all, not ten: a mount
+/// is ~5 µs of CPU with its teardown).
+fn stage_writable(root: &Path, staging: &Path, host_root: bool) -> Result<()> {
+    if host_root {
+        stage_host_var(root, staging)
+    } else {
+        bind_places(root, staging, WRITABLE.iter().enumerate().collect())
+    }
 }
 
 /// Makes writable place `w`'s directory `src` in the staging tmpfs (its mode, its owner).

@@ -29,7 +29,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use serde::{Deserialize, Serialize};
 
 /// The sandbox's size as the agent decided it: for the pool's limits when
@@ -196,22 +196,18 @@ fn dir(path: &Path) -> io::Result<()> {
 }
 
 /// Builds the views under `root` (the sandbox's root before pivot, with its
-/// fresh procfs mounted): the procfs files are bound from a tmpfs staged on
-/// `staging` (an empty directory, left as it was), and `/sys` becomes a
-/// tmpfs of its own holding `devices/system/cpu`. A root without a `sys`
-/// mount point (an image unpacked by an older agent) gets no `/sys`.
+/// fresh procfs mounted): the procfs files are bound from a tmpfs mounted on
+/// `staging` (an empty directory outside the root, which leaves with the
+/// old root at the pivot), and `/sys` becomes a tmpfs of its own holding
+/// `devices/system/cpu`. A root without a `sys` mount point (an image
+/// unpacked by an older agent) gets no `/sys`.
 pub fn mount_views(root: &Path, staging: &Path) -> io::Result<()> {
     mount(Some("tmpfs"), staging, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=1m,nr_inodes=16,mode=0555")).map_err(err("mount views", staging))?;
-    let bound = (|| {
-        for name in PROC_VIEWS {
-            let (src, dst) = (staging.join(name), root.join("proc").join(name));
-            file(&src)?;
-            mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err("bind view", &dst))?;
-        }
-        Ok::<(), io::Error>(())
-    })();
-    umount2(staging, MntFlags::MNT_DETACH).map_err(err("detach views", staging))?;
-    bound?;
+    for name in PROC_VIEWS {
+        let (src, dst) = (staging.join(name), root.join("proc").join(name));
+        file(&src)?;
+        mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err("bind view", &dst))?;
+    }
     let sys = root.join("sys");
     if !sys.is_dir() {
         return Ok(());
