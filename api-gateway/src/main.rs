@@ -3,11 +3,6 @@
 
 use clap::Parser;
 
-// glibc's malloc was ~0.1 ms of CPU per call at saturation; mimalloc's
-// per-thread free lists suit tokio's many short allocations.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> std::process::ExitCode {
     let mut argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("check") {

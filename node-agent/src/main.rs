@@ -2,11 +2,6 @@
 
 use clap::Parser;
 
-// glibc's malloc was ~0.1 ms of CPU per call at saturation; mimalloc's
-// per-thread free lists suit tokio's many short allocations.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> std::process::ExitCode {
     let args = warren_node_agent::Args::parse();
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
