@@ -27,19 +27,19 @@ pub enum SeccompError {
 }
 
 /// The program this process was handed to load into its sandboxes: a
-/// spawner's, from its agent's first message. Forked supervisors inherit
-/// it, where sending it in each supervisor's config was ~8 KB of hex written,
-/// read and decoded per sandbox.
-static HANDED: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+/// spawner's, from its agent's first message, kept as aligned instructions.
+/// Forked supervisors inherit it, where sending it in each supervisor's
+/// config was ~8 KB of hex written, read and decoded per sandbox.
+static HANDED: std::sync::OnceLock<Vec<libc::sock_filter>> = std::sync::OnceLock::new();
 
-/// Keeps `bpf` as this process's program; false when one was kept already.
-pub(crate) fn hand(bpf: Vec<u8>) -> bool {
-    HANDED.set(bpf).is_ok()
+/// Keeps `filters` as this process's program; false when one was kept already.
+pub(crate) fn hand(filters: Vec<libc::sock_filter>) -> bool {
+    HANDED.set(filters).is_ok()
 }
 
 /// The program handed to this process; empty before, which fails every
-/// program's start (an empty filter is refused as malformed, never skipped).
-pub(crate) fn handed() -> &'static [u8] {
+/// program's start (the kernel refuses an empty filter, never skips it).
+pub(crate) fn handed() -> &'static [libc::sock_filter] {
     HANDED.get().map_or(&[], Vec::as_slice)
 }
 

@@ -185,7 +185,7 @@ fn reap_all() {
 }
 
 /// Forks the program and execs its interpreter; reports a failed exec.
-fn start_cold(ctrl: &mut UnixStream, go: &Go, bpf: &[u8]) -> Pid {
+fn start_cold(ctrl: &mut UnixStream, go: &Go, bpf: &[libc::sock_filter]) -> Pid {
     let launch = match program::Launch::new(go) {
         Ok(l) => l,
         Err(e) => fail(ctrl, "exec", &e),

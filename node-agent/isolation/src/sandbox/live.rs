@@ -34,7 +34,7 @@ const MAX_PENDING_FDS: usize = 48;
 pub const PTS_DIR: &str = "/dev/pts";
 
 /// Serves a live sandbox until the agent lets go; never returns.
-pub fn serve(mut ctrl: UnixStream, go: &Go, bpf: &[u8]) -> ! {
+pub fn serve(mut ctrl: UnixStream, go: &Go, bpf: &[libc::sock_filter]) -> ! {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     let chld = mask.thread_block().and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC));
@@ -97,7 +97,7 @@ struct Live<'a> {
     running: HashMap<i32, u64>,
     /// open files, file size, processes (the sandbox's per-process limits).
     limits: (u64, u64, u64),
-    bpf: &'a [u8],
+    bpf: &'a [libc::sock_filter],
 }
 
 impl Live<'_> {

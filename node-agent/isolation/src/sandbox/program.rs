@@ -74,14 +74,14 @@ impl Launch {
 }
 
 /// Sets up the process and execs; on failure reports errno on `status` and exits 127.
-pub fn exec(launch: &Launch, bpf: &[u8], status: OwnedFd) -> ! {
+pub fn exec(launch: &Launch, bpf: &[libc::sock_filter], status: OwnedFd) -> ! {
     let err = setup_and_exec(launch, bpf);
     let errno = err.raw_os_error().unwrap_or(libc::EIO);
     let _ = nix::unistd::write(&status, &errno.to_ne_bytes());
     sys::exit_now(127)
 }
 
-fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
+fn setup_and_exec(l: &Launch, bpf: &[libc::sock_filter]) -> io::Error {
     match prepare(l, bpf) {
         Err(e) => e,
         Ok(()) => match nix::unistd::execve(&l.interpreter, &l.argv, &l.env) {
@@ -93,7 +93,7 @@ fn setup_and_exec(l: &Launch, bpf: &[u8]) -> io::Error {
 /// `RLIMIT_MEMLOCK` of every program.
 const MEMLOCK_BYTES: u64 = 64 * 1024;
 
-fn prepare(l: &Launch, bpf: &[u8]) -> io::Result<()> {
+fn prepare(l: &Launch, bpf: &[libc::sock_filter]) -> io::Result<()> {
     use nix::unistd::{dup2_stderr, dup2_stdout};
     match l.warm {
         // What Python prints while it starts is nobody's output; it takes
@@ -128,7 +128,7 @@ fn call_stdio() -> io::Result<()> {
 /// The privilege drop in its one safe order (see the module comment), after
 /// stdio, working directory and the call's limits; `keep` stays open past
 /// exec (a warm interpreter's channel to init).
-fn lock_down(bpf: &[u8], keep: Option<RawFd>) -> io::Result<()> {
+fn lock_down(bpf: &[libc::sock_filter], keep: Option<RawFd>) -> io::Result<()> {
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     // No real-time scheduling and no raised priority, whatever the host's
     // defaults: a sandbox must not starve its neighbours' CPU.
@@ -154,7 +154,7 @@ fn lock_down(bpf: &[u8], keep: Option<RawFd>) -> io::Result<()> {
     if let Some(ctrl) = keep {
         super::warm::keep_fds(ctrl)?;
     }
-    sys::load_seccomp(bpf)
+    sys::install_seccomp(bpf)
 }
 
 /// A live sandbox's process (see [`super::live`]), allocated before fork.
@@ -192,7 +192,7 @@ impl Process {
 /// directory, takes the sandbox's per-process limits, drops every
 /// privilege exactly as a program does and execs; a failure is reported
 /// on `status` (errno) and exits 127.
-pub fn exec_process(p: &Process, stdio: [OwnedFd; 3], limits: (u64, u64, u64), bpf: &[u8], status: OwnedFd) -> ! {
+pub fn exec_process(p: &Process, stdio: [OwnedFd; 3], limits: (u64, u64, u64), bpf: &[libc::sock_filter], status: OwnedFd) -> ! {
     let err = match prepare_process(p, stdio, limits, bpf) {
         Err(e) => e,
         Ok(()) => {
@@ -213,7 +213,7 @@ pub fn exec_process(p: &Process, stdio: [OwnedFd; 3], limits: (u64, u64, u64), b
     sys::exit_now(127)
 }
 
-fn prepare_process(p: &Process, stdio: [OwnedFd; 3], (open_files, file_size, processes): (u64, u64, u64), bpf: &[u8]) -> io::Result<()> {
+fn prepare_process(p: &Process, stdio: [OwnedFd; 3], (open_files, file_size, processes): (u64, u64, u64), bpf: &[libc::sock_filter]) -> io::Result<()> {
     let [stdin, stdout, stderr] = stdio;
     nix::unistd::dup2_stdin(&stdin)?;
     nix::unistd::dup2_stdout(&stdout)?;
@@ -240,7 +240,7 @@ fn prepare_process(p: &Process, stdio: [OwnedFd; 3], (open_files, file_size, pro
 /// directory (the call's home is mounted by then) and execs. A failure
 /// before the call ends the stub (init then starts the program the usual
 /// way); one after it is reported on `status` like a failed exec.
-pub fn stub(bpf: &[u8], go: OwnedFd, status: OwnedFd) -> ! {
+pub fn stub(bpf: &[libc::sock_filter], go: OwnedFd, status: OwnedFd) -> ! {
     if call_stdio().and_then(|()| lock_down(bpf, None)).is_err() {
         sys::exit_now(127);
     }

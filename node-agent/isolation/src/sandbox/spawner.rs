@@ -93,7 +93,7 @@ fn take_socket() -> io::Result<OwnedFd> {
 /// The first message: a seccomp program, checked to be one (whole
 /// instructions, at most the kernel's number of them; the kernel checks the
 /// rest when a sandbox loads it).
-fn receive_filter(socket: &OwnedFd) -> io::Result<Vec<u8>> {
+fn receive_filter(socket: &OwnedFd) -> io::Result<Vec<libc::sock_filter>> {
     let mut bpf = vec![0u8; crate::launch::MAX_FILTER];
     let len = loop {
         // MSG_TRUNC: the message's whole length, even past the buffer.
@@ -105,9 +105,7 @@ fn receive_filter(socket: &OwnedFd) -> io::Result<Vec<u8>> {
     if len > bpf.len() {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "a seccomp program longer than the kernel takes"));
     }
-    bpf.truncate(len);
-    sys::seccomp_filters(&bpf)?;
-    Ok(bpf)
+    sys::seccomp_filters(&bpf[..len])
 }
 
 /// One request's four descriptors; `None` at the socket's end.
@@ -180,10 +178,12 @@ mod tests {
     use super::*;
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
+    /// What the spawner keeps of `bytes`, as the bytes its instructions are.
     fn first_message(bytes: &[u8]) -> io::Result<Vec<u8>> {
         let (agent, spawner) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
         socket::send(agent.as_raw_fd(), bytes, MsgFlags::empty()).unwrap();
-        receive_filter(&spawner)
+        let kept = receive_filter(&spawner)?;
+        Ok(kept.iter().flat_map(|f| [&f.code.to_ne_bytes()[..], &[f.jt, f.jf], &f.k.to_ne_bytes()].concat()).collect())
     }
 
     #[test]

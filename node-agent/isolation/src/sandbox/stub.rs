@@ -31,7 +31,7 @@ pub enum Handoff {
 }
 
 /// Forks the stub; `None` when the fork failed (calls then start cold).
-pub fn start(bpf: &[u8]) -> Option<Stub> {
+pub fn start(bpf: &[libc::sock_filter]) -> Option<Stub> {
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
     // SAFETY: init is single-threaded, so the child may run arbitrary code.

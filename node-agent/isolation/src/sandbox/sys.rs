@@ -142,12 +142,6 @@ fn cloexec_listed(first: u32) -> io::Result<()> {
     })
 }
 
-/// Installs a classic BPF seccomp filter (`bpf` holds `struct sock_filter[]`).
-/// `no_new_privs` must already be set.
-pub fn load_seccomp(bpf: &[u8]) -> io::Result<()> {
-    install_seccomp(&seccomp_filters(bpf)?)
-}
-
 /// `bpf` (`struct sock_filter[]` bytes) as aligned filter instructions.
 pub fn seccomp_filters(bpf: &[u8]) -> io::Result<Vec<libc::sock_filter>> {
     if bpf.is_empty() || !bpf.len().is_multiple_of(std::mem::size_of::<libc::sock_filter>()) {

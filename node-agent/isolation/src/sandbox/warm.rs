@@ -59,7 +59,7 @@ pub type Failed = Vec<(String, String)>;
 
 /// Starts `w` in this (finished) sandbox. `None` when it is not waiting
 /// ready in time: the sandbox then starts its program cold.
-pub fn start(w: &WarmStart, bpf: &[u8]) -> Option<(Zygote, Failed)> {
+pub fn start(w: &WarmStart, bpf: &[libc::sock_filter]) -> Option<(Zygote, Failed)> {
     let hook_env = install_hook(w.kind, &w.modules).ok()?;
     let (ours, theirs) = UnixStream::pair().ok()?;
     let launch = program::Launch::warm(w, hook_env, theirs.as_raw_fd()).ok()?;
