@@ -246,13 +246,26 @@ def check_live(sbx):
     raises(CommandExitException, term.wait, on_pty=out.append)
     text = b"".join(out).decode()
     assert "24 80" in text and "42" in text, text
-    # Resized before the shell reads its input: it answers with the new size.
+    # Resized while the shell waits at its prompt: it answers with the new
+    # size. (Not sooner: readline sets a terminal up by reading its size and
+    # writing it back, so a resize that lands between the two is undone by
+    # the shell itself, on any terminal; its prompt comes after that.)
     out = []
     term = sbx.pty.create(PtySize(rows=24, cols=80))
+    events = iter(term)
+    for _, _, chunk in events:
+        out.append(chunk)
+        if prompted(b"".join(out)):
+            break
     sbx.pty.resize(term.pid, PtySize(rows=40, cols=100))
     sbx.pty.send_stdin(term.pid, b"stty size; exit 0\n")
     term.wait(on_pty=out.append)
     assert "40 100" in b"".join(out).decode(), out
+
+
+def prompted(shown):
+    """Whether an interactive bash has shown its prompt (`…$ ` or `…# `)."""
+    return shown.rstrip(b" ").endswith((b"$", b"#"))
 
 
 def check_isolation(sbx):

@@ -74,9 +74,24 @@ async fn pid_of(s: &mut tonic::Streaming<pb::LiveEvent>) -> i32 {
 
 /// Reads `s` until its output holds `want`.
 async fn read_until(s: &mut tonic::Streaming<pb::LiveEvent>, want: &str) -> String {
+    read_while(s, want, |text| text.contains(want)).await
+}
+
+/// Reads until `want` and, after it, the shell's next prompt: readline
+/// has then set the terminal up (it reads the size and writes it back,
+/// which would undo a resize landing between the two).
+async fn read_to_prompt_after(s: &mut tonic::Streaming<pb::LiveEvent>, want: &str) -> String {
+    read_while(s, want, |text| text.find(want).is_some_and(|i| prompted(&text[i..]))).await
+}
+
+fn prompted(shown: &str) -> bool {
+    shown.trim_end_matches(' ').ends_with(['$', '#'])
+}
+
+async fn read_while(s: &mut tonic::Streaming<pb::LiveEvent>, want: &str, done: impl Fn(&str) -> bool) -> String {
     let mut text = String::new();
     let read = async {
-        while !text.contains(want) {
+        while !done(&text) {
             match s.message().await.unwrap().and_then(|e| e.event) {
                 Some(Ev::Stdout(b) | Ev::Pty(b) | Ev::Stderr(b)) => text.push_str(&String::from_utf8_lossy(&b)),
                 Some(Ev::Ended(e)) => panic!("ended ({e:?}) before {want:?} in {text:?}"),
@@ -193,7 +208,7 @@ async fn stdin_terminals_and_refusals() {
     let mut s = c.live_start(req).await.unwrap().into_inner();
     let pid = pid_of(&mut s).await;
     c.live_input(input(pid, Input::Data(b"tty; stty size; echo $((6*7))\n".to_vec()))).await.unwrap();
-    let text = read_until(&mut s, "42").await;
+    let text = read_to_prompt_after(&mut s, "42").await;
     assert!(text.contains("/dev/pts/0") && text.contains("24 80"), "{text:?}");
     c.live_input(input(pid, Input::Resize(pb::PtySize { rows: 50, cols: 132 }))).await.unwrap();
     c.live_input(input(pid, Input::Data(b"stty size\n".to_vec()))).await.unwrap();

@@ -16,9 +16,20 @@ type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStre
 
 /// Reads binary frames until what the terminal showed holds `want`.
 async fn read_until(ws: &mut Socket, want: &str) -> String {
+    read_while(ws, want, |seen| seen.contains(want)).await
+}
+
+/// Reads until `want` and, after it, the shell's next prompt: readline
+/// has then set the terminal up (it reads the size and writes it back,
+/// which would undo a resize landing between the two).
+async fn read_to_prompt_after(ws: &mut Socket, want: &str) -> String {
+    read_while(ws, want, |seen| seen.find(want).is_some_and(|i| seen[i..].trim_end_matches(' ').ends_with(['$', '#']))).await
+}
+
+async fn read_while(ws: &mut Socket, want: &str, done: impl Fn(&str) -> bool) -> String {
     let mut seen = String::new();
     let read = async {
-        while !seen.contains(want) {
+        while !done(&seen) {
             match ws.next().await {
                 Some(Ok(Message::Binary(b))) => seen.push_str(&String::from_utf8_lossy(&b)),
                 Some(Ok(Message::Close(c))) => panic!("closed ({c:?}) before {want:?}: {seen:?}"),
@@ -48,7 +59,7 @@ async fn a_terminal_over_a_websocket_types_reads_resizes_and_ends() {
 
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}{url}&rows=24&cols=80", gw.addr)).await.unwrap();
     ws.send(Message::Binary(b"tty; stty size; echo $((6*7))\n".to_vec().into())).await.unwrap();
-    let shown = read_until(&mut ws, "42").await;
+    let shown = read_to_prompt_after(&mut ws, "42").await;
     assert!(shown.contains("/dev/pts/0") && shown.contains("24 80"), "{shown:?}");
     ws.send(Message::Text(r#"{"resize": [40, 100]}"#.into())).await.unwrap();
     ws.send(Message::Text(r#"{"input": "stty size\n"}"#.into())).await.unwrap();
