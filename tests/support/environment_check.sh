@@ -70,6 +70,9 @@ equal node_cpus "$CPUS $CPUS" "$(node -e 'const os = require("os"); console.log(
 equal meminfo_total "$MEM_KB" "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
 equal meminfo_swap "0" "$(awk '/^SwapTotal:/ {print $2}' /proc/meminfo)"
 equal node_totalmem "$((MEM_KB * 1024))" "$(node -e 'console.log(require("os").totalmem())')"
+# What tells the program its size is the sandbox's to read, not to change.
+equal size_views_read_only "444 444 444 444" "$(stat -c %a /proc/meminfo /proc/cpuinfo /proc/stat /sys/devices/system/cpu/online | tr '\n' ' ' | sed 's/ $//')"
+fails_with size_views_not_writable "ermission denied" sh -c 'echo 0 > /sys/devices/system/cpu/online'
 if command -v free >/dev/null; then equal free_total "$MEM_KB" "$(free -k | awk '/^Mem:/ {print $2}')"; else echo "ok free_total (no procps in this image)"; fi
 
 # Processes, pools and signals.

@@ -429,7 +429,11 @@ struct UsageFiles {
     oom: fs::File,
 }
 
-/// A cgroup file's whole content, read from its start.
+/// A cgroup file's whole content, read from its start. The kernel makes
+/// these files' text whole at each read from their start and hands over
+/// all of it that fits, so a read that leaves room and ends a line is the
+/// whole file: no second read to meet the end (one syscall per file per
+/// call, not two).
 fn reread(f: &fs::File) -> std::io::Result<String> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 4096];
@@ -439,10 +443,10 @@ fn reread(f: &fs::File) -> std::io::Result<String> {
             buf.resize(2 * len, 0);
         }
         let n = f.read_at(&mut buf[len..], len as u64)?;
-        if n == 0 {
+        len += n;
+        if n == 0 || (len < buf.len() && buf[len - 1] == b'\n') {
             break;
         }
-        len += n;
     }
     buf.truncate(len);
     String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))

@@ -110,10 +110,10 @@ fn setup(cfg: &SupervisorConfig) -> Result<views::NodeFacts, (&'static str, io::
     sys::set_dumpable(false).map_err(|e| ("dumpable", e))?;
     nix::unistd::sethostname("sandbox").map_err(s("sethostname"))?;
     sys::loopback_up().map_err(|e| ("loopback", e))?;
+    // The views are written for `cfg.view` as they are built.
     let facts = rootfs::build(cfg).map_err(|e| ("rootfs", io::Error::other(e.to_string())))?;
     // What waits for the call (stub, warm interpreter) is forked after
     // this, so it runs on these CPUs too.
-    views::write_views(&facts, &cfg.view).map_err(|e| ("views", e))?;
     views::set_affinity(&[Pid::from_raw(0)], &cfg.view.cpus).map_err(|e| ("affinity", e))?;
     Ok(facts)
 }

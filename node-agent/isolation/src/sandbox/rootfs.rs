@@ -139,7 +139,7 @@ pub fn build(cfg: &SupervisorConfig) -> Result<super::views::NodeFacts> {
     mkdir(&root.join("run"), 0o755)?;
     mkdir(&root.join("run/warren"), 0o755)?;
     stage_writable(root, base, cfg.image_root.is_none())?;
-    super::views::mount_views(root, &views).map_err(ctx("views", root))?;
+    super::views::mount_views(root, &views, &facts, &cfg.view).map_err(ctx("views", root))?;
     bind_receiving(&cfg.home_dir, &root.join("home"))?;
     bind_receiving(&cfg.data_dir, &root.join("data"))?;
     // The root is read-only: the program text gets its own tmpfs.
@@ -292,7 +292,7 @@ fn mkdir(path: &Path, mode: u32) -> Result<()> {
 }
 
 /// This process's umask, read once (reading it means setting it).
-fn umask() -> u32 {
+pub(super) fn umask() -> u32 {
     static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *UMASK.get_or_init(|| {
         let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());

@@ -185,27 +185,41 @@ fn err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> io:
     move |e| io::Error::other(format!("{step} {}: {e}", path.display()))
 }
 
-fn file(path: &Path) -> io::Result<()> {
-    fs::write(path, b"")?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o444))
+/// Writes `text` to `path`, created read-only (`0444`) where it is new: its
+/// owner (init, root of the sandbox's user namespace) rewrites it when a
+/// call's size differs; the program cannot.
+fn put(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o444).open(path)?;
+    if super::rootfs::umask() & 0o444 != 0 {
+        f.set_permissions(fs::Permissions::from_mode(0o444))?;
+    }
+    f.write_all(text.as_bytes())
 }
 
 fn dir(path: &Path) -> io::Result<()> {
     fs::DirBuilder::new().recursive(true).mode(0o555).create(path)?;
+    if super::rootfs::umask() & 0o555 == 0 {
+        return Ok(());
+    }
     fs::set_permissions(path, fs::Permissions::from_mode(0o555))
 }
 
 /// Builds the views under `root` (the sandbox's root before pivot, with its
-/// fresh procfs mounted): the procfs files are bound from a tmpfs mounted on
-/// `staging` (an empty directory outside the root, which leaves with the
-/// old root at the pivot), and `/sys` becomes a tmpfs of its own holding
-/// `devices/system/cpu`. A root without a `sys` mount point (an image
-/// unpacked by an older agent) gets no `/sys`.
-pub fn mount_views(root: &Path, staging: &Path) -> io::Result<()> {
+/// fresh procfs mounted), written for `view` as they are made: the procfs
+/// files are bound from a tmpfs mounted on `staging` (an empty directory
+/// outside the root, which leaves with the old root at the pivot), and
+/// `/sys` becomes a tmpfs of its own holding `devices/system/cpu`. A root
+/// without a `sys` mount point (an image unpacked by an older agent) gets
+/// no `/sys`.
+pub fn mount_views(root: &Path, staging: &Path, facts: &NodeFacts, view: &View) -> io::Result<()> {
     mount(Some("tmpfs"), staging, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=1m,nr_inodes=16,mode=0555")).map_err(err("mount views", staging))?;
-    for name in PROC_VIEWS {
+    let cpus = cpus_of(facts, view);
+    let texts = [meminfo_of(facts, view), cpuinfo(facts, &cpus), stat(facts, &cpus)];
+    for (name, text) in PROC_VIEWS.iter().zip(texts) {
         let (src, dst) = (staging.join(name), root.join("proc").join(name));
-        file(&src)?;
+        put(&src, &text)?;
         mount(Some(&src), &dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err("bind view", &dst))?;
     }
     let sys = root.join("sys");
@@ -215,25 +229,25 @@ pub fn mount_views(root: &Path, staging: &Path) -> io::Result<()> {
     mount(Some("sysfs-view"), &sys, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=64k,nr_inodes=256,mode=0555")).map_err(err("mount /sys", &sys))?;
     let cpu = sys.join("devices/system/cpu");
     dir(&cpu)?;
-    CPU_LISTS.iter().try_for_each(|name| file(&cpu.join(name)))
-}
-
-/// Writes the views (init, inside the sandbox, after pivot): root-owned,
-/// read-only to the program.
-pub fn write_views(facts: &NodeFacts, view: &View) -> io::Result<()> {
-    write_meminfo(facts, view)?;
-    write_cpu_views(facts, view)
+    write_cpu_lists(&cpu, &cpus)
 }
 
 /// Rewrites what differs between the views of `built` and of `call` (the
-/// call's size, where it is not the one the sandbox was built with).
+/// call's size, where it is not the one the sandbox was built with): init,
+/// inside the sandbox, after pivot.
 pub fn rewrite_views(facts: &NodeFacts, built: &View, call: &View) -> io::Result<()> {
     let (memory, cpus) = changed(built, call);
     if memory {
-        write_meminfo(facts, call)?;
+        put(Path::new("/proc/meminfo"), &meminfo_of(facts, call))?;
     }
     if cpus {
-        write_cpu_views(facts, call)?;
+        let cpus = cpus_of(facts, call);
+        put(Path::new("/proc/cpuinfo"), &cpuinfo(facts, &cpus))?;
+        put(Path::new("/proc/stat"), &stat(facts, &cpus))?;
+        let cpu = Path::new("/sys/devices/system/cpu");
+        if cpu.is_dir() {
+            write_cpu_lists(cpu, &cpus)?;
+        }
     }
     Ok(())
 }
@@ -243,28 +257,28 @@ fn changed(built: &View, call: &View) -> (bool, bool) {
     (built.memory_bytes != call.memory_bytes, built.cpus != call.cpus)
 }
 
-fn write_meminfo(facts: &NodeFacts, view: &View) -> io::Result<()> {
-    // A view without figures (none given) tells the node's own.
+/// `/proc/meminfo` for `view`; a view without figures (none given) tells
+/// the node's own.
+fn meminfo_of(facts: &NodeFacts, view: &View) -> String {
     let memory_bytes = if view.memory_bytes == 0 { facts.memory_bytes } else { view.memory_bytes };
-    fs::write("/proc/meminfo", meminfo(&View { cpus: Vec::new(), memory_bytes }))
+    meminfo(&View { cpus: Vec::new(), memory_bytes })
 }
 
-fn write_cpu_views(facts: &NodeFacts, view: &View) -> io::Result<()> {
-    let all: Vec<u32> = facts.cpuinfo.iter().map(|(id, _)| *id).collect();
-    let cpus: &[u32] = match (view.cpus.is_empty(), all.is_empty()) {
-        (false, _) => &view.cpus,
-        (true, false) => &all,
-        (true, true) => &[0],
-    };
-    fs::write("/proc/cpuinfo", cpuinfo(facts, cpus))?;
-    fs::write("/proc/stat", stat(facts, cpus))?;
-    let cpu = Path::new("/sys/devices/system/cpu");
-    if !cpu.is_dir() {
-        return Ok(());
+/// The CPUs `view` lists: its own, else all the node describes, else CPU 0.
+fn cpus_of(facts: &NodeFacts, view: &View) -> Vec<u32> {
+    match (view.cpus.is_empty(), facts.cpuinfo.is_empty()) {
+        (false, _) => view.cpus.clone(),
+        (true, false) => facts.cpuinfo.iter().map(|(id, _)| *id).collect(),
+        (true, true) => vec![0],
     }
+}
+
+/// `online`, `possible` and `present` in `cpu` (`/sys/devices/system/cpu`),
+/// and a `cpuN` directory for each of `cpus`.
+fn write_cpu_lists(cpu: &Path, cpus: &[u32]) -> io::Result<()> {
     let list = cpu_list(cpus);
     for name in CPU_LISTS {
-        fs::write(cpu.join(name), &list)?;
+        put(&cpu.join(name), &list)?;
     }
     for c in cpus {
         // Some read the count from the cpuN directories.
