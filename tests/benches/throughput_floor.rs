@@ -178,7 +178,9 @@ const COMPONENTS: [&str; 7] = ["gateway", "agent", "supervisors", "sandboxes", "
 
 /// One floor phase: calls/s, the floor's own CPU per call, its kernel threads' per call.
 fn floor() -> (f64, f64, f64) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/floors.py");
+    // WARREN_FLOORS_PY: where this binary runs away from its checkout
+    // (scripts/device-bench.sh, on a node that has no build).
+    let script = std::env::var_os("WARREN_FLOORS_PY").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/floors.py"));
     let k0 = kthreads();
     let out = std::process::Command::new("python3").arg("-S").arg(&script).arg("--floor").output().expect("python3 runs floors.py");
     let k = kthreads_since(&k0);
