@@ -329,7 +329,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !supervisor_binary.exists() {
         bail!("sandbox supervisor binary not found at {}", supervisor_binary.display());
     }
-    let seccomp_bpf = warren_isolation::seccomp::compile().context("compiling the seccomp policy")?;
+    let seccomp = warren_isolation::seccomp::compile_programs().context("compiling the seccomp policy")?;
     let mut policy = NodePolicy::default();
     policy.defaults.max_output_bytes = max_output_bytes;
     let slots = slots::Slots::new(max_executions as usize + 8 * pool_size + 8, uid_base);
@@ -339,7 +339,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let net = start_network(&sandbox_network, dns_upstream, &network_prefix, proc_dir).await?;
     let env = Arc::new(SandboxEnv {
         groups: Arc::new(warren_isolation::cgroup::recycle::Recycler::new(layout)),
-        spawner: warren_isolation::launch::Spawner::new(&supervisor_binary, seccomp_bpf),
+        spawner: warren_isolation::launch::Spawner::new(&supervisor_binary, seccomp),
         mount_dir: dirs.mnt,
         host_root: dirs.host_root,
         homes_dir: dirs.homes,

@@ -1,8 +1,10 @@
 //! Starting a sandbox's supervisor: the agent hands its four descriptors to
 //! a spawner, a `warren-sandbox` it started once, which forks the
-//! supervisor (see `sandbox::spawner`). A spawner's first message is the
-//! compiled seccomp program, which its supervisors inherit with the rest of
-//! its memory.
+//! supervisor (see `sandbox::spawner`). A spawner's first two messages are
+//! the compiled seccomp filters: the base, which it loads on itself (every
+//! supervisor it forks inherits it, already compiled by the kernel), and the
+//! lockdown each program loads, which its supervisors inherit with the rest
+//! of its memory.
 //!
 //! A fork of that small single-threaded process instead of an exec of
 //! `warren-sandbox` per sandbox: the exec (loading and relocating the
@@ -26,6 +28,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::seccomp::Programs;
 
 /// Set (to `1`) in the environment of a `warren-sandbox` started as the
 /// spawner; its stdin is then its socket to the agent.
@@ -108,7 +112,7 @@ impl Drop for Supervisor {
 /// first, so none is left to the pid namespace's init).
 pub struct Spawner {
     binary: PathBuf,
-    filter: Vec<u8>,
+    programs: Programs,
     state: Mutex<State>,
 }
 
@@ -138,21 +142,21 @@ impl State {
     }
 
     /// The spawner that serves, a new one when there is none or it is used up.
-    fn serving(&mut self, binary: &Path, filter: &[u8]) -> io::Result<&mut Serving> {
+    fn serving(&mut self, binary: &Path, programs: &Programs) -> io::Result<&mut Serving> {
         match self.current.take() {
             Some(s) if s.served < SPAWNS_PER_SPAWNER => Ok(self.current.insert(s)),
             used_up => {
                 if let Some(s) = used_up {
                     self.put_away(s);
                 }
-                Ok(self.current.insert(start(binary, filter)?))
+                Ok(self.current.insert(start(binary, programs)?))
             }
         }
     }
 
     /// Sends `fds` to the serving spawner; the answer is still to be read.
-    fn ask(&mut self, binary: &Path, filter: &[u8], fds: &SupervisorFds) -> io::Result<&mut Serving> {
-        let serving = self.serving(binary, filter)?;
+    fn ask(&mut self, binary: &Path, programs: &Programs, fds: &SupervisorFds) -> io::Result<&mut Serving> {
+        let serving = self.serving(binary, programs)?;
         request(serving.socket.as_fd(), fds)?;
         serving.served += 1;
         Ok(serving)
@@ -161,10 +165,11 @@ impl State {
 
 impl Spawner {
     /// Spawners of `binary` (`warren-sandbox`), the first started at the
-    /// first call, each handed `filter` (the compiled seccomp program every
-    /// sandbox loads; see [`crate::seccomp::compile`]).
-    pub fn new(binary: &Path, filter: Vec<u8>) -> Spawner {
-        Spawner { binary: binary.to_path_buf(), filter, state: Mutex::default() }
+    /// first call, each handed `programs` (the compiled seccomp filters: the
+    /// base the spawner loads, the lockdown every program loads over it; see
+    /// [`crate::seccomp`]).
+    pub fn new(binary: &Path, programs: Programs) -> Spawner {
+        Spawner { binary: binary.to_path_buf(), programs, state: Mutex::default() }
     }
 
     /// Starts a supervisor holding `fds` at 3–6. Blocks for a round trip to
@@ -172,12 +177,12 @@ impl Spawner {
     pub fn spawn(&self, fds: &SupervisorFds) -> io::Result<Supervisor> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.retired.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-        let serving = match state.ask(&self.binary, &self.filter, fds) {
+        let serving = match state.ask(&self.binary, &self.programs, fds) {
             Ok(serving) => serving,
             // It was gone before the request (nothing was forked): once more with a new one.
             Err(_) => {
                 state.retire();
-                state.ask(&self.binary, &self.filter, fds)?
+                state.ask(&self.binary, &self.programs, fds)?
             }
         };
         match answer(serving.socket.as_fd()) {
@@ -220,8 +225,8 @@ impl Spawner {
 
 /// Starts a spawner; its stdin is its end of a SOCK_SEQPACKET pair (set
 /// there by the spawn itself: never inheritable in the agent), whose first
-/// message is `filter`.
-fn start(binary: &Path, filter: &[u8]) -> io::Result<Serving> {
+/// two messages are the base and the lockdown.
+fn start(binary: &Path, programs: &Programs) -> io::Result<Serving> {
     let (ours, theirs) = socket::socketpair(socket::AddressFamily::Unix, socket::SockType::SeqPacket, None, socket::SockFlag::SOCK_CLOEXEC)?;
     // A spawner that stopped answering fails its request (and is replaced)
     // instead of holding every sandbox's start.
@@ -237,7 +242,8 @@ fn start(binary: &Path, filter: &[u8]) -> io::Result<Serving> {
         .stderr(Stdio::inherit())
         .spawn()?;
     let mut serving = Serving { socket: ours, child, served: 0 };
-    if let Err(e) = send_filter(serving.socket.as_fd(), filter) {
+    let sent = send_filter(serving.socket.as_fd(), &programs.base).and_then(|()| send_filter(serving.socket.as_fd(), &programs.lockdown));
+    if let Err(e) = sent {
         let _ = serving.child.kill();
         let _ = serving.child.wait();
         return Err(e);

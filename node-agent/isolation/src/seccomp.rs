@@ -2,10 +2,21 @@
 //!
 //! Default action: `EPERM`. Syscalls from a foreign ABI (i386 via `int 0x80`,
 //! x32) kill the process. The policy is compiled once per agent with libseccomp
-//! and exported as classic BPF, which each sandbox loads with one `seccomp(2)`
-//! call: compiling per execution would cost ~0.35 ms on the hot path. The
-//! agent hands the program to each spawner once (see `crate::launch`); every
-//! supervisor the spawner forks, and its init, holds it from there ([`handed`]).
+//! and exported as classic BPF: compiling per execution would cost ~0.35 ms on
+//! the hot path.
+//!
+//! It reaches a program as two stacked filters ([`Programs`]), because the
+//! kernel compiles (JITs) every filter a process loads, ~75 µs for the whole
+//! policy's ~475 instructions: the spawner loads the *base* once (the
+//! allowlist plus the few calls the sandbox's own setup makes, [`SETUP`], and
+//! `clone` with any flags), so every supervisor it forks, their inits and
+//! their programs inherit it already compiled; each program then loads only
+//! the small *lockdown*, which refuses those setup calls and namespace
+//! flags. The kernel runs both on every syscall and the stricter answer wins,
+//! so what a program may do is the policy exactly ([`compile`]; a test checks
+//! the two against it for every syscall number). The agent hands both to each
+//! spawner once (see `crate::launch`); the lockdown is kept for the programs
+//! ([`handed`]).
 
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
@@ -97,6 +108,13 @@ pub const DENIED: &[&str] = &[
     "clone3",
 ];
 
+/// The calls of [`DENIED`] the sandbox's own processes make (the supervisor's
+/// `clone` with namespace flags aside): init's setup, and its `ptrace` of a
+/// warm interpreter to hand it the call's environment (`sandbox::environ`).
+/// Allowed by the base filter, refused again by the lockdown every program
+/// loads.
+pub const SETUP: &[&str] = &["mount", "umount2", "pivot_root", "unshare", "sethostname", "ptrace"];
+
 /// Namespace-creating `clone` flags (the sandbox may fork, never unshare).
 pub const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
@@ -144,29 +162,86 @@ fn lib(step: impl Into<String>) -> impl FnOnce(libseccomp::error::SeccompError) 
     move |source| SeccompError::Libseccomp { step, source }
 }
 
-/// Builds the policy and returns it as a classic BPF program (`struct sock_filter[]` bytes).
+/// The two filters a program runs under (classic BPF, `struct
+/// sock_filter[]` bytes each): together, the policy.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// Loaded once by each spawner: the allowlist, [`SETUP`] and any `clone`.
+    pub base: Vec<u8>,
+    /// Loaded by each program over the base: [`SETUP`] and namespace-creating
+    /// `clone` refused, everything else left to the base.
+    pub lockdown: Vec<u8>,
+}
+
+/// Builds the base and the lockdown.
+pub fn compile_programs() -> Result<Programs, SeccompError> {
+    Ok(Programs { base: allowlist(Stage::Base)?, lockdown: lockdown()? })
+}
+
+/// Builds the whole policy as one program: what a program may do under the
+/// base and the lockdown stacked (the reference they are tested against).
 pub fn compile() -> Result<Vec<u8>, SeccompError> {
+    allowlist(Stage::Program)
+}
+
+/// Who an allowlist is for: the program alone, or the base every process a
+/// spawner forks runs under (setup included).
+#[derive(Clone, Copy, PartialEq)]
+enum Stage {
+    Program,
+    Base,
+}
+
+fn allowlist(stage: Stage) -> Result<Vec<u8>, SeccompError> {
     let mut ctx = ScmpFilterContext::new(ScmpAction::Errno(libc::EPERM)).map_err(lib("init"))?;
     ctx.set_act_badarch(ScmpAction::KillProcess).map_err(lib("badarch"))?;
     // A binary tree over syscall numbers: a handful of comparisons per syscall
     // instead of a linear walk over ~300 rules (interpreters make thousands of
     // syscalls at start-up).
     ctx.set_ctl_optimize(2).map_err(lib("optimize"))?;
+    let setup = if stage == Stage::Base { SETUP } else { &[] };
     // The native arch (x86_64 here) only: i386 and x32 entry points hit badarch.
-    for name in ALLOWED {
+    for name in ALLOWED.iter().chain(setup) {
         // Names unknown to this architecture (e.g. `open` on arm64) are skipped.
         let Ok(call) = ScmpSyscall::from_name(name) else { continue };
         ctx.add_rule(ScmpAction::Allow, call).map_err(lib(format!("allow {name}")))?;
     }
-    add_conditional_rules(&mut ctx)?;
+    add_conditional_rules(&mut ctx, stage)?;
     export(&ctx)
 }
 
-fn add_conditional_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
+/// Everything allowed (the base decides) but [`SETUP`] and `clone` with any
+/// namespace flag, refused as the policy refuses them.
+fn lockdown() -> Result<Vec<u8>, SeccompError> {
+    let mut ctx = ScmpFilterContext::new(ScmpAction::Allow).map_err(lib("init"))?;
+    ctx.set_act_badarch(ScmpAction::KillProcess).map_err(lib("badarch"))?;
+    let refuse = ScmpAction::Errno(libc::EPERM);
+    for name in SETUP {
+        let call = ScmpSyscall::from_name(name).map_err(lib(format!("resolve {name}")))?;
+        ctx.add_rule(refuse, call).map_err(lib(format!("refuse {name}")))?;
+    }
+    let clone = ScmpSyscall::from_name("clone").map_err(lib("resolve clone"))?;
+    // One rule per flag: any of them set is refused.
+    for bit in (0..64).map(|b| 1u64 << b).filter(|bit| NAMESPACE_FLAGS & bit != 0) {
+        let set = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(bit), bit);
+        ctx.add_rule_conditional(refuse, clone, &[set]).map_err(lib("clone"))?;
+    }
+    export(&ctx)
+}
+
+fn add_conditional_rules(ctx: &mut ScmpFilterContext, stage: Stage) -> Result<(), SeccompError> {
     let sys = |n: &str| ScmpSyscall::from_name(n).map_err(lib(format!("resolve {n}")));
-    // fork/threads yes, new namespaces no.
-    let no_ns = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(NAMESPACE_FLAGS), 0);
-    ctx.add_rule_conditional(ScmpAction::Allow, sys("clone")?, &[no_ns]).map_err(lib("clone"))?;
+    // fork/threads yes, new namespaces no (the base lets the supervisor make
+    // them; the lockdown refuses them again).
+    match stage {
+        Stage::Program => {
+            let no_ns = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(NAMESPACE_FLAGS), 0);
+            ctx.add_rule_conditional(ScmpAction::Allow, sys("clone")?, &[no_ns]).map_err(lib("clone"))?;
+        }
+        Stage::Base => {
+            ctx.add_rule(ScmpAction::Allow, sys("clone")?).map_err(lib("clone"))?;
+        }
+    }
     // clone3 passes flags behind a pointer a filter cannot read: ENOSYS makes
     // libc fall back to clone(2), where the flags are checked.
     ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), sys("clone3")?).map_err(lib("clone3"))?;
@@ -203,6 +278,10 @@ fn tempfile_in_memory() -> std::io::Result<std::fs::File> {
         .map_err(std::io::Error::from)?;
     Ok(std::fs::File::from(fd))
 }
+
+#[cfg(test)]
+#[path = "seccomp_stacking_tests.rs"]
+mod stacking_tests;
 
 #[cfg(test)]
 mod tests {
@@ -257,7 +336,7 @@ mod tests {
     /// Runs in a forked child of the (multi-threaded) test process: raw
     /// syscalls only, no allocation. Returns 0, or the number of the first
     /// probe that did not behave.
-    fn probe_filter(filters: &[libc::sock_filter]) -> i32 {
+    fn probe_filter(filters: &[&[libc::sock_filter]]) -> i32 {
         fn errno() -> i32 {
             // SAFETY: reads this thread's errno.
             unsafe { *libc::__errno_location() }
@@ -268,8 +347,13 @@ mod tests {
         // SAFETY: each call is a plain syscall with integer or null arguments;
         // a clone that unexpectedly succeeds exits at once in the new child.
         unsafe {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || crate::sandbox::sys::install_seccomp(filters).is_err() {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return 100;
+            }
+            for f in filters {
+                if crate::sandbox::sys::install_seccomp(f).is_err() {
+                    return 100;
+                }
             }
             let sock = |d: i32, t: i32, p: i32| libc::syscall(libc::SYS_socket, d, t, p);
             let probes: [bool; 14] = [
@@ -302,8 +386,9 @@ mod tests {
         }
     }
 
-    /// Runs [`probe_filter`] under `filters` in a forked child; its wait status.
-    fn probe_in_child(filters: &[libc::sock_filter]) -> i32 {
+    /// Runs [`probe_filter`] under `filters` (loaded in order) in a forked
+    /// child; its wait status.
+    pub(super) fn probe_in_child(filters: &[&[libc::sock_filter]]) -> i32 {
         // SAFETY: the child makes raw syscalls only and leaves with _exit, so
         // no lock another test thread held at fork time is ever needed.
         let pid = unsafe { libc::fork() };
@@ -322,7 +407,7 @@ mod tests {
     #[test]
     fn the_loaded_filter_refuses_what_it_must_and_allows_what_it_may() {
         let filters = crate::sandbox::sys::seccomp_filters(&compile().unwrap()).unwrap();
-        let status = probe_in_child(&filters);
+        let status = probe_in_child(&[&filters]);
         assert!(libc::WIFEXITED(status), "the probe child died: status {status:#x}");
         assert_eq!(libc::WEXITSTATUS(status), 0, "probe #{} behaved wrongly under the filter", libc::WEXITSTATUS(status));
     }
@@ -331,7 +416,7 @@ mod tests {
     fn an_allow_all_filter_fails_the_probes() {
         // The probes above would catch a filter that lets everything through.
         let allow_all = [libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW }];
-        let status = probe_in_child(&allow_all);
+        let status = probe_in_child(&[&allow_all]);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0, "status {status:#x}");
     }
 }

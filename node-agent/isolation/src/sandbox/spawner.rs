@@ -37,8 +37,8 @@ pub fn spawner_main() -> ! {
     if ignored.is_err() {
         sys::exit_now(2);
     }
-    if !receive_filter(&socket).is_ok_and(crate::seccomp::hand) {
-        eprintln!("warren-sandbox: the spawner was handed no valid seccomp program");
+    if let Err(e) = take_filters(&socket) {
+        eprintln!("warren-sandbox: the spawner was handed no valid seccomp programs ({e})");
         sys::exit_now(2)
     }
     super::views::NodeFacts::read_once(std::path::Path::new("/proc"));
@@ -90,7 +90,25 @@ fn take_socket() -> io::Result<OwnedFd> {
     Ok(socket)
 }
 
-/// The first message: a seccomp program, checked to be one (whole
+/// The first two messages: the base filter, loaded here (every process
+/// forked from now on inherits it, compiled once), and the lockdown, kept
+/// for the programs ([`crate::seccomp::handed`]). Any failure leaves the
+/// spawner to exit: it never forks a supervisor without both.
+fn take_filters(socket: &OwnedFd) -> io::Result<()> {
+    let base = receive_filter(socket)?;
+    let lockdown = receive_filter(socket)?;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    sys::install_seccomp(&base)?;
+    if !crate::seccomp::hand(lockdown) {
+        return Err(io::Error::other("a lockdown was kept already"));
+    }
+    Ok(())
+}
+
+/// One message: a seccomp program, checked to be one (whole
 /// instructions, at most the kernel's number of them; the kernel checks the
 /// rest when a sandbox loads it).
 fn receive_filter(socket: &OwnedFd) -> io::Result<Vec<libc::sock_filter>> {
