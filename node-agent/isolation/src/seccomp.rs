@@ -6,16 +6,17 @@
 //! the hot path.
 //!
 //! It reaches a program as two stacked filters ([`Programs`]), because the
-//! kernel compiles (JITs) every filter a process loads, ~67 µs of CPU for the
-//! whole policy's ~475 instructions on a 2-core VM: the spawner loads the
-//! *base* once (the allowlist plus the few refused calls the sandbox's own
-//! processes make, [`SETUP`], and `clone` with any flags), so every supervisor it forks, their inits and
-//! their programs inherit it already compiled; each program then loads only
-//! the small *lockdown*, which refuses those calls and namespace flags. The kernel runs both on every syscall and the stricter answer wins,
-//! so what a program may do is the policy exactly ([`compile`]; a test checks
-//! the two against it for every syscall number). The agent hands both to each
-//! spawner once (see `crate::launch`); the lockdown is kept for the programs
-//! ([`handed`]).
+//! kernel compiles (JITs) every filter a process loads: ~67 µs of CPU for the
+//! whole policy's ~475 instructions on a 2-core VM. The spawner loads the
+//! *base* once (the allowlist, the few refused calls the sandbox's own
+//! processes make, [`SETUP`], and `clone` with any flags), so every
+//! supervisor it forks, their inits and their programs inherit it already
+//! compiled; each program then loads only the small *lockdown*, which
+//! refuses those calls and the namespace flags again. The kernel runs both
+//! on every syscall and the stricter answer wins, so what a program may do
+//! is the policy exactly ([`compile`]; a test checks the two against it for
+//! every syscall number). The agent hands both to each spawner once (see
+//! `crate::launch`); the lockdown is kept for the programs ([`handed`]).
 
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
@@ -36,10 +37,11 @@ pub enum SeccompError {
     Export(#[from] std::io::Error),
 }
 
-/// The program this process was handed to load into its sandboxes: a
-/// spawner's, from its agent's first message, kept as aligned instructions.
-/// Forked supervisors inherit it, where sending it in each supervisor's
-/// config was ~8 KB of hex written, read and decoded per sandbox.
+/// The lockdown this process was handed to load into its programs: a
+/// spawner's, from its agent's second message, kept as aligned
+/// instructions. Forked supervisors inherit it, where sending it in each
+/// supervisor's config was ~8 KB of hex written, read and decoded per
+/// sandbox.
 static HANDED: std::sync::OnceLock<Vec<libc::sock_filter>> = std::sync::OnceLock::new();
 
 /// Keeps `filters` as this process's program; false when one was kept already.
